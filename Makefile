@@ -1,0 +1,59 @@
+# atelier: `make dev` runs the whole system locally, `make test` runs every check.
+# Both set up the virtual environment first, from constraints.txt (exact versions).
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: dev test venv proto lint typecheck pytest breaking lock clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade 'pip==25.3'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+venv: $(STAMP)
+
+dev: $(STAMP)
+	$(BIN)/atelier dev
+
+test: lint typecheck pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/buf lint
+	$(MAKE) --no-print-directory breaking
+
+# Protos must stay wire- and source-compatible with what main has; skipped where there is
+# no main branch to compare against (a fresh repository).
+breaking: $(STAMP)
+	@if git rev-parse --verify --quiet main >/dev/null; then \
+		$(BIN)/buf breaking --against '.git#branch=main'; \
+	else echo "buf breaking: no main branch to compare against"; fi
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+pytest: $(STAMP)
+	$(BIN)/pytest
+
+proto: $(STAMP)
+	scripts/gen-protos.sh gen
+
+# Re-resolves every dependency from pyproject.toml into constraints.txt.
+lock:
+	rm -rf .lock-venv
+	$(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/python -m pip install --quiet --upgrade 'pip==25.3'
+	.lock-venv/bin/python -m pip install --quiet '.[dev]'
+	( echo "# Exact versions for every install (make venv). Regenerate with: make lock"; \
+	  .lock-venv/bin/python -m pip freeze --exclude-editable | grep -v '^atelier' ) > constraints.txt
+	rm -rf .lock-venv build
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache build *.egg-info

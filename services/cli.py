@@ -1,0 +1,84 @@
+"""The `atelier` command: run a service, migrate a schema, issue a development token, or
+run the whole system locally."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+from services.kit.settings import CommonSettings, EnvReader, SettingsError
+
+SERVICES = ("creation", "media", "notify")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    module = importlib.import_module(f"services.{args.service}.app")
+    return int(module.main())
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    from services.kit import migrations
+
+    url = args.database_url or os.environ.get("ATELIER_DATABASE_URL")
+    if not url:
+        common = CommonSettings.read(EnvReader())
+        url = common.database_url
+    for name in SERVICES if args.service == "all" else (args.service,):
+        migrations.upgrade(name, url)
+        print(f"migrated {name}", file=sys.stderr)
+    return 0
+
+
+def _token(args: argparse.Namespace) -> int:
+    from services.kit.auth import issue_token
+
+    reader = EnvReader()
+    common = CommonSettings.read(reader)
+    reader.finish()
+    print(
+        issue_token(common.jwt_secret, common.jwt_issuer, common.jwt_audience, args.user, args.ttl)
+    )
+    return 0
+
+
+def _dev(args: argparse.Namespace) -> int:
+    from services.dev.launcher import run_dev
+
+    return run_dev()
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="atelier", description=__doc__)
+    commands = root.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run one service (settings from ATELIER_*)")
+    serve.add_argument("service", choices=SERVICES)
+    serve.set_defaults(run=_serve)
+
+    migrate = commands.add_parser("migrate", help="apply a service's schema migrations")
+    migrate.add_argument("service", choices=(*SERVICES, "all"))
+    migrate.add_argument("--database-url", help="defaults to ATELIER_DATABASE_URL")
+    migrate.set_defaults(run=_migrate)
+
+    token = commands.add_parser("token", help="print a user JWT signed with ATELIER_JWT_SECRET")
+    token.add_argument("--user", default="dev-user", help="the token's subject (user id)")
+    token.add_argument("--ttl", type=int, default=24 * 3600, help="lifetime in seconds")
+    token.set_defaults(run=_token)
+
+    dev = commands.add_parser("dev", help="run everything locally on embedded defaults")
+    dev.set_defaults(run=_dev)
+    return root
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except SettingsError as error:
+        print(f"atelier {args.command}: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,61 @@
+"""creation's settings: the common ones plus the job engine's knobs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from services.kit.settings import DEFAULT_PORTS, CommonSettings, EnvReader, ListenSettings
+
+
+@dataclass(frozen=True)
+class CreationSettings:
+    common: CommonSettings
+    listen: ListenSettings
+    media_internal_address: str
+    notify_internal_address: str
+    lease_ttl_seconds: float
+    heartbeat_seconds: float
+    reaper_period_seconds: float
+    backoff_base_seconds: float
+    backoff_max_seconds: float
+    max_attempts: int
+    daily_quota: int
+    in_flight_limit: int
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> CreationSettings:
+        reader = EnvReader(environ)
+        media_port = DEFAULT_PORTS["media"].internal_port
+        notify_port = DEFAULT_PORTS["notify"].internal_port
+        settings = cls(
+            common=CommonSettings.read(reader),
+            listen=ListenSettings.read(reader, "creation", DEFAULT_PORTS["creation"]),
+            media_internal_address=reader.string(
+                "MEDIA_INTERNAL_ADDRESS", f"127.0.0.1:{media_port}"
+            ),
+            notify_internal_address=reader.string(
+                "NOTIFY_INTERNAL_ADDRESS", f"127.0.0.1:{notify_port}"
+            ),
+            lease_ttl_seconds=reader.seconds("LEASE_TTL", 60, minimum=5, maximum=3600),
+            heartbeat_seconds=reader.seconds("HEARTBEAT", 10, minimum=0.5, maximum=600),
+            reaper_period_seconds=reader.seconds("REAPER_PERIOD", 15, minimum=0.5, maximum=600),
+            backoff_base_seconds=reader.seconds("BACKOFF_BASE", 2, minimum=0.1, maximum=600),
+            backoff_max_seconds=reader.seconds("BACKOFF_MAX", 300, minimum=1, maximum=86400),
+            max_attempts=reader.integer("MAX_ATTEMPTS", 3, minimum=1, maximum=20),
+            daily_quota=reader.integer("DAILY_QUOTA", 50, minimum=1, maximum=100_000),
+            in_flight_limit=reader.integer("IN_FLIGHT_LIMIT", 3, minimum=1, maximum=1000),
+        )
+        # A heartbeat must come well inside the lease, or live jobs would be reaped.
+        reader.require(
+            settings.heartbeat_seconds * 2 <= settings.lease_ttl_seconds,
+            "HEARTBEAT",
+            f"must be at most half of ATELIER_LEASE_TTL ({settings.lease_ttl_seconds:g}s)",
+        )
+        reader.require(
+            settings.backoff_base_seconds <= settings.backoff_max_seconds,
+            "BACKOFF_BASE",
+            "must not exceed ATELIER_BACKOFF_MAX",
+        )
+        reader.finish()
+        return settings

@@ -1,0 +1,47 @@
+"""Renders deploy/envoy/envoy.yaml for a local run: same routes and filters, local
+addresses, ports and descriptor path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+ENVOY_TEMPLATE = ROOT / "deploy" / "envoy" / "envoy.yaml"
+DESCRIPTOR = ROOT / "gen" / "atelier.binpb"
+TRANSCODER = "envoy.filters.http.grpc_json_transcoder"
+
+
+def render(
+    *,
+    listen_port: int,
+    admin_port: int,
+    upstream_ports: dict[str, int],
+    host: str = "127.0.0.1",
+    descriptor: Path = DESCRIPTOR,
+) -> dict[str, Any]:
+    config: dict[str, Any] = yaml.safe_load(ENVOY_TEMPLATE.read_text())
+    config["admin"]["address"]["socket_address"] = {"address": host, "port_value": admin_port}
+    listener = config["static_resources"]["listeners"][0]
+    listener["address"]["socket_address"] = {"address": host, "port_value": listen_port}
+    for chain_filter in listener["filter_chains"][0]["filters"]:
+        for http_filter in chain_filter["typed_config"]["http_filters"]:
+            if http_filter["name"] == TRANSCODER:
+                http_filter["typed_config"]["proto_descriptor"] = str(descriptor)
+    for cluster in config["static_resources"]["clusters"]:
+        port = upstream_ports[cluster["name"]]
+        for group in cluster["load_assignment"]["endpoints"]:
+            for endpoint in group["lb_endpoints"]:
+                endpoint["endpoint"]["address"]["socket_address"] = {
+                    "address": host,
+                    "port_value": port,
+                }
+    return config
+
+
+def write(path: Path, config: dict[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path

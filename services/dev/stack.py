@@ -1,0 +1,131 @@
+"""The whole system on one machine: migrations, the three services as separate processes
+and Envoy in front. `atelier dev` runs it in the foreground; acceptance tests start it on
+free ports against a throwaway database."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.dev import edge
+from services.dev.processes import (
+    Child,
+    free_port,
+    grpc_serving,
+    http_ok,
+    spawn,
+    venv_binary,
+    wait_until,
+)
+from services.kit import migrations
+from services.kit.settings import DEFAULT_PORTS, EnvReader, ListenSettings, port
+
+SERVICES = ("creation", "media", "notify")
+ENVOY_PORT = 8080
+ENVOY_ADMIN_PORT = 9901
+
+
+@dataclass(frozen=True)
+class StackPorts:
+    public: dict[str, int]
+    internal: dict[str, int]
+    metrics: dict[str, int]
+    envoy: int
+    envoy_admin: int
+
+    @classmethod
+    def from_env(cls, reader: EnvReader) -> StackPorts:
+        """The default ports, each overridable by the variable the service itself reads."""
+        listen = {name: ListenSettings.read(reader, name, DEFAULT_PORTS[name]) for name in SERVICES}
+        return cls(
+            public={name: listen[name].public_port for name in SERVICES},
+            internal={name: listen[name].internal_port for name in SERVICES},
+            metrics={name: listen[name].metrics_port for name in SERVICES},
+            envoy=port(reader, "EDGE_PORT", ENVOY_PORT),
+            envoy_admin=port(reader, "EDGE_ADMIN_PORT", ENVOY_ADMIN_PORT),
+        )
+
+    @classmethod
+    def free(cls) -> StackPorts:
+        return cls(
+            public={name: free_port() for name in SERVICES},
+            internal={name: free_port() for name in SERVICES},
+            metrics={name: free_port() for name in SERVICES},
+            envoy=free_port(),
+            envoy_admin=free_port(),
+        )
+
+    def service_env(self) -> dict[str, str]:
+        env: dict[str, str] = {}
+        for name in SERVICES:
+            key = name.upper()
+            env[f"ATELIER_{key}_PUBLIC_PORT"] = str(self.public[name])
+            env[f"ATELIER_{key}_INTERNAL_PORT"] = str(self.internal[name])
+            env[f"ATELIER_{key}_METRICS_PORT"] = str(self.metrics[name])
+            env[f"ATELIER_{key}_INTERNAL_ADDRESS"] = f"127.0.0.1:{self.internal[name]}"
+        return env
+
+
+@dataclass
+class Stack:
+    database_url: str
+    ports: StackPorts
+    work_dir: Path
+    # None: children share the terminal (dev); a folder: one log file per child (tests).
+    log_dir: Path | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+    children: list[Child] = field(default_factory=list)
+
+    def migrate(self) -> None:
+        for name in SERVICES:
+            migrations.upgrade(name, self.database_url)
+
+    def start(self, timeout: float = 60.0) -> None:
+        env = {
+            "ATELIER_DATABASE_URL": self.database_url,
+            **self.ports.service_env(),
+            **self.extra_env,
+        }
+        try:
+            for name in SERVICES:
+                child = spawn(name, [sys.executable, "-m", f"services.{name}"], env, self.log_dir)
+                self.children.append(child)
+            for child in self.children:
+                wait_until(
+                    child, grpc_serving(f"127.0.0.1:{self.ports.public[child.name]}"), timeout
+                )
+            config = edge.write(
+                self.work_dir / "envoy.yaml",
+                edge.render(
+                    listen_port=self.ports.envoy,
+                    admin_port=self.ports.envoy_admin,
+                    upstream_ports=self.ports.public,
+                ),
+            )
+            envoy = spawn(
+                "envoy",
+                [
+                    venv_binary("envoy"),
+                    "-c",
+                    str(config),
+                    "--disable-hot-restart",
+                    "--log-level",
+                    "warn",
+                ],
+                {},
+                self.log_dir,
+            )
+            self.children.append(envoy)
+            wait_until(envoy, http_ok(f"http://127.0.0.1:{self.ports.envoy_admin}/ready"), timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> dict[str, int]:
+        """Stops the edge first, then the services; returns each child's exit code."""
+        codes = {}
+        for child in reversed(self.children):
+            codes[child.name] = child.stop()
+        self.children.clear()
+        return codes

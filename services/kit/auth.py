@@ -1,0 +1,164 @@
+"""Who is calling: end users with a JWT bearer token on public listeners, our own services
+with a shared service credential on internal listeners."""
+
+from __future__ import annotations
+
+import contextvars
+import hmac
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import jwt
+
+from services.kit.errors import Reason, unauthenticated
+
+Metadata = Sequence[tuple[str, str | bytes]]
+
+JWT_ALGORITHM = "HS256"
+# Tolerated clock difference between the token issuer and us.
+CLOCK_SKEW_SECONDS = 30
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The authenticated caller. ``user_id`` is empty for service callers."""
+
+    user_id: str
+    is_service: bool = False
+
+
+_current: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
+    "atelier_principal", default=None
+)
+
+
+def current_principal() -> Principal:
+    """The caller of the RPC being handled; the auth interceptor sets it first."""
+    principal = _current.get()
+    if principal is None:
+        raise RuntimeError("no principal: the handler ran outside the auth interceptor")
+    return principal
+
+
+def set_principal(principal: Principal) -> contextvars.Token[Principal | None]:
+    return _current.set(principal)
+
+
+def reset_principal(token: contextvars.Token[Principal | None]) -> None:
+    _current.reset(token)
+
+
+class Authenticator(Protocol):
+    def authenticate(self, metadata: Metadata) -> Principal:
+        """Returns the caller or raises ApiError(UNAUTHENTICATED)."""
+        ...
+
+
+def _bearer(metadata: Metadata) -> str | None:
+    """The bearer credential, None when there is no authorization header at all."""
+    for key, value in metadata:
+        if key == "authorization":
+            text = value.decode() if isinstance(value, bytes) else value
+            scheme, _, credential = text.strip().partition(" ")
+            if scheme.lower() != "bearer" or not credential.strip():
+                return ""
+            return credential.strip()
+    return None
+
+
+@dataclass(frozen=True)
+class JwtAuthenticator:
+    """Checks an HS256 JWT: signature, expiry, issuer, audience and a subject."""
+
+    secret: str
+    issuer: str
+    audience: str
+
+    def authenticate(self, metadata: Metadata) -> Principal:
+        token = _bearer(metadata)
+        if token is None:
+            raise unauthenticated(
+                Reason.TOKEN_MISSING, "an authorization: Bearer token is required"
+            )
+        if token == "":
+            raise unauthenticated(
+                Reason.TOKEN_MALFORMED, "the authorization header must be 'Bearer <token>'"
+            )
+        try:
+            claims = jwt.decode(
+                token,
+                self.secret,
+                algorithms=[JWT_ALGORITHM],
+                audience=self.audience,
+                issuer=self.issuer,
+                leeway=CLOCK_SKEW_SECONDS,
+                options={"require": ["exp", "iat", "sub"]},
+            )
+        except jwt.ExpiredSignatureError:
+            raise unauthenticated(Reason.TOKEN_EXPIRED, "the token has expired") from None
+        except jwt.InvalidSignatureError:
+            raise unauthenticated(
+                Reason.TOKEN_INVALID, "the token signature does not verify"
+            ) from None
+        except jwt.DecodeError:
+            raise unauthenticated(Reason.TOKEN_MALFORMED, "the token is not a valid JWT") from None
+        except jwt.InvalidTokenError as exc:
+            raise unauthenticated(Reason.TOKEN_INVALID, _claim_problem(exc)) from None
+        subject = claims.get("sub")
+        if not isinstance(subject, str) or not subject.strip():
+            raise unauthenticated(Reason.TOKEN_INVALID, "the token has no subject")
+        return Principal(user_id=subject)
+
+
+def _claim_problem(exc: jwt.InvalidTokenError) -> str:
+    if isinstance(exc, jwt.InvalidAudienceError):
+        return "the token is for another audience"
+    if isinstance(exc, jwt.InvalidIssuerError):
+        return "the token is from another issuer"
+    if isinstance(exc, jwt.MissingRequiredClaimError):
+        return f"the token lacks the {exc.claim!r} claim"
+    if isinstance(exc, jwt.ImmatureSignatureError):
+        return "the token is not valid yet"
+    return "the token is not acceptable"
+
+
+@dataclass(frozen=True)
+class ServiceAuthenticator:
+    """Checks the shared service credential that internal callers send as a bearer token."""
+
+    service_token: str
+
+    def authenticate(self, metadata: Metadata) -> Principal:
+        credential = _bearer(metadata)
+        if credential is None:
+            raise unauthenticated(
+                Reason.SERVICE_CREDENTIAL_MISSING, "internal RPCs need the service credential"
+            )
+        if not hmac.compare_digest(credential.encode(), self.service_token.encode()):
+            raise unauthenticated(
+                Reason.SERVICE_CREDENTIAL_INVALID, "the service credential is not valid"
+            )
+        return Principal(user_id="", is_service=True)
+
+
+def issue_token(
+    secret: str,
+    issuer: str,
+    audience: str,
+    user_id: str,
+    ttl_seconds: int,
+    now: float | None = None,
+) -> str:
+    """Signs a user token; used by `atelier token` and tests (a real deployment's identity
+    provider issues them)."""
+    issued = int(time.time() if now is None else now)
+    claims = {
+        "sub": user_id,
+        "iss": issuer,
+        "aud": audience,
+        "iat": issued,
+        "exp": issued + ttl_seconds,
+    }
+    return jwt.encode(claims, secret, algorithm=JWT_ALGORITHM)

@@ -1,0 +1,111 @@
+"""API errors as ``google.rpc.Status`` with ``ErrorInfo``, ``BadRequest`` and ``RetryInfo``.
+
+Handlers raise :class:`ApiError`; the server's error interceptor turns it into the status
+the client sees. Reasons are contract: never reuse or rename one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import error_details_pb2, status_pb2
+
+DOMAIN = "atelier.dev"
+STATUS_DETAILS_KEY = "grpc-status-details-bin"
+
+
+@dataclass(frozen=True)
+class FieldViolation:
+    field: str
+    description: str
+
+
+@dataclass
+class ApiError(Exception):
+    """An error the client is meant to see, with a stable reason."""
+
+    code: grpc.StatusCode
+    reason: str
+    message: str
+    violations: Sequence[FieldViolation] = ()
+    retry_after_seconds: float | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__init__(f"{self.code.name} {self.reason}: {self.message}")
+
+    def to_status(self) -> status_pb2.Status:
+        details = []
+        info = error_details_pb2.ErrorInfo(reason=self.reason, domain=DOMAIN)
+        info.metadata.update(self.metadata)
+        details.append(info)
+        if self.violations:
+            details.append(
+                error_details_pb2.BadRequest(
+                    field_violations=[
+                        error_details_pb2.BadRequest.FieldViolation(
+                            field=v.field, description=v.description, reason=self.reason
+                        )
+                        for v in self.violations
+                    ]
+                )
+            )
+        if self.retry_after_seconds is not None:
+            whole = math.ceil(self.retry_after_seconds)
+            details.append(
+                error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=whole))
+            )
+        packed = []
+        for detail in details:
+            wrapper = any_pb2.Any()
+            wrapper.Pack(detail)
+            packed.append(wrapper)
+        return status_pb2.Status(code=self.code.value[0], message=self.message, details=packed)
+
+    def trailing_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        return ((STATUS_DETAILS_KEY, self.to_status().SerializeToString()),)
+
+    def initial_metadata(self) -> tuple[tuple[str, str], ...]:
+        """Response headers that help HTTP clients (``retry-after``)."""
+        if self.retry_after_seconds is None:
+            return ()
+        return (("retry-after", str(math.ceil(self.retry_after_seconds))),)
+
+
+def invalid_argument(reason: str, violations: Sequence[FieldViolation]) -> ApiError:
+    summary = "; ".join(f"{v.field}: {v.description}" for v in violations)
+    return ApiError(grpc.StatusCode.INVALID_ARGUMENT, reason, summary, violations=violations)
+
+
+def not_found(reason: str, message: str) -> ApiError:
+    return ApiError(grpc.StatusCode.NOT_FOUND, reason, message)
+
+
+def unauthenticated(reason: str, message: str) -> ApiError:
+    return ApiError(grpc.StatusCode.UNAUTHENTICATED, reason, message)
+
+
+def internal() -> ApiError:
+    """What an unexpected failure looks like to a client: no text from the exception."""
+    return ApiError(grpc.StatusCode.INTERNAL, "INTERNAL", "internal error")
+
+
+def unimplemented() -> ApiError:
+    return ApiError(grpc.StatusCode.UNIMPLEMENTED, "NOT_IMPLEMENTED", "not implemented yet")
+
+
+class Reason:
+    """Reasons shared by every service. Service-specific reasons live with the service."""
+
+    TOKEN_MISSING = "TOKEN_MISSING"
+    TOKEN_MALFORMED = "TOKEN_MALFORMED"
+    TOKEN_EXPIRED = "TOKEN_EXPIRED"
+    TOKEN_INVALID = "TOKEN_INVALID"
+    SERVICE_CREDENTIAL_MISSING = "SERVICE_CREDENTIAL_MISSING"
+    SERVICE_CREDENTIAL_INVALID = "SERVICE_CREDENTIAL_INVALID"
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    INVALID_PAGE_TOKEN = "INVALID_PAGE_TOKEN"

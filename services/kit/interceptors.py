@@ -1,0 +1,172 @@
+"""Server interceptors. Each wraps the method handler so that it runs inside the RPC's own
+task: errors can be turned into rich statuses, and the caller's identity is visible to the
+handler through a context variable.
+
+Order (outermost first), fixed by :func:`services.kit.server.build_interceptors`:
+ObservabilityInterceptor (metrics, access log, error table) → AuthInterceptor → handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import grpc
+from grpc import aio
+
+from services.kit import metrics
+from services.kit.auth import Authenticator, reset_principal, set_principal
+from services.kit.errors import ApiError, internal, unimplemented
+from services.kit.logging import get_logger
+
+log = get_logger(__name__)
+
+# Standard services that answer without credentials: probes and tooling need them.
+UNAUTHENTICATED_PREFIXES = (
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+    "/grpc.reflection.v1.ServerReflection/",
+)
+
+if TYPE_CHECKING:
+    # grpc-stubs types method handlers for the synchronous API only; with grpc.aio the
+    # behaviours are coroutines and async generators. The generic forms exist only for
+    # the type checker.
+    Handler: TypeAlias = grpc.RpcMethodHandler[Any, Any]
+    Context: TypeAlias = aio.ServicerContext[Any, Any]
+    Interceptor: TypeAlias = aio.ServerInterceptor[Any, Any]
+else:
+    Handler = grpc.RpcMethodHandler
+    Context = aio.ServicerContext
+    Interceptor = aio.ServerInterceptor
+Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[Handler]]
+UnaryBehavior = Callable[[Any, Context], Awaitable[Any]]
+# A step that runs around a call: it gets the context and a thunk that runs the rest.
+Around = Callable[[Context, Callable[[], Awaitable[None]]], Awaitable[None]]
+
+
+def wrap_handler(handler: Handler, around: Around) -> Handler:
+    """Runs ``around`` around every call of ``handler``, unary or streaming alike."""
+    kwargs: dict[str, Any] = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    unary_inner: UnaryBehavior | None = handler.unary_unary or handler.stream_unary  # type: ignore[assignment]
+    if unary_inner is not None:
+        inner = unary_inner
+
+        async def unary(request: Any, context: Context) -> Any:
+            result: list[Any] = []
+
+            async def call() -> None:
+                result.append(await inner(request, context))
+
+            await around(context, call)
+            return result[0]
+
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(unary, **kwargs)
+        return grpc.stream_unary_rpc_method_handler(unary, **kwargs)
+
+    stream_inner: Any = handler.unary_stream or handler.stream_stream
+
+    async def streaming(request: Any, context: Context) -> None:
+        # Messages go out through context.write so that `around` sees every failure,
+        # including one after the first message. An inner wrapper is already a writer.
+        async def call() -> None:
+            produced = stream_inner(request, context)
+            if inspect.isasyncgen(produced):
+                async for message in produced:
+                    await context.write(message)
+            else:
+                await produced
+
+        await around(context, call)
+
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(streaming, **kwargs)
+    return grpc.stream_stream_rpc_method_handler(streaming, **kwargs)
+
+
+class ObservabilityInterceptor(Interceptor):
+    """Counts and times every RPC by method and status code, logs it, and maps exceptions
+    to statuses: ApiError to its own status, anything unexpected to INTERNAL with generic
+    text (the stack goes to the log, never to the client)."""
+
+    def __init__(self, service: str) -> None:
+        self._service = service
+
+    async def intercept_service(
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> Handler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+
+        async def around(context: Context, call: Callable[[], Awaitable[None]]) -> None:
+            started = time.perf_counter()
+            code = grpc.StatusCode.OK
+            try:
+                await call()
+                code = context.code() or grpc.StatusCode.OK
+            except aio.AbortError:
+                code = context.code() or grpc.StatusCode.UNKNOWN
+                raise
+            except asyncio.CancelledError:
+                code = grpc.StatusCode.CANCELLED
+                raise
+            except ApiError as error:
+                code = error.code
+                await _abort(context, error)
+            except NotImplementedError:
+                code = grpc.StatusCode.UNIMPLEMENTED
+                await _abort(context, unimplemented())
+            except Exception:
+                code = grpc.StatusCode.INTERNAL
+                log.exception("rpc_failed", method=method)
+                await _abort(context, internal())
+            finally:
+                elapsed = time.perf_counter() - started
+                metrics.observe_rpc(self._service, method, code.name, elapsed)
+                if not method.startswith(UNAUTHENTICATED_PREFIXES):
+                    log.info(
+                        "rpc_finished", method=method, code=code.name, seconds=round(elapsed, 6)
+                    )
+
+        return wrap_handler(handler, around)
+
+
+async def _abort(context: Context, error: ApiError) -> None:
+    headers = error.initial_metadata()
+    if headers:
+        await context.send_initial_metadata(headers)
+    await context.abort(error.code, error.message, trailing_metadata=error.trailing_metadata())
+
+
+class AuthInterceptor(Interceptor):
+    """Authenticates every call except health and reflection, and makes the principal
+    available to the handler through :func:`services.kit.auth.current_principal`."""
+
+    def __init__(self, authenticator: Authenticator) -> None:
+        self._authenticator = authenticator
+
+    async def intercept_service(
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> Handler:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler_call_details.method.startswith(UNAUTHENTICATED_PREFIXES):
+            return handler
+
+        async def around(context: Context, call: Callable[[], Awaitable[None]]) -> None:
+            principal = self._authenticator.authenticate(tuple(context.invocation_metadata() or ()))
+            token = set_principal(principal)
+            try:
+                await call()
+            finally:
+                reset_principal(token)
+
+        return wrap_handler(handler, around)

@@ -1,0 +1,25 @@
+"""Prometheus metrics served on each service's metrics port."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram, start_http_server
+
+RPC_TOTAL = Counter(
+    "atelier_rpc_total", "RPCs handled, by method and status code", ["service", "method", "code"]
+)
+RPC_SECONDS = Histogram(
+    "atelier_rpc_duration_seconds",
+    "RPC latency (for streams, the stream's lifetime), by method and status code",
+    ["service", "method", "code"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+
+
+def observe_rpc(service: str, method: str, code: str, seconds: float) -> None:
+    RPC_TOTAL.labels(service, method, code).inc()
+    RPC_SECONDS.labels(service, method, code).observe(seconds)
+
+
+def serve_metrics(host: str, port: int) -> None:
+    """Starts the /metrics HTTP endpoint on a daemon thread."""
+    start_http_server(port, addr=host)

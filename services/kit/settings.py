@@ -1,0 +1,169 @@
+"""Typed settings read from ``ATELIER_*`` environment variables.
+
+Every knob has a default and bounds. A bad value stops the process before it serves
+anything, with a message that names the variable, so a typo never becomes a silent default.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+PREFIX = "ATELIER_"
+
+# Development-only credentials. They let `atelier dev` and the tests run with no setup;
+# ATELIER_ENV=prod refuses to start while either is still in use.
+DEV_JWT_SECRET = "atelier-dev-jwt-secret-not-for-production"
+DEV_SERVICE_TOKEN = "atelier-dev-service-token-not-for-production"
+
+
+class SettingsError(Exception):
+    """One or more settings are invalid; the message lists every one of them."""
+
+
+class EnvReader:
+    """Reads and checks variables, collecting every problem before reporting them."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        self._environ = os.environ if environ is None else environ
+        self._problems: list[str] = []
+
+    def _raw(self, name: str) -> str | None:
+        value = self._environ.get(PREFIX + name)
+        if value is None or value.strip() == "":
+            return None
+        return value.strip()
+
+    def _problem(self, name: str, message: str) -> None:
+        self._problems.append(f"{PREFIX}{name} {message}")
+
+    def string(self, name: str, default: str, *, choices: tuple[str, ...] = ()) -> str:
+        value = self._raw(name)
+        if value is None:
+            return default
+        if choices and value not in choices:
+            self._problem(name, f"must be one of {', '.join(choices)} (got {value!r})")
+            return default
+        return value
+
+    def secret(self, name: str, default: str, *, min_length: int = 16) -> str:
+        """Like string, but the value never appears in a message."""
+        value = self._raw(name)
+        if value is None:
+            return default
+        if len(value) < min_length:
+            self._problem(name, f"must be at least {min_length} characters long")
+            return default
+        return value
+
+    def integer(self, name: str, default: int, *, minimum: int, maximum: int) -> int:
+        value = self._raw(name)
+        if value is None:
+            return default
+        try:
+            number = int(value)
+        except ValueError:
+            self._problem(name, f"must be a whole number (got {value!r})")
+            return default
+        if not minimum <= number <= maximum:
+            self._problem(name, f"must be between {minimum} and {maximum} (got {number})")
+            return default
+        return number
+
+    def seconds(self, name: str, default: float, *, minimum: float, maximum: float) -> float:
+        value = self._raw(name)
+        if value is None:
+            return default
+        try:
+            number = float(value)
+        except ValueError:
+            self._problem(name, f"must be a number of seconds (got {value!r})")
+            return default
+        if not minimum <= number <= maximum:
+            self._problem(
+                name, f"must be between {minimum:g} and {maximum:g} seconds (got {value})"
+            )
+            return default
+        return number
+
+    def require(self, condition: bool, name: str, message: str) -> None:
+        """Records a rule that spans several values."""
+        if not condition:
+            self._problem(name, message)
+
+    def finish(self) -> None:
+        if self._problems:
+            raise SettingsError("invalid settings:\n  " + "\n  ".join(self._problems))
+
+
+def port(reader: EnvReader, name: str, default: int) -> int:
+    return reader.integer(name, default, minimum=1, maximum=65535)
+
+
+@dataclass(frozen=True)
+class CommonSettings:
+    """What every service process needs."""
+
+    env: str
+    host: str
+    database_url: str
+    jwt_secret: str
+    jwt_issuer: str
+    jwt_audience: str
+    service_token: str
+    log_level: str
+    drain_grace_seconds: float
+
+    @classmethod
+    def read(cls, reader: EnvReader) -> CommonSettings:
+        env = reader.string("ENV", "dev", choices=("dev", "test", "prod"))
+        settings = cls(
+            env=env,
+            host=reader.string("HOST", "127.0.0.1"),
+            database_url=reader.string(
+                "DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/atelier"
+            ),
+            jwt_secret=reader.secret("JWT_SECRET", DEV_JWT_SECRET, min_length=32),
+            jwt_issuer=reader.string("JWT_ISSUER", "atelier"),
+            jwt_audience=reader.string("JWT_AUDIENCE", "atelier-app"),
+            service_token=reader.secret("SERVICE_TOKEN", DEV_SERVICE_TOKEN, min_length=32),
+            log_level=reader.string(
+                "LOG_LEVEL", "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR")
+            ),
+            drain_grace_seconds=reader.seconds("DRAIN_GRACE", 10.0, minimum=0, maximum=300),
+        )
+        if env == "prod":
+            reader.require(
+                settings.jwt_secret != DEV_JWT_SECRET, "JWT_SECRET", "must be set in prod"
+            )
+            reader.require(
+                settings.service_token != DEV_SERVICE_TOKEN, "SERVICE_TOKEN", "must be set in prod"
+            )
+        return settings
+
+
+@dataclass(frozen=True)
+class ListenSettings:
+    """The three ports of one service: public gRPC, internal gRPC and Prometheus metrics."""
+
+    public_port: int
+    internal_port: int
+    metrics_port: int
+
+    @classmethod
+    def read(cls, reader: EnvReader, service: str, defaults: ListenSettings) -> ListenSettings:
+        key = service.upper()
+        return cls(
+            public_port=port(reader, f"{key}_PUBLIC_PORT", defaults.public_port),
+            internal_port=port(reader, f"{key}_INTERNAL_PORT", defaults.internal_port),
+            metrics_port=port(reader, f"{key}_METRICS_PORT", defaults.metrics_port),
+        )
+
+
+# Default ports, one block per service; `atelier dev` and deploy/envoy/envoy.yaml agree.
+DEFAULT_PORTS: dict[str, ListenSettings] = {
+    "creation": ListenSettings(public_port=50051, internal_port=50061, metrics_port=9461),
+    "media": ListenSettings(public_port=50052, internal_port=50062, metrics_port=9462),
+    "notify": ListenSettings(public_port=50053, internal_port=50063, metrics_port=9463),
+}

@@ -1,0 +1,39 @@
+"""The whole stack as `atelier dev` runs it — three service processes and Envoy — on free
+ports against the test session's database."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from services.dev.stack import Stack, StackPorts
+from services.kit.auth import issue_token
+from services.kit.settings import DEV_JWT_SECRET
+
+
+@pytest.fixture(scope="session")
+def stack(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    work = tmp_path_factory.mktemp("stack")
+    running = Stack(
+        database_url=database_url, ports=StackPorts.free(), work_dir=work, log_dir=work / "logs"
+    )
+    running.start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="session")
+def token() -> str:
+    return issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", "acceptance-user", 600)
+
+
+@pytest.fixture(scope="session")
+def edge_url(stack: Stack) -> str:
+    return f"http://127.0.0.1:{stack.ports.envoy}"
+
+
+@pytest.fixture(scope="session")
+def descriptor() -> Path:
+    return Path(__file__).resolve().parents[2] / "gen" / "atelier.binpb"

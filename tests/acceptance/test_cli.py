@@ -1,0 +1,149 @@
+"""The `atelier` command as an operator meets it: bad settings stop a service with a
+message naming the variable, SIGTERM drains cleanly, and `atelier dev` brings up the whole
+system on embedded defaults and takes it down on Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import re
+import selectors
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from services.dev.processes import free_port, grpc_serving, venv_binary
+from services.kit.auth import JwtAuthenticator
+from services.kit.settings import DEV_JWT_SECRET
+
+ATELIER = [venv_binary("atelier")]
+
+
+def atelier(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*ATELIER, *args],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("ATELIER_LEASE_TTL", "-5"), ("ATELIER_CREATION_PUBLIC_PORT", "http"), ("ATELIER_ENV", "qa")],
+)
+def test_invalid_setting_stops_serve_with_its_name(variable: str, value: str) -> None:
+    result = atelier("serve", "creation", env={variable: value})
+    assert result.returncode == 2
+    assert variable in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_token_is_accepted_by_the_services_authenticator() -> None:
+    result = atelier("token", "--user", "u-42", "--ttl", "60")
+    assert result.returncode == 0
+    principal = JwtAuthenticator(DEV_JWT_SECRET, "atelier", "atelier-app").authenticate(
+        [("authorization", f"Bearer {result.stdout.strip()}")]
+    )
+    assert principal.user_id == "u-42"
+
+
+def test_sigterm_drains_and_exits_cleanly(database_url: str) -> None:
+    public = free_port()
+    env = {
+        **os.environ,
+        "ATELIER_DATABASE_URL": database_url,
+        "ATELIER_MEDIA_PUBLIC_PORT": str(public),
+        "ATELIER_MEDIA_INTERNAL_PORT": str(free_port()),
+        "ATELIER_MEDIA_METRICS_PORT": str(free_port()),
+    }
+    process = subprocess.Popen(
+        [*ATELIER, "serve", "media"], env=env, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        serving = grpc_serving(f"127.0.0.1:{public}")
+        deadline = time.monotonic() + 30
+        while not serving():
+            assert process.poll() is None, process.stderr.read() if process.stderr else ""
+            assert time.monotonic() < deadline, "media never became SERVING"
+            time.sleep(0.1)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+        logs = process.stderr.read() if process.stderr else ""
+        assert logs.index('"service_draining"') < logs.index('"service_stopped"')
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def read_until(process: subprocess.Popen[bytes], marker: bytes, timeout: float) -> bytes:
+    """Reads the process's stderr until ``marker`` appears; fails if it exits first."""
+    assert process.stderr is not None
+    selector = selectors.DefaultSelector()
+    selector.register(process.stderr, selectors.EVENT_READ)
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while marker not in seen:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"no {marker!r} within {timeout}s:\n{seen.decode(errors='replace')}"
+        if selector.select(remaining):
+            chunk = os.read(process.stderr.fileno(), 65536)
+            assert chunk, f"exited early:\n{seen.decode(errors='replace')}"
+            seen += chunk
+    return seen
+
+
+def test_dev_runs_everything_on_embedded_defaults(tmp_path: Path) -> None:
+    ports = {
+        name: str(free_port())
+        for name in [
+            "EDGE_PORT",
+            "EDGE_ADMIN_PORT",
+            *(
+                f"{s}_{kind}_PORT"
+                for s in ("CREATION", "MEDIA", "NOTIFY")
+                for kind in ("PUBLIC", "INTERNAL", "METRICS")
+            ),
+        ]
+    }
+    env = {k: v for k, v in os.environ.items() if k != "ATELIER_DATABASE_URL"}
+    env.update({f"ATELIER_{k}": v for k, v in ports.items()})
+    env["ATELIER_DEV_DIR"] = str(tmp_path / "var")
+    process = subprocess.Popen(
+        [*ATELIER, "dev"], env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL
+    )
+    try:
+        banner = read_until(process, b"Ctrl-C stops everything", timeout=120).decode()
+        assert "starting embedded PostgreSQL" in banner
+        token = re.search(r"export TOKEN=(\S+)", banner)
+        assert token is not None
+        curl = re.search(r"curl -s -H \"authorization: Bearer \$TOKEN\" (\S+)", banner)
+        assert (
+            curl is not None
+            and curl.group(1) == f"http://127.0.0.1:{ports['EDGE_PORT']}/v1/catalog"
+        )
+
+        response = httpx.get(curl.group(1), headers={"authorization": f"Bearer {token.group(1)}"})
+        assert response.status_code == 200
+        assert [m["modelId"] for m in response.json()["models"]] == [
+            "stub-fast",
+            "stub-detail",
+            "stub-portrait",
+        ]
+
+        process.send_signal(signal.SIGINT)
+        tail = read_until(process, b"stopped:", timeout=60).decode()
+        assert process.wait(timeout=30) == 0
+        assert re.search(r"stopped: envoy \(0\), notify \(0\), media \(0\), creation \(0\)", tail)
+        # The embedded PostgreSQL went down with it.
+        assert not (tmp_path / "var" / "postgres" / "postmaster.pid").exists()
+    finally:
+        if process.poll() is None:
+            process.kill()

