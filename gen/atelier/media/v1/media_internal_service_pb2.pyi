@@ -211,6 +211,52 @@ class GetAssetUrlResponse(_message.Message):
 Global___GetAssetUrlResponse: _TypeAlias = GetAssetUrlResponse  # noqa: Y015
 
 @_typing.final
+class GetAssetInfoRequest(_message.Message):
+    """Request for GetAssetInfo."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ASSET_ID_FIELD_NUMBER: _builtins.int
+    asset_id: _builtins.str
+    """The asset."""
+    def __init__(
+        self,
+        *,
+        asset_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["asset_id", b"asset_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetAssetInfoRequest: _TypeAlias = GetAssetInfoRequest  # noqa: Y015
+
+@_typing.final
+class GetAssetInfoResponse(_message.Message):
+    """Response for GetAssetInfo."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ASSET_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def asset(self) -> _asset_pb2.Asset:
+        """The asset."""
+
+    def __init__(
+        self,
+        *,
+        asset: _asset_pb2.Asset | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["asset", b"asset"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["asset", b"asset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetAssetInfoResponse: _TypeAlias = GetAssetInfoResponse  # noqa: Y015
+
+@_typing.final
 class DeleteAssetRequest(_message.Message):
     """Request for DeleteAsset."""
 

@@ -51,6 +51,11 @@ class MediaInternalServiceStub:
                 request_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetUrlRequest.SerializeToString,
                 response_deserializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetUrlResponse.FromString,
                 _registered_method=True)
+        self.GetAssetInfo = channel.unary_unary(
+                '/atelier.media.v1.MediaInternalService/GetAssetInfo',
+                request_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetInfoRequest.SerializeToString,
+                response_deserializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetInfoResponse.FromString,
+                _registered_method=True)
         self.DeleteAsset = channel.unary_unary(
                 '/atelier.media.v1.MediaInternalService/DeleteAsset',
                 request_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.DeleteAssetRequest.SerializeToString,
@@ -84,6 +89,14 @@ class MediaInternalServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetAssetInfo(self, request, context):
+        """Returns an asset's metadata whatever its status, so another service can check an
+        asset a user names (owner, purpose, readiness) before relying on it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DeleteAsset(self, request, context):
         """Marks an asset deleted and removes its object. Idempotent.
         """
@@ -108,6 +121,11 @@ def add_MediaInternalServiceServicer_to_server(servicer, server):
                     servicer.GetAssetUrl,
                     request_deserializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetUrlRequest.FromString,
                     response_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetUrlResponse.SerializeToString,
+            ),
+            'GetAssetInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAssetInfo,
+                    request_deserializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetInfoRequest.FromString,
+                    response_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetInfoResponse.SerializeToString,
             ),
             'DeleteAsset': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteAsset,
@@ -198,6 +216,33 @@ class MediaInternalService:
             '/atelier.media.v1.MediaInternalService/GetAssetUrl',
             atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetUrlRequest.SerializeToString,
             atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetUrlResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAssetInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atelier.media.v1.MediaInternalService/GetAssetInfo',
+            atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetInfoRequest.SerializeToString,
+            atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetInfoResponse.FromString,
             options,
             channel_credentials,
             insecure,

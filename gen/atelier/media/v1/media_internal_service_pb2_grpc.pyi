@@ -41,6 +41,10 @@ class MediaInternalServiceStub:
     """Streams an asset's bytes: its metadata first, then chunks."""
     GetAssetUrl: _grpc.UnaryUnaryMultiCallable[_media_internal_service_pb2.GetAssetUrlRequest, _media_internal_service_pb2.GetAssetUrlResponse]
     """Returns an asset's metadata and a presigned download URL."""
+    GetAssetInfo: _grpc.UnaryUnaryMultiCallable[_media_internal_service_pb2.GetAssetInfoRequest, _media_internal_service_pb2.GetAssetInfoResponse]
+    """Returns an asset's metadata whatever its status, so another service can check an
+    asset a user names (owner, purpose, readiness) before relying on it.
+    """
     DeleteAsset: _grpc.UnaryUnaryMultiCallable[_media_internal_service_pb2.DeleteAssetRequest, _media_internal_service_pb2.DeleteAssetResponse]
     """Marks an asset deleted and removes its object. Idempotent."""
 
@@ -57,6 +61,10 @@ class MediaInternalServiceAsyncStub(MediaInternalServiceStub):
     """Streams an asset's bytes: its metadata first, then chunks."""
     GetAssetUrl: _aio.UnaryUnaryMultiCallable[_media_internal_service_pb2.GetAssetUrlRequest, _media_internal_service_pb2.GetAssetUrlResponse]  # type: ignore[assignment]
     """Returns an asset's metadata and a presigned download URL."""
+    GetAssetInfo: _aio.UnaryUnaryMultiCallable[_media_internal_service_pb2.GetAssetInfoRequest, _media_internal_service_pb2.GetAssetInfoResponse]  # type: ignore[assignment]
+    """Returns an asset's metadata whatever its status, so another service can check an
+    asset a user names (owner, purpose, readiness) before relying on it.
+    """
     DeleteAsset: _aio.UnaryUnaryMultiCallable[_media_internal_service_pb2.DeleteAssetRequest, _media_internal_service_pb2.DeleteAssetResponse]  # type: ignore[assignment]
     """Marks an asset deleted and removes its object. Idempotent."""
 
@@ -88,6 +96,16 @@ class MediaInternalServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_media_internal_service_pb2.GetAssetUrlResponse, _abc.Awaitable[_media_internal_service_pb2.GetAssetUrlResponse]]:
         """Returns an asset's metadata and a presigned download URL."""
+
+    @_abc_1.abstractmethod
+    def GetAssetInfo(
+        self,
+        request: _media_internal_service_pb2.GetAssetInfoRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_media_internal_service_pb2.GetAssetInfoResponse, _abc.Awaitable[_media_internal_service_pb2.GetAssetInfoResponse]]:
+        """Returns an asset's metadata whatever its status, so another service can check an
+        asset a user names (owner, purpose, readiness) before relying on it.
+        """
 
     @_abc_1.abstractmethod
     def DeleteAsset(
