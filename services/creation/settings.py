@@ -22,6 +22,7 @@ class CreationSettings:
     max_attempts: int
     daily_quota: int
     in_flight_limit: int
+    welcome_points: int
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> CreationSettings:
@@ -45,6 +46,8 @@ class CreationSettings:
             max_attempts=reader.integer("MAX_ATTEMPTS", 3, minimum=1, maximum=20),
             daily_quota=reader.integer("DAILY_QUOTA", 50, minimum=1, maximum=100_000),
             in_flight_limit=reader.integer("IN_FLIGHT_LIMIT", 3, minimum=1, maximum=1000),
+            # Points a user starts with, granted once when first seen; 0 turns it off.
+            welcome_points=reader.integer("WELCOME_POINTS", 100, minimum=0, maximum=1_000_000),
         )
         # A heartbeat must come well inside the lease, or live jobs would be reaped.
         reader.require(

@@ -9,14 +9,17 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    ForeignKey,
     Index,
     Integer,
     MetaData,
     Table,
     Text,
+    UniqueConstraint,
     func,
     text,
 )
+from sqlalchemy.dialects.postgresql import JSONB, UUID
 
 SCHEMA = "creation"
 
@@ -76,3 +79,198 @@ styles = Table(
 # The picker reads enabled entries in order; these partial indexes serve exactly that.
 Index("ix_models_picker", models.c.sort_order, models.c.model_id, postgresql_where=models.c.enabled)
 Index("ix_styles_picker", styles.c.sort_order, styles.c.style_id, postgresql_where=styles.c.enabled)
+
+
+# --- jobs -------------------------------------------------------------------------------
+
+STATUSES = ("queued", "running", "succeeded", "failed", "cancelled", "needs_attention")
+STEPS = ("preparing", "submitting", "generating", "storing", "done")
+
+
+def _quoted(values: tuple[str, ...]) -> str:
+    return ", ".join(f"'{v}'" for v in values)
+
+
+# The state machine as PostgreSQL sees it: for each status, what the lease, timestamps,
+# output and error must look like. An illegal combination is rejected by the database.
+JOB_STATE_RULES = {
+    "queued_shape": (
+        "status <> 'queued' OR (lease_owner IS NULL AND lease_expires_at IS NULL"
+        " AND completed_at IS NULL AND output_asset_id IS NULL AND NOT cancel_requested)"
+    ),
+    "running_shape": (
+        "status <> 'running' OR (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL"
+        " AND started_at IS NOT NULL AND completed_at IS NULL AND output_asset_id IS NULL"
+        " AND step IS NOT NULL AND attempt >= 1 AND lease_epoch >= 1)"
+    ),
+    "succeeded_shape": (
+        "status <> 'succeeded' OR (lease_owner IS NULL AND lease_expires_at IS NULL"
+        " AND started_at IS NOT NULL AND completed_at IS NOT NULL"
+        " AND output_asset_id IS NOT NULL AND error_code IS NULL AND progress = 100)"
+    ),
+    "failed_shape": (
+        "status <> 'failed' OR (lease_owner IS NULL AND lease_expires_at IS NULL"
+        " AND completed_at IS NOT NULL AND output_asset_id IS NULL AND error_code IS NOT NULL)"
+    ),
+    "cancelled_shape": (
+        "status <> 'cancelled' OR (lease_owner IS NULL AND lease_expires_at IS NULL"
+        " AND completed_at IS NOT NULL AND output_asset_id IS NULL)"
+    ),
+    "attention_shape": (
+        "status <> 'needs_attention' OR (lease_owner IS NULL AND lease_expires_at IS NULL"
+        " AND completed_at IS NULL AND output_asset_id IS NULL AND error_code IS NOT NULL)"
+    ),
+    # A provider request exists only once the worker got past submitting.
+    "request_after_submit": (
+        "provider_request_id IS NULL OR coalesce(step IN ('generating', 'storing', 'done'), false)"
+    ),
+    # ...and only after an attempt started.
+    "request_has_attempt": "provider_request_id IS NULL OR attempt >= 1",
+    "completed_after_created": "completed_at IS NULL OR completed_at >= created_at",
+    "started_after_created": "started_at IS NULL OR started_at >= created_at",
+    "key_has_hash": "idempotency_key IS NULL OR length(request_hash) = 64",
+}
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("job_id", UUID(as_uuid=False), primary_key=True),
+    Column("user_id", Text, nullable=False),
+    Column("model_id", Text, ForeignKey("models.model_id"), nullable=False),
+    Column("style_id", Text, ForeignKey("styles.style_id"), nullable=False),
+    # Snapshot of the catalog at submit: later catalog edits never change a job.
+    Column("provider_code", Text, nullable=False),
+    Column("provider_model", Text, nullable=False),
+    Column("price_points", BigInteger, nullable=False),
+    Column("input_asset_id", UUID(as_uuid=False), nullable=False),
+    Column("prompt", Text, nullable=False),
+    Column("negative_prompt", Text, nullable=False),
+    Column("width", Integer, nullable=False),
+    Column("height", Integer, nullable=False),
+    Column("parameters", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("status", Text, nullable=False),
+    Column("progress", Integer, nullable=False, server_default=text("0")),
+    Column("step", Text),
+    Column("priority", Integer, nullable=False, server_default=text("0")),
+    Column("attempt", Integer, nullable=False, server_default=text("0")),
+    Column("max_attempts", Integer, nullable=False),
+    Column("next_attempt_at", DateTime(timezone=True), nullable=False),
+    Column("lease_owner", Text),
+    Column("lease_epoch", BigInteger, nullable=False, server_default=text("0")),
+    Column("lease_expires_at", DateTime(timezone=True)),
+    Column("provider_request_id", Text),
+    Column("error_code", Text),
+    Column("error_message", Text),
+    Column("cancel_requested", Boolean, nullable=False, server_default=text("false")),
+    Column("output_asset_id", UUID(as_uuid=False)),
+    Column("idempotency_key", Text),
+    Column("request_hash", Text, nullable=False),
+    Column("version", BigInteger, nullable=False, server_default=text("1")),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("started_at", DateTime(timezone=True)),
+    Column("completed_at", DateTime(timezone=True)),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    CheckConstraint(f"status IN ({_quoted(STATUSES)})", name="status_known"),
+    CheckConstraint(f"step IS NULL OR step IN ({_quoted(STEPS)})", name="step_known"),
+    CheckConstraint("progress BETWEEN 0 AND 100", name="progress_percent"),
+    CheckConstraint("attempt >= 0 AND attempt <= max_attempts", name="attempts_bounded"),
+    CheckConstraint("max_attempts BETWEEN 1 AND 100", name="max_attempts_range"),
+    CheckConstraint("version >= 1", name="version_positive"),
+    CheckConstraint("price_points >= 0", name="price_not_negative"),
+    CheckConstraint("width BETWEEN 64 AND 2048 AND height BETWEEN 64 AND 2048", name="size"),
+    CheckConstraint("jsonb_typeof(parameters) = 'object'", name="parameters_object"),
+    *(CheckConstraint(rule, name=name) for name, rule in JOB_STATE_RULES.items()),
+    UniqueConstraint("user_id", "idempotency_key", name="uq_jobs_user_idempotency_key"),
+)
+
+# The claim queue: queued jobs in claim order. Without it every claim walks past every
+# claimed row.
+Index(
+    "ix_jobs_claim_queue",
+    jobs.c.priority.desc(),
+    jobs.c.next_attempt_at,
+    jobs.c.created_at,
+    postgresql_where=jobs.c.status == "queued",
+)
+# The lease reaper: running jobs by lease expiry.
+Index("ix_jobs_lease_expiry", jobs.c.lease_expires_at, postgresql_where=jobs.c.status == "running")
+# ListJobs (newest first) and the per-user quota counts.
+Index("ix_jobs_user_newest", jobs.c.user_id, jobs.c.created_at.desc(), jobs.c.job_id.desc())
+# The in-flight limit's count.
+Index(
+    "ix_jobs_user_in_flight",
+    jobs.c.user_id,
+    postgresql_where=jobs.c.status.in_(["queued", "running"]),
+)
+# Operators' queue.
+Index(
+    "ix_jobs_needs_attention",
+    jobs.c.updated_at,
+    jobs.c.job_id,
+    postgresql_where=jobs.c.status == "needs_attention",
+)
+
+ACTORS = ("user", "worker", "reaper", "operator")
+
+job_events = Table(
+    "job_events",
+    metadata,
+    Column("event_id", BigInteger, primary_key=True, autoincrement=True),
+    Column("job_id", UUID(as_uuid=False), ForeignKey("jobs.job_id"), nullable=False),
+    Column("version", BigInteger, nullable=False),
+    Column("from_status", Text),
+    Column("to_status", Text, nullable=False),
+    Column("actor_kind", Text, nullable=False),
+    Column("actor_id", Text, nullable=False),
+    Column("reason", Text, nullable=False, server_default=""),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    CheckConstraint(f"actor_kind IN ({_quoted(ACTORS)})", name="actor_known"),
+    CheckConstraint(f"to_status IN ({_quoted(STATUSES)})", name="to_status_known"),
+    CheckConstraint("from_status IS NULL OR from_status <> to_status", name="is_a_change"),
+    UniqueConstraint("job_id", "version", name="uq_job_events_job_id_version"),
+)
+
+# Every client-visible change of a job, written in the change's own transaction and
+# delivered to notify by the relay (at least once).
+outbox = Table(
+    "outbox",
+    metadata,
+    Column("outbox_id", BigInteger, primary_key=True, autoincrement=True),
+    Column("job_id", UUID(as_uuid=False), ForeignKey("jobs.job_id"), nullable=False),
+    Column("user_id", Text, nullable=False),
+    Column("version", BigInteger, nullable=False),
+    Column("payload", JSONB, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("delivered_at", DateTime(timezone=True)),
+    UniqueConstraint("job_id", "version", name="uq_outbox_job_id_version"),
+)
+# The relay's queue: undelivered rows in order.
+Index("ix_outbox_undelivered", outbox.c.outbox_id, postgresql_where=outbox.c.delivered_at.is_(None))
+
+LEDGER_KINDS = ("reserve", "capture", "release", "grant")
+
+points_ledger = Table(
+    "points_ledger",
+    metadata,
+    Column("entry_id", BigInteger, primary_key=True, autoincrement=True),
+    Column("user_id", Text, nullable=False),
+    Column("job_id", UUID(as_uuid=False), ForeignKey("jobs.job_id")),
+    Column("kind", Text, nullable=False),
+    Column("amount", BigInteger, nullable=False),
+    # Idempotency key of a grant.
+    Column("grant_key", Text),
+    Column("reason", Text, nullable=False, server_default=""),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    CheckConstraint(f"kind IN ({_quoted(LEDGER_KINDS)})", name="kind_known"),
+    CheckConstraint("amount >= 0", name="amount_not_negative"),
+    # Grants belong to no job and carry a key; job entries belong to a job.
+    CheckConstraint(
+        "(kind = 'grant') = (job_id IS NULL) AND (kind = 'grant') = (grant_key IS NOT NULL)",
+        name="grant_shape",
+    ),
+    # A user is never charged (or refunded) twice for one job.
+    UniqueConstraint("job_id", "kind", name="uq_points_ledger_job_id_kind"),
+    UniqueConstraint("user_id", "grant_key", name="uq_points_ledger_user_id_grant_key"),
+)
+# Balance sums per user.
+Index("ix_points_ledger_user", points_ledger.c.user_id, points_ledger.c.kind)

@@ -27,7 +27,7 @@ def with_database(url: str, database: str) -> str:
     return make_url(url).set(database=database).render_as_string(hide_password=False)
 
 
-def _connect_kwargs(url: str) -> dict[str, object]:
+def connect_kwargs(url: str) -> dict[str, object]:
     parsed = make_url(url)
     host = parsed.query.get("host") or parsed.host or "127.0.0.1"
     return {
@@ -40,7 +40,7 @@ def _connect_kwargs(url: str) -> dict[str, object]:
 
 
 async def _create_database(admin_url: str, database: str) -> None:
-    connection = await asyncpg.connect(**_connect_kwargs(admin_url))
+    connection = await asyncpg.connect(**connect_kwargs(admin_url))
     try:
         exists = await connection.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", database)
         if not exists:
@@ -52,7 +52,7 @@ async def _create_database(admin_url: str, database: str) -> None:
 
 
 async def _drop_database(admin_url: str, database: str) -> None:
-    connection = await asyncpg.connect(**_connect_kwargs(admin_url))
+    connection = await asyncpg.connect(**connect_kwargs(admin_url))
     try:
         quoted = '"' + database.replace('"', '""') + '"'
         await connection.execute(f"DROP DATABASE IF EXISTS {quoted} WITH (FORCE)")
@@ -75,7 +75,7 @@ def server_answers(admin_url: str, timeout: float = 2.0) -> bool:
 
     async def probe() -> bool:
         try:
-            connection = await asyncpg.connect(**_connect_kwargs(admin_url), timeout=timeout)
+            connection = await asyncpg.connect(**connect_kwargs(admin_url), timeout=timeout)
         except (TimeoutError, OSError, asyncpg.PostgresError):
             return False
         await connection.close()

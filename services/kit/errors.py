@@ -76,6 +76,14 @@ class ApiError(Exception):
         return (("retry-after", str(math.ceil(self.retry_after_seconds))),)
 
 
+class DomainError(Exception):
+    """A failure a service's domain names. Each subclass says how a client sees it, so the
+    service keeps its whole error table in one module; the server maps it on the way out."""
+
+    def to_api_error(self) -> ApiError:
+        raise NotImplementedError(f"{type(self).__name__} has no API form")
+
+
 def invalid_argument(reason: str, violations: Sequence[FieldViolation]) -> ApiError:
     summary = "; ".join(f"{v.field}: {v.description}" for v in violations)
     return ApiError(grpc.StatusCode.INVALID_ARGUMENT, reason, summary, violations=violations)

@@ -19,7 +19,7 @@ from grpc import aio
 
 from services.kit import metrics
 from services.kit.auth import Authenticator, reset_principal, set_principal
-from services.kit.errors import ApiError, internal, unimplemented
+from services.kit.errors import ApiError, DomainError, internal, unimplemented
 from services.kit.logging import get_logger
 
 log = get_logger(__name__)
@@ -122,6 +122,10 @@ class ObservabilityInterceptor(Interceptor):
             except ApiError as error:
                 code = error.code
                 await _abort(context, error)
+            except DomainError as failure:
+                mapped = failure.to_api_error()
+                code = mapped.code
+                await _abort(context, mapped)
             except NotImplementedError:
                 code = grpc.StatusCode.UNIMPLEMENTED
                 await _abort(context, unimplemented())

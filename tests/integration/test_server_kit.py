@@ -22,7 +22,7 @@ from atelier.creation.v1 import (
 )
 from atelier.notify.v1 import job_state_pb2, notify_service_pb2, notify_service_pb2_grpc
 from services.kit.auth import current_principal, issue_token
-from services.kit.errors import ApiError, FieldViolation, invalid_argument
+from services.kit.errors import ApiError, DomainError, FieldViolation, invalid_argument
 from services.kit.server import Binding, RunningService, ServiceApp, placeholder
 from services.kit.settings import (
     DEV_JWT_SECRET,
@@ -48,8 +48,18 @@ class FakeCreation(creation_service_pb2_grpc.CreationServiceServicer):
     async def GetJob(self, request: Any, context: Any) -> Any:
         raise RuntimeError("connection to postgres://admin:hunter2@db failed")
 
+    async def GetBalance(self, request: Any, context: Any) -> Any:
+        raise QuotaGone()
+
     async def CancelJob(self, request: Any, context: Any) -> Any:
         raise invalid_argument("JOB_ID_INVALID", [FieldViolation("job_id", "must be a UUID")])
+
+
+class QuotaGone(DomainError):
+    def to_api_error(self) -> ApiError:
+        return ApiError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED, "TEST_QUOTA", "no more", retry_after_seconds=7
+        )
 
 
 class FakeNotify(notify_service_pb2_grpc.NotifyServiceServicer):
@@ -155,6 +165,23 @@ async def test_api_error_keeps_code_reason_and_field_violations(
     violations = bad_request(caught.value)
     assert violations is not None
     assert violations.field_violations[0].field == "job_id"
+
+
+async def test_domain_error_maps_through_its_own_table(
+    service: tuple[RunningService, Readiness],
+) -> None:
+    running, _ = service
+    async with channel(running.public_port) as ch:
+        stub = creation_service_pb2_grpc.CreationServiceStub(ch)
+        call = stub.GetBalance(
+            creation_service_pb2.GetBalanceRequest(), metadata=bearer(USER_TOKEN)
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert error_info(caught.value).reason == "TEST_QUOTA"
+    # The retry hint also travels as a response header for HTTP clients.
+    assert ("retry-after", "7") in tuple(caught.value.initial_metadata() or ())
 
 
 async def test_unimplemented_rpc(service: tuple[RunningService, Readiness]) -> None:

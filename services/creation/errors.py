@@ -1,0 +1,172 @@
+"""creation's error table: every domain failure and the status a client sees for it.
+Reasons are contract: never reuse or rename one."""
+
+from __future__ import annotations
+
+import grpc
+
+from services.kit.errors import ApiError, DomainError, FieldViolation
+
+
+class Reason:
+    IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
+    DAILY_QUOTA_EXCEEDED = "DAILY_QUOTA_EXCEEDED"
+    IN_FLIGHT_LIMIT_REACHED = "IN_FLIGHT_LIMIT_REACHED"
+    INSUFFICIENT_POINTS = "INSUFFICIENT_POINTS"
+    INVALID_JOB_REQUEST = "INVALID_JOB_REQUEST"
+    MODEL_NOT_AVAILABLE = "MODEL_NOT_AVAILABLE"
+    STYLE_NOT_AVAILABLE = "STYLE_NOT_AVAILABLE"
+    STYLE_MODEL_MISMATCH = "STYLE_MODEL_MISMATCH"
+    INPUT_ASSET_NOT_FOUND = "INPUT_ASSET_NOT_FOUND"
+    INPUT_ASSET_NOT_READY = "INPUT_ASSET_NOT_READY"
+    INPUT_ASSET_WRONG_PURPOSE = "INPUT_ASSET_WRONG_PURPOSE"
+    MEDIA_UNAVAILABLE = "MEDIA_UNAVAILABLE"
+    JOB_NOT_FOUND = "JOB_NOT_FOUND"
+    INVALID_JOB_ID = "INVALID_JOB_ID"
+    JOB_ALREADY_FINISHED = "JOB_ALREADY_FINISHED"
+    JOB_NOT_AWAITING_OPERATOR = "JOB_NOT_AWAITING_OPERATOR"
+    INVALID_PAGE_SIZE = "INVALID_PAGE_SIZE"
+    INVALID_ADMIN_REQUEST = "INVALID_ADMIN_REQUEST"
+
+
+class CreationError(DomainError):
+    """A failure of creation's domain; each subclass says how a client sees it."""
+
+
+class IdempotencyKeyReused(CreationError):
+    def to_api_error(self) -> ApiError:
+        return ApiError(
+            grpc.StatusCode.ALREADY_EXISTS,
+            Reason.IDEMPOTENCY_KEY_REUSED,
+            "this idempotency key was already used for a different request",
+        )
+
+
+class DailyQuotaExceeded(CreationError):
+    def __init__(self, quota: int, retry_after_seconds: float) -> None:
+        super().__init__(quota)
+        self.quota = quota
+        self.retry_after_seconds = retry_after_seconds
+
+    def to_api_error(self) -> ApiError:
+        return ApiError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            Reason.DAILY_QUOTA_EXCEEDED,
+            f"the daily limit of {self.quota} jobs is reached; it resets at 00:00 UTC",
+            retry_after_seconds=self.retry_after_seconds,
+            metadata={"quota": str(self.quota)},
+        )
+
+
+class InFlightLimitReached(CreationError):
+    # A job usually finishes within this long; a hint, not a promise.
+    RETRY_AFTER_SECONDS = 10.0
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit)
+        self.limit = limit
+
+    def to_api_error(self) -> ApiError:
+        return ApiError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            Reason.IN_FLIGHT_LIMIT_REACHED,
+            f"at most {self.limit} jobs may be queued or running at once",
+            retry_after_seconds=self.RETRY_AFTER_SECONDS,
+            metadata={"limit": str(self.limit)},
+        )
+
+
+class InsufficientPoints(CreationError):
+    def __init__(self, available: int, price: int) -> None:
+        super().__init__(available, price)
+        self.available = available
+        self.price = price
+
+    def to_api_error(self) -> ApiError:
+        return ApiError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            Reason.INSUFFICIENT_POINTS,
+            f"this model costs {self.price} points; {self.available} are available",
+            metadata={"available": str(self.available), "price": str(self.price)},
+        )
+
+
+class InvalidRequest(CreationError):
+    """A request field is wrong in a way only the database or another service could tell."""
+
+    def __init__(self, reason: str, field: str, description: str) -> None:
+        super().__init__(reason, field, description)
+        self.reason = reason
+        self.violation = FieldViolation(field, description)
+
+    def to_api_error(self) -> ApiError:
+        return ApiError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            self.reason,
+            f"{self.violation.field}: {self.violation.description}",
+            violations=[self.violation],
+        )
+
+
+class InputAssetNotFound(CreationError):
+    def to_api_error(self) -> ApiError:
+        # Unknown and someone else's look the same.
+        return ApiError(
+            grpc.StatusCode.NOT_FOUND,
+            Reason.INPUT_ASSET_NOT_FOUND,
+            "no such input asset",
+            violations=[FieldViolation("input_asset_id", "no such asset")],
+        )
+
+
+class InputAssetNotReady(CreationError):
+    def to_api_error(self) -> ApiError:
+        return ApiError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            Reason.INPUT_ASSET_NOT_READY,
+            "the input asset's upload is not complete",
+            violations=[FieldViolation("input_asset_id", "complete the upload first")],
+        )
+
+
+class MediaUnavailable(CreationError):
+    def to_api_error(self) -> ApiError:
+        return ApiError(
+            grpc.StatusCode.UNAVAILABLE,
+            Reason.MEDIA_UNAVAILABLE,
+            "the media service did not answer; try again",
+            retry_after_seconds=1,
+        )
+
+
+class JobNotFound(CreationError):
+    def to_api_error(self) -> ApiError:
+        # The same answer for another user's job: ids are not to be probed.
+        return ApiError(grpc.StatusCode.NOT_FOUND, Reason.JOB_NOT_FOUND, "no such job")
+
+
+class JobAlreadyFinished(CreationError):
+    def __init__(self, status: str) -> None:
+        super().__init__(status)
+        self.status = status
+
+    def to_api_error(self) -> ApiError:
+        return ApiError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            Reason.JOB_ALREADY_FINISHED,
+            f"the job has already finished ({self.status})",
+            metadata={"status": self.status},
+        )
+
+
+class JobNotAwaitingOperator(CreationError):
+    def __init__(self, status: str) -> None:
+        super().__init__(status)
+        self.status = status
+
+    def to_api_error(self) -> ApiError:
+        return ApiError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            Reason.JOB_NOT_AWAITING_OPERATOR,
+            f"only jobs that need attention can be resolved (this one is {self.status})",
+        )

@@ -1,0 +1,118 @@
+"""Operator actions: the needs-attention queue, decisions, the audit trail, grants."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, or_, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.creation.domain import Actor, Event, Job, Status
+from services.creation.errors import JobNotAwaitingOperator, JobNotFound
+from services.creation.store.jobs import Cursor
+from services.creation.store.rows import job_from_row
+from services.creation.store.writes import lock_job, write
+from services.creation.tables import job_events, jobs
+
+
+async def list_attention(
+    engine: AsyncEngine, limit: int, after: Cursor | None
+) -> tuple[list[Job], Cursor | None]:
+    """Oldest first by last change (rides ix_jobs_needs_attention)."""
+    query = select(jobs).where(jobs.c.status == Status.NEEDS_ATTENTION.value)
+    if after is not None:
+        query = query.where(
+            or_(
+                jobs.c.updated_at > after.created_at,
+                and_(jobs.c.updated_at == after.created_at, jobs.c.job_id > after.job_id),
+            )
+        )
+    query = query.order_by(jobs.c.updated_at, jobs.c.job_id).limit(limit + 1)
+    async with engine.connect() as connection:
+        rows = (await connection.execute(query)).all()
+    found = [job_from_row(r._mapping) for r in rows[:limit]]
+    more = len(rows) > limit
+    return found, Cursor(found[-1].updated_at, found[-1].job_id) if more and found else None
+
+
+class Decision:
+    RETRY = "retry"
+    FAIL = "fail"
+    CANCEL = "cancel"
+
+
+def _resolution_values(decision: str, job: Job, reason: str, now: datetime) -> dict[str, Any]:
+    if decision == Decision.RETRY:
+        # A fresh attempt: the old provider request is abandoned, so one more try is allowed.
+        return {
+            "status": Status.QUEUED.value,
+            "step": None,
+            "progress": 0,
+            "provider_request_id": None,
+            "cancel_requested": False,
+            "next_attempt_at": now,
+            "max_attempts": max(job.max_attempts, job.attempt + 1),
+        }
+    if decision == Decision.FAIL:
+        return {
+            "status": Status.FAILED.value,
+            "completed_at": now,
+            "error_code": "OPERATOR_FAILED",
+            "error_message": reason,
+        }
+    return {"status": Status.CANCELLED.value, "completed_at": now}
+
+
+async def resolve(
+    engine: AsyncEngine, job_id: str, decision: str, operator: str, reason: str, now: datetime
+) -> Job:
+    async with engine.begin() as connection:
+        job = await lock_job(connection, jobs.c.job_id == job_id)
+        if job is None:
+            raise JobNotFound()
+        if job.status is not Status.NEEDS_ATTENTION:
+            raise JobNotAwaitingOperator(job.status.value)
+        return await write(
+            connection,
+            job,
+            _resolution_values(decision, job, reason, now),
+            actor=Actor.OPERATOR,
+            actor_id=operator,
+            reason=reason,
+            now=now,
+        )
+
+
+async def list_events(
+    engine: AsyncEngine, job_id: str, limit: int, after_event_id: int
+) -> tuple[list[Event], int | None]:
+    """Oldest first (rides uq_job_events_job_id_version)."""
+    async with engine.connect() as connection:
+        if (
+            await connection.execute(select(jobs.c.job_id).where(jobs.c.job_id == job_id))
+        ).first() is None:
+            raise JobNotFound()
+        rows = (
+            await connection.execute(
+                select(job_events)
+                .where(job_events.c.job_id == job_id, job_events.c.event_id > after_event_id)
+                .order_by(job_events.c.version)
+                .limit(limit + 1)
+            )
+        ).all()
+    events = [
+        Event(
+            event_id=r.event_id,
+            job_id=str(r.job_id),
+            version=r.version,
+            from_status=Status(r.from_status) if r.from_status else None,
+            to_status=Status(r.to_status),
+            actor=Actor(r.actor_kind),
+            actor_id=r.actor_id,
+            reason=r.reason,
+            created_at=r.created_at,
+        )
+        for r in rows[:limit]
+    ]
+    return events, events[-1].event_id if len(rows) > limit and events else None

@@ -1,0 +1,94 @@
+"""The points ledger: balances, grants and the welcome grant."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, case, func, select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from services.creation.store.users import lock_user
+from services.creation.tables import points_ledger
+
+WELCOME_GRANT_KEY = "welcome"
+
+
+@dataclass(frozen=True)
+class Balance:
+    available: int
+    reserved: int
+
+
+def _total(kind: str) -> ColumnElement[Any]:
+    return func.coalesce(
+        func.sum(case((points_ledger.c.kind == kind, points_ledger.c.amount), else_=0)), 0
+    )
+
+
+async def balance(connection: AsyncConnection, user_id: str) -> Balance:
+    """available = grants - reserves + releases; reserved = reserves - captures - releases.
+    (Rides ix_points_ledger_user.)"""
+    row = (
+        await connection.execute(
+            select(
+                _total("grant").label("granted"),
+                _total("reserve").label("reserved"),
+                _total("capture").label("captured"),
+                _total("release").label("released"),
+            ).where(points_ledger.c.user_id == user_id)
+        )
+    ).one()
+    return Balance(
+        available=int(row.granted - row.reserved + row.released),
+        reserved=int(row.reserved - row.captured - row.released),
+    )
+
+
+async def grant(
+    connection: AsyncConnection, user_id: str, amount: int, key: str, reason: str, now: datetime
+) -> bool:
+    """Adds points once per (user, key); False when that key was already granted."""
+    inserted = await connection.execute(
+        insert(points_ledger)
+        .values(
+            user_id=user_id,
+            kind="grant",
+            amount=amount,
+            grant_key=key,
+            reason=reason,
+            created_at=now,
+        )
+        .on_conflict_do_nothing(constraint="uq_points_ledger_user_id_grant_key")
+        .returning(points_ledger.c.entry_id)
+    )
+    return inserted.first() is not None
+
+
+async def ensure_welcome_grant(
+    connection: AsyncConnection, user_id: str, amount: int, now: datetime
+) -> None:
+    """New users start with ``amount`` points (at most once, whatever happens later)."""
+    if amount > 0:
+        await grant(connection, user_id, amount, WELCOME_GRANT_KEY, "welcome", now)
+
+
+async def grant_points(
+    engine: AsyncEngine, user_id: str, amount: int, key: str, reason: str, now: datetime
+) -> Balance:
+    """An operator's grant, idempotent by ``key``; returns the balance after it."""
+    async with engine.begin() as connection:
+        await lock_user(connection, user_id)
+        await grant(connection, user_id, amount, key, reason, now)
+        return await balance(connection, user_id)
+
+
+async def read_balance(
+    engine: AsyncEngine, user_id: str, welcome_points: int, now: datetime
+) -> Balance:
+    async with engine.begin() as connection:
+        await lock_user(connection, user_id)
+        await ensure_welcome_grant(connection, user_id, welcome_points, now)
+        return await balance(connection, user_id)

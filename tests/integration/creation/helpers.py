@@ -1,0 +1,81 @@
+"""Shared helpers for creation's store tests."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.creation.store.jobs import SubmitLimits
+from services.creation.submission import SubmitCommand, validate
+from services.creation.tables import job_events, outbox, points_ledger
+
+LIMITS = SubmitLimits(daily_quota=50, in_flight_limit=50, max_attempts=3, welcome_points=100)
+T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def new_user() -> str:
+    return f"user-{uuid.uuid4().hex[:10]}"
+
+
+def command(key: str | None = None, **overrides: Any) -> SubmitCommand:
+    fields: dict[str, Any] = {
+        "idempotency_key": key,
+        "model_id": "stub-fast",
+        "style_id": "watercolor",
+        "input_asset_id": str(uuid.uuid4()),
+        "prompt": "a cat in a hat",
+        "negative_prompt": "",
+        "width": 512,
+        "height": 512,
+        "parameters": {"seed": 7},
+    }
+    fields.update(overrides)
+    built, problems = validate(**fields)
+    assert built is not None, problems
+    return built
+
+
+async def count(engine: AsyncEngine, table: Any, **where: Any) -> int:
+    query = select(func.count()).select_from(table)
+    for name, value in where.items():
+        query = query.where(table.c[name] == value)
+    async with engine.connect() as connection:
+        return int((await connection.execute(query)).scalar_one())
+
+
+async def side_rows(engine: AsyncEngine, job_id: str) -> dict[str, Any]:
+    async with engine.connect() as connection:
+        events = (
+            await connection.execute(
+                select(job_events.c.version, job_events.c.from_status, job_events.c.to_status)
+                .where(job_events.c.job_id == job_id)
+                .order_by(job_events.c.version)
+            )
+        ).all()
+        versions = (
+            (
+                await connection.execute(
+                    select(outbox.c.version)
+                    .where(outbox.c.job_id == job_id)
+                    .order_by(outbox.c.version)
+                )
+            )
+            .scalars()
+            .all()
+        )
+        ledger = (
+            await connection.execute(
+                select(points_ledger.c.kind, points_ledger.c.amount)
+                .where(points_ledger.c.job_id == job_id)
+                .order_by(points_ledger.c.entry_id)
+            )
+        ).all()
+    return {
+        "events": [tuple(e) for e in events],
+        "outbox_versions": list(versions),
+        "ledger": [tuple(entry) for entry in ledger],
+    }

@@ -1,0 +1,166 @@
+"""PostgreSQL itself refuses every illegal combination of status, lease, timestamps,
+output and error, and every second charge, whatever code tries to write it."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy.exc
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.creation.store import jobs as store
+from tests.integration.creation.helpers import LIMITS, T0, command, new_user
+
+# A moment after the job was created (the tests' clock is not the database's).
+LATER = "created_at + interval '1 minute'"
+LEASE = f"lease_owner = 'w', lease_expires_at = {LATER}, lease_epoch = 1"
+RUNNING = f"status = 'running', {LEASE}, attempt = 1, started_at = {LATER}, step = 'preparing'"
+DONE = f"completed_at = {LATER}, started_at = {LATER}"
+OUTPUT = "output_asset_id = gen_random_uuid()"
+
+# What each statement breaks, and the constraint that must catch it.
+ILLEGAL_UPDATES = {
+    "unknown status": ("status = 'paused'", "status_known"),
+    "unknown step": ("step = 'dreaming'", "step_known"),
+    "queued with a lease": (LEASE, "queued_shape"),
+    "queued and completed": (f"completed_at = {LATER}", "queued_shape"),
+    "queued with an output": (OUTPUT, "queued_shape"),
+    "queued with a cancel request": ("cancel_requested = true", "queued_shape"),
+    "running without a lease": (
+        f"status = 'running', attempt = 1, started_at = {LATER}, step = 'preparing'",
+        "running_shape",
+    ),
+    "running without a start": (
+        f"status = 'running', {LEASE}, attempt = 1, step = 'preparing'",
+        "running_shape",
+    ),
+    "running without a step": (
+        f"status = 'running', {LEASE}, attempt = 1, started_at = {LATER}",
+        "running_shape",
+    ),
+    "running before any attempt": (
+        f"status = 'running', {LEASE}, started_at = {LATER}, step = 'preparing'",
+        "running_shape",
+    ),
+    "running and completed": (f"{RUNNING}, completed_at = {LATER}", "running_shape"),
+    "running with half a lease": (
+        f"status = 'running', lease_owner = 'w', lease_epoch = 1, attempt = 1,"
+        f" started_at = {LATER}, step = 'preparing'",
+        "running_shape",
+    ),
+    "succeeded without output": (
+        f"status = 'succeeded', {DONE}, progress = 100",
+        "succeeded_shape",
+    ),
+    "succeeded without completion": (
+        f"status = 'succeeded', started_at = {LATER}, {OUTPUT}, progress = 100",
+        "succeeded_shape",
+    ),
+    "succeeded with an error": (
+        f"status = 'succeeded', {DONE}, {OUTPUT}, progress = 100, error_code = 'X'",
+        "succeeded_shape",
+    ),
+    "succeeded short of 100%": (
+        f"status = 'succeeded', {DONE}, {OUTPUT}, progress = 60",
+        "succeeded_shape",
+    ),
+    "succeeded holding a lease": (
+        f"status = 'succeeded', {DONE}, {OUTPUT}, progress = 100, {LEASE}",
+        "succeeded_shape",
+    ),
+    "failed without an error": (f"status = 'failed', {DONE}", "failed_shape"),
+    "failed with an output": (
+        f"status = 'failed', {DONE}, error_code = 'X', {OUTPUT}",
+        "failed_shape",
+    ),
+    "cancelled without completion": ("status = 'cancelled'", "cancelled_shape"),
+    "needs attention without a reason": ("status = 'needs_attention'", "attention_shape"),
+    "needs attention but completed": (
+        f"status = 'needs_attention', error_code = 'X', completed_at = {LATER}",
+        "attention_shape",
+    ),
+    "provider request before submitting": (
+        "attempt = 1, provider_request_id = 'req'",
+        "request_after_submit",
+    ),
+    "provider request without an attempt": (
+        "step = 'generating', provider_request_id = 'req'",
+        "request_has_attempt",
+    ),
+    "progress over 100": ("progress = 101", "progress_percent"),
+    "attempts beyond the maximum": ("attempt = max_attempts + 1", "attempts_bounded"),
+    "version zero": ("version = 0", "version_positive"),
+    "completed before created": (
+        "status = 'cancelled', completed_at = created_at - interval '1 day'",
+        "completed_after_created",
+    ),
+    "parameters not an object": ("parameters = '[1, 2]'::jsonb", "parameters_object"),
+    "size out of bounds": ("width = 10000", "size"),
+}
+
+
+@pytest.mark.parametrize(
+    ("assignment", "constraint"), list(ILLEGAL_UPDATES.values()), ids=list(ILLEGAL_UPDATES)
+)
+async def test_illegal_job_state_is_rejected(
+    engine: AsyncEngine, assignment: str, constraint: str
+) -> None:
+    job = (await store.submit(engine, new_user(), command(), LIMITS, T0)).job
+    with pytest.raises(sqlalchemy.exc.IntegrityError) as caught:
+        async with engine.begin() as connection:
+            await connection.execute(
+                text(f"UPDATE creation.jobs SET {assignment} WHERE job_id = :id"),
+                {"id": job.job_id},
+            )
+    assert f'"ck_jobs_{constraint}"' in str(caught.value.orig)
+
+
+LEGAL_UPDATES = {
+    "running": RUNNING,
+    "succeeded": f"status = 'succeeded', {DONE}, {OUTPUT}, progress = 100, step = 'done'",
+    "failed": f"status = 'failed', {DONE}, error_code = 'X'",
+    "cancelled": f"status = 'cancelled', completed_at = {LATER}",
+    "needs attention": "status = 'needs_attention', error_code = 'OUTCOME_UNKNOWN'",
+    "queued resuming a request": "attempt = 1, step = 'generating', provider_request_id = 'req'",
+}
+
+
+@pytest.mark.parametrize("assignment", list(LEGAL_UPDATES.values()), ids=list(LEGAL_UPDATES))
+async def test_legal_job_state_is_accepted(engine: AsyncEngine, assignment: str) -> None:
+    """The counterpart: the same statements with the state made whole do go through, so
+    the rejections above are about the combination and nothing else."""
+    job = (await store.submit(engine, new_user(), command(), LIMITS, T0)).job
+    async with engine.begin() as connection:
+        result = await connection.execute(
+            text(f"UPDATE creation.jobs SET {assignment} WHERE job_id = :id"), {"id": job.job_id}
+        )
+    assert result.rowcount == 1
+
+
+LEDGER = "INSERT INTO creation.points_ledger"
+ILLEGAL_LEDGER = {
+    "a second reservation": f"""{LEDGER} (user_id, job_id, kind, amount, created_at)
+        VALUES (:user, :job, 'reserve', 5, now())""",
+    "a grant tied to a job": f"""{LEDGER} (user_id, job_id, kind, amount, grant_key, created_at)
+        VALUES (:user, :job, 'grant', 5, 'k', now())""",
+    "a job entry without a job": f"""{LEDGER} (user_id, kind, amount, created_at)
+        VALUES (:user, 'capture', 5, now())""",
+    "a negative amount": f"""{LEDGER} (user_id, kind, amount, grant_key, created_at)
+        VALUES (:user, 'grant', -5, 'k2', now())""",
+    "the same grant twice": f"""{LEDGER} (user_id, kind, amount, grant_key, created_at)
+        VALUES (:user, 'grant', 5, 'welcome', now())""",
+    "a second outbox row for a version": """INSERT INTO creation.outbox
+        (job_id, user_id, version, payload, created_at)
+        VALUES (:job, :user, 1, '{}'::jsonb, now())""",
+    "a second event for a version": """INSERT INTO creation.job_events
+        (job_id, version, to_status, actor_kind, actor_id, created_at)
+        VALUES (:job, 1, 'queued', 'user', :user, now())""",
+}
+
+
+@pytest.mark.parametrize("statement", list(ILLEGAL_LEDGER.values()), ids=list(ILLEGAL_LEDGER))
+async def test_illegal_side_rows_are_rejected(engine: AsyncEngine, statement: str) -> None:
+    job = (await store.submit(engine, new_user(), command(), LIMITS, T0)).job
+    with pytest.raises(sqlalchemy.exc.IntegrityError):
+        async with engine.begin() as connection:
+            await connection.execute(text(statement), {"user": job.user_id, "job": job.job_id})

@@ -1,0 +1,325 @@
+"""The job lifecycle through the store on real PostgreSQL: cancel, claim with SKIP LOCKED,
+fencing, heartbeats, completion, failure and retry, the reaper's decisions, operators."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from datetime import datetime, timedelta
+
+import pytest
+from sqlalchemy import update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.creation.domain import Job, Status, Step
+from services.creation.errors import JobAlreadyFinished, JobNotAwaitingOperator, JobNotFound
+from services.creation.store import admin, ledger, worker
+from services.creation.store import jobs as store
+from services.creation.store.jobs import SubmitLimits
+from services.creation.tables import jobs
+from tests.integration.creation.helpers import LIMITS, T0, command, new_user, side_rows
+
+TTL = timedelta(seconds=30)
+# Each claim_one puts its job ahead of everything claimed before (jobs of other tests
+# included), so a claim of one takes exactly that job.
+_front = itertools.count(1_000_000)
+ASSET = "7b0c4e8e-5d6f-4a51-9d1e-0c7f3e2b1a90"
+
+
+async def submitted(engine: AsyncEngine, user: str | None = None, priority: int = 0) -> Job:
+    job = (await store.submit(engine, user or new_user(), command(), LIMITS, T0)).job
+    if priority:
+        async with engine.begin() as connection:
+            await connection.execute(
+                update(jobs).where(jobs.c.job_id == job.job_id).values(priority=priority)
+            )
+    return job
+
+
+async def claim_one(
+    engine: AsyncEngine, job: Job, worker_id: str = "w1", now: datetime = T0
+) -> Job:
+    """Claims exactly ``job`` (other tests' jobs may be due too)."""
+    async with engine.begin() as connection:
+        await connection.execute(
+            update(jobs).where(jobs.c.job_id == job.job_id).values(priority=next(_front))
+        )
+    claimed = await worker.claim(engine, worker_id, 1, TTL, now)
+    assert [c.job_id for c in claimed] == [job.job_id]
+    return claimed[0]
+
+
+async def balance(engine: AsyncEngine, user: str) -> tuple[int, int]:
+    got = await ledger.read_balance(engine, user, 0, T0)
+    return got.available, got.reserved
+
+
+async def test_cancel_queued_job_releases_points(engine: AsyncEngine) -> None:
+    job = await submitted(engine)
+    cancelled = await store.cancel(engine, job.user_id, job.job_id, T0)
+    assert (cancelled.status, cancelled.version, cancelled.completed_at) == (
+        Status.CANCELLED,
+        2,
+        T0,
+    )
+    assert await balance(engine, job.user_id) == (100, 0)
+    # Twice is harmless: nothing changes.
+    again = await store.cancel(engine, job.user_id, job.job_id, T0)
+    assert again.version == 2
+    rows = await side_rows(engine, job.job_id)
+    assert rows["ledger"] == [("reserve", 5), ("release", 5)]
+    assert rows["outbox_versions"] == [1, 2]
+
+
+async def test_cancel_running_job_asks_the_worker(engine: AsyncEngine) -> None:
+    job = await claim_one(engine, await submitted(engine))
+    requested = await store.cancel(engine, job.user_id, job.job_id, T0)
+    assert (requested.status, requested.cancel_requested, requested.version) == (
+        Status.RUNNING,
+        True,
+        job.version + 1,
+    )
+    assert (await store.cancel(engine, job.user_id, job.job_id, T0)).version == requested.version
+    done = await worker.acknowledge_cancel(engine, job.job_id, job.lease_epoch, T0)
+    assert done is not None
+    assert done.status is Status.CANCELLED
+    assert await balance(engine, job.user_id) == (100, 0)
+
+
+async def test_cancel_finished_job_is_refused_and_others_jobs_are_not_found(
+    engine: AsyncEngine,
+) -> None:
+    job = await claim_one(engine, await submitted(engine))
+    await worker.complete(engine, job.job_id, job.lease_epoch, ASSET, T0)
+    with pytest.raises(JobAlreadyFinished):
+        await store.cancel(engine, job.user_id, job.job_id, T0)
+    with pytest.raises(JobNotFound):
+        await store.cancel(engine, new_user(), job.job_id, T0)
+    with pytest.raises(JobNotFound):
+        await store.get(engine, new_user(), job.job_id)
+
+
+async def test_claim_runs_the_job_and_success_captures(engine: AsyncEngine) -> None:
+    job = await claim_one(engine, await submitted(engine))
+    assert (job.status, job.attempt, job.step, job.lease_owner, job.lease_epoch) == (
+        Status.RUNNING,
+        1,
+        Step.PREPARING,
+        "w1",
+        1,
+    )
+    assert job.lease_expires_at == T0 + TTL
+    done = await worker.complete(engine, job.job_id, job.lease_epoch, ASSET, T0)
+    assert done is not None
+    assert (done.status, done.progress, done.output_asset_id, done.lease_owner) == (
+        Status.SUCCEEDED,
+        100,
+        ASSET,
+        None,
+    )
+    assert await balance(engine, job.user_id) == (95, 0)
+    assert (await side_rows(engine, job.job_id))["ledger"] == [("reserve", 5), ("capture", 5)]
+
+
+async def test_concurrent_claims_never_share_a_job(engine: AsyncEngine) -> None:
+    user = new_user()
+    limits = SubmitLimits(daily_quota=100, in_flight_limit=100, max_attempts=3, welcome_points=1000)
+    for _ in range(30):
+        await store.submit(engine, user, command(), limits, T0)
+    batches = await asyncio.gather(*(worker.claim(engine, f"w{i}", 5, TTL, T0) for i in range(10)))
+    claimed = [job.job_id for batch in batches for job in batch]
+    assert len(claimed) == len(set(claimed))
+
+
+async def test_a_stale_worker_is_fenced_off(engine: AsyncEngine) -> None:
+    first = await claim_one(engine, await submitted(engine), "old")
+    # The lease expires; the reaper queues it; another worker claims it.
+    await worker.reap(engine, T0 + TTL * 2, 1000)
+    async with engine.begin() as connection:
+        await connection.execute(
+            update(jobs).where(jobs.c.job_id == first.job_id).values(priority=next(_front))
+        )
+    second = (await worker.claim(engine, "new", 1, TTL, T0 + TTL * 2))[0]
+    assert second.job_id == first.job_id
+    assert second.lease_epoch == first.lease_epoch + 1
+    assert await worker.complete(engine, first.job_id, first.lease_epoch, ASSET, T0) is None
+    assert (
+        await worker.heartbeat(engine, first.job_id, first.lease_epoch, TTL, T0, progress=50)
+        is None
+    )
+    assert (
+        await worker.complete(engine, second.job_id, second.lease_epoch, ASSET, T0 + TTL * 2)
+        is not None
+    )
+
+
+async def test_heartbeat_bumps_the_version_only_for_visible_change(engine: AsyncEngine) -> None:
+    job = await claim_one(engine, await submitted(engine))
+    later = T0 + timedelta(seconds=10)
+    quiet = await worker.heartbeat(engine, job.job_id, job.lease_epoch, TTL, later)
+    assert quiet is not None
+    assert (quiet.version, quiet.lease_expires_at) == (job.version, later + TTL)
+    moved = await worker.heartbeat(engine, job.job_id, job.lease_epoch, TTL, later, progress=40)
+    assert moved is not None
+    assert (moved.version, moved.progress) == (job.version + 1, 40)
+    rows = await side_rows(engine, job.job_id)
+    assert rows["outbox_versions"] == list(range(1, moved.version + 1))
+
+
+async def test_retryable_failure_requeues_with_backoff_then_fails(engine: AsyncEngine) -> None:
+    job = await submitted(engine)
+    for attempt in (1, 2):
+        running = await claim_one(engine, job)
+        assert running.attempt == attempt
+        queued = await worker.fail(
+            engine,
+            job.job_id,
+            running.lease_epoch,
+            "PROVIDER_BUSY",
+            "busy",
+            retryable=True,
+            retry_delay=timedelta(0),
+            now=T0,
+        )
+        assert queued is not None
+        assert (queued.status, queued.error_code, queued.step) == (
+            Status.QUEUED,
+            "PROVIDER_BUSY",
+            None,
+        )
+    running = await claim_one(engine, job)
+    failed = await worker.fail(
+        engine,
+        job.job_id,
+        running.lease_epoch,
+        "PROVIDER_BUSY",
+        "busy",
+        retryable=True,
+        retry_delay=timedelta(0),
+        now=T0,
+    )
+    assert failed is not None
+    assert (failed.status, failed.attempt) == (Status.FAILED, 3)
+    assert await balance(engine, job.user_id) == (100, 0)
+
+
+async def test_backoff_delays_the_next_claim(engine: AsyncEngine) -> None:
+    job = await claim_one(engine, await submitted(engine))
+    await worker.fail(
+        engine,
+        job.job_id,
+        job.lease_epoch,
+        "PROVIDER_BUSY",
+        "busy",
+        retryable=True,
+        retry_delay=timedelta(minutes=5),
+        now=T0,
+    )
+    claimed_early = await worker.claim(engine, "w", 1000, TTL, T0 + timedelta(minutes=4))
+    assert job.job_id not in {c.job_id for c in claimed_early}
+    claimed_late = await worker.claim(engine, "w", 1000, TTL, T0 + timedelta(minutes=6))
+    assert job.job_id in {c.job_id for c in claimed_late}
+
+
+async def reaped(engine: AsyncEngine, job: Job) -> Job:
+    found = [r for r in await worker.reap(engine, T0 + TTL * 2, 1000) if r.job_id == job.job_id]
+    assert len(found) == 1
+    return found[0]
+
+
+async def test_reaper_requeues_a_job_that_never_reached_the_provider(engine: AsyncEngine) -> None:
+    job = await claim_one(engine, await submitted(engine))
+    after = await reaped(engine, job)
+    assert (after.status, after.step, after.lease_owner) == (Status.QUEUED, None, None)
+
+
+async def test_reaper_resumes_a_job_the_provider_accepted(engine: AsyncEngine) -> None:
+    job = await claim_one(engine, await submitted(engine))
+    await worker.mark_submitting(engine, job.job_id, job.lease_epoch, T0)
+    await worker.record_request(engine, job.job_id, job.lease_epoch, "req-1", T0)
+    after = await reaped(engine, job)
+    assert (after.status, after.step, after.provider_request_id) == (
+        Status.QUEUED,
+        Step.GENERATING,
+        "req-1",
+    )
+    resumed = await claim_one(engine, after, now=after.next_attempt_at)
+    # Same attempt, same request: the next worker polls instead of submitting again.
+    assert (resumed.attempt, resumed.step, resumed.provider_request_id) == (
+        1,
+        Step.GENERATING,
+        "req-1",
+    )
+
+
+async def test_reaper_sends_an_unknown_submit_to_an_operator(engine: AsyncEngine) -> None:
+    job = await claim_one(engine, await submitted(engine))
+    await worker.mark_submitting(engine, job.job_id, job.lease_epoch, T0)
+    after = await reaped(engine, job)
+    assert (after.status, after.error_code) == (Status.NEEDS_ATTENTION, "OUTCOME_UNKNOWN")
+    # Points stay held while an operator decides.
+    assert await balance(engine, job.user_id) == (95, 5)
+    listed, _ = await admin.list_attention(engine, 1000, None)
+    assert job.job_id in {j.job_id for j in listed}
+
+
+async def test_reaper_resubmits_when_the_provider_submit_is_idempotent(engine: AsyncEngine) -> None:
+    job = await claim_one(engine, await submitted(engine))
+    await worker.mark_submitting(engine, job.job_id, job.lease_epoch, T0)
+    found = [
+        r for r in await worker.reap(engine, T0 + TTL * 2, 1000, {"stub"}) if r.job_id == job.job_id
+    ]
+    assert found[0].status is Status.QUEUED
+
+
+async def test_operator_decisions(engine: AsyncEngine) -> None:
+    outcomes = {}
+    for decision in (admin.Decision.RETRY, admin.Decision.FAIL, admin.Decision.CANCEL):
+        job = await claim_one(engine, await submitted(engine))
+        await worker.mark_submitting(engine, job.job_id, job.lease_epoch, T0)
+        await reaped(engine, job)
+        resolved = await admin.resolve(
+            engine, job.job_id, decision, "ops@atelier", "checked the provider", T0
+        )
+        outcomes[decision] = (resolved.status, await balance(engine, job.user_id))
+        events, _ = await admin.list_events(engine, job.job_id, 100, 0)
+        assert events[-1].actor_id == "ops@atelier"
+        assert events[-1].reason == "checked the provider"
+        with pytest.raises(JobNotAwaitingOperator):
+            await admin.resolve(engine, job.job_id, decision, "ops", "again", T0)
+    assert outcomes == {
+        admin.Decision.RETRY: (Status.QUEUED, (95, 5)),
+        admin.Decision.FAIL: (Status.FAILED, (100, 0)),
+        admin.Decision.CANCEL: (Status.CANCELLED, (100, 0)),
+    }
+
+
+async def test_events_record_every_status_change_with_its_actor(engine: AsyncEngine) -> None:
+    job = await claim_one(engine, await submitted(engine))
+    await worker.complete(engine, job.job_id, job.lease_epoch, ASSET, T0)
+    events, cursor = await admin.list_events(engine, job.job_id, 100, 0)
+    assert cursor is None
+    assert [(e.from_status, e.to_status, e.actor.value) for e in events] == [
+        (None, Status.QUEUED, "user"),
+        (Status.QUEUED, Status.RUNNING, "worker"),
+        (Status.RUNNING, Status.SUCCEEDED, "worker"),
+    ]
+
+
+async def test_list_pages_newest_first(engine: AsyncEngine) -> None:
+    user = new_user()
+    made = []
+    for minute in range(5):
+        made.append(
+            (
+                await store.submit(engine, user, command(), LIMITS, T0 + timedelta(minutes=minute))
+            ).job.job_id
+        )
+    page, cursor = await store.list_for_user(engine, user, None, 2, None)
+    seen = [j.job_id for j in page]
+    while cursor is not None:
+        page, cursor = await store.list_for_user(engine, user, None, 2, cursor)
+        seen.extend(j.job_id for j in page)
+    assert seen == list(reversed(made))
+    queued, _ = await store.list_for_user(engine, user, Status.CANCELLED, 10, None)
+    assert queued == []
