@@ -21,6 +21,8 @@ from services.dev import postgres
 from services.kit import migrations
 from services.kit.db import asyncpg_url
 
+pytest_plugins = ["tests.support.s3"]
+
 LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 LOCAL_REDIS = "redis://127.0.0.1:6379/0"
 SERVICES = ("creation", "media", "notify")

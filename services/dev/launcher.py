@@ -52,6 +52,7 @@ atelier is running.
   edge (HTTP/JSON and gRPC)  http://{edge}
   creation (gRPC)            {creation}
   media (gRPC)               127.0.0.1:{ports.public["media"]}
+  media objects (HTTP)       127.0.0.1:{ports.media_http} (signed URLs, also via the edge)
   notify (gRPC)              127.0.0.1:{ports.public["notify"]}
 
 development token (user dev-user, 24 h):
@@ -59,6 +60,9 @@ development token (user dev-user, 24 h):
 
 try:
   curl -s -H "authorization: Bearer $TOKEN" http://{edge}/v1/catalog
+  curl -s -H "authorization: Bearer $TOKEN" -H "content-type: application/json" \\
+    -d '{{"purpose": "ASSET_PURPOSE_AI_INPUT", "contentType": "image/jpeg", "sizeBytes": 1234}}' \\
+    http://{edge}/v1/uploads
   grpcurl -plaintext -H "authorization: Bearer $TOKEN" \\
     {creation} atelier.creation.v1.CreationService/ListCatalog
   grpcurl -plaintext {creation} list

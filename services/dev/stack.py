@@ -4,6 +4,7 @@ free ports against a throwaway database."""
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ from services.dev.processes import (
 )
 from services.kit import migrations
 from services.kit.settings import DEFAULT_PORTS, EnvReader, ListenSettings, port
+from services.media.settings import DEFAULT_HTTP_PORT as MEDIA_HTTP_PORT
 
 SERVICES = ("creation", "media", "notify")
 ENVOY_PORT = 8080
@@ -33,6 +35,8 @@ class StackPorts:
     metrics: dict[str, int]
     envoy: int
     envoy_admin: int
+    # media's plain-HTTP listener for the local storage backend's signed URLs.
+    media_http: int
 
     @classmethod
     def from_env(cls, reader: EnvReader) -> StackPorts:
@@ -44,6 +48,7 @@ class StackPorts:
             metrics={name: listen[name].metrics_port for name in SERVICES},
             envoy=port(reader, "EDGE_PORT", ENVOY_PORT),
             envoy_admin=port(reader, "EDGE_ADMIN_PORT", ENVOY_ADMIN_PORT),
+            media_http=port(reader, "MEDIA_HTTP_PORT", MEDIA_HTTP_PORT),
         )
 
     @classmethod
@@ -54,6 +59,7 @@ class StackPorts:
             metrics={name: free_port() for name in SERVICES},
             envoy=free_port(),
             envoy_admin=free_port(),
+            media_http=free_port(),
         )
 
     def service_env(self) -> dict[str, str]:
@@ -64,7 +70,12 @@ class StackPorts:
             env[f"ATELIER_{key}_INTERNAL_PORT"] = str(self.internal[name])
             env[f"ATELIER_{key}_METRICS_PORT"] = str(self.metrics[name])
             env[f"ATELIER_{key}_INTERNAL_ADDRESS"] = f"127.0.0.1:{self.internal[name]}"
+        env["ATELIER_MEDIA_HTTP_PORT"] = str(self.media_http)
         return env
+
+    def upstreams(self) -> dict[str, int]:
+        """The edge's clusters and the local ports behind them."""
+        return {**self.public, "media_http": self.media_http}
 
 
 @dataclass
@@ -81,10 +92,21 @@ class Stack:
         for name in SERVICES:
             migrations.upgrade(name, self.database_url)
 
+    def media_env(self) -> dict[str, str]:
+        """Local objects live beside the stack's other state, and their signed URLs point
+        at this stack's edge, unless the environment says otherwise (say, a LAN address
+        for a phone)."""
+        defaults = {
+            "ATELIER_MEDIA_LOCAL_DIR": str(self.work_dir / "media"),
+            "ATELIER_MEDIA_PUBLIC_BASE_URL": f"http://127.0.0.1:{self.ports.envoy}",
+        }
+        return {name: value for name, value in defaults.items() if name not in os.environ}
+
     def start(self, timeout: float = 60.0) -> None:
         env = {
             "ATELIER_DATABASE_URL": self.database_url,
             **self.ports.service_env(),
+            **self.media_env(),
             **self.extra_env,
         }
         try:
@@ -100,7 +122,7 @@ class Stack:
                 edge.render(
                     listen_port=self.ports.envoy,
                     admin_port=self.ports.envoy_admin,
-                    upstream_ports=self.ports.public,
+                    upstream_ports=self.ports.upstreams(),
                 ),
             )
             envoy = spawn(

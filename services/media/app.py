@@ -1,6 +1,9 @@
-"""Assembles the media service. Asset RPCs answer UNIMPLEMENTED until the media issue."""
+"""Assembles the media service: storage backend, asset operations, both servicers,
+housekeeping and, for the local backend, the HTTP listener that serves signed URLs."""
 
 from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
 
 from atelier.media.v1 import (
     media_internal_service_pb2,
@@ -9,30 +12,78 @@ from atelier.media.v1 import (
     media_service_pb2_grpc,
 )
 from services.kit.db import Database
-from services.kit.server import Binding, ServiceApp, placeholder, run_service
+from services.kit.server import Binding, ServiceApp, run_service
+from services.media.assets import Assets, Clock, Limits, utc_now
+from services.media.housekeeping import Housekeeper
+from services.media.http import ObjectHttpServer
+from services.media.images import ImageInspector
+from services.media.internal_servicer import MediaInternalServicer
+from services.media.servicer import MediaServicer
 from services.media.settings import MediaSettings
+from services.media.storage import ObjectStorage
+from services.media.storage.local import LocalStorage
+from services.media.storage.s3 import S3Storage
+from services.media.storage.signing import UrlSigner
+from services.media.store import AssetStore
 
 
-def build(settings: MediaSettings) -> ServiceApp:
+def open_storage(settings: MediaSettings) -> ObjectStorage:
+    if settings.storage_backend == "s3":
+        return S3Storage(settings.s3)
+    return LocalStorage(
+        settings.local_dir, UrlSigner(settings.url_secret, settings.public_base_url)
+    )
+
+
+def build(
+    settings: MediaSettings, storage: ObjectStorage | None = None, clock: Clock = utc_now
+) -> ServiceApp:
+    """``storage`` overrides the configured backend and ``clock`` the time (tests)."""
     database = Database(settings.common.database_url, application_name="atelier-media")
+    storage = storage or open_storage(settings)
+    store = AssetStore(database.engine)
+    assets = Assets(
+        store,
+        storage,
+        ImageInspector(settings.max_image_pixels),
+        Limits(
+            upload_url_ttl_seconds=settings.upload_url_ttl_seconds,
+            download_url_ttl_seconds=settings.download_url_ttl_seconds,
+            max_upload_bytes=settings.max_upload_bytes,
+            chunk_bytes=settings.chunk_bytes,
+        ),
+        clock,
+    )
+    housekeeper = Housekeeper(
+        store,
+        storage,
+        period_seconds=settings.housekeeping_period_seconds,
+        batch_size=settings.housekeeping_batch,
+        clock=clock,
+    )
+    background: list[Callable[[], Awaitable[None]]] = [housekeeper.housekeeping_loop]
+    if isinstance(storage, LocalStorage):
+        objects = ObjectHttpServer(storage, settings.common.host, settings.http_port)
+        background.append(objects.serve_objects)
     return ServiceApp(
         name="media",
         public=[
             Binding(
                 media_service_pb2.DESCRIPTOR.services_by_name["MediaService"],
                 media_service_pb2_grpc.add_MediaServiceServicer_to_server,
-                placeholder(media_service_pb2_grpc.MediaServiceServicer),
+                MediaServicer(assets),
             )
         ],
         internal=[
             Binding(
                 media_internal_service_pb2.DESCRIPTOR.services_by_name["MediaInternalService"],
                 media_internal_service_pb2_grpc.add_MediaInternalServiceServicer_to_server,
-                placeholder(media_internal_service_pb2_grpc.MediaInternalServiceServicer),
+                MediaInternalServicer(assets),
             )
         ],
         readiness=database.answers,
-        cleanup=[database.close],
+        background=background,
+        cleanup=[storage.close, database.close],
     )
 
 

@@ -1,28 +1,125 @@
-"""media's settings."""
+"""media's settings: where objects live, how long signed URLs last, what an upload may be."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
-from services.kit.settings import DEFAULT_PORTS, CommonSettings, EnvReader, ListenSettings
+from services.kit.settings import DEFAULT_PORTS, CommonSettings, EnvReader, ListenSettings, port
+
+# Development-only key for the local backend's signed URLs; prod refuses it.
+DEV_URL_SECRET = "atelier-dev-media-url-secret-not-for-production"
+# media's plain-HTTP listener for the local backend's signed URLs (beside 50052/50062).
+DEFAULT_HTTP_PORT = 50072
+# Where `atelier dev` serves the edge; local signed URLs point there by default.
+DEFAULT_PUBLIC_BASE_URL = "http://127.0.0.1:8080"
+# Pillow's own bomb threshold: ours must stay at or below it so that we, not a Pillow
+# warning, decide what is too large.
+PILLOW_MAX_PIXELS = 89_478_485
+MIB = 1024 * 1024
+# S3 presigned URLs live at most a week (SigV4's limit).
+PRESIGN_MAX_SECONDS = 7 * 24 * 3600
+
+STORAGE_BACKENDS = ("local", "s3")
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    endpoint_url: str  # empty: the AWS default for the region
+    public_endpoint_url: str  # empty: sign URLs for endpoint_url
+    bucket: str
+    region: str
+    access_key_id: str  # empty (with the secret): the default credential chain
+    secret_access_key: str
+    path_style: bool  # MinIO and most self-hosted S3 servers want path-style addressing
 
 
 @dataclass(frozen=True)
 class MediaSettings:
     common: CommonSettings
     listen: ListenSettings
+    storage_backend: str
+    local_dir: Path
+    url_secret: str
+    http_port: int
+    public_base_url: str
+    s3: S3Settings
+    upload_url_ttl_seconds: int
+    download_url_ttl_seconds: int
     max_upload_bytes: int
+    max_image_pixels: int
+    chunk_bytes: int
+    housekeeping_period_seconds: float
+    housekeeping_batch: int
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> MediaSettings:
         reader = EnvReader(environ)
+        common = CommonSettings.read(reader)
+        backend = reader.string("MEDIA_STORAGE", "local", choices=STORAGE_BACKENDS)
         settings = cls(
-            common=CommonSettings.read(reader),
+            common=common,
             listen=ListenSettings.read(reader, "media", DEFAULT_PORTS["media"]),
+            storage_backend=backend,
+            # Relative paths are taken from the working directory once, at start.
+            local_dir=Path(reader.string("MEDIA_LOCAL_DIR", "./var/media")).resolve(),
+            url_secret=reader.secret("MEDIA_URL_SECRET", DEV_URL_SECRET, min_length=32),
+            http_port=port(reader, "MEDIA_HTTP_PORT", DEFAULT_HTTP_PORT),
+            public_base_url=reader.string("MEDIA_PUBLIC_BASE_URL", DEFAULT_PUBLIC_BASE_URL).rstrip(
+                "/"
+            ),
+            s3=S3Settings(
+                endpoint_url=reader.string("MEDIA_S3_ENDPOINT", ""),
+                public_endpoint_url=reader.string("MEDIA_S3_PUBLIC_ENDPOINT", ""),
+                bucket=reader.string("MEDIA_S3_BUCKET", ""),
+                region=reader.string("MEDIA_S3_REGION", "us-east-1"),
+                access_key_id=reader.string("MEDIA_S3_ACCESS_KEY_ID", ""),
+                secret_access_key=reader.secret("MEDIA_S3_SECRET_ACCESS_KEY", "", min_length=8),
+                path_style=reader.string("MEDIA_S3_PATH_STYLE", "false", choices=("true", "false"))
+                == "true",
+            ),
+            upload_url_ttl_seconds=reader.integer(
+                "MEDIA_UPLOAD_URL_TTL", 900, minimum=10, maximum=PRESIGN_MAX_SECONDS
+            ),
+            download_url_ttl_seconds=reader.integer(
+                "MEDIA_DOWNLOAD_URL_TTL", 300, minimum=10, maximum=PRESIGN_MAX_SECONDS
+            ),
             max_upload_bytes=reader.integer(
-                "MAX_UPLOAD_BYTES", 20 * 1024 * 1024, minimum=1024, maximum=512 * 1024 * 1024
+                "MAX_UPLOAD_BYTES", 20 * MIB, minimum=1024, maximum=512 * MIB
+            ),
+            max_image_pixels=reader.integer(
+                "MEDIA_MAX_IMAGE_PIXELS", 50_000_000, minimum=1, maximum=PILLOW_MAX_PIXELS
+            ),
+            chunk_bytes=reader.integer(
+                # Below gRPC's default 4 MiB message limit, with room for the envelope.
+                "MEDIA_CHUNK_BYTES",
+                256 * 1024,
+                minimum=4096,
+                maximum=3 * MIB,
+            ),
+            housekeeping_period_seconds=reader.seconds(
+                "MEDIA_HOUSEKEEPING_PERIOD", 60, minimum=0.1, maximum=3600
+            ),
+            housekeeping_batch=reader.integer(
+                "MEDIA_HOUSEKEEPING_BATCH", 100, minimum=1, maximum=10_000
             ),
         )
+        reader.require(
+            settings.public_base_url.startswith(("http://", "https://")),
+            "MEDIA_PUBLIC_BASE_URL",
+            "must start with http:// or https://",
+        )
+        if backend == "s3":
+            reader.require(bool(settings.s3.bucket), "MEDIA_S3_BUCKET", "must be set for s3")
+            reader.require(
+                bool(settings.s3.access_key_id) == bool(settings.s3.secret_access_key),
+                "MEDIA_S3_ACCESS_KEY_ID",
+                "and ATELIER_MEDIA_S3_SECRET_ACCESS_KEY must be set together",
+            )
+        if common.env == "prod" and backend == "local":
+            reader.require(
+                settings.url_secret != DEV_URL_SECRET, "MEDIA_URL_SECRET", "must be set in prod"
+            )
         reader.finish()
         return settings

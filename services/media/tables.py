@@ -1,9 +1,107 @@
-"""The media schema as SQLAlchemy Core tables."""
+"""The media schema as SQLAlchemy Core tables: what the migrations build, and what the
+store queries. A migration test checks that the two agree.
+
+The CHECK constraints are the asset life cycle written down where nothing can bypass it:
+an uploading asset has no measured facts, a ready one has all of them, a deleted one has
+its deletion time, and an object key is always ``<purpose>/<yyyy>/<mm>/<asset_id>``.
+"""
 
 from __future__ import annotations
 
-from sqlalchemy import MetaData
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    Uuid,
+    text,
+)
 
 SCHEMA = "media"
 
-metadata = MetaData(schema=SCHEMA)
+metadata = MetaData(
+    schema=SCHEMA,
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    },
+)
+
+# Named rules; migrations spell them out as they were when written (history is frozen).
+CHECKS: dict[str, str] = {
+    "purpose_known": "purpose IN ('ai_input', 'ai_output')",
+    "status_known": "status IN ('uploading', 'ready', 'deleted')",
+    "content_type_known": "content_type IN ('image/jpeg', 'image/png', 'image/webp')",
+    "owner_present": "length(owner_user_id) BETWEEN 1 AND 256",
+    # purpose and asset_id are constrained above, so both are safe inside the pattern.
+    "key_from_ids": (
+        "object_key ~ ('^' || purpose || '/[0-9]{4}/[0-9]{2}/' || asset_id::text || '$')"
+    ),
+    "declared_size_positive": "declared_size_bytes IS NULL OR declared_size_bytes > 0",
+    "declared_sha256_hex": "declared_sha256 IS NULL OR declared_sha256 ~ '^[0-9a-f]{64}$'",
+    "size_positive": "size_bytes IS NULL OR size_bytes > 0",
+    "rejections_counted": "rejected_uploads >= 0",
+    "sha256_hex": "sha256 IS NULL OR sha256 ~ '^[0-9a-f]{64}$'",
+    "dimensions_positive": "(width IS NULL OR width > 0) AND (height IS NULL OR height > 0)",
+    # All measured facts arrive together, with the ready time, or not at all.
+    "facts_together": (
+        "(size_bytes IS NULL AND sha256 IS NULL AND width IS NULL AND height IS NULL"
+        " AND ready_at IS NULL)"
+        " OR (size_bytes IS NOT NULL AND sha256 IS NOT NULL AND width IS NOT NULL"
+        " AND height IS NOT NULL AND ready_at IS NOT NULL)"
+    ),
+    "uploading_has_expiry_and_no_facts": (
+        "status <> 'uploading' OR (upload_expires_at IS NOT NULL AND ready_at IS NULL)"
+    ),
+    "ready_has_facts": "status <> 'ready' OR ready_at IS NOT NULL",
+    "deleted_iff_deleted_at": "(status = 'deleted') = (deleted_at IS NOT NULL)",
+    "ready_matches_declaration": (
+        "ready_at IS NULL"
+        " OR ((declared_size_bytes IS NULL OR declared_size_bytes = size_bytes)"
+        " AND (declared_sha256 IS NULL OR declared_sha256 = sha256))"
+    ),
+}
+
+assets = Table(
+    "assets",
+    metadata,
+    Column("asset_id", Uuid, primary_key=True),
+    Column("owner_user_id", Text, nullable=False),
+    Column("purpose", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("content_type", Text, nullable=False),
+    # What a client promised in CreateUpload; CompleteUpload holds the bytes to it.
+    Column("declared_size_bytes", BigInteger),
+    Column("declared_sha256", Text),
+    # What media measured, once ready.
+    Column("size_bytes", BigInteger),
+    Column("sha256", Text),
+    Column("width", Integer),
+    Column("height", Integer),
+    # Bytes refused by CompleteUpload so far. Rejecting (and deleting the object) and
+    # completing are both conditional on it: a check that read bytes since replaced can
+    # neither delete the new upload nor make the asset ready.
+    Column("rejected_uploads", Integer, nullable=False, server_default=text("0")),
+    Column("object_key", Text, nullable=False, unique=True),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    # Past this, an upload that is not ready is removed by housekeeping.
+    Column("upload_expires_at", DateTime(timezone=True)),
+    Column("ready_at", DateTime(timezone=True)),
+    Column("deleted_at", DateTime(timezone=True)),
+    *(CheckConstraint(rule, name=name) for name, rule in CHECKS.items()),
+)
+
+# Housekeeping finds expired uploads through this; it holds only rows still uploading.
+Index(
+    "ix_assets_upload_expiry",
+    assets.c.upload_expires_at,
+    postgresql_where=text("status = 'uploading'"),
+)

@@ -63,6 +63,7 @@ def test_sigterm_drains_and_exits_cleanly(database_url: str) -> None:
         "ATELIER_MEDIA_PUBLIC_PORT": str(public),
         "ATELIER_MEDIA_INTERNAL_PORT": str(free_port()),
         "ATELIER_MEDIA_METRICS_PORT": str(free_port()),
+        "ATELIER_MEDIA_HTTP_PORT": str(free_port()),
     }
     process = subprocess.Popen(
         [*ATELIER, "serve", "media"], env=env, stderr=subprocess.PIPE, text=True
@@ -106,6 +107,7 @@ def test_dev_runs_everything_on_embedded_defaults(tmp_path: Path) -> None:
         for name in [
             "EDGE_PORT",
             "EDGE_ADMIN_PORT",
+            "MEDIA_HTTP_PORT",
             *(
                 f"{s}_{kind}_PORT"
                 for s in ("CREATION", "MEDIA", "NOTIFY")

@@ -96,7 +96,9 @@ def test_descriptor_carries_error_details_for_json_errors() -> None:
 
 def test_edge_transcodes_and_routes_public_services_only() -> None:
     config = edge.render(
-        listen_port=1, admin_port=2, upstream_ports={"creation": 3, "media": 4, "notify": 5}
+        listen_port=1,
+        admin_port=2,
+        upstream_ports={"creation": 3, "media": 4, "notify": 5, "media_http": 6},
     )
     manager = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
         "typed_config"
@@ -113,6 +115,13 @@ def test_edge_transcodes_and_routes_public_services_only() -> None:
     watch = next(r for r in routes if "WatchJob" in r["match"]["prefix"])
     assert watch["route"]["timeout"] == "0s"
     assert routes[-1]["direct_response"]["status"] == 404
+    # media's signed object URLs are plain HTTP: routed (before the catch-all) to its object
+    # listener, with the transcoder off, never to a gRPC cluster.
+    objects = [r for r in routes if r["match"]["prefix"] == "/media-objects/"]
+    assert objects and all(routes.index(r) < len(routes) - 1 for r in objects)
+    assert {r["route"]["cluster"] for r in objects if "route" in r} == {"media_http"}
+    for route in objects:
+        assert route["typed_per_filter_config"][edge.TRANSCODER]["disabled"] is True
 
 
 @pytest.mark.parametrize("rendered", [False, True])
@@ -123,7 +132,7 @@ def test_envoy_accepts_the_config(tmp_path: Path, rendered: bool) -> None:
             edge.render(
                 listen_port=18080,
                 admin_port=19901,
-                upstream_ports={"creation": 1, "media": 2, "notify": 3},
+                upstream_ports={"creation": 1, "media": 2, "notify": 3, "media_http": 4},
             ),
         )
     else:

@@ -1,0 +1,332 @@
+"""What media does with assets, whoever asks: reserve an upload, check and complete it,
+store a server-made image, hand out signed URLs, read and delete.
+
+The order of steps is what keeps the invariants:
+- a row exists (``uploading``, with an expiry) before any byte is stored, so whatever a
+  crash leaves behind, housekeeping finds and removes;
+- an asset becomes ``ready`` only after its bytes were measured and decoded, by one
+  conditional update that a racing caller cannot repeat;
+- bytes that fail a check are deleted at once, with the reason said to the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterable, AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import grpc
+
+from services.kit.errors import ApiError
+from services.kit.logging import get_logger
+from services.media.errors import (
+    ContentRejected,
+    Reason,
+    asset_not_found,
+    bad_field,
+    wrong_state,
+)
+from services.media.images import ImageInspector
+from services.media.model import Asset, ContentFacts, Purpose, Status, object_key
+from services.media.spool import Spooled, SpoolLimitExceeded, read_chunks, spool
+from services.media.storage import ObjectNotFound, ObjectStat, ObjectStorage, SignedRequest
+from services.media.store import AssetStore
+
+log = get_logger(__name__)
+
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class Limits:
+    upload_url_ttl_seconds: int
+    download_url_ttl_seconds: int
+    max_upload_bytes: int
+    chunk_bytes: int
+
+
+@dataclass(frozen=True)
+class Upload:
+    asset: Asset
+    request: SignedRequest
+    expires_at: datetime
+
+
+@dataclass(frozen=True)
+class Download:
+    asset: Asset
+    # None unless the asset is ready.
+    request: SignedRequest | None
+    expires_at: datetime | None
+
+
+class Assets:
+    def __init__(
+        self,
+        store: AssetStore,
+        storage: ObjectStorage,
+        inspector: ImageInspector,
+        limits: Limits,
+        clock: Clock = utc_now,
+    ) -> None:
+        self._store = store
+        self._storage = storage
+        self._inspector = inspector
+        self._limits = limits
+        self._clock = clock
+
+    def _new_asset(
+        self,
+        owner_user_id: str,
+        purpose: Purpose,
+        content_type: str,
+        declared_size_bytes: int | None = None,
+        declared_sha256: str | None = None,
+    ) -> tuple[Asset, datetime]:
+        """A new uploading asset and the time its upload expires. PutAsset's rows expire
+        too: if it dies before the asset is ready, housekeeping cleans up."""
+        now = self._clock()
+        asset_id = uuid.uuid4()
+        expires_at = now + timedelta(seconds=self._limits.upload_url_ttl_seconds)
+        asset = Asset(
+            asset_id=asset_id,
+            owner_user_id=owner_user_id,
+            purpose=purpose,
+            status=Status.UPLOADING,
+            content_type=content_type,
+            declared_size_bytes=declared_size_bytes,
+            declared_sha256=declared_sha256,
+            size_bytes=None,
+            sha256=None,
+            width=None,
+            height=None,
+            rejected_uploads=0,
+            object_key=object_key(purpose, asset_id, now),
+            created_at=now,
+            upload_expires_at=expires_at,
+            ready_at=None,
+            deleted_at=None,
+        )
+        return asset, expires_at
+
+    # -- client uploads ------------------------------------------------------------------
+
+    async def create_upload(
+        self, owner_user_id: str, content_type: str, size_bytes: int, sha256: str | None
+    ) -> Upload:
+        if size_bytes > self._limits.max_upload_bytes:
+            raise bad_field(
+                Reason.UPLOAD_TOO_LARGE,
+                "size_bytes",
+                f"must be at most {self._limits.max_upload_bytes}",
+            )
+        asset, expires_at = self._new_asset(
+            owner_user_id, Purpose.AI_INPUT, content_type, size_bytes, sha256
+        )
+        await self._store.insert_uploading(asset)
+        request = await self._storage.presign_put(
+            asset.object_key, content_type, size_bytes, expires_at
+        )
+        log.info("upload_created", asset_id=str(asset.asset_id), size_bytes=size_bytes)
+        return Upload(asset, request, expires_at)
+
+    async def complete_upload(self, owner_user_id: str, asset_id: uuid.UUID) -> Asset:
+        asset = await self._store.get_owned(asset_id, owner_user_id)
+        # Only client uploads (they carry a declared size) can be completed.
+        if asset is None or asset.declared_size_bytes is None:
+            raise asset_not_found()
+        _require_completable(asset, self._clock())
+        stat = await self._storage.stat(asset.object_key)
+        if stat is None:
+            raise await self._why_missing(asset_id)
+        try:
+            facts = await self._verify_upload(asset, asset.declared_size_bytes, stat)
+        except ObjectNotFound:
+            raise await self._why_missing(asset_id) from None
+        except ContentRejected as rejected:
+            # The row stays uploading: the client may PUT again until the upload expires.
+            # Only a check of the current upload removes it (never a newer one's bytes).
+            if await self._store.reject_upload(asset_id, asset.rejected_uploads):
+                await self._storage.delete(asset.object_key)
+            log.info("upload_rejected", asset_id=str(asset_id), reason=rejected.reason)
+            raise rejected.to_api_error() from None
+        ready = await self._store.mark_ready(asset_id, facts, self._clock(), asset.rejected_uploads)
+        if ready is None:
+            # Someone else completed it, housekeeping removed it, or a racing check
+            # rejected the bytes we read, while we checked.
+            current = await self._store.get(asset_id)
+            if current is not None:
+                _require_completable(current, self._clock())
+            raise ApiError(
+                grpc.StatusCode.ABORTED,
+                Reason.UPLOAD_CHANGED,
+                "the upload changed while it was checked; complete it again",
+            )
+        log.info("upload_completed", asset_id=str(asset_id), size_bytes=facts.size_bytes)
+        return ready
+
+    async def _verify_upload(self, asset: Asset, declared: int, stat: ObjectStat) -> ContentFacts:
+        if stat.size_bytes != declared:
+            raise _size_mismatch(declared, stat.size_bytes)
+        stored_type = (stat.content_type or asset.content_type).split(";")[0].strip().lower()
+        if stored_type != asset.content_type:
+            raise ContentRejected(
+                Reason.CONTENT_TYPE_MISMATCH,
+                f"the upload was sent as {stored_type}, but {asset.content_type} was declared",
+            )
+        try:
+            spooled = await self._spool(
+                self._storage.stream(asset.object_key, self._limits.chunk_bytes), declared
+            )
+        except SpoolLimitExceeded:
+            raise _size_mismatch(declared, None) from None
+        try:
+            if spooled.size != declared:
+                raise _size_mismatch(declared, spooled.size)
+            if asset.declared_sha256 is not None and spooled.sha256 != asset.declared_sha256:
+                raise ContentRejected(
+                    Reason.HASH_MISMATCH, "the bytes' SHA-256 differs from the declared sha256"
+                )
+            dimensions = await self._inspector.inspect(spooled.file, asset.content_type)
+        finally:
+            spooled.close()
+        return ContentFacts(spooled.size, spooled.sha256, dimensions.width, dimensions.height)
+
+    async def _why_missing(self, asset_id: uuid.UUID) -> ApiError:
+        """No object: not uploaded yet, unless the upload meanwhile expired or was removed
+        (housekeeping deletes the object first), which the client should hear instead."""
+        current = await self._store.get(asset_id)
+        if current is not None:
+            _require_completable(current, self._clock())
+        return wrong_state(
+            Reason.OBJECT_MISSING, "no bytes were uploaded yet: PUT them to upload_url first"
+        )
+
+    async def _spool(self, chunks: AsyncIterable[bytes], max_bytes: int) -> Spooled:
+        return await spool(chunks, max_bytes=max_bytes, memory_bytes=self._limits.chunk_bytes)
+
+    # -- server-made assets --------------------------------------------------------------
+
+    async def put(
+        self,
+        owner_user_id: str,
+        purpose: Purpose,
+        content_type: str,
+        chunks: AsyncIterable[bytes],
+    ) -> Asset:
+        """Measures, checks and stores a stream in one call; the asset is ready or absent."""
+        try:
+            spooled = await self._spool(chunks, self._limits.max_upload_bytes)
+        except SpoolLimitExceeded:
+            raise bad_field(
+                Reason.UPLOAD_TOO_LARGE,
+                "chunk",
+                f"the asset must be at most {self._limits.max_upload_bytes} bytes",
+            ) from None
+        try:
+            try:
+                dimensions = await self._inspector.inspect(spooled.file, content_type)
+            except ContentRejected as rejected:
+                raise rejected.to_api_error() from None
+            asset, _ = self._new_asset(owner_user_id, purpose, content_type)
+            await self._store.insert_uploading(asset)
+            try:
+                await self._storage.put(
+                    asset.object_key,
+                    read_chunks(spooled.file, self._limits.chunk_bytes),
+                    content_type,
+                )
+            except BaseException:
+                await asyncio.shield(self._discard(asset))
+                raise
+            facts = ContentFacts(spooled.size, spooled.sha256, dimensions.width, dimensions.height)
+            ready = await self._store.mark_ready(asset.asset_id, facts, self._clock(), 0)
+            if ready is None:
+                # Housekeeping judged it abandoned (the store took longer than the TTL).
+                await self._storage.delete(asset.object_key)
+                raise wrong_state(Reason.UPLOAD_EXPIRED, "storing took longer than allowed")
+        finally:
+            spooled.close()
+        log.info(
+            "asset_stored",
+            asset_id=str(ready.asset_id),
+            purpose=purpose.value,
+            size_bytes=facts.size_bytes,
+        )
+        return ready
+
+    async def _discard(self, asset: Asset) -> None:
+        await self._storage.delete(asset.object_key)
+        await self._store.mark_deleted(asset.asset_id, self._clock())
+
+    # -- reading -------------------------------------------------------------------------
+
+    async def get_owned(self, owner_user_id: str, asset_id: uuid.UUID) -> Download:
+        asset = await self._store.get_owned(asset_id, owner_user_id)
+        if asset is None:
+            raise asset_not_found()
+        if asset.status != Status.READY:
+            return Download(asset, None, None)
+        return await self._download(asset)
+
+    async def info(self, asset_id: uuid.UUID) -> Asset:
+        asset = await self._store.get(asset_id)
+        if asset is None:
+            raise asset_not_found()
+        return asset
+
+    async def download_url(self, asset_id: uuid.UUID) -> Download:
+        return await self._download(_require_ready(await self.info(asset_id)))
+
+    async def read(self, asset_id: uuid.UUID) -> tuple[Asset, AsyncIterator[bytes]]:
+        asset = _require_ready(await self.info(asset_id))
+        return asset, self._storage.stream(asset.object_key, self._limits.chunk_bytes)
+
+    async def _download(self, asset: Asset) -> Download:
+        expires_at = self._clock() + timedelta(seconds=self._limits.download_url_ttl_seconds)
+        request = await self._storage.presign_get(asset.object_key, asset.content_type, expires_at)
+        return Download(asset, request, expires_at)
+
+    # -- deleting ------------------------------------------------------------------------
+
+    async def delete(self, asset_id: uuid.UUID) -> Asset:
+        """Marks the asset deleted, then removes its object. Idempotent: a repeat (say,
+        after a crash between the two steps) removes the object again."""
+        asset = await self._store.mark_deleted(asset_id, self._clock())
+        if asset is None:
+            raise asset_not_found()
+        await self._storage.delete(asset.object_key)
+        log.info("asset_deleted", asset_id=str(asset_id))
+        return asset
+
+
+def _require_completable(asset: Asset, now: datetime) -> None:
+    if asset.status == Status.READY:
+        raise wrong_state(Reason.UPLOAD_ALREADY_COMPLETED, "the upload is already complete")
+    if asset.upload_expired(now):
+        raise wrong_state(
+            Reason.UPLOAD_EXPIRED, "the upload expired; start again with CreateUpload"
+        )
+    if asset.status == Status.DELETED:
+        raise wrong_state(Reason.ASSET_DELETED, "the asset was deleted")
+
+
+def _require_ready(asset: Asset) -> Asset:
+    if asset.status == Status.DELETED:
+        raise wrong_state(Reason.ASSET_DELETED, "the asset was deleted")
+    if asset.status != Status.READY:
+        raise wrong_state(Reason.ASSET_NOT_READY, "the asset is not ready yet")
+    return asset
+
+
+def _size_mismatch(declared: int, found: int | None) -> ContentRejected:
+    found_text = "more" if found is None else str(found)
+    return ContentRejected(
+        Reason.SIZE_MISMATCH, f"{found_text} bytes were uploaded, but {declared} were declared"
+    )

@@ -1,0 +1,88 @@
+"""Request fields checked before anything else runs: each bad field gets its own reason
+and a field violation, never a database or storage error."""
+
+from __future__ import annotations
+
+import unicodedata
+import uuid
+
+from atelier.media.v1 import asset_pb2
+from services.media.errors import Reason, bad_field
+from services.media.model import (
+    CONTENT_TYPES,
+    Purpose,
+    normalize_content_type,
+    normalize_sha256,
+    parse_asset_id,
+)
+
+PURPOSES: dict[int, Purpose] = {
+    asset_pb2.ASSET_PURPOSE_AI_INPUT: Purpose.AI_INPUT,
+    asset_pb2.ASSET_PURPOSE_AI_OUTPUT: Purpose.AI_OUTPUT,
+}
+MAX_OWNER_LENGTH = 256
+_ALLOWED_TYPES = ", ".join(CONTENT_TYPES)
+
+
+def asset_id(text: str) -> uuid.UUID:
+    parsed = parse_asset_id(text)
+    if parsed is None:
+        raise bad_field(Reason.INVALID_ASSET_ID, "asset_id", "must be an asset id (a UUID)")
+    return parsed
+
+
+def upload_purpose(value: int) -> Purpose:
+    """Clients may upload inputs only; outputs are written by the server."""
+    if value != asset_pb2.ASSET_PURPOSE_AI_INPUT:
+        raise bad_field(
+            Reason.UPLOAD_PURPOSE_NOT_ALLOWED, "purpose", "must be ASSET_PURPOSE_AI_INPUT"
+        )
+    return Purpose.AI_INPUT
+
+
+def any_purpose(value: int, field: str) -> Purpose:
+    purpose = PURPOSES.get(value)
+    if purpose is None:
+        raise bad_field(
+            Reason.INVALID_PURPOSE,
+            field,
+            "must be ASSET_PURPOSE_AI_INPUT or ASSET_PURPOSE_AI_OUTPUT",
+        )
+    return purpose
+
+
+def content_type(text: str, field: str) -> str:
+    normalized = normalize_content_type(text)
+    if normalized is None:
+        raise bad_field(Reason.CONTENT_TYPE_NOT_ALLOWED, field, f"must be one of {_ALLOWED_TYPES}")
+    return normalized
+
+
+def size_bytes(value: int) -> int:
+    if value <= 0:
+        raise bad_field(Reason.INVALID_SIZE, "size_bytes", "must be the upload's size in bytes")
+    return value
+
+
+def sha256(text: str) -> str | None:
+    """Optional: empty means not given."""
+    if not text:
+        return None
+    normalized = normalize_sha256(text)
+    if normalized is None:
+        raise bad_field(Reason.INVALID_SHA256, "sha256", "must be 64 hex digits (SHA-256)")
+    return normalized
+
+
+def owner_user_id(text: str, field: str) -> str:
+    if (
+        not text.strip()
+        or len(text) > MAX_OWNER_LENGTH
+        or any(unicodedata.category(ch).startswith("C") for ch in text)
+    ):
+        raise bad_field(
+            Reason.INVALID_OWNER,
+            field,
+            f"must be a user id of 1 to {MAX_OWNER_LENGTH} printable characters",
+        )
+    return text

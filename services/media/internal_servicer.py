@@ -1,0 +1,80 @@
+"""MediaInternalService: asset access for our own services (workers, providers, creation).
+Only on the internal listener, behind the service credential; no owner checks here."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import Any
+
+from grpc import aio
+
+from atelier.media.v1 import media_internal_service_pb2 as pb
+from atelier.media.v1 import media_internal_service_pb2_grpc
+from services.media import fields
+from services.media.assets import Assets
+from services.media.errors import Reason, bad_field, object_lost
+from services.media.storage import ObjectNotFound
+from services.media.wire import asset_message, timestamp
+
+_ORDER = "the first message must be the header, and every later one a chunk"
+
+
+class MediaInternalServicer(media_internal_service_pb2_grpc.MediaInternalServiceServicer):
+    def __init__(self, assets: Assets) -> None:
+        self._assets = assets
+
+    async def PutAsset(
+        self,
+        request_iterator: AsyncIterable[pb.PutAssetRequest],
+        context: aio.ServicerContext[Any, Any],
+    ) -> pb.PutAssetResponse:
+        messages = aiter(request_iterator)
+        first = await anext(messages, None)
+        if first is None or first.WhichOneof("part") != "header":
+            raise bad_field(Reason.INVALID_PUT_STREAM, "header", _ORDER)
+        header = first.header
+        owner = fields.owner_user_id(header.owner_user_id, "header.owner_user_id")
+        purpose = fields.any_purpose(header.purpose, "header.purpose")
+        content_type = fields.content_type(header.content_type, "header.content_type")
+
+        async def chunks() -> AsyncIterator[bytes]:
+            async for message in messages:
+                if message.WhichOneof("part") != "chunk":
+                    raise bad_field(Reason.INVALID_PUT_STREAM, "chunk", _ORDER)
+                yield message.chunk
+
+        asset = await self._assets.put(owner, purpose, content_type, chunks())
+        return pb.PutAssetResponse(asset=asset_message(asset))
+
+    async def ReadAsset(
+        self, request: pb.ReadAssetRequest, context: aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.ReadAssetResponse]:
+        asset, chunks = await self._assets.read(fields.asset_id(request.asset_id))
+        yield pb.ReadAssetResponse(asset=asset_message(asset))
+        try:
+            async for chunk in chunks:
+                yield pb.ReadAssetResponse(chunk=chunk)
+        except ObjectNotFound:
+            raise object_lost() from None
+
+    async def GetAssetUrl(
+        self, request: pb.GetAssetUrlRequest, context: aio.ServicerContext[Any, Any]
+    ) -> pb.GetAssetUrlResponse:
+        found = await self._assets.download_url(fields.asset_id(request.asset_id))
+        reply = pb.GetAssetUrlResponse(asset=asset_message(found.asset))
+        if found.request is not None and found.expires_at is not None:
+            reply.download_url = found.request.url
+            reply.expire_time.CopyFrom(timestamp(found.expires_at))
+        return reply
+
+    async def GetAssetInfo(
+        self, request: pb.GetAssetInfoRequest, context: aio.ServicerContext[Any, Any]
+    ) -> pb.GetAssetInfoResponse:
+        asset = await self._assets.info(fields.asset_id(request.asset_id))
+        return pb.GetAssetInfoResponse(asset=asset_message(asset))
+
+    async def DeleteAsset(
+        self, request: pb.DeleteAssetRequest, context: aio.ServicerContext[Any, Any]
+    ) -> pb.DeleteAssetResponse:
+        asset = await self._assets.delete(fields.asset_id(request.asset_id))
+        return pb.DeleteAssetResponse(asset=asset_message(asset))

@@ -1,0 +1,11 @@
+"""Object storage: S3 (production, MinIO) or a local directory (``atelier dev``)."""
+
+from services.media.storage.base import (
+    ObjectExists,
+    ObjectNotFound,
+    ObjectStat,
+    ObjectStorage,
+    SignedRequest,
+)
+
+__all__ = ["ObjectExists", "ObjectNotFound", "ObjectStat", "ObjectStorage", "SignedRequest"]

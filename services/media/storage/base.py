@@ -1,0 +1,63 @@
+"""The one small interface media keeps objects behind. Keys are always made by media
+(``model.object_key``); a backend never sees user input as a path."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+
+class ObjectNotFound(Exception):
+    """No object under the key."""
+
+
+class ObjectExists(Exception):
+    """An object is already stored under the key; media never overwrites one."""
+
+
+@dataclass(frozen=True)
+class ObjectStat:
+    size_bytes: int
+    # As stored with the object; None where the backend keeps none (local).
+    content_type: str | None
+
+
+@dataclass(frozen=True)
+class SignedRequest:
+    """A request anyone holding it may make until it expires."""
+
+    method: str
+    url: str
+    # Headers the request must carry exactly as given (the signature covers them).
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class ObjectStorage(Protocol):
+    async def put(self, key: str, chunks: AsyncIterable[bytes], content_type: str) -> None:
+        """Stores the bytes under a new key. Raises ObjectExists when the key is taken."""
+        ...
+
+    def stream(self, key: str, chunk_bytes: int) -> AsyncIterator[bytes]:
+        """The object's bytes in chunks of at most ``chunk_bytes``. Raises ObjectNotFound."""
+        ...
+
+    async def stat(self, key: str) -> ObjectStat | None: ...
+
+    async def delete(self, key: str) -> None:
+        """Removes the object; removing a missing one succeeds."""
+        ...
+
+    async def presign_put(
+        self, key: str, content_type: str, size_bytes: int, expires_at: datetime
+    ) -> SignedRequest:
+        """A PUT that creates the object with exactly this content type and at most (S3:
+        exactly) this many bytes, and never replaces an existing object."""
+        ...
+
+    async def presign_get(self, key: str, content_type: str, expires_at: datetime) -> SignedRequest:
+        """A GET of the object, answered with ``content_type``."""
+        ...
+
+    async def close(self) -> None: ...

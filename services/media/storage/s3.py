@@ -1,0 +1,242 @@
+"""Objects in S3 (or MinIO, or any S3-protocol server) through aiobotocore.
+
+One client per process, opened on first use and closed with the service. Large objects go
+up as a multipart upload, one part in memory at a time; presigned PUTs bind the content
+type, the exact length and ``If-None-Match: *``, so a client can neither change what it
+declared nor replace an object once it exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterable, AsyncIterator
+from contextlib import AsyncExitStack
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, cast
+
+from aiobotocore.config import AioConfig
+from aiobotocore.session import AioSession
+from botocore.exceptions import ClientError
+
+from services.kit.logging import get_logger
+from services.media.settings import S3Settings
+from services.media.storage.base import ObjectExists, ObjectNotFound, ObjectStat, SignedRequest
+
+if TYPE_CHECKING:
+    from types_aiobotocore_s3 import S3Client
+    from types_aiobotocore_s3.type_defs import CompletedPartTypeDef
+
+log = get_logger(__name__)
+
+# S3's smallest part (except the last); the most one upload holds in memory.
+PART_BYTES = 5 * 1024 * 1024
+_MISSING = {"404", "NoSuchKey", "NotFound"}
+_TAKEN = {"412", "PreconditionFailed"}
+
+
+def _code(error: ClientError) -> str:
+    return str(error.response.get("Error", {}).get("Code", ""))
+
+
+class S3Storage:
+    def __init__(self, settings: S3Settings, part_bytes: int = PART_BYTES) -> None:
+        self._settings = settings
+        self._part_bytes = part_bytes
+        self._session = AioSession()
+        self._exit = AsyncExitStack()
+        self._opened: tuple[S3Client, S3Client] | None = None
+        self._opening = asyncio.Lock()
+        self.bucket = settings.bucket
+
+    def _client_args(self, endpoint: str) -> dict[str, Any]:
+        args: dict[str, Any] = {
+            "region_name": self._settings.region,
+            "config": AioConfig(
+                signature_version="s3v4",
+                s3={"addressing_style": "path" if self._settings.path_style else "auto"},
+                retries={"mode": "standard", "max_attempts": 3},
+                connect_timeout=5,
+                read_timeout=60,
+            ),
+        }
+        if endpoint:
+            args["endpoint_url"] = endpoint
+        if self._settings.access_key_id:
+            args["aws_access_key_id"] = self._settings.access_key_id
+            args["aws_secret_access_key"] = self._settings.secret_access_key
+        return args
+
+    async def _clients(self) -> tuple[S3Client, S3Client]:
+        """(the client for data, the client that signs URLs for clients to use)."""
+        if self._opened is None:
+            async with self._opening:
+                if self._opened is None:
+                    data = await self._exit.enter_async_context(
+                        self._session.create_client(
+                            "s3", **self._client_args(self._settings.endpoint_url)
+                        )
+                    )
+                    signer = data
+                    public = self._settings.public_endpoint_url
+                    if public and public != self._settings.endpoint_url:
+                        # Signing is local; the host clients will use is part of it.
+                        signer = await self._exit.enter_async_context(
+                            self._session.create_client("s3", **self._client_args(public))
+                        )
+                    self._opened = (data, signer)
+        return self._opened
+
+    async def put(self, key: str, chunks: AsyncIterable[bytes], content_type: str) -> None:
+        client, _ = await self._clients()
+        buffer = bytearray()
+        upload_id: str | None = None
+        parts: list[CompletedPartTypeDef] = []
+        try:
+            async for chunk in chunks:
+                view = memoryview(chunk)
+                while view:
+                    # Fill the part exactly; the rest of the chunk starts the next one.
+                    room = self._part_bytes - len(buffer)
+                    buffer += view[:room]
+                    view = view[room:]
+                    if len(buffer) < self._part_bytes:
+                        break
+                    if upload_id is None:
+                        started = await client.create_multipart_upload(
+                            Bucket=self.bucket, Key=key, ContentType=content_type
+                        )
+                        upload_id = started["UploadId"]
+                    # The full buffer itself is the part (no copy); a new one takes its place.
+                    parts.append(await self._upload_part(client, key, upload_id, parts, buffer))
+                    buffer = bytearray()
+            if upload_id is None:
+                await client.put_object(
+                    Bucket=self.bucket,
+                    Key=key,
+                    Body=_blob(buffer),
+                    ContentType=content_type,
+                    IfNoneMatch="*",
+                )
+                return
+            if buffer:
+                parts.append(await self._upload_part(client, key, upload_id, parts, buffer))
+            await client.complete_multipart_upload(
+                Bucket=self.bucket,
+                Key=key,
+                UploadId=upload_id,
+                MultipartUpload={"Parts": parts},
+                IfNoneMatch="*",
+            )
+        except ClientError as error:
+            await self._abort(client, key, upload_id)
+            if _code(error) in _TAKEN:
+                raise ObjectExists(key) from None
+            raise
+        except BaseException:
+            await self._abort(client, key, upload_id)
+            raise
+
+    async def _upload_part(
+        self,
+        client: S3Client,
+        key: str,
+        upload_id: str,
+        parts: list[CompletedPartTypeDef],
+        data: bytearray,
+    ) -> CompletedPartTypeDef:
+        number = len(parts) + 1
+        uploaded = await client.upload_part(
+            Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=_blob(data)
+        )
+        return {"PartNumber": number, "ETag": uploaded["ETag"]}
+
+    async def _abort(self, client: S3Client, key: str, upload_id: str | None) -> None:
+        """Best effort, shielded from cancellation (an abandoned multipart upload keeps
+        costing storage; a bucket lifecycle rule is the backstop); never hides the error
+        that made us abort."""
+        if upload_id is None:
+            return
+        try:
+            await asyncio.shield(
+                client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+            )
+        except Exception:
+            log.warning("multipart_abort_failed", key=key)
+
+    async def stream(self, key: str, chunk_bytes: int) -> AsyncIterator[bytes]:
+        client, _ = await self._clients()
+        try:
+            response = await client.get_object(Bucket=self.bucket, Key=key)
+        except ClientError as error:
+            if _code(error) in _MISSING:
+                raise ObjectNotFound(key) from None
+            raise
+        async with response["Body"] as body:
+            # The network hands over whatever arrived; callers get even chunks.
+            buffer = bytearray()
+            while piece := await body.read(chunk_bytes - len(buffer)):
+                buffer += piece
+                if len(buffer) >= chunk_bytes:
+                    yield bytes(buffer)
+                    buffer.clear()
+            if buffer:
+                yield bytes(buffer)
+
+    async def stat(self, key: str) -> ObjectStat | None:
+        client, _ = await self._clients()
+        try:
+            head = await client.head_object(Bucket=self.bucket, Key=key)
+        except ClientError as error:
+            if _code(error) in _MISSING:
+                return None
+            raise
+        return ObjectStat(size_bytes=head["ContentLength"], content_type=head.get("ContentType"))
+
+    async def delete(self, key: str) -> None:
+        client, _ = await self._clients()
+        await client.delete_object(Bucket=self.bucket, Key=key)
+
+    async def presign_put(
+        self, key: str, content_type: str, size_bytes: int, expires_at: datetime
+    ) -> SignedRequest:
+        _, signer = await self._clients()
+        url = await signer.generate_presigned_url(
+            "put_object",
+            Params={
+                "Bucket": self.bucket,
+                "Key": key,
+                "ContentType": content_type,
+                "ContentLength": size_bytes,
+                "IfNoneMatch": "*",
+            },
+            ExpiresIn=_seconds_until(expires_at),
+        )
+        headers = {
+            "Content-Type": content_type,
+            "Content-Length": str(size_bytes),
+            "If-None-Match": "*",
+        }
+        return SignedRequest("PUT", url, headers)
+
+    async def presign_get(self, key: str, content_type: str, expires_at: datetime) -> SignedRequest:
+        _, signer = await self._clients()
+        url = await signer.generate_presigned_url(
+            "get_object",
+            Params={"Bucket": self.bucket, "Key": key, "ResponseContentType": content_type},
+            ExpiresIn=_seconds_until(expires_at),
+        )
+        return SignedRequest("GET", url)
+
+    async def close(self) -> None:
+        self._opened = None
+        await self._exit.aclose()
+
+
+def _blob(data: bytearray) -> bytes:
+    """botocore takes a bytearray as a body as it is (the stubs say bytes): no copy."""
+    return cast(bytes, data)
+
+
+def _seconds_until(moment: datetime) -> int:
+    return max(1, math.floor((moment - datetime.now(UTC)).total_seconds()))

@@ -1,0 +1,45 @@
+"""Assets as protobuf messages."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from google.protobuf import timestamp_pb2
+
+from atelier.media.v1 import asset_pb2
+from services.media.model import Asset, Purpose, Status
+
+_PURPOSES = {
+    Purpose.AI_INPUT: asset_pb2.ASSET_PURPOSE_AI_INPUT,
+    Purpose.AI_OUTPUT: asset_pb2.ASSET_PURPOSE_AI_OUTPUT,
+}
+_STATUSES = {
+    Status.UPLOADING: asset_pb2.ASSET_STATUS_UPLOADING,
+    Status.READY: asset_pb2.ASSET_STATUS_READY,
+    Status.DELETED: asset_pb2.ASSET_STATUS_DELETED,
+}
+
+
+def timestamp(moment: datetime) -> timestamp_pb2.Timestamp:
+    stamp = timestamp_pb2.Timestamp()
+    stamp.FromDatetime(moment)
+    return stamp
+
+
+def asset_message(asset: Asset) -> asset_pb2.Asset:
+    message = asset_pb2.Asset(
+        asset_id=str(asset.asset_id),
+        owner_user_id=asset.owner_user_id,
+        purpose=_PURPOSES[asset.purpose],
+        status=_STATUSES[asset.status],
+        content_type=asset.content_type,
+        # The measured size once known, the declared one while uploading.
+        size_bytes=asset.size_bytes or asset.declared_size_bytes or 0,
+        sha256=asset.sha256 or "",
+        width=asset.width or 0,
+        height=asset.height or 0,
+        create_time=timestamp(asset.created_at),
+    )
+    if asset.ready_at is not None:
+        message.ready_time.CopyFrom(timestamp(asset.ready_at))
+    return message

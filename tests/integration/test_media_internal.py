@@ -1,0 +1,372 @@
+"""MediaInternalService over a real in-process grpc.aio server with the service credential:
+PutAsset stores, measures and registers a ready asset in one streamed call; ReadAsset
+streams it back; GetAssetUrl, GetAssetInfo and DeleteAsset; and PutAsset's bad inputs
+leave nothing behind."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+from sqlalchemy import text
+
+from atelier.media.v1 import (
+    asset_pb2,
+    media_internal_service_pb2_grpc,
+    media_service_pb2,
+    media_service_pb2_grpc,
+)
+from atelier.media.v1 import media_internal_service_pb2 as pb
+from services.kit.auth import issue_token
+from services.kit.settings import DEV_JWT_SECRET, DEV_SERVICE_TOKEN
+from services.media.model import Purpose
+from services.media.settings import S3Settings
+from services.media.storage.s3 import S3Storage
+from tests.support.media import (
+    MediaHarness,
+    image_bytes,
+    media_database,
+    media_settings,
+    noisy_png,
+    pixel_bomb_png,
+    running_media,
+)
+from tests.support.rpc import bearer, error_info
+
+CHUNK = 64 * 1024
+MAX_UPLOAD = 2 * 1024 * 1024
+SERVICE = bearer(DEV_SERVICE_TOKEN)
+OUTPUT = asset_pb2.ASSET_PURPOSE_AI_OUTPUT
+Stub = media_internal_service_pb2_grpc.MediaInternalServiceStub
+
+
+@pytest.fixture(scope="module")
+def media_url(postgres_admin_url: str) -> Iterator[str]:
+    with media_database(postgres_admin_url) as url:
+        yield url
+
+
+@pytest.fixture(params=["local", "s3"])
+def bucket(request: pytest.FixtureRequest) -> S3Settings | None:
+    if request.param == "local":
+        return None
+    found: S3Settings = request.getfixturevalue("s3_bucket")
+    return found
+
+
+@pytest.fixture
+async def media(
+    bucket: S3Settings | None, media_url: str, tmp_path: Path
+) -> AsyncIterator[MediaHarness]:
+    settings = media_settings(
+        media_url, tmp_path, MEDIA_CHUNK_BYTES=str(CHUNK), MAX_UPLOAD_BYTES=str(MAX_UPLOAD)
+    )
+    async with running_media(settings, None if bucket is None else S3Storage(bucket)) as harness:
+        yield harness
+
+
+@pytest.fixture
+async def local_media(media_url: str, tmp_path: Path) -> AsyncIterator[MediaHarness]:
+    settings = media_settings(
+        media_url, tmp_path, MEDIA_CHUNK_BYTES=str(CHUNK), MAX_UPLOAD_BYTES=str(MAX_UPLOAD)
+    )
+    async with running_media(settings) as harness:
+        yield harness
+
+
+@pytest.fixture
+async def stub(local_media: MediaHarness) -> AsyncIterator[Stub]:
+    async with local_media.internal_channel() as channel:
+        yield Stub(channel)
+
+
+def header(
+    owner: str = "alice", purpose: int = OUTPUT, content_type: str = "image/png"
+) -> pb.PutAssetRequest:
+    return pb.PutAssetRequest(
+        header=pb.PutAssetHeader(owner_user_id=owner, purpose=purpose, content_type=content_type)
+    )
+
+
+async def stream(
+    *messages: pb.PutAssetRequest, data: bytes = b""
+) -> AsyncIterator[pb.PutAssetRequest]:
+    for message in messages:
+        yield message
+    for start in range(0, len(data), CHUNK):
+        yield pb.PutAssetRequest(chunk=data[start : start + CHUNK])
+
+
+async def put_asset(stub: Stub, data: bytes, **fields: object) -> asset_pb2.Asset:
+    reply = await stub.PutAsset(stream(header(**fields), data=data), metadata=SERVICE)
+    return reply.asset
+
+
+async def read_asset(stub: Stub, asset_id: str) -> tuple[asset_pb2.Asset, list[bytes]]:
+    call = stub.ReadAsset(pb.ReadAssetRequest(asset_id=asset_id), metadata=SERVICE)
+    messages = [message async for message in call]
+    assert messages[0].WhichOneof("part") == "asset"
+    assert all(m.WhichOneof("part") == "chunk" for m in messages[1:])
+    return messages[0].asset, [m.chunk for m in messages[1:]]
+
+
+async def failure(call: object) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call
+    return caught.value.code(), error_info(caught.value).reason
+
+
+# -- PutAsset and ReadAsset, on both backends ------------------------------------------------
+
+
+async def test_put_asset_then_read_it_back(media: MediaHarness) -> None:
+    png = noisy_png(300, 200)
+    assert len(png) > 2 * CHUNK
+    async with media.internal_channel() as channel:
+        stub = Stub(channel)
+        asset = await put_asset(stub, png, owner="user-7")
+        assert asset.status == asset_pb2.ASSET_STATUS_READY
+        assert asset.owner_user_id == "user-7"
+        assert asset.purpose == OUTPUT
+        assert (asset.width, asset.height) == (300, 200)
+        assert asset.size_bytes == len(png)
+        assert asset.sha256 == hashlib.sha256(png).hexdigest()
+        assert asset.content_type == "image/png"
+
+        head, chunks = await read_asset(stub, asset.asset_id)
+        assert head == asset
+        assert b"".join(chunks) == png
+        assert all(len(chunk) <= CHUNK for chunk in chunks) and len(chunks) >= 3
+
+        url = await stub.GetAssetUrl(
+            pb.GetAssetUrlRequest(asset_id=asset.asset_id), metadata=SERVICE
+        )
+        assert url.asset == asset
+        async with httpx.AsyncClient() as client:
+            download = await client.get(url.download_url)
+        assert download.content == png and download.headers["content-type"] == "image/png"
+
+
+async def test_put_asset_accepts_inputs_too(stub: Stub) -> None:
+    asset = await put_asset(
+        stub,
+        image_bytes("WEBP", 10, 20),
+        purpose=asset_pb2.ASSET_PURPOSE_AI_INPUT,
+        content_type="image/webp",
+    )
+    assert asset.purpose == asset_pb2.ASSET_PURPOSE_AI_INPUT and (asset.width, asset.height) == (
+        10,
+        20,
+    )
+
+
+async def owned_rows(media: MediaHarness, owner: str) -> int:
+    async with media.engine.connect() as connection:
+        found = await connection.execute(
+            text("SELECT count(*) FROM media.assets WHERE owner_user_id = :o"), {"o": owner}
+        )
+        return int(found.scalar_one())
+
+
+PNG = image_bytes("PNG", 40, 30)
+
+
+@pytest.mark.parametrize(
+    ("messages", "data", "code", "reason"),
+    [
+        ((), b"", grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PUT_STREAM"),
+        (
+            (pb.PutAssetRequest(chunk=PNG),),
+            b"",
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_PUT_STREAM",
+        ),
+        (
+            (header(owner="{o}"), header(owner="{o}")),
+            PNG,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_PUT_STREAM",
+        ),
+        ((header(owner=""),), PNG, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_OWNER"),
+        ((header(owner="a\nb"),), PNG, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_OWNER"),
+        (
+            (header(owner="{o}", purpose=asset_pb2.ASSET_PURPOSE_UNSPECIFIED),),
+            PNG,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_PURPOSE",
+        ),
+        (
+            (header(owner="{o}", content_type="image/gif"),),
+            PNG,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "CONTENT_TYPE_NOT_ALLOWED",
+        ),
+        ((header(owner="{o}"),), b"", grpc.StatusCode.INVALID_ARGUMENT, "NOT_AN_IMAGE"),
+        (
+            (header(owner="{o}"),),
+            b"%PDF-1.7 not an image" * 100,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "NOT_AN_IMAGE",
+        ),
+        (
+            (header(owner="{o}", content_type="image/jpeg"),),
+            PNG,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "CONTENT_TYPE_MISMATCH",
+        ),
+        (
+            (header(owner="{o}"),),
+            pixel_bomb_png(20_000, 20_000),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "IMAGE_TOO_LARGE",
+        ),
+        (
+            (header(owner="{o}"),),
+            b"\0" * (MAX_UPLOAD + 1),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "UPLOAD_TOO_LARGE",
+        ),
+    ],
+    ids=[
+        "empty-stream",
+        "no-header",
+        "two-headers",
+        "no-owner",
+        "control-char-owner",
+        "no-purpose",
+        "gif",
+        "no-bytes",
+        "pdf",
+        "png-as-jpeg",
+        "pixel-bomb",
+        "too-large",
+    ],
+)
+async def test_put_asset_refuses_bad_input_and_keeps_nothing(
+    local_media: MediaHarness,
+    stub: Stub,
+    messages: tuple[pb.PutAssetRequest, ...],
+    data: bytes,
+    code: grpc.StatusCode,
+    reason: str,
+) -> None:
+    owner = f"owner-{uuid.uuid4()}"
+    for message in messages:
+        if message.WhichOneof("part") == "header" and message.header.owner_user_id == "{o}":
+            message.header.owner_user_id = owner
+    call = stub.PutAsset(stream(*messages, data=data), metadata=SERVICE)
+    assert await failure(call) == (code, reason)
+    assert await owned_rows(local_media, owner) == 0
+    assert [p for p in local_media.settings.local_dir.rglob("*") if p.is_file()] == []
+
+
+# -- reading, URLs, info, deleting ---------------------------------------------------------
+
+
+UNKNOWN = "00000000-0000-4000-8000-000000000000"
+
+
+async def test_unknown_and_malformed_ids(stub: Stub) -> None:
+    for asset_id, expected in (
+        (UNKNOWN, (grpc.StatusCode.NOT_FOUND, "ASSET_NOT_FOUND")),
+        ("nope", (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ASSET_ID")),
+    ):
+        calls = [
+            stub.GetAssetInfo(pb.GetAssetInfoRequest(asset_id=asset_id), metadata=SERVICE),
+            stub.GetAssetUrl(pb.GetAssetUrlRequest(asset_id=asset_id), metadata=SERVICE),
+            stub.DeleteAsset(pb.DeleteAssetRequest(asset_id=asset_id), metadata=SERVICE),
+            read_asset(stub, asset_id),
+        ]
+        for call in calls:
+            assert await failure(call) == expected
+
+
+async def test_an_upload_is_not_ready_for_reading(local_media: MediaHarness, stub: Stub) -> None:
+    asset = await local_media.store.get(uuid.UUID((await _reserve(local_media)).asset_id))
+    assert asset is not None and asset.purpose == Purpose.AI_INPUT
+    info = await stub.GetAssetInfo(
+        pb.GetAssetInfoRequest(asset_id=str(asset.asset_id)), metadata=SERVICE
+    )
+    assert info.asset.status == asset_pb2.ASSET_STATUS_UPLOADING
+    for call in (
+        stub.GetAssetUrl(pb.GetAssetUrlRequest(asset_id=str(asset.asset_id)), metadata=SERVICE),
+        read_asset(stub, str(asset.asset_id)),
+    ):
+        assert await failure(call) == (grpc.StatusCode.FAILED_PRECONDITION, "ASSET_NOT_READY")
+
+
+async def _reserve(media: MediaHarness) -> asset_pb2.Asset:
+    """An asset still uploading, reserved by a user through the public service."""
+    token = issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", "alice", 600)
+    async with media.public_channel() as channel:
+        reply = await media_service_pb2_grpc.MediaServiceStub(channel).CreateUpload(
+            media_service_pb2.CreateUploadRequest(
+                purpose=asset_pb2.ASSET_PURPOSE_AI_INPUT, content_type="image/png", size_bytes=10
+            ),
+            metadata=bearer(token),
+        )
+    return reply.asset
+
+
+async def test_delete_is_idempotent_and_removes_the_object(
+    local_media: MediaHarness, stub: Stub
+) -> None:
+    asset = await put_asset(stub, PNG)
+    url = await stub.GetAssetUrl(pb.GetAssetUrlRequest(asset_id=asset.asset_id), metadata=SERVICE)
+    stored = await local_media.store.get(uuid.UUID(asset.asset_id))
+    assert stored is not None
+
+    deleted = await stub.DeleteAsset(
+        pb.DeleteAssetRequest(asset_id=asset.asset_id), metadata=SERVICE
+    )
+    again = await stub.DeleteAsset(pb.DeleteAssetRequest(asset_id=asset.asset_id), metadata=SERVICE)
+    assert deleted.asset.status == again.asset.status == asset_pb2.ASSET_STATUS_DELETED
+    assert deleted.asset == again.asset
+    assert await local_media.storage.stat(stored.object_key) is None
+    async with httpx.AsyncClient() as client:
+        assert (await client.get(url.download_url)).status_code == 404
+
+    info = await stub.GetAssetInfo(
+        pb.GetAssetInfoRequest(asset_id=asset.asset_id), metadata=SERVICE
+    )
+    assert info.asset.status == asset_pb2.ASSET_STATUS_DELETED
+    assert info.asset.sha256 == asset.sha256  # what it was stays on record
+    for call in (
+        stub.GetAssetUrl(pb.GetAssetUrlRequest(asset_id=asset.asset_id), metadata=SERVICE),
+        read_asset(stub, asset.asset_id),
+    ):
+        assert await failure(call) == (grpc.StatusCode.FAILED_PRECONDITION, "ASSET_DELETED")
+
+
+async def test_a_ready_asset_whose_object_vanished_is_data_loss(
+    local_media: MediaHarness, stub: Stub
+) -> None:
+    asset = await put_asset(stub, PNG)
+    stored = await local_media.store.get(uuid.UUID(asset.asset_id))
+    assert stored is not None
+    await local_media.storage.delete(stored.object_key)
+    call = stub.ReadAsset(pb.ReadAssetRequest(asset_id=asset.asset_id), metadata=SERVICE)
+    first = await call.read()
+    assert first.asset == asset
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call.read()
+    assert caught.value.code() == grpc.StatusCode.DATA_LOSS
+    assert error_info(caught.value).reason == "OBJECT_LOST"
+
+
+async def test_internal_calls_need_the_service_credential(stub: Stub) -> None:
+    user = issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", "alice", 600)
+    request = pb.GetAssetInfoRequest(asset_id=UNKNOWN)
+    assert await failure(stub.GetAssetInfo(request, metadata=bearer(user))) == (
+        grpc.StatusCode.UNAUTHENTICATED,
+        "SERVICE_CREDENTIAL_INVALID",
+    )
+    assert await failure(stub.GetAssetInfo(request)) == (
+        grpc.StatusCode.UNAUTHENTICATED,
+        "SERVICE_CREDENTIAL_MISSING",
+    )
