@@ -21,18 +21,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
+from services.kit.db import NAMING_CONVENTION
+
 SCHEMA = "creation"
 
-metadata = MetaData(
-    schema=SCHEMA,
-    naming_convention={
-        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
-        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
-        "ck": "ck_%(table_name)s_%(constraint_name)s",
-        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-        "pk": "pk_%(table_name)s",
-    },
-)
+metadata = MetaData(schema=SCHEMA, naming_convention=NAMING_CONVENTION)
 
 MEDIA_KINDS = ("image", "video")
 _media_kind_check = "media_kind IN ('image', 'video')"

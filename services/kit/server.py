@@ -196,12 +196,14 @@ async def serve_until_signalled(
     app: ServiceApp, common: CommonSettings, listen: ListenSettings
 ) -> int:
     """Runs the service until SIGTERM or SIGINT, then drains. Returns the exit code."""
-    running = RunningService(app, common, listen)
-    await running.start()
+    # Handlers first: a SIGTERM that arrives as soon as health says SERVING must drain,
+    # not kill.
     loop = asyncio.get_running_loop()
     signalled = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, signalled.set)
+    running = RunningService(app, common, listen)
+    await running.start()
     signal_wait = asyncio.create_task(signalled.wait())
     failure_wait = asyncio.create_task(running.failed.wait())
     await asyncio.wait({signal_wait, failure_wait}, return_when=asyncio.FIRST_COMPLETED)

@@ -22,18 +22,11 @@ from sqlalchemy import (
     text,
 )
 
+from services.kit.db import NAMING_CONVENTION
+
 SCHEMA = "media"
 
-metadata = MetaData(
-    schema=SCHEMA,
-    naming_convention={
-        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
-        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
-        "ck": "ck_%(table_name)s_%(constraint_name)s",
-        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-        "pk": "pk_%(table_name)s",
-    },
-)
+metadata = MetaData(schema=SCHEMA, naming_convention=NAMING_CONVENTION)
 
 # Named rules; migrations spell them out as they were when written (history is frozen).
 CHECKS: dict[str, str] = {

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from sqlalchemy import MetaData
 
+from services.kit.db import NAMING_CONVENTION
+
 SCHEMA = "notify"
 
-metadata = MetaData(schema=SCHEMA)
+metadata = MetaData(schema=SCHEMA, naming_convention=NAMING_CONVENTION)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import uuid
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -13,6 +14,7 @@ from sqlalchemy import MetaData, pool, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from services.dev import postgres
 from services.kit import migrations
 from services.kit.db import asyncpg_url
 
@@ -105,3 +107,49 @@ def test_upgrading_twice_changes_nothing(scratch_database: str) -> None:
         return int(connection.execute(text("SELECT count(*) FROM creation.models")).scalar_one())
 
     assert run(scratch_database, count) == 4
+
+
+CONSTRAINTS = """
+    SELECT c.relname || '.' || k.conname, pg_get_constraintdef(k.oid)
+    FROM pg_constraint k
+    JOIN pg_class c ON c.oid = k.conrelid
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = :s AND c.relname <> 'alembic_version'
+"""
+INDEXES = """
+    SELECT indexname, indexdef FROM pg_indexes
+    WHERE schemaname = :s AND tablename <> 'alembic_version'
+"""
+
+
+def catalog_of(url: str, schema: str) -> set[tuple[str, str]]:
+    def read(connection: Connection) -> set[tuple[str, str]]:
+        found: set[tuple[str, str]] = set()
+        for query in (CONSTRAINTS, INDEXES):
+            found |= {(row[0], row[1]) for row in connection.execute(text(query), {"s": schema})}
+        return found
+
+    return run(url, read)  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_constraint_and_index_names_and_definitions_match_the_tables(
+    scratch_database: str, postgres_admin_url: str, service: str
+) -> None:
+    """Alembic's comparison skips CHECK constraints and index details: compare PostgreSQL's
+    own catalog of a migrated database with one built straight from the tables."""
+    migrations.upgrade(service, scratch_database)
+    schema, metadata = tables_of(service)
+    name = f"atelier_declared_{uuid.uuid4().hex[:10]}"
+    declared = postgres.ensure_database(postgres_admin_url, name)
+    try:
+
+        def create(connection: Connection) -> None:
+            connection.execute(text(f'CREATE SCHEMA "{schema}"'))
+            metadata.create_all(connection)
+            connection.commit()
+
+        run(declared, create)
+        assert catalog_of(scratch_database, schema) == catalog_of(declared, schema)
+    finally:
+        postgres.drop_database(postgres_admin_url, name)

@@ -37,10 +37,10 @@ def upgrade() -> None:
         sa.Column(
             "updated_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
         ),
-        sa.CheckConstraint("media_kind IN ('image', 'video')", name="ck_models_media_kind"),
-        sa.CheckConstraint("price_points >= 0", name="ck_models_price_not_negative"),
-        sa.CheckConstraint(f"model_id {ID_FORMAT}", name="ck_models_model_id_format"),
-        sa.PrimaryKeyConstraint("model_id", name="pk_models"),
+        sa.CheckConstraint("media_kind IN ('image', 'video')", name=op.f("ck_models_media_kind")),
+        sa.CheckConstraint("price_points >= 0", name=op.f("ck_models_price_not_negative")),
+        sa.CheckConstraint(f"model_id {ID_FORMAT}", name=op.f("ck_models_model_id_format")),
+        sa.PrimaryKeyConstraint("model_id", name=op.f("pk_models")),
         schema=SCHEMA,
     )
     op.create_index(
@@ -65,12 +65,13 @@ def upgrade() -> None:
         sa.Column(
             "updated_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
         ),
-        sa.CheckConstraint("media_kind IN ('image', 'video')", name="ck_styles_media_kind"),
-        sa.CheckConstraint(f"style_id {ID_FORMAT}", name="ck_styles_style_id_format"),
+        sa.CheckConstraint("media_kind IN ('image', 'video')", name=op.f("ck_styles_media_kind")),
+        sa.CheckConstraint(f"style_id {ID_FORMAT}", name=op.f("ck_styles_style_id_format")),
         sa.CheckConstraint(
-            "position('{prompt}' in prompt_template) > 0", name="ck_styles_template_has_prompt"
+            "position('{prompt}' in prompt_template) > 0",
+            name=op.f("ck_styles_template_has_prompt"),
         ),
-        sa.PrimaryKeyConstraint("style_id", name="pk_styles"),
+        sa.PrimaryKeyConstraint("style_id", name=op.f("pk_styles")),
         schema=SCHEMA,
     )
     op.create_index(
