@@ -41,12 +41,27 @@ class DownloadUrl:
 
 class MediaClient:
     def __init__(self, address: str, service_token: str) -> None:
-        self._channel = grpc.aio.insecure_channel(address)
-        self._stub = media_internal_service_pb2_grpc.MediaInternalServiceStub(self._channel)
+        self._address = address
         self._metadata = (("authorization", f"Bearer {service_token}"),)
+        # Opened on first use: a grpc.aio channel belongs to the event loop that made it,
+        # and the service is assembled before its loop starts.
+        self._channel: grpc.aio.Channel | None = None
+        self._stub_instance: (
+            media_internal_service_pb2_grpc.MediaInternalServiceAsyncStub | None
+        ) = None
+
+    @property
+    def _stub(self) -> media_internal_service_pb2_grpc.MediaInternalServiceAsyncStub:
+        if self._stub_instance is None:
+            self._channel = grpc.aio.insecure_channel(self._address)
+            self._stub_instance = media_internal_service_pb2_grpc.MediaInternalServiceStub(
+                self._channel
+            )
+        return self._stub_instance
 
     async def close(self) -> None:
-        await self._channel.close(grace=None)
+        if self._channel is not None:
+            await self._channel.close(grace=None)
 
     async def asset_info(self, asset_id: str) -> AssetInfo | None:
         """The asset's metadata; None when media knows no such asset."""
@@ -57,7 +72,8 @@ class MediaClient:
                 timeout=CALL_TIMEOUT_SECONDS,
             )
         except grpc.aio.AioRpcError as error:
-            if error.code() == grpc.StatusCode.NOT_FOUND:
+            # A malformed id is as unknown as a missing one.
+            if error.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
                 return None
             log.warning("media_call_failed", call="GetAssetInfo", code=error.code().name)
             raise MediaUnavailable() from None

@@ -3,9 +3,10 @@ ports against the test session's database."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from services.dev.stack import Stack, StackPorts
@@ -37,3 +38,9 @@ def edge_url(stack: Stack) -> str:
 @pytest.fixture(scope="session")
 def descriptor() -> Path:
     return Path(__file__).resolve().parents[2] / "gen" / "atelier.binpb"
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(timeout=30) as client:
+        yield client

@@ -1,6 +1,6 @@
 """What every job change writes beside the job row, in the same transaction: an audit
-event when the status changed, the ledger entry the new status calls for, exactly one
-outbox row per new version, and a NOTIFY so the outbox relay wakes at once."""
+event when the status changed, the ledger entry the new status calls for, and exactly one
+outbox row per new version."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import insert, text
+from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.creation.convert import outbox_payload
@@ -81,6 +81,6 @@ async def record(connection: AsyncConnection, changes: Sequence[Change], now: da
         await connection.execute(insert(job_events), events)
     if entries:
         await connection.execute(insert(points_ledger), entries)
+    # A statement trigger on the outbox sends NOTIFY on OUTBOX_CHANNEL, delivered at
+    # commit and only if the transaction commits: no writer can forget to wake the relay.
     await connection.execute(insert(outbox), messages)
-    # Delivered at commit, and only if the transaction commits.
-    await connection.execute(text("SELECT pg_notify(:channel, '')"), {"channel": OUTBOX_CHANNEL})

@@ -78,6 +78,12 @@ async def find_replay(
 async def _catalog_snapshot(
     connection: AsyncConnection, command: SubmitCommand
 ) -> dict[str, object]:
+    """The model's price and provider, checked against the style, in one round trip."""
+    style_kind = (
+        select(styles.c.media_kind)
+        .where(styles.c.style_id == command.style_id, styles.c.enabled)
+        .scalar_subquery()
+    )
     model = (
         await connection.execute(
             select(
@@ -85,21 +91,15 @@ async def _catalog_snapshot(
                 models.c.price_points,
                 models.c.provider_code,
                 models.c.provider_model,
+                style_kind.label("style_kind"),
             ).where(models.c.model_id == command.model_id, models.c.enabled)
         )
     ).first()
     if model is None:
         raise InvalidRequest(Reason.MODEL_NOT_AVAILABLE, "model_id", "is not an available model")
-    style_kind = (
-        await connection.execute(
-            select(styles.c.media_kind).where(
-                styles.c.style_id == command.style_id, styles.c.enabled
-            )
-        )
-    ).scalar()
-    if style_kind is None:
+    if model.style_kind is None:
         raise InvalidRequest(Reason.STYLE_NOT_AVAILABLE, "style_id", "is not an available style")
-    if style_kind != model.media_kind:
+    if model.style_kind != model.media_kind:
         raise InvalidRequest(
             Reason.STYLE_MODEL_MISMATCH, "style_id", f"does not apply to {model.media_kind} models"
         )
@@ -150,8 +150,9 @@ async def submit(
                 return _replay(existing, command)
         snapshot = await _catalog_snapshot(connection, command)
         await _check_limits(connection, user_id, limits, now)
-        await ledger.ensure_welcome_grant(connection, user_id, limits.welcome_points, now)
-        available = (await ledger.balance(connection, user_id)).available
+        available = (
+            await ledger.balance_after_welcome(connection, user_id, limits.welcome_points, now)
+        ).available
         price = int(snapshot["price_points"])  # type: ignore[call-overload]
         if available < price:
             raise InsufficientPoints(available, price)

@@ -20,6 +20,7 @@ WELCOME_GRANT_KEY = "welcome"
 class Balance:
     available: int
     reserved: int
+    entries: int = 0  # ledger rows of the user: none means never seen
 
 
 def _total(kind: str) -> ColumnElement[Any]:
@@ -38,12 +39,14 @@ async def balance(connection: AsyncConnection, user_id: str) -> Balance:
                 _total("reserve").label("reserved"),
                 _total("capture").label("captured"),
                 _total("release").label("released"),
+                func.count().label("entries"),
             ).where(points_ledger.c.user_id == user_id)
         )
     ).one()
     return Balance(
         available=int(row.granted - row.reserved + row.released),
         reserved=int(row.reserved - row.captured - row.released),
+        entries=int(row.entries),
     )
 
 
@@ -67,12 +70,16 @@ async def grant(
     return inserted.first() is not None
 
 
-async def ensure_welcome_grant(
-    connection: AsyncConnection, user_id: str, amount: int, now: datetime
-) -> None:
-    """New users start with ``amount`` points (at most once, whatever happens later)."""
-    if amount > 0:
-        await grant(connection, user_id, amount, WELCOME_GRANT_KEY, "welcome", now)
+async def balance_after_welcome(
+    connection: AsyncConnection, user_id: str, welcome_points: int, now: datetime
+) -> Balance:
+    """The balance, granting a user seen for the first time their welcome points (once,
+    whatever happens later; call it under the user's lock)."""
+    found = await balance(connection, user_id)
+    if found.entries or welcome_points <= 0:
+        return found
+    await grant(connection, user_id, welcome_points, WELCOME_GRANT_KEY, "welcome", now)
+    return Balance(available=welcome_points, reserved=0, entries=1)
 
 
 async def grant_points(
@@ -90,5 +97,4 @@ async def read_balance(
 ) -> Balance:
     async with engine.begin() as connection:
         await lock_user(connection, user_id)
-        await ensure_welcome_grant(connection, user_id, welcome_points, now)
-        return await balance(connection, user_id)
+        return await balance_after_welcome(connection, user_id, welcome_points, now)

@@ -266,8 +266,25 @@ def upgrade() -> None:
         schema="creation",
     )
 
+    # Every insert into the outbox wakes the relay (LISTEN creation_outbox) at commit.
+    op.execute(
+        """
+        CREATE FUNCTION creation.notify_outbox() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            PERFORM pg_notify('creation_outbox', '');
+            RETURN NULL;
+        END $$
+        """
+    )
+    op.execute(
+        "CREATE TRIGGER outbox_notify AFTER INSERT ON creation.outbox"
+        " FOR EACH STATEMENT EXECUTE FUNCTION creation.notify_outbox()"
+    )
+
 
 def downgrade() -> None:
+    op.execute("DROP TRIGGER outbox_notify ON creation.outbox")
+    op.execute("DROP FUNCTION creation.notify_outbox()")
     op.drop_index("ix_points_ledger_user", table_name="points_ledger", schema="creation")
     op.drop_table("points_ledger", schema="creation")
     op.drop_index(
