@@ -9,10 +9,14 @@ from typing import Any
 from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from services.creation.domain import Actor, Job
+from services.creation.domain import Actor, Job, Status, may_change
 from services.creation.store.changes import Change, record
 from services.creation.store.rows import job_from_row
 from services.creation.tables import jobs
+
+
+class IllegalTransition(RuntimeError):
+    """The code asked for a status change the state machine does not have."""
 
 
 async def lock_job(connection: AsyncConnection, *conditions: ColumnElement[bool]) -> Job | None:
@@ -32,6 +36,10 @@ async def write(
     now: datetime,
 ) -> Job:
     """Applies ``values`` to a locked job as one new version."""
+    target = Status(values.get("status", before.status))
+    if target is not before.status and not may_change(before.status, target):
+        # A bug in the caller, never input: the database would refuse most of these too.
+        raise IllegalTransition(f"{before.status} -> {target} for job {before.job_id}")
     row = (
         await connection.execute(
             update(jobs)

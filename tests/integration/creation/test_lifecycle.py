@@ -11,11 +11,12 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.creation.domain import Job, Status, Step
+from services.creation.domain import Actor, Job, Status, Step
 from services.creation.errors import JobAlreadyFinished, JobNotAwaitingOperator, JobNotFound
 from services.creation.store import admin, ledger, worker
 from services.creation.store import jobs as store
 from services.creation.store.jobs import SubmitLimits
+from services.creation.store.writes import IllegalTransition, write
 from services.creation.tables import jobs
 from tests.integration.creation.helpers import LIMITS, T0, command, new_user, side_rows
 
@@ -323,3 +324,21 @@ async def test_list_pages_newest_first(engine: AsyncEngine) -> None:
     assert seen == list(reversed(made))
     queued, _ = await store.list_for_user(engine, user, Status.CANCELLED, 10, None)
     assert queued == []
+
+
+async def test_the_store_refuses_a_transition_the_state_machine_lacks(engine: AsyncEngine) -> None:
+    job = await claim_one(engine, await submitted(engine))
+    done = await worker.complete(engine, job.job_id, job.lease_epoch, ASSET, T0)
+    assert done is not None
+    async with engine.begin() as connection:
+        with pytest.raises(IllegalTransition):
+            await write(
+                connection,
+                done,
+                {"status": Status.QUEUED.value},
+                actor=Actor.OPERATOR,
+                actor_id="bug",
+                reason="resurrect",
+                now=T0,
+            )
+    assert (await store.get(engine, job.user_id, job.job_id)).status is Status.SUCCEEDED
