@@ -123,7 +123,7 @@ class ObservabilityInterceptor(Interceptor):
                 code = error.code
                 await _abort(context, error)
             except DomainError as failure:
-                mapped = failure.to_api_error()
+                mapped = _api_form(failure, method)
                 code = mapped.code
                 await _abort(context, mapped)
             except NotImplementedError:
@@ -142,6 +142,16 @@ class ObservabilityInterceptor(Interceptor):
                     )
 
         return wrap_handler(handler, around)
+
+
+def _api_form(failure: DomainError, method: str) -> ApiError:
+    """The client's view of a domain failure; a failure with no mapping is a bug, shown as
+    INTERNAL like any other (never as UNKNOWN with its text)."""
+    try:
+        return failure.to_api_error()
+    except Exception:
+        log.exception("domain_error_unmapped", method=method, error=type(failure).__name__)
+        return internal()
 
 
 async def _abort(context: Context, error: ApiError) -> None:

@@ -51,6 +51,9 @@ class FakeCreation(creation_service_pb2_grpc.CreationServiceServicer):
     async def GetBalance(self, request: Any, context: Any) -> Any:
         raise QuotaGone()
 
+    async def ListJobs(self, request: Any, context: Any) -> Any:
+        raise Unmapped("secret detail")
+
     async def CancelJob(self, request: Any, context: Any) -> Any:
         raise invalid_argument("JOB_ID_INVALID", [FieldViolation("job_id", "must be a UUID")])
 
@@ -60,6 +63,10 @@ class QuotaGone(DomainError):
         return ApiError(
             grpc.StatusCode.RESOURCE_EXHAUSTED, "TEST_QUOTA", "no more", retry_after_seconds=7
         )
+
+
+class Unmapped(DomainError):
+    """A domain failure whose author forgot to say how clients see it."""
 
 
 class FakeNotify(notify_service_pb2_grpc.NotifyServiceServicer):
@@ -182,6 +189,19 @@ async def test_domain_error_maps_through_its_own_table(
     assert error_info(caught.value).reason == "TEST_QUOTA"
     # The retry hint also travels as a response header for HTTP clients.
     assert ("retry-after", "7") in tuple(caught.value.initial_metadata() or ())
+
+
+async def test_an_unmapped_domain_error_is_internal_without_its_text(
+    service: tuple[RunningService, Readiness],
+) -> None:
+    running, _ = service
+    async with channel(running.public_port) as ch:
+        stub = creation_service_pb2_grpc.CreationServiceStub(ch)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.ListJobs(creation_service_pb2.ListJobsRequest(), metadata=bearer(USER_TOKEN))
+    assert caught.value.code() == grpc.StatusCode.INTERNAL
+    assert caught.value.details() == "internal error"
+    assert "secret" not in str(caught.value.trailing_metadata())
 
 
 async def test_unimplemented_rpc(service: tuple[RunningService, Readiness]) -> None:
