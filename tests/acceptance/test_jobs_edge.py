@@ -323,3 +323,26 @@ async def test_a_succeeded_job_links_its_output(
     assert download.content == picture
     balance = (await http.get(f"{edge_url}/v1/balance", headers=user.headers)).json()
     assert (balance["availablePoints"], balance["reservedPoints"]) == ("95", "0")
+
+
+async def test_daily_quota_is_429_with_retry_after_until_midnight(
+    stack: Stack, edge_url: str, http: httpx.AsyncClient
+) -> None:
+    user = User()
+    asset = await put_input(stack, user.user_id)
+    # Cancel each job at once so the in-flight limit (3) never gets in the way of the
+    # daily quota (50 in the test stack; cancelled jobs still count against it).
+    for _ in range(50):
+        made = await http.post(f"{edge_url}/v1/jobs", headers=user.headers, json=job_body(asset))
+        assert made.status_code == 200, made.text
+        job_id = made.json()["job"]["jobId"]
+        cancelled = await http.post(
+            f"{edge_url}/v1/jobs/{job_id}:cancel", headers=user.headers, json={}
+        )
+        assert cancelled.status_code == 200
+    refused = await http.post(f"{edge_url}/v1/jobs", headers=user.headers, json=job_body(asset))
+    assert refused.status_code == 429
+    assert refused.json()["details"][0]["reason"] == "DAILY_QUOTA_EXCEEDED"
+    now = datetime.now(UTC)
+    midnight = (now + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
+    assert abs(int(refused.headers["retry-after"]) - (midnight - now).total_seconds()) < 60
