@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from datetime import datetime
 from typing import Any
 
@@ -36,13 +37,15 @@ async def list_attention(
     return found, Cursor(found[-1].updated_at, found[-1].job_id) if more and found else None
 
 
-class Decision:
+class Decision(enum.StrEnum):
+    """What an operator decides for a job that needs attention."""
+
     RETRY = "retry"
     FAIL = "fail"
     CANCEL = "cancel"
 
 
-def _resolution_values(decision: str, job: Job, reason: str, now: datetime) -> dict[str, Any]:
+def _resolution_values(decision: Decision, job: Job, reason: str, now: datetime) -> dict[str, Any]:
     if decision == Decision.RETRY:
         # A fresh attempt: the old provider request is abandoned, so one more try is allowed.
         return {
@@ -65,7 +68,7 @@ def _resolution_values(decision: str, job: Job, reason: str, now: datetime) -> d
 
 
 async def resolve(
-    engine: AsyncEngine, job_id: str, decision: str, operator: str, reason: str, now: datetime
+    engine: AsyncEngine, job_id: str, decision: Decision, operator: str, reason: str, now: datetime
 ) -> Job:
     async with engine.begin() as connection:
         job = await lock_job(connection, jobs.c.job_id == job_id)
