@@ -6,7 +6,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import and_, func, insert, or_, select
+from sqlalchemy import and_, bindparam, func, insert, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.creation.domain import IN_FLIGHT, Actor, Job, Status
@@ -47,13 +47,39 @@ def _start_of_day(now: datetime) -> datetime:
     return now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 
 
+# Statements of the submit path, built once (they are hot).
+
+# The job an idempotency key made (rides uq_jobs_user_idempotency_key).
+JOB_BY_KEY = select(jobs).where(
+    jobs.c.user_id == bindparam("user_id"), jobs.c.idempotency_key == bindparam("key")
+)
+
+# The enabled model with the media kind of the enabled style (primary keys).
+CATALOG_SNAPSHOT = select(
+    models.c.media_kind,
+    models.c.price_points,
+    models.c.provider_code,
+    models.c.provider_model,
+    select(styles.c.media_kind)
+    .where(styles.c.style_id == bindparam("style_id"), styles.c.enabled)
+    .scalar_subquery()
+    .label("style_kind"),
+).where(models.c.model_id == bindparam("model_id"), models.c.enabled)
+
+_in_flight = jobs.c.status.in_([s.value for s in IN_FLIGHT])
+# Jobs the user made today and jobs still in flight (rides ix_jobs_user_newest and
+# ix_jobs_user_in_flight).
+LIMIT_COUNTS = select(
+    func.count().filter(jobs.c.created_at >= bindparam("day_start")).label("today"),
+    func.count().filter(_in_flight).label("in_flight"),
+).where(
+    jobs.c.user_id == bindparam("user_id"),
+    or_(jobs.c.created_at >= bindparam("day_start"), _in_flight),
+)
+
+
 async def _by_key(connection: AsyncConnection, user_id: str, key: str) -> Job | None:
-    """Rides uq_jobs_user_idempotency_key."""
-    row = (
-        await connection.execute(
-            select(jobs).where(jobs.c.user_id == user_id, jobs.c.idempotency_key == key)
-        )
-    ).first()
+    row = (await connection.execute(JOB_BY_KEY, {"user_id": user_id, "key": key})).first()
     return job_from_row(row._mapping) if row else None
 
 
@@ -79,20 +105,9 @@ async def _catalog_snapshot(
     connection: AsyncConnection, command: SubmitCommand
 ) -> dict[str, object]:
     """The model's price and provider, checked against the style, in one round trip."""
-    style_kind = (
-        select(styles.c.media_kind)
-        .where(styles.c.style_id == command.style_id, styles.c.enabled)
-        .scalar_subquery()
-    )
     model = (
         await connection.execute(
-            select(
-                models.c.media_kind,
-                models.c.price_points,
-                models.c.provider_code,
-                models.c.provider_model,
-                style_kind.label("style_kind"),
-            ).where(models.c.model_id == command.model_id, models.c.enabled)
+            CATALOG_SNAPSHOT, {"model_id": command.model_id, "style_id": command.style_id}
         )
     ).first()
     if model is None:
@@ -115,20 +130,7 @@ async def _check_limits(
 ) -> None:
     day_start = _start_of_day(now)
     counts = (
-        await connection.execute(
-            # Rides ix_jobs_user_newest (user_id, created_at) and ix_jobs_user_in_flight.
-            select(
-                func.count().filter(jobs.c.created_at >= day_start).label("today"),
-                func.count()
-                .filter(jobs.c.status.in_([s.value for s in IN_FLIGHT]))
-                .label("in_flight"),
-            ).where(
-                jobs.c.user_id == user_id,
-                or_(
-                    jobs.c.created_at >= day_start, jobs.c.status.in_([s.value for s in IN_FLIGHT])
-                ),
-            )
-        )
+        await connection.execute(LIMIT_COUNTS, {"user_id": user_id, "day_start": day_start})
     ).one()
     if counts.today >= limits.daily_quota:
         reset = day_start + timedelta(days=1)

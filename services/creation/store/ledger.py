@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, case, func, select
+from sqlalchemy import ColumnElement, bindparam, case, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -29,20 +29,20 @@ def _total(kind: str) -> ColumnElement[Any]:
     )
 
 
+# A user's ledger summed by kind (rides ix_points_ledger_user). Built once: statements are
+# hot, and building SQLAlchemy expressions costs more than running them.
+BALANCE = select(
+    _total("grant").label("granted"),
+    _total("reserve").label("reserved"),
+    _total("capture").label("captured"),
+    _total("release").label("released"),
+    func.count().label("entries"),
+).where(points_ledger.c.user_id == bindparam("user_id"))
+
+
 async def balance(connection: AsyncConnection, user_id: str) -> Balance:
-    """available = grants - reserves + releases; reserved = reserves - captures - releases.
-    (Rides ix_points_ledger_user.)"""
-    row = (
-        await connection.execute(
-            select(
-                _total("grant").label("granted"),
-                _total("reserve").label("reserved"),
-                _total("capture").label("captured"),
-                _total("release").label("released"),
-                func.count().label("entries"),
-            ).where(points_ledger.c.user_id == user_id)
-        )
-    ).one()
+    """available = grants - reserves + releases; reserved = reserves - captures - releases."""
+    row = (await connection.execute(BALANCE, {"user_id": user_id})).one()
     return Balance(
         available=int(row.granted - row.reserved + row.released),
         reserved=int(row.reserved - row.captured - row.released),
