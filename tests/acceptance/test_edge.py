@@ -196,3 +196,31 @@ def test_metrics_count_rpcs_by_method_and_code(stack: Stack, edge_url: str, toke
         in text
     )
     assert "atelier_rpc_duration_seconds_bucket" in text
+
+
+async def test_no_credential_reaches_any_log(stack: Stack, edge_url: str, token: str) -> None:
+    """After calls with good, bad and internal credentials, no service or edge log holds
+    any of them (nor the signing secret)."""
+    bad = issue_token("q" * 40, "atelier", "atelier-app", "u", 60)
+    async with httpx.AsyncClient() as http:
+        for credential in (token, bad, DEV_SERVICE_TOKEN):
+            await http.get(
+                f"{edge_url}/v1/catalog", headers={"authorization": f"Bearer {credential}"}
+            )
+            await http.get(
+                f"{edge_url}/v1/jobs/{'0' * 8}", headers={"authorization": f"Bearer {credential}"}
+            )
+    async with grpc.aio.insecure_channel(
+        f"127.0.0.1:{stack.ports.internal['creation']}"
+    ) as channel:
+        with pytest.raises(grpc.aio.AioRpcError):
+            await admin_service_pb2_grpc.AdminServiceStub(channel).ListJobEvents(
+                admin_service_pb2.ListJobEventsRequest(job_id="x"), metadata=bearer(bad)
+            )
+    assert stack.log_dir is not None
+    logs = {path.name: path.read_text(errors="replace") for path in stack.log_dir.glob("*.log")}
+    assert {"creation.log", "media.log", "notify.log", "envoy.log"} <= set(logs)
+    assert any("rpc_finished" in text for text in logs.values())
+    for secret in (token, bad, DEV_SERVICE_TOKEN, DEV_JWT_SECRET):
+        leaked = [name for name, text in logs.items() if secret in text]
+        assert leaked == [], f"a credential appears in {leaked}"
