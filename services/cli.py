@@ -22,10 +22,12 @@ def _serve(args: argparse.Namespace) -> int:
 def _migrate(args: argparse.Namespace) -> int:
     from services.kit import migrations
 
-    url = args.database_url or os.environ.get("ATELIER_DATABASE_URL")
-    if not url:
-        common = CommonSettings.read(EnvReader())
-        url = common.database_url
+    environ = dict(os.environ)
+    if args.database_url:
+        environ["ATELIER_DATABASE_URL"] = args.database_url
+    reader = EnvReader(environ)
+    url = CommonSettings.read(reader).database_url
+    reader.finish()
     for name in SERVICES if args.service == "all" else (args.service,):
         migrations.upgrade(name, url)
         print(f"migrated {name}", file=sys.stderr)

@@ -47,6 +47,18 @@ class EnvReader:
             return default
         return value
 
+    def postgres_url(self, name: str, default: str) -> str:
+        """A PostgreSQL URL (postgresql:// or postgres://, host or ?host=socket dir)."""
+        value = self._raw(name)
+        if value is None:
+            return default
+        scheme = value.partition("://")[0]
+        if scheme not in ("postgresql", "postgres", "postgresql+asyncpg"):
+            # The value may hold a password: name the scheme only.
+            self._problem(name, f"must be a postgresql:// URL (got a {scheme or 'bare'} value)")
+            return default
+        return value
+
     def secret(self, name: str, default: str, *, min_length: int = 16) -> str:
         """Like string, but the value never appears in a message."""
         value = self._raw(name)
@@ -121,7 +133,7 @@ class CommonSettings:
         settings = cls(
             env=env,
             host=reader.string("HOST", "127.0.0.1"),
-            database_url=reader.string(
+            database_url=reader.postgres_url(
                 "DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/atelier"
             ),
             jwt_secret=reader.secret("JWT_SECRET", DEV_JWT_SECRET, min_length=32),

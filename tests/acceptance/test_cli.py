@@ -46,6 +46,17 @@ def test_invalid_setting_stops_serve_with_its_name(variable: str, value: str) ->
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    "args", [["migrate", "all"], ["migrate", "creation", "--database-url", "mysql://u:pw@db/x"]]
+)
+def test_migrate_refuses_a_url_that_is_not_postgresql(args: list[str]) -> None:
+    result = atelier(*args, env={"ATELIER_DATABASE_URL": "redis://localhost/0"})
+    assert result.returncode == 2
+    assert "ATELIER_DATABASE_URL must be a postgresql:// URL" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "pw@" not in result.stderr
+
+
 def test_token_is_accepted_by_the_services_authenticator() -> None:
     result = atelier("token", "--user", "u-42", "--ttl", "60")
     assert result.returncode == 0

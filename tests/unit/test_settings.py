@@ -34,6 +34,11 @@ def test_values_are_read_from_atelier_variables() -> None:
         ("ATELIER_MAX_ATTEMPTS", "2.5", "ATELIER_MAX_ATTEMPTS must be a whole number"),
         ("ATELIER_ENV", "staging", "ATELIER_ENV must be one of dev, test, prod"),
         ("ATELIER_JWT_SECRET", "short", "ATELIER_JWT_SECRET must be at least 32 characters"),
+        (
+            "ATELIER_DATABASE_URL",
+            "mysql://u:pw@db/x",
+            "ATELIER_DATABASE_URL must be a postgresql:// URL",
+        ),
     ],
 )
 def test_bad_value_names_the_variable(variable: str, value: str, expected: str) -> None:
@@ -75,3 +80,9 @@ def test_prod_starts_with_real_credentials() -> None:
         }
     )
     assert settings.common.env == "prod"
+
+
+def test_a_bad_database_url_never_shows_its_password() -> None:
+    with pytest.raises(SettingsError) as caught:
+        CreationSettings.from_env({"ATELIER_DATABASE_URL": "mysql://u:hunter2@db/x"})
+    assert "hunter2" not in str(caught.value)
