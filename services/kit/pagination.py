@@ -14,7 +14,7 @@ def page_size(requested: int, *, default: int, maximum: int) -> int:
     """0 means the default; above the maximum is coerced down; negative is an error."""
     if requested < 0:
         raise invalid_argument(
-            Reason.INVALID_ARGUMENT, [FieldViolation("page_size", "must not be negative")]
+            Reason.INVALID_PAGE_SIZE, [FieldViolation("page_size", "must not be negative")]
         )
     return min(requested or default, maximum)
 

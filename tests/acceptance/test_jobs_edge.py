@@ -211,6 +211,9 @@ async def test_list_cancel_and_events(stack: Stack, edge_url: str, http: httpx.A
     listed = [j["jobId"] for j in first_page["jobs"] + second_page["jobs"]]
     assert listed == list(reversed(made))
     assert second_page["nextPageToken"] == ""
+    bad_size = await http.get(f"{edge_url}/v1/jobs?pageSize=-1", headers=user.headers)
+    assert bad_size.status_code == 400
+    assert bad_size.json()["details"][0]["reason"] == "INVALID_PAGE_SIZE"
     bad_token = await http.get(f"{edge_url}/v1/jobs?pageToken=garbage", headers=user.headers)
     assert bad_token.status_code == 400
     assert bad_token.json()["details"][0]["reason"] == "INVALID_PAGE_TOKEN"
