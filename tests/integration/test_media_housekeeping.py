@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Iterator
+from collections.abc import AsyncIterable, AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -25,7 +25,6 @@ from services.media.storage.signing import UrlSigner
 from tests.support.media import (
     MediaHarness,
     image_bytes,
-    media_database,
     media_settings,
     running_media,
 )
@@ -33,12 +32,6 @@ from tests.support.rpc import bearer, error_info
 
 ALICE = bearer(issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", "alice", 600))
 JPEG = image_bytes("JPEG", 32, 32)
-
-
-@pytest.fixture(scope="module")
-def media_url(postgres_admin_url: str) -> Iterator[str]:
-    with media_database(postgres_admin_url) as url:
-        yield url
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -30,7 +30,6 @@ from services.media.storage.s3 import S3Storage
 from tests.support.media import (
     MediaHarness,
     image_bytes,
-    media_database,
     media_settings,
     noisy_png,
     pixel_bomb_png,
@@ -43,20 +42,6 @@ MAX_UPLOAD = 2 * 1024 * 1024
 SERVICE = bearer(DEV_SERVICE_TOKEN)
 OUTPUT = asset_pb2.ASSET_PURPOSE_AI_OUTPUT
 Stub = media_internal_service_pb2_grpc.MediaInternalServiceStub
-
-
-@pytest.fixture(scope="module")
-def media_url(postgres_admin_url: str) -> Iterator[str]:
-    with media_database(postgres_admin_url) as url:
-        yield url
-
-
-@pytest.fixture(params=["local", "s3"])
-def bucket(request: pytest.FixtureRequest) -> S3Settings | None:
-    if request.param == "local":
-        return None
-    found: S3Settings = request.getfixturevalue("s3_bucket")
-    return found
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -28,7 +28,6 @@ from services.media.storage.s3 import S3Storage
 from tests.support.media import (
     MediaHarness,
     image_bytes,
-    media_database,
     media_settings,
     pixel_bomb_png,
     running_media,
@@ -40,21 +39,6 @@ BOB = issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", "bob", 600)
 MAX_UPLOAD = 1024 * 1024
 JPEG = image_bytes("JPEG", 120, 90)
 INPUT = asset_pb2.ASSET_PURPOSE_AI_INPUT
-
-
-@pytest.fixture(scope="module")
-def media_url(postgres_admin_url: str) -> Iterator[str]:
-    with media_database(postgres_admin_url) as url:
-        yield url
-
-
-@pytest.fixture(params=["local", "s3"])
-def bucket(request: pytest.FixtureRequest) -> S3Settings | None:
-    """None for the local backend; else a fresh bucket on the S3 server."""
-    if request.param == "local":
-        return None
-    found: S3Settings = request.getfixturevalue("s3_bucket")
-    return found
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -16,15 +16,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from services.kit.db import asyncpg_url
 from services.media.model import Asset, ContentFacts, Purpose, Status, object_key
 from services.media.store import AssetStore
-from tests.support.media import media_database
 
 HASH = "ab" * 32
-
-
-@pytest.fixture(scope="module")
-def media_url(postgres_admin_url: str) -> Iterator[str]:
-    with media_database(postgres_admin_url) as url:
-        yield url
 
 
 @pytest.fixture
