@@ -20,6 +20,30 @@ from services.creation.tables import jobs
 _RELEASE_LEASE = {"lease_owner": None, "lease_expires_at": None}
 
 
+async def _lock_leased(connection: AsyncConnection, job_id: str, lease_epoch: int) -> Job | None:
+    """The running job, locked, if ``lease_epoch`` still holds its lease (the fence)."""
+    return await lock_job(
+        connection,
+        jobs.c.job_id == job_id,
+        jobs.c.lease_epoch == lease_epoch,
+        jobs.c.status == Status.RUNNING.value,
+    )
+
+
+async def _write_as_worker(
+    connection: AsyncConnection, job: Job, values: dict[str, Any], reason: str, now: datetime
+) -> Job:
+    return await write(
+        connection,
+        job,
+        values,
+        actor=Actor.WORKER,
+        actor_id=job.lease_owner or "",
+        reason=reason,
+        now=now,
+    )
+
+
 async def claim(
     engine: AsyncEngine, worker_id: str, limit: int, lease_ttl: timedelta, now: datetime
 ) -> list[Job]:
@@ -75,25 +99,12 @@ async def _fenced(
 ) -> Job | None:
     """Applies ``values`` if the caller still holds the lease; None if it does not."""
     async with engine.begin() as connection:
-        job = await lock_job(
-            connection,
-            jobs.c.job_id == job_id,
-            jobs.c.lease_epoch == lease_epoch,
-            jobs.c.status == Status.RUNNING.value,
-        )
+        job = await _lock_leased(connection, job_id, lease_epoch)
         if job is None or (require_cancel and not job.cancel_requested):
             return None
         if values is None:
             return job
-        return await write(
-            connection,
-            job,
-            values,
-            actor=Actor.WORKER,
-            actor_id=job.lease_owner or "",
-            reason=reason,
-            now=now,
-        )
+        return await _write_as_worker(connection, job, values, reason, now)
 
 
 async def heartbeat(
@@ -107,24 +118,13 @@ async def heartbeat(
     """Extends the lease. Reported progress that changed is a new version; an unchanged
     heartbeat only moves the lease (no version, no outbox row)."""
     async with engine.begin() as connection:
-        job = await lock_job(
-            connection,
-            jobs.c.job_id == job_id,
-            jobs.c.lease_epoch == lease_epoch,
-            jobs.c.status == Status.RUNNING.value,
-        )
+        job = await _lock_leased(connection, job_id, lease_epoch)
         if job is None:
             return None
         lease = {"lease_expires_at": now + lease_ttl}
         if progress is not None and progress != job.progress:
-            return await write(
-                connection,
-                job,
-                {**lease, "progress": progress},
-                actor=Actor.WORKER,
-                actor_id=job.lease_owner or "",
-                reason="progress",
-                now=now,
+            return await _write_as_worker(
+                connection, job, {**lease, "progress": progress}, "progress", now
             )
         row = (
             await connection.execute(
@@ -181,12 +181,7 @@ async def fail(
     """A retryable failure with attempts left queues a fresh attempt after ``retry_delay``;
     anything else fails the job."""
     async with engine.begin() as connection:
-        job = await lock_job(
-            connection,
-            jobs.c.job_id == job_id,
-            jobs.c.lease_epoch == lease_epoch,
-            jobs.c.status == Status.RUNNING.value,
-        )
+        job = await _lock_leased(connection, job_id, lease_epoch)
         if job is None:
             return None
         error = {"error_code": code, "error_message": message, **_RELEASE_LEASE}
@@ -200,15 +195,7 @@ async def fail(
             }
         else:
             values = {**error, "status": Status.FAILED.value, "completed_at": now}
-        return await write(
-            connection,
-            job,
-            values,
-            actor=Actor.WORKER,
-            actor_id=job.lease_owner or "",
-            reason=code,
-            now=now,
-        )
+        return await _write_as_worker(connection, job, values, code, now)
 
 
 async def acknowledge_cancel(
