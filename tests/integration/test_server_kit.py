@@ -23,6 +23,7 @@ from atelier.creation.v1 import (
 from atelier.notify.v1 import job_state_pb2, notify_service_pb2, notify_service_pb2_grpc
 from services.kit.auth import current_principal, issue_token
 from services.kit.errors import ApiError, DomainError, FieldViolation, invalid_argument
+from services.kit.components import TaskComponent
 from services.kit.server import Binding, RunningService, ServiceApp, placeholder
 from services.kit.settings import (
     DEV_JWT_SECRET,
@@ -333,7 +334,9 @@ async def test_a_dying_background_task_fails_the_service() -> None:
     async def crashes() -> None:
         raise RuntimeError("relay lost its mind")
 
-    app = ServiceApp(name="kit-crash", public=[], internal=[], background=[crashes])
+    app = ServiceApp(
+        name="kit-crash", public=[], internal=[], components=[TaskComponent("relay", crashes)]
+    )
     common = CommonSettings.read(EnvReader({"ATELIER_DRAIN_GRACE": "0"}))
     running = RunningService(app, common, ListenSettings(0, 0, 0))
     await running.start()
