@@ -20,10 +20,10 @@ async def _backend_of(admin: asyncpg.Connection, channel: str) -> int | None:
     return int(pid) if pid is not None else None
 
 
-async def _until(condition: object, timeout: float = 10.0) -> None:
+async def _until(condition: object, within: float = 10.0) -> None:
     assert callable(condition)
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    deadline = loop.time() + within
     while not await condition():
         assert loop.time() < deadline, "condition not met in time"
         await asyncio.sleep(0.05)

@@ -43,7 +43,7 @@ def test_a_bug_is_not_an_outage() -> None:
 
 
 async def test_a_refused_connection_through_the_driver_is_an_outage() -> None:
-    with pytest.raises(OSError) as caught:
+    with pytest.raises(ConnectionRefusedError) as caught:
         await asyncpg.connect(host="127.0.0.1", port=1, timeout=2)
     assert classify(caught.value) == Outage("database", "unreachable")
 
