@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -133,6 +134,7 @@ class RunningService:
         self.public_port = 0
         self.internal_port = 0
         self._readiness_task: asyncio.Task[None] | None = None
+        self._probe: asyncio.Task[bool] | None = None
         self._probe_log = Throttle()
         self.components = Supervisor(app.components)
 
@@ -173,21 +175,31 @@ class RunningService:
     async def _ready(self) -> bool:
         if self.app.readiness is None:
             return True
-        try:
-            return await asyncio.wait_for(
-                self.app.readiness(), self._common.readiness_timeout_seconds
-            )
-        except TimeoutError:
-            # Not answering within the timeout is as good as down (e.g. a frozen server).
+        # A probe that overran is left to finish on its own rather than awaited: a
+        # cancelled database call may itself wait on a server that does not answer.
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.create_task(_probe(self.app.readiness), name="readiness-probe")
+            # An overrun probe's failure is the timeout already reported, not news.
+            self._probe.add_done_callback(_retrieve)
+        probe = self._probe
+        await asyncio.wait({probe}, timeout=self._common.readiness_timeout_seconds)
+        if not probe.done():
+            # Not answering in time is as good as down (e.g. a frozen server).
             log_unavailable(self._probe_log, "readiness", "probe_timeout")
             return False
-        except Exception as error:
-            outage = classify(error)
-            if outage is not None:
-                log_unavailable(self._probe_log, outage.dependency, outage.kind, probe="readiness")
-            elif self._probe_log.admit("readiness:unexpected") is not None:
-                log.exception("readiness_probe_failed", service=self.app.name)
-            return False
+        error = probe.exception()
+        if error is None:
+            return probe.result()
+        outage = classify(error)
+        if outage is not None:
+            log_unavailable(self._probe_log, outage.dependency, outage.kind, probe="readiness")
+        elif self._probe_log.admit("readiness:unexpected") is not None:
+            log.error(
+                "readiness_probe_failed",
+                service=self.app.name,
+                error="".join(traceback.format_exception(error)),
+            )
+        return False
 
     async def _refresh_health(self) -> None:
         ready = await self._ready()
@@ -211,17 +223,30 @@ class RunningService:
             self._readiness_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._readiness_task
+        if self._probe is not None and not self._probe.done():
+            self._probe.cancel()  # not awaited for long, for the reason in _ready
+            await asyncio.wait({self._probe}, timeout=1.0)
         for listener in self._listeners:
             await listener.health.enter_graceful_shutdown()
         # Still serving: balancers that saw NOT_SERVING route new calls elsewhere meanwhile.
         await asyncio.sleep(common.drain_window_seconds)
         await self.components.stop(common.drain_grace_seconds)
+        log.info("servers_draining", service=self.app.name)
         await asyncio.gather(
             *(listener.server.stop(common.drain_grace_seconds) for listener in self._listeners)
         )
         for cleanup in self.app.cleanup:
             await cleanup()
         log.info("service_stopped", service=self.app.name)
+
+
+async def _probe(readiness: Callable[[], Awaitable[bool]]) -> bool:
+    return await readiness()
+
+
+def _retrieve(task: asyncio.Task[bool]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 async def serve_until_signalled(
