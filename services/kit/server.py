@@ -219,6 +219,9 @@ class RunningService:
             window_seconds=common.drain_window_seconds,
             grace_seconds=common.drain_grace_seconds,
         )
+        # NOT_SERVING first, for good: the readiness loop can no longer change it.
+        for listener in self._listeners:
+            await listener.health.enter_graceful_shutdown()
         if self._readiness_task is not None:
             self._readiness_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -226,8 +229,6 @@ class RunningService:
         if self._probe is not None and not self._probe.done():
             self._probe.cancel()  # not awaited for long, for the reason in _ready
             await asyncio.wait({self._probe}, timeout=1.0)
-        for listener in self._listeners:
-            await listener.health.enter_graceful_shutdown()
         # Still serving: balancers that saw NOT_SERVING route new calls elsewhere meanwhile.
         await asyncio.sleep(common.drain_window_seconds)
         await self.components.stop(common.drain_grace_seconds)
