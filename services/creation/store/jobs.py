@@ -23,7 +23,7 @@ from services.creation.errors import (
 from services.creation.store import ledger
 from services.creation.store.changes import Change, record
 from services.creation.store.rows import job_from_row
-from services.creation.store.users import lock_user
+from services.creation.store.users import user_transaction
 from services.creation.store.writes import lock_job, write
 from services.creation.submission import SubmitCommand
 from services.creation.tables import jobs, models, styles
@@ -144,8 +144,7 @@ async def submit(
 ) -> Submitted:
     """Creates the job, its submit event, its points reservation and its first outbox row
     in one transaction, serialised per user so limits and idempotency hold under races."""
-    async with engine.begin() as connection:
-        await lock_user(connection, user_id)
+    async with user_transaction(engine, user_id) as connection:
         if command.idempotency_key is not None:
             existing = await _by_key(connection, user_id, command.idempotency_key)
             if existing is not None:
