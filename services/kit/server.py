@@ -114,7 +114,12 @@ class RunningService:
         self._public = _Listener(
             app.name,
             app.public,
-            JwtAuthenticator(common.jwt_secret, common.jwt_issuer, common.jwt_audience),
+            JwtAuthenticator(
+                common.jwt_secret,
+                common.jwt_issuer,
+                common.jwt_audience,
+                common.jwt_max_lifetime_seconds,
+            ),
         )
         self._internal = _Listener(
             app.name, app.internal, ServiceAuthenticator(common.service_token)
