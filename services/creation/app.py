@@ -9,15 +9,18 @@ from atelier.creation.v1 import (
     creation_service_pb2_grpc,
 )
 from services.creation.admin_servicer import AdminServicer
+from services.creation.jobs import Jobs
 from services.creation.media_client import MediaClient
+from services.creation.operators import Operators
 from services.creation.servicer import CreationServicer
 from services.creation.settings import CreationSettings
 from services.creation.store.jobs import SubmitLimits
+from services.kit.clock import Clock, system_clock
 from services.kit.db import Database
 from services.kit.server import Binding, ServiceApp, run_service
 
 
-def build(settings: CreationSettings) -> ServiceApp:
+def build(settings: CreationSettings, clock: Clock = system_clock) -> ServiceApp:
     database = Database(settings.common.database_url, application_name="atelier-creation")
     media = MediaClient(settings.media_internal_address, settings.common.service_token)
     limits = SubmitLimits(
@@ -32,14 +35,14 @@ def build(settings: CreationSettings) -> ServiceApp:
             Binding(
                 creation_service_pb2.DESCRIPTOR.services_by_name["CreationService"],
                 creation_service_pb2_grpc.add_CreationServiceServicer_to_server,
-                CreationServicer(database.engine, media, limits),
+                CreationServicer(database.engine, Jobs(database.engine, media, limits, clock)),
             )
         ],
         internal=[
             Binding(
                 admin_service_pb2.DESCRIPTOR.services_by_name["AdminService"],
                 admin_service_pb2_grpc.add_AdminServiceServicer_to_server,
-                AdminServicer(database.engine),
+                AdminServicer(Operators(database.engine, settings.welcome_points, clock)),
             )
         ],
         readiness=database.answers,

@@ -266,7 +266,7 @@ async def test_operator_decisions(engine: AsyncEngine) -> None:
             engine, job.job_id, decision, "ops@atelier", "checked the provider", T0
         )
         outcomes[decision] = (resolved.status, await balance(engine, job.user_id))
-        events, _ = await admin.list_events(engine, job.job_id, 100, 0)
+        events, _ = await admin.list_events(engine, job.job_id, 100, None)
         assert events[-1].actor_id == "ops@atelier"
         assert events[-1].reason == "checked the provider"
         with pytest.raises(JobNotAwaitingOperator):
@@ -281,7 +281,7 @@ async def test_operator_decisions(engine: AsyncEngine) -> None:
 async def test_events_record_every_status_change_with_its_actor(engine: AsyncEngine) -> None:
     job = await claim_one(engine, await submitted(engine))
     await worker.complete(engine, job.job_id, job.lease_epoch, ASSET, T0)
-    events, cursor = await admin.list_events(engine, job.job_id, 100, 0)
+    events, cursor = await admin.list_events(engine, job.job_id, 100, None)
     assert cursor is None
     assert [(e.from_status, e.to_status, e.actor.value) for e in events] == [
         (None, Status.QUEUED, "user"),
