@@ -11,6 +11,7 @@ from services.creation import convert, submission
 from services.creation.errors import Reason
 from services.creation.operators import Operators
 from services.creation.store.admin import AttentionCursor, Decision, EventCursor
+from services.kit.auth import principal_id_problem
 from services.kit.errors import FieldViolation, invalid_argument
 from services.kit.pagination import Integer, KeysetCodec, Timestamp, Uuid, page_size
 
@@ -46,6 +47,13 @@ def _job_id(value: str, problems: list[FieldViolation]) -> str:
     if not submission.is_uuid(value):
         problems.append(FieldViolation("job_id", "must be a UUID"))
     return value.lower()
+
+
+def _user_id(value: str, problems: list[FieldViolation]) -> str:
+    problem = principal_id_problem(value)
+    if problem is not None:
+        problems.append(FieldViolation("user_id", problem))
+    return value
 
 
 def _check(problems: list[FieldViolation]) -> None:
@@ -101,12 +109,15 @@ class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
         self, request: admin_service_pb2.GrantPointsRequest, context: Context
     ) -> admin_service_pb2.GrantPointsResponse:
         problems: list[FieldViolation] = []
-        user_id = _text("user_id", request.user_id, problems)
-        key = _text("request_id", request.request_id, problems)
+        user_id = _user_id(request.user_id, problems)
+        key, key_problems = submission.choose_idempotency_key(request.request_id, None)
+        problems.extend(key_problems)
+        if key is None and not key_problems:
+            problems.append(FieldViolation("request_id", "is required"))
         if not 0 < request.amount <= 1_000_000_000:
             problems.append(FieldViolation("amount", "must be between 1 and 1000000000"))
-        _check(problems)
-        available = await self._operators.grant(
-            user_id, request.amount, key, request.reason.strip()
-        )
+        reason = _text("reason", request.reason, problems, required=False)
+        if key is None or problems:
+            raise invalid_argument(Reason.INVALID_ADMIN_REQUEST, problems)
+        available = await self._operators.grant(user_id, request.amount, key, reason)
         return admin_service_pb2.GrantPointsResponse(available_points=available)

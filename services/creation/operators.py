@@ -14,6 +14,9 @@ from services.kit.logging import get_logger
 
 log = get_logger(__name__)
 
+# Operator grants live in their own key space, apart from the welcome grant's.
+OPERATOR_GRANT_PREFIX = "operator:"
+
 
 class Operators:
     def __init__(
@@ -48,15 +51,22 @@ class Operators:
         return await admin_store.list_events(self._engine, job_id, limit, after)
 
     async def grant(self, user_id: str, amount: int, request_id: str, reason: str) -> int:
-        """The user's available points after the grant (idempotent by request_id)."""
-        balance = await ledger.grant_points(
-            self._engine, user_id, amount, request_id, reason, self._clock()
+        """The user's available points after the grant; the same request_id with the same
+        grant again grants nothing more, with another grant is IdempotencyKeyReused."""
+        granted = await ledger.grant_points(
+            self._engine,
+            user_id,
+            amount,
+            OPERATOR_GRANT_PREFIX + request_id,
+            reason,
+            self._welcome_points,
+            self._clock(),
         )
         log.info(
-            "points_granted",
+            "points_granted" if granted.new else "points_grant_replayed",
             user_id=user_id,
             amount=amount,
             request_id=request_id,
-            available_points=balance.available,
+            available_points=granted.balance.available,
         )
-        return balance.available
+        return granted.balance.available

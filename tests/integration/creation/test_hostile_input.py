@@ -422,3 +422,17 @@ async def test_the_lifetime_maximum_is_a_setting(creation_url: str) -> None:
                 creation_service_pb2.GetBalanceRequest(), metadata=signed_token("u-1", 601)
             )
     assert error_info(caught.value).reason == "TOKEN_INVALID"
+
+
+@pytest.mark.parametrize("user_id", ["user\x00admin", "u" * 300, ""])
+async def test_grant_points_checks_the_user_id_by_the_same_rule(
+    creation: CreationHarness, user_id: str
+) -> None:
+    async with creation.internal_channel() as channel:
+        admin = admin_service_pb2_grpc.AdminServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await admin.GrantPoints(
+                admin_service_pb2.GrantPointsRequest(user_id=user_id, amount=5, request_id="k"),
+                metadata=SERVICE,
+            )
+    assert_invalid(caught.value, "INVALID_ADMIN_REQUEST", "user_id")
