@@ -223,3 +223,20 @@ async def test_operator_actions_log_their_actions(
     granted = {"user_id": user, "amount": 10, "request_id": "sorry-1", "available_points": 110}
     assert logged(caplog, "points_granted") == [granted]
     assert logged(caplog, "points_grant_replayed") == [granted]
+
+
+async def test_media_refuses_an_overlong_subject_at_authentication(stack: Stack) -> None:
+    # Once an INTERNAL from media's owner CHECK; now the kit's principal-id rule answers.
+    async with stack.media.public_channel() as channel:
+        stub = media_service_pb2_grpc.MediaServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.CreateUpload(
+                media_service_pb2.CreateUploadRequest(
+                    purpose=asset_pb2.ASSET_PURPOSE_AI_INPUT,
+                    content_type="image/png",
+                    size_bytes=100,
+                ),
+                metadata=user_token("u" * 300),
+            )
+    assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert error_info(caught.value).reason == "TOKEN_INVALID"
