@@ -84,7 +84,7 @@ class Jobs:
             return JobView(job)
         return JobView(job, await self._media.download_url(job.output_asset_id))
 
-    async def list(
+    async def list_page(
         self, user_id: str, status: Status | None, limit: int, after: Cursor | None
     ) -> tuple[list[Job], Cursor | None]:
         return await job_store.list_for_user(self._engine, user_id, status, limit, after)

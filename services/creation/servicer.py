@@ -118,7 +118,9 @@ class CreationServicer(creation_service_pb2_grpc.CreationServiceServicer):
             )
         binding = status.value if status else ""
         after = JOB_PAGES.decode(request.page_token, binding) if request.page_token else None
-        found, cursor = await self._jobs.list(current_principal().user_id, status, limit, after)
+        found, cursor = await self._jobs.list_page(
+            current_principal().user_id, status, limit, after
+        )
         return creation_service_pb2.ListJobsResponse(
             jobs=[convert.job_message(j) for j in found],
             next_page_token=JOB_PAGES.encode(cursor, binding) if cursor else "",
