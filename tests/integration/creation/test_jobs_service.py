@@ -240,3 +240,31 @@ async def test_media_refuses_an_overlong_subject_at_authentication(stack: Stack)
             )
     assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert error_info(caught.value).reason == "TOKEN_INVALID"
+
+
+async def test_a_client_stream_part_that_does_not_parse_is_malformed_request(
+    stack: Stack,
+) -> None:
+    # media's PutAsset: a good header, then a part whose bytes end inside a field.
+    header = media_internal_service_pb2.PutAssetRequest(
+        header=media_internal_service_pb2.PutAssetHeader(
+            owner_user_id="alice",
+            purpose=asset_pb2.ASSET_PURPOSE_AI_INPUT,
+            content_type="image/png",
+        )
+    ).SerializeToString()
+
+    async def parts() -> AsyncIterator[bytes]:
+        yield header
+        yield b"\x12\x05\xff"
+
+    async with stack.media.internal_channel() as channel:
+        put = channel.stream_unary(
+            "/atelier.media.v1.MediaInternalService/PutAsset",
+            request_serializer=None,
+            response_deserializer=None,
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await put(parts(), metadata=SERVICE)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_info(caught.value).reason == "MALFORMED_REQUEST"
