@@ -90,7 +90,10 @@ class Jobs:
         return await job_store.list_for_user(self._engine, user_id, status, limit, after)
 
     async def cancel(self, user_id: str, job_id: str) -> Job:
-        job = await job_store.cancel(self._engine, user_id, job_id, self._clock())
+        cancelled = await job_store.cancel(self._engine, user_id, job_id, self._clock())
+        job = cancelled.job
+        if not cancelled.changed:
+            return job  # asked before: nothing new to say
         if job.status is Status.CANCELLED:
             log.info("job_cancelled", job_id=job.job_id, user_id=user_id, version=job.version)
         else:

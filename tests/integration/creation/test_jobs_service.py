@@ -121,9 +121,9 @@ async def test_submit_replay_and_cancel_log_their_actions(
         first = await stub.SubmitJob(request(asset, "k-1"), metadata=credentials)
         again = await stub.SubmitJob(request(asset, "k-1"), metadata=credentials)
         assert again.job.job_id == first.job.job_id
-        cancelled = await stub.CancelJob(
-            creation_service_pb2.CancelJobRequest(job_id=first.job.job_id), metadata=credentials
-        )
+        cancel = creation_service_pb2.CancelJobRequest(job_id=first.job.job_id)
+        cancelled = await stub.CancelJob(cancel, metadata=credentials)
+        await stub.CancelJob(cancel, metadata=credentials)  # changes nothing, says nothing
     assert cancelled.job.status == job_pb2.JOB_STATUS_CANCELLED
     job_id = first.job.job_id
     assert logged(caplog, "job_submitted") == [

@@ -42,7 +42,7 @@ async def balance(engine: AsyncEngine, user: str) -> tuple[int, int]:
 
 async def test_cancel_queued_job_releases_points(engine: AsyncEngine) -> None:
     job = await submitted(engine)
-    cancelled = await store.cancel(engine, job.user_id, job.job_id, T0)
+    cancelled = (await store.cancel(engine, job.user_id, job.job_id, T0)).job
     assert (cancelled.status, cancelled.version, cancelled.completed_at) == (
         Status.CANCELLED,
         2,
@@ -51,7 +51,8 @@ async def test_cancel_queued_job_releases_points(engine: AsyncEngine) -> None:
     assert await balance(engine, job.user_id) == (100, 0)
     # Twice is harmless: nothing changes.
     again = await store.cancel(engine, job.user_id, job.job_id, T0)
-    assert again.version == 2
+    assert not again.changed
+    assert again.job.version == 2
     rows = await side_rows(engine, job.job_id)
     assert rows["ledger"] == [("reserve", 5), ("release", 5)]
     assert rows["outbox_versions"] == [1, 2]
@@ -59,13 +60,14 @@ async def test_cancel_queued_job_releases_points(engine: AsyncEngine) -> None:
 
 async def test_cancel_running_job_asks_the_worker(engine: AsyncEngine) -> None:
     job = await claim_one(engine, await submitted(engine))
-    requested = await store.cancel(engine, job.user_id, job.job_id, T0)
+    requested = (await store.cancel(engine, job.user_id, job.job_id, T0)).job
     assert (requested.status, requested.cancel_requested, requested.version) == (
         Status.RUNNING,
         True,
         job.version + 1,
     )
-    assert (await store.cancel(engine, job.user_id, job.job_id, T0)).version == requested.version
+    again = await store.cancel(engine, job.user_id, job.job_id, T0)
+    assert (again.job.version, again.changed) == (requested.version, False)
     done = await worker.acknowledge_cancel(engine, job.job_id, job.lease_epoch, T0)
     assert done is not None
     assert done.status is Status.CANCELLED
