@@ -40,11 +40,19 @@ def _migrate(args: argparse.Namespace) -> int:
 
 
 def _token(args: argparse.Namespace) -> int:
-    from services.kit.auth import issue_token
+    from services.kit.auth import issue_token, lifetime_problem, principal_id_problem
 
     reader = EnvReader()
     common = CommonSettings.read(reader)
     reader.finish()
+    # A token the services would refuse is no use to anyone.
+    for option, problem in (
+        ("--ttl", lifetime_problem(args.ttl, common.jwt_max_lifetime_seconds)),
+        ("--user", principal_id_problem(args.user)),
+    ):
+        if problem is not None:
+            print(f"atelier token: {option} {problem}", file=sys.stderr)
+            return 2
     print(
         issue_token(common.jwt_secret, common.jwt_issuer, common.jwt_audience, args.user, args.ttl)
     )

@@ -2,38 +2,44 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 from grpc import aio
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from atelier.creation.v1 import admin_service_pb2, admin_service_pb2_grpc
 from services.creation import convert, submission
 from services.creation.errors import Reason
-from services.creation.store import admin as admin_store
-from services.creation.store import ledger
-from services.creation.store.jobs import Cursor
+from services.creation.operators import Operators
+from services.creation.store.admin import AttentionCursor, Decision, EventCursor
+from services.kit.auth import principal_id_problem
 from services.kit.errors import FieldViolation, invalid_argument
-from services.kit.pagination import decode_token, encode_token, invalid_page_token, page_size
+from services.kit.pagination import Integer, KeysetCodec, Timestamp, Uuid, page_size
 
 Context = aio.ServicerContext[Any, Any]
 
 _DECISIONS = {
-    admin_service_pb2.RESOLUTION_RETRY: admin_store.Decision.RETRY,
-    admin_service_pb2.RESOLUTION_FAIL: admin_store.Decision.FAIL,
-    admin_service_pb2.RESOLUTION_CANCEL: admin_store.Decision.CANCEL,
+    admin_service_pb2.RESOLUTION_RETRY: Decision.RETRY,
+    admin_service_pb2.RESOLUTION_FAIL: Decision.FAIL,
+    admin_service_pb2.RESOLUTION_CANCEL: Decision.CANCEL,
 }
 MAX_TEXT = 500
+# The needs-attention queue, oldest change first.
+ATTENTION_PAGES = KeysetCodec(
+    "attention_jobs", AttentionCursor, updated_at=Timestamp(), job_id=Uuid()
+)
+# A job's events, oldest first; bound to the job.
+EVENT_PAGES = KeysetCodec("job_events", EventCursor, event_id=Integer())
 
 
-def _required_text(name: str, value: str, problems: list[FieldViolation]) -> str:
+def _text(name: str, value: str, problems: list[FieldViolation], *, required: bool = True) -> str:
     value = value.strip()
     if not value:
-        problems.append(FieldViolation(name, "is required"))
+        if required:
+            problems.append(FieldViolation(name, "is required"))
     elif len(value) > MAX_TEXT:
         problems.append(FieldViolation(name, f"must be at most {MAX_TEXT} characters"))
+    elif submission.has_control_characters(value):
+        problems.append(FieldViolation(name, "must not contain control characters"))
     return value
 
 
@@ -43,35 +49,31 @@ def _job_id(value: str, problems: list[FieldViolation]) -> str:
     return value.lower()
 
 
+def _user_id(value: str, problems: list[FieldViolation]) -> str:
+    problem = principal_id_problem(value)
+    if problem is not None:
+        problems.append(FieldViolation("user_id", problem))
+    return value
+
+
 def _check(problems: list[FieldViolation]) -> None:
     if problems:
         raise invalid_argument(Reason.INVALID_ADMIN_REQUEST, problems)
 
 
 class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
-    def __init__(
-        self, engine: AsyncEngine, clock: Callable[[], datetime] = lambda: datetime.now(UTC)
-    ) -> None:
-        self._engine = engine
-        self._clock = clock
+    def __init__(self, operators: Operators) -> None:
+        self._operators = operators
 
     async def ListAttentionJobs(
         self, request: admin_service_pb2.ListAttentionJobsRequest, context: Context
     ) -> admin_service_pb2.ListAttentionJobsResponse:
         limit = page_size(request.page_size, default=20, maximum=100)
-        after = None
-        if request.page_token:
-            position = decode_token(request.page_token, ("t", "j"))
-            try:
-                after = Cursor(datetime.fromisoformat(str(position["t"])), str(position["j"]))
-            except ValueError:
-                raise invalid_page_token() from None
-        found, cursor = await admin_store.list_attention(self._engine, limit, after)
-        token = (
-            encode_token({"t": cursor.created_at.isoformat(), "j": cursor.job_id}) if cursor else ""
-        )
+        after = ATTENTION_PAGES.decode(request.page_token) if request.page_token else None
+        found, cursor = await self._operators.attention(limit, after)
         return admin_service_pb2.ListAttentionJobsResponse(
-            jobs=[convert.job_message(j) for j in found], next_page_token=token
+            jobs=[convert.job_message(j) for j in found],
+            next_page_token=ATTENTION_PAGES.encode(cursor) if cursor else "",
         )
 
     async def ResolveJob(
@@ -82,13 +84,11 @@ class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
         decision = _DECISIONS.get(request.resolution)
         if decision is None:
             problems.append(FieldViolation("resolution", "must be RETRY, FAIL or CANCEL"))
-        operator = _required_text("operator", request.operator, problems)
-        reason = _required_text("reason", request.reason, problems)
+        operator = _text("operator", request.operator, problems)
+        reason = _text("reason", request.reason, problems)
         if decision is None or problems:
             raise invalid_argument(Reason.INVALID_ADMIN_REQUEST, problems)
-        job = await admin_store.resolve(
-            self._engine, job_id, decision, operator, reason, self._clock()
-        )
+        job = await self._operators.resolve(job_id, decision, operator, reason)
         return admin_service_pb2.ResolveJobResponse(job=convert.job_message(job))
 
     async def ListJobEvents(
@@ -98,28 +98,26 @@ class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
         job_id = _job_id(request.job_id, problems)
         _check(problems)
         limit = page_size(request.page_size, default=100, maximum=500)
-        after = 0
-        if request.page_token:
-            position = decode_token(request.page_token, ("e",))
-            if not isinstance(position["e"], int):
-                raise invalid_page_token()
-            after = position["e"]
-        events, last = await admin_store.list_events(self._engine, job_id, limit, after)
+        after = EVENT_PAGES.decode(request.page_token, job_id) if request.page_token else None
+        events, cursor = await self._operators.events(job_id, limit, after)
         return admin_service_pb2.ListJobEventsResponse(
             events=[convert.event_message(e) for e in events],
-            next_page_token=encode_token({"e": last}) if last is not None else "",
+            next_page_token=EVENT_PAGES.encode(cursor, job_id) if cursor else "",
         )
 
     async def GrantPoints(
         self, request: admin_service_pb2.GrantPointsRequest, context: Context
     ) -> admin_service_pb2.GrantPointsResponse:
         problems: list[FieldViolation] = []
-        user_id = _required_text("user_id", request.user_id, problems)
-        key = _required_text("request_id", request.request_id, problems)
+        user_id = _user_id(request.user_id, problems)
+        key, key_problems = submission.choose_idempotency_key(request.request_id, None)
+        problems.extend(key_problems)
+        if key is None and not key_problems:
+            problems.append(FieldViolation("request_id", "is required"))
         if not 0 < request.amount <= 1_000_000_000:
             problems.append(FieldViolation("amount", "must be between 1 and 1000000000"))
-        _check(problems)
-        balance = await ledger.grant_points(
-            self._engine, user_id, request.amount, key, request.reason.strip(), self._clock()
-        )
-        return admin_service_pb2.GrantPointsResponse(available_points=balance.available)
+        reason = _text("reason", request.reason, problems, required=False)
+        if key is None or problems:
+            raise invalid_argument(Reason.INVALID_ADMIN_REQUEST, problems)
+        available = await self._operators.grant(user_id, request.amount, key, reason)
+        return admin_service_pb2.GrantPointsResponse(available_points=available)

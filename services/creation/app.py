@@ -14,10 +14,13 @@ from atelier.creation.v1 import (
     creation_service_pb2_grpc,
 )
 from services.creation.admin_servicer import AdminServicer
+from services.creation.jobs import Jobs
 from services.creation.media_client import MediaClient
+from services.creation.operators import Operators
 from services.creation.servicer import CreationServicer
 from services.creation.settings import CreationSettings
 from services.creation.store.jobs import SubmitLimits
+from services.kit.clock import Clock, system_clock
 from services.kit.components import Component
 from services.kit.db import Database
 from services.kit.server import Binding, ServiceApp, run_service
@@ -31,7 +34,9 @@ def components(settings: CreationSettings, database: Database) -> list[Component
     return []
 
 
-def build(settings: CreationSettings, role: str = "all") -> ServiceApp:
+def build(
+    settings: CreationSettings, role: str = "all", clock: Clock = system_clock
+) -> ServiceApp:
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}")
     database = Database(
@@ -60,14 +65,14 @@ def build(settings: CreationSettings, role: str = "all") -> ServiceApp:
             Binding(
                 creation_service_pb2.DESCRIPTOR.services_by_name["CreationService"],
                 creation_service_pb2_grpc.add_CreationServiceServicer_to_server,
-                CreationServicer(database.engine, media, limits),
+                CreationServicer(database.engine, Jobs(database.engine, media, limits, clock)),
             )
         ],
         internal=[
             Binding(
                 admin_service_pb2.DESCRIPTOR.services_by_name["AdminService"],
                 admin_service_pb2_grpc.add_AdminServiceServicer_to_server,
-                AdminServicer(database.engine),
+                AdminServicer(Operators(database.engine, settings.welcome_points, clock)),
             )
         ],
         readiness=database.answers,

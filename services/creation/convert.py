@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from google.protobuf import json_format, struct_pb2, timestamp_pb2
+from google.protobuf import struct_pb2, timestamp_pb2
 
 from atelier.creation.v1 import job_pb2
 from atelier.notify.v1 import job_state_pb2
@@ -50,8 +50,24 @@ def struct(values: dict[str, Any]) -> struct_pb2.Struct:
 
 
 def struct_to_dict(message: struct_pb2.Struct) -> dict[str, Any]:
-    result: dict[str, Any] = json_format.MessageToDict(message)
-    return result
+    """The Struct as plain Python values. Unlike json_format it keeps NaN and infinities
+    (as floats) so that validation can name the field instead of the conversion failing."""
+    return {name: _plain(value) for name, value in message.fields.items()}
+
+
+def _plain(value: struct_pb2.Value) -> Any:
+    kind = value.WhichOneof("kind")
+    if kind == "number_value":
+        return value.number_value
+    if kind == "string_value":
+        return value.string_value
+    if kind == "bool_value":
+        return value.bool_value
+    if kind == "struct_value":
+        return struct_to_dict(value.struct_value)
+    if kind == "list_value":
+        return [_plain(item) for item in value.list_value.values]
+    return None  # null_value, or no kind set at all
 
 
 def _error(job: Job) -> job_pb2.JobError | None:
@@ -103,12 +119,6 @@ def job_state(job: Job) -> job_state_pb2.JobState:
         error=_error(job),
         update_time=timestamp(job.updated_at),
     )
-
-
-def outbox_payload(job: Job) -> dict[str, Any]:
-    """The outbox row's payload: the JobState in its JSON form (readable in psql)."""
-    payload: dict[str, Any] = json_format.MessageToDict(job_state(job))
-    return payload
 
 
 def event_message(event: Event) -> job_pb2.JobEvent:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 from grpc import aio
@@ -11,19 +9,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from atelier.creation.v1 import catalog_pb2, creation_service_pb2, creation_service_pb2_grpc
 from services.creation import convert, submission
-from services.creation.errors import (
-    InputAssetNotFound,
-    InputAssetNotReady,
-    InvalidRequest,
-    Reason,
-)
-from services.creation.media_client import MediaClient
+from services.creation.errors import Reason
+from services.creation.jobs import Jobs
 from services.creation.store import catalog as catalog_store
-from services.creation.store import jobs as job_store
-from services.creation.store import ledger
+from services.creation.store.jobs import Cursor
 from services.kit.auth import current_principal
 from services.kit.errors import FieldViolation, invalid_argument
-from services.kit.pagination import decode_token, encode_token, invalid_page_token, page_size
+from services.kit.pagination import KeysetCodec, Timestamp, Uuid, page_size
 
 _KIND_TO_PROTO = {
     "image": catalog_pb2.MEDIA_KIND_IMAGE,
@@ -31,6 +23,8 @@ _KIND_TO_PROTO = {
 }
 _KIND_FROM_PROTO = {value: key for key, value in _KIND_TO_PROTO.items()}
 Context = aio.ServicerContext[Any, Any]
+# ListJobs pages: newest first by (created_at, job_id); bound to the status filter.
+JOB_PAGES = KeysetCodec("jobs", Cursor, created_at=Timestamp(), job_id=Uuid())
 
 
 def _metadata_value(context: Context, key: str) -> str | None:
@@ -47,17 +41,9 @@ def _job_id(value: str) -> str:
 
 
 class CreationServicer(creation_service_pb2_grpc.CreationServiceServicer):
-    def __init__(
-        self,
-        engine: AsyncEngine,
-        media: MediaClient,
-        limits: job_store.SubmitLimits,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-    ) -> None:
-        self._engine = engine
-        self._media = media
-        self._limits = limits
-        self._clock = clock
+    def __init__(self, engine: AsyncEngine, jobs: Jobs) -> None:
+        self._engine = engine  # the catalog: plain reads, no rules
+        self._jobs = jobs
 
     async def ListCatalog(
         self, request: creation_service_pb2.ListCatalogRequest, context: Context
@@ -92,7 +78,6 @@ class CreationServicer(creation_service_pb2_grpc.CreationServiceServicer):
     async def SubmitJob(
         self, request: creation_service_pb2.SubmitJobRequest, context: Context
     ) -> creation_service_pb2.SubmitJobResponse:
-        user_id = current_principal().user_id
         key, key_problems = submission.choose_idempotency_key(
             request.request_id, _metadata_value(context, "idempotency-key")
         )
@@ -109,37 +94,17 @@ class CreationServicer(creation_service_pb2_grpc.CreationServiceServicer):
         )
         if key_problems or command is None:
             raise invalid_argument(Reason.INVALID_JOB_REQUEST, [*key_problems, *problems])
-        submitted = await job_store.find_replay(self._engine, user_id, command)
-        if submitted is None:
-            await self._check_input_asset(user_id, command.input_asset_id)
-            submitted = await job_store.submit(
-                self._engine, user_id, command, self._limits, self._clock()
-            )
-        return creation_service_pb2.SubmitJobResponse(job=convert.job_message(submitted.job))
-
-    async def _check_input_asset(self, user_id: str, asset_id: str) -> None:
-        info = await self._media.asset_info(asset_id)
-        if info is None or info.owner_user_id != user_id or info.status == "deleted":
-            raise InputAssetNotFound()
-        if info.purpose != "ai_input":
-            raise InvalidRequest(
-                Reason.INPUT_ASSET_WRONG_PURPOSE, "input_asset_id", "is not an uploaded input photo"
-            )
-        if info.status != "ready":
-            raise InputAssetNotReady()
+        job = await self._jobs.submit(current_principal().user_id, command)
+        return creation_service_pb2.SubmitJobResponse(job=convert.job_message(job))
 
     async def GetJob(
         self, request: creation_service_pb2.GetJobRequest, context: Context
     ) -> creation_service_pb2.GetJobResponse:
-        job = await job_store.get(
-            self._engine, current_principal().user_id, _job_id(request.job_id)
-        )
-        message = convert.job_message(job)
-        if job.output_asset_id is not None:
-            link = await self._media.download_url(job.output_asset_id)
-            if link is not None:
-                message.output_url = link.url
-                message.output_url_expire_time.FromDatetime(link.expires_at)
+        view = await self._jobs.get(current_principal().user_id, _job_id(request.job_id))
+        message = convert.job_message(view.job)
+        if view.output is not None:
+            message.output_url = view.output.url
+            message.output_url_expire_time.FromDatetime(view.output.expires_at)
         return creation_service_pb2.GetJobResponse(job=message)
 
     async def ListJobs(
@@ -151,52 +116,26 @@ class CreationServicer(creation_service_pb2_grpc.CreationServiceServicer):
             raise invalid_argument(
                 Reason.INVALID_JOB_REQUEST, [FieldViolation("status", "is not a job status")]
             )
-        after = None
-        if request.page_token:
-            position = decode_token(request.page_token, ("t", "j", "s"))
-            if position["s"] != (status.value if status else ""):
-                raise invalid_page_token("was issued for another status filter")
-            after = _cursor(position)
-        found, next_cursor = await job_store.list_for_user(
-            self._engine, current_principal().user_id, status, limit, after
+        binding = status.value if status else ""
+        after = JOB_PAGES.decode(request.page_token, binding) if request.page_token else None
+        found, cursor = await self._jobs.list_page(
+            current_principal().user_id, status, limit, after
         )
-        token = ""
-        if next_cursor is not None:
-            token = encode_token(
-                {
-                    "t": next_cursor.created_at.isoformat(),
-                    "j": next_cursor.job_id,
-                    "s": status.value if status else "",
-                }
-            )
         return creation_service_pb2.ListJobsResponse(
-            jobs=[convert.job_message(j) for j in found], next_page_token=token
+            jobs=[convert.job_message(j) for j in found],
+            next_page_token=JOB_PAGES.encode(cursor, binding) if cursor else "",
         )
 
     async def CancelJob(
         self, request: creation_service_pb2.CancelJobRequest, context: Context
     ) -> creation_service_pb2.CancelJobResponse:
-        job = await job_store.cancel(
-            self._engine, current_principal().user_id, _job_id(request.job_id), self._clock()
-        )
+        job = await self._jobs.cancel(current_principal().user_id, _job_id(request.job_id))
         return creation_service_pb2.CancelJobResponse(job=convert.job_message(job))
 
     async def GetBalance(
         self, request: creation_service_pb2.GetBalanceRequest, context: Context
     ) -> creation_service_pb2.GetBalanceResponse:
-        balance = await ledger.read_balance(
-            self._engine, current_principal().user_id, self._limits.welcome_points, self._clock()
-        )
+        balance = await self._jobs.balance(current_principal().user_id)
         return creation_service_pb2.GetBalanceResponse(
             available_points=balance.available, reserved_points=balance.reserved
         )
-
-
-def _cursor(position: dict[str, Any]) -> job_store.Cursor:
-    try:
-        created_at = datetime.fromisoformat(str(position["t"]))
-    except ValueError:
-        raise invalid_page_token() from None
-    if created_at.tzinfo is None or not submission.is_uuid(str(position["j"])):
-        raise invalid_page_token()
-    return job_store.Cursor(created_at, str(position["j"]))

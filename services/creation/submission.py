@@ -84,10 +84,14 @@ def choose_idempotency_key(
     return key, []
 
 
+def has_control_characters(value: str) -> bool:
+    return _CONTROL.search(value) is not None
+
+
 def _check_text(name: str, value: str, limit: int, problems: list[FieldViolation]) -> None:
     if len(value) > limit:
         problems.append(FieldViolation(name, f"must be at most {limit} characters"))
-    if _CONTROL.search(value):
+    if has_control_characters(value):
         problems.append(FieldViolation(name, "must not contain control characters"))
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import contextvars
 import hmac
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import jwt
 
@@ -19,6 +20,24 @@ Metadata = Sequence[tuple[str, str | bytes]]
 JWT_ALGORITHM = "HS256"
 # Tolerated clock difference between the token issuer and us.
 CLOCK_SKEW_SECONDS = 30
+# The longest a token may be valid when nothing else is configured.
+DEFAULT_MAX_LIFETIME_SECONDS = 24 * 3600
+
+# One rule for a user id, whoever stores it: ids end up in every service's rows (media's
+# CHECK allows 1-256 characters) and in logs, so they are short, printable ASCII, and
+# never hold a NUL, a space or a control character.
+MAX_PRINCIPAL_ID_LENGTH = 128
+_PRINCIPAL_ID = re.compile(r"[A-Za-z0-9._:@|+\-]+")
+PRINCIPAL_ID_RULE = (
+    f"must be 1-{MAX_PRINCIPAL_ID_LENGTH} characters of letters, digits and . _ : @ | + -"
+)
+
+
+def principal_id_problem(value: str) -> str | None:
+    """Why ``value`` is not an acceptable user id, or None when it is."""
+    if not 0 < len(value) <= MAX_PRINCIPAL_ID_LENGTH or not _PRINCIPAL_ID.fullmatch(value):
+        return PRINCIPAL_ID_RULE
+    return None
 
 
 @dataclass(frozen=True)
@@ -70,11 +89,14 @@ def _bearer(metadata: Metadata) -> str | None:
 
 @dataclass(frozen=True)
 class JwtAuthenticator:
-    """Checks an HS256 JWT: signature, expiry, issuer, audience and a subject."""
+    """Checks an HS256 JWT: signature, expiry, issuer, audience, a lifetime no longer than
+    ``max_lifetime_seconds`` (a leaked token must not stay valid for years) and a subject
+    that follows the principal-id rule."""
 
     secret: str
     issuer: str
     audience: str
+    max_lifetime_seconds: float = DEFAULT_MAX_LIFETIME_SECONDS
 
     def authenticate(self, metadata: Metadata) -> Principal:
         token = _bearer(metadata)
@@ -109,7 +131,19 @@ class JwtAuthenticator:
         subject = claims.get("sub")
         if not isinstance(subject, str) or not subject.strip():
             raise unauthenticated(Reason.TOKEN_INVALID, "the token has no subject")
+        if principal_id_problem(subject) is not None:
+            # The subject itself is not echoed: it may be anything, NUL included.
+            raise unauthenticated(Reason.TOKEN_INVALID, f"the token's subject {PRINCIPAL_ID_RULE}")
+        self._check_lifetime(claims)
         return Principal(user_id=subject)
+
+    def _check_lifetime(self, claims: dict[str, Any]) -> None:
+        # pyjwt checked that exp and iat are numbers and that iat is not in the future.
+        if float(claims["exp"]) - float(claims["iat"]) > self.max_lifetime_seconds:
+            raise unauthenticated(
+                Reason.TOKEN_INVALID,
+                f"the token is valid for longer than {self.max_lifetime_seconds:g} seconds",
+            )
 
 
 def _claim_problem(exc: jwt.InvalidTokenError) -> str:
@@ -152,7 +186,8 @@ def issue_token(
     now: float | None = None,
 ) -> str:
     """Signs a user token; used by `atelier token` and tests (a real deployment's identity
-    provider issues them)."""
+    provider issues them). Callers that face users check the TTL against the services'
+    maximum lifetime first (see :func:`lifetime_problem`)."""
     issued = int(time.time() if now is None else now)
     claims = {
         "sub": user_id,
@@ -162,3 +197,15 @@ def issue_token(
         "exp": issued + ttl_seconds,
     }
     return jwt.encode(claims, secret, algorithm=JWT_ALGORITHM)
+
+
+def lifetime_problem(ttl_seconds: float, max_lifetime_seconds: float) -> str | None:
+    """Why a token with this TTL would be refused by services with this maximum."""
+    if ttl_seconds <= 0:
+        return "must be a positive number of seconds"
+    if ttl_seconds > max_lifetime_seconds:
+        return (
+            f"must be at most {max_lifetime_seconds:g} seconds "
+            "(ATELIER_JWT_MAX_LIFETIME); the services refuse longer-lived tokens"
+        )
+    return None

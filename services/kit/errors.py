@@ -117,3 +117,5 @@ class Reason:
     SERVICE_CREDENTIAL_INVALID = "SERVICE_CREDENTIAL_INVALID"
     INVALID_PAGE_SIZE = "INVALID_PAGE_SIZE"
     INVALID_PAGE_TOKEN = "INVALID_PAGE_TOKEN"
+    # The request's bytes do not parse as the method's request message.
+    MALFORMED_REQUEST = "MALFORMED_REQUEST"

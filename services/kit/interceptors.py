@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
@@ -19,7 +19,7 @@ from grpc import aio
 
 from services.kit import metrics
 from services.kit.auth import Authenticator, reset_principal, set_principal
-from services.kit.errors import ApiError, DomainError, internal, unimplemented
+from services.kit.errors import ApiError, DomainError, Reason, internal, unimplemented
 from services.kit.logging import get_logger
 from services.kit.outages import DependencyUnavailable, Throttle, classify
 
@@ -49,12 +49,74 @@ UnaryBehavior = Callable[[Any, Context], Awaitable[Any]]
 Around = Callable[[Context, Callable[[], Awaitable[None]]], Awaitable[None]]
 
 
+class _Unparsable:
+    """Stands in for a request whose bytes did not parse. The innermost handler wrapper
+    turns it into the client's error after authentication; any other use of it (a
+    handler that reads a stream with ``context.read()``) raises the same error."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        raise malformed_request()
+
+
+UNPARSABLE = _Unparsable()
+
+
+def malformed_request() -> ApiError:
+    # No parser text: it names internal classes and helps nobody.
+    return ApiError(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        Reason.MALFORMED_REQUEST,
+        "the request does not parse as this method's request message",
+    )
+
+
+class _TolerantParser:
+    """A request deserializer that returns UNPARSABLE instead of raising: grpc answers
+    an exception from a deserializer with UNKNOWN and the exception's text."""
+
+    def __init__(self, parse: Callable[[bytes], Any]) -> None:
+        self._parse = parse
+
+    def __call__(self, data: bytes) -> Any:
+        try:
+            return self._parse(data)
+        except Exception:
+            return UNPARSABLE
+
+
+def _parsed(request: Any) -> Any:
+    if request is UNPARSABLE:
+        raise malformed_request()
+    return request
+
+
+async def _parsed_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async for request in requests:
+        yield _parsed(request)
+
+
 def wrap_handler(handler: Handler, around: Around) -> Handler:
-    """Runs ``around`` around every call of ``handler``, unary or streaming alike."""
+    """Runs ``around`` around every call of ``handler``, unary or streaming alike.
+
+    The first wrapper around a servicer's own handler also makes its request parsing
+    tolerant and checks each request inside ``around``: a request that does not parse is
+    INVALID_ARGUMENT (MALFORMED_REQUEST), seen by every interceptor like any other error.
+    """
+    parse = handler.request_deserializer
+    checks = parse is not None and not isinstance(parse, _TolerantParser)
     kwargs: dict[str, Any] = {
-        "request_deserializer": handler.request_deserializer,
+        "request_deserializer": _TolerantParser(parse) if checks and parse else parse,
         "response_serializer": handler.response_serializer,
     }
+    streamed_requests = handler.stream_unary is not None or handler.stream_stream is not None
+
+    def checked(request: Any) -> Any:
+        if not checks:
+            return request
+        return _parsed_stream(request) if streamed_requests else _parsed(request)
+
     unary_inner: UnaryBehavior | None = handler.unary_unary or handler.stream_unary  # type: ignore[assignment]
     if unary_inner is not None:
         inner = unary_inner
@@ -63,7 +125,7 @@ def wrap_handler(handler: Handler, around: Around) -> Handler:
             result: list[Any] = []
 
             async def call() -> None:
-                result.append(await inner(request, context))
+                result.append(await inner(checked(request), context))
 
             await around(context, call)
             return result[0]
@@ -78,7 +140,7 @@ def wrap_handler(handler: Handler, around: Around) -> Handler:
         # Messages go out through context.write so that `around` sees every failure,
         # including one after the first message. An inner wrapper is already a writer.
         async def call() -> None:
-            produced = stream_inner(request, context)
+            produced = stream_inner(checked(request), context)
             if inspect.isasyncgen(produced):
                 async for message in produced:
                     await context.write(message)

@@ -122,7 +122,12 @@ class RunningService:
             _Listener(
                 app.name,
                 app.public,
-                JwtAuthenticator(common.jwt_secret, common.jwt_issuer, common.jwt_audience),
+                JwtAuthenticator(
+                    common.jwt_secret,
+                    common.jwt_issuer,
+                    common.jwt_audience,
+                    common.jwt_max_lifetime_seconds,
+                ),
             )
             if app.serve_public
             else None

@@ -156,6 +156,8 @@ class CommonSettings:
     jwt_secret: str
     jwt_issuer: str
     jwt_audience: str
+    # The longest a user token may be valid (exp - iat); longer ones are refused.
+    jwt_max_lifetime_seconds: float
     service_token: str
     log_level: str
     drain_grace_seconds: float
@@ -180,6 +182,9 @@ class CommonSettings:
             jwt_secret=reader.secret("JWT_SECRET", DEV_JWT_SECRET, min_length=32),
             jwt_issuer=reader.string("JWT_ISSUER", "atelier"),
             jwt_audience=reader.string("JWT_AUDIENCE", "atelier-app"),
+            jwt_max_lifetime_seconds=reader.seconds(
+                "JWT_MAX_LIFETIME", 24 * 3600, minimum=60, maximum=30 * 24 * 3600
+            ),
             service_token=reader.secret("SERVICE_TOKEN", DEV_SERVICE_TOKEN, min_length=32),
             log_level=reader.string(
                 "LOG_LEVEL", "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR")

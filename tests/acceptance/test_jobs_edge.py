@@ -328,24 +328,47 @@ async def test_a_succeeded_job_links_its_output(
     assert (balance["availablePoints"], balance["reservedPoints"]) == ("95", "0")
 
 
+DAILY_QUOTA = 50  # the test stack's (the default)
+
+
 async def test_daily_quota_is_429_with_retry_after_until_midnight(
     stack: Stack, edge_url: str, http: httpx.AsyncClient
 ) -> None:
+    """Holds at any time of day. A midnight may pass while the jobs are made, and jobs of
+    the day before no longer count: so submit until refused, then check the refusal
+    against the day it names (retry-after points at its end)."""
     user = User()
     asset = await put_input(stack, user.user_id)
-    # Cancel each job at once so the in-flight limit (3) never gets in the way of the
-    # daily quota (50 in the test stack; cancelled jobs still count against it).
-    for _ in range(50):
+    created: list[datetime] = []
+    refused = None
+    # At most two days' quota: a midnight can pass once.
+    for _ in range(2 * DAILY_QUOTA + 1):
+        before = datetime.now(UTC)
         made = await http.post(f"{edge_url}/v1/jobs", headers=user.headers, json=job_body(asset))
+        after = datetime.now(UTC)
+        if made.status_code == 429:
+            refused = made
+            break
         assert made.status_code == 200, made.text
-        job_id = made.json()["job"]["jobId"]
+        job = made.json()["job"]
+        created.append(datetime.fromisoformat(job["createTime"]))
+        # Cancel each job at once so the in-flight limit (3) never gets in the way of the
+        # daily quota (cancelled jobs still count against it).
         cancelled = await http.post(
-            f"{edge_url}/v1/jobs/{job_id}:cancel", headers=user.headers, json={}
+            f"{edge_url}/v1/jobs/{job['jobId']}:cancel", headers=user.headers, json={}
         )
         assert cancelled.status_code == 200
-    refused = await http.post(f"{edge_url}/v1/jobs", headers=user.headers, json=job_body(asset))
-    assert refused.status_code == 429
+    assert refused is not None, "the daily quota never refused"
     assert refused.json()["details"][0]["reason"] == "DAILY_QUOTA_EXCEEDED"
-    now = datetime.now(UTC)
-    midnight = (now + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
-    assert abs(int(refused.headers["retry-after"]) - (midnight - now).total_seconds()) < 60
+    retry_after = int(refused.headers["retry-after"])
+    # The server refused at some instant in [before, after] and rounded the seconds to
+    # its next midnight up: so after + retry_after lands on that midnight's day.
+    midnight = (after + timedelta(seconds=retry_after)).replace(
+        hour=0, minute=0, second=0, microsecond=0
+    )
+    assert (midnight - after).total_seconds() <= retry_after
+    assert retry_after <= (midnight - before).total_seconds() + 1
+    assert midnight - before <= timedelta(days=1, seconds=1)
+    # Exactly the quota was made on the refusal's day.
+    day_start = midnight - timedelta(days=1)
+    assert sum(1 for when in created if when >= day_start) == DAILY_QUOTA

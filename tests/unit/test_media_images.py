@@ -5,6 +5,7 @@ decompression bomb are each refused with their own reason."""
 from __future__ import annotations
 
 import io
+import threading
 
 import pytest
 
@@ -85,9 +86,29 @@ def test_our_pixel_limit_applies_before_any_decoding() -> None:
     )
 
 
+class ThreadRecordingFile(io.BytesIO):
+    """Bytes that note which thread reads them."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self.readers: set[int] = set()
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        self.readers.add(threading.get_ident())
+        return super().read(size)
+
+
 async def test_the_inspector_runs_checks_off_the_event_loop() -> None:
     inspector = ImageInspector(max_pixels=LIMIT)
-    found = await inspector.inspect(io.BytesIO(image_bytes("PNG", 33, 17)), "image/png")
+    loop_thread = threading.get_ident()
+    image = ThreadRecordingFile(image_bytes("PNG", 33, 17))
+    found = await inspector.inspect(image, "image/png")
     assert found == Dimensions(33, 17)
+    # Pillow read the bytes, and never on the event loop's thread.
+    assert image.readers
+    assert loop_thread not in image.readers
+    junk = ThreadRecordingFile(b"nope")
     with pytest.raises(ContentRejected):
-        await inspector.inspect(io.BytesIO(b"nope"), "image/png")
+        await inspector.inspect(junk, "image/png")
+    assert junk.readers
+    assert loop_thread not in junk.readers

@@ -86,3 +86,12 @@ def test_a_bad_database_url_never_shows_its_password() -> None:
     with pytest.raises(SettingsError) as caught:
         CreationSettings.from_env({"ATELIER_DATABASE_URL": "mysql://u:hunter2@db/x"})
     assert "hunter2" not in str(caught.value)
+
+
+def test_the_token_lifetime_maximum_has_a_default_and_bounds() -> None:
+    assert CreationSettings.from_env({}).common.jwt_max_lifetime_seconds == 24 * 3600
+    configured = CreationSettings.from_env({"ATELIER_JWT_MAX_LIFETIME": "3600"})
+    assert configured.common.jwt_max_lifetime_seconds == 3600
+    for value in ("0", "10", str(365 * 86400)):
+        with pytest.raises(SettingsError, match="ATELIER_JWT_MAX_LIFETIME must be between"):
+            CreationSettings.from_env({"ATELIER_JWT_MAX_LIFETIME": value})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -11,30 +12,45 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.domain import Actor, Event, Job, Status
 from services.creation.errors import JobNotAwaitingOperator, JobNotFound
-from services.creation.store.jobs import Cursor
 from services.creation.store.rows import job_from_row
 from services.creation.store.writes import lock_job, write
 from services.creation.tables import job_events, jobs
 
 
+@dataclass(frozen=True)
+class AttentionCursor:
+    """Where a page of the needs-attention queue ends: the last job's (updated_at, job_id)."""
+
+    updated_at: datetime
+    job_id: str
+
+
+@dataclass(frozen=True)
+class EventCursor:
+    """Where a page of a job's events ends: the last event's id."""
+
+    event_id: int
+
+
 async def list_attention(
-    engine: AsyncEngine, limit: int, after: Cursor | None
-) -> tuple[list[Job], Cursor | None]:
+    engine: AsyncEngine, limit: int, after: AttentionCursor | None
+) -> tuple[list[Job], AttentionCursor | None]:
     """Oldest first by last change (rides ix_jobs_needs_attention)."""
     query = select(jobs).where(jobs.c.status == Status.NEEDS_ATTENTION.value)
     if after is not None:
         query = query.where(
             or_(
-                jobs.c.updated_at > after.created_at,
-                and_(jobs.c.updated_at == after.created_at, jobs.c.job_id > after.job_id),
+                jobs.c.updated_at > after.updated_at,
+                and_(jobs.c.updated_at == after.updated_at, jobs.c.job_id > after.job_id),
             )
         )
     query = query.order_by(jobs.c.updated_at, jobs.c.job_id).limit(limit + 1)
     async with engine.connect() as connection:
         rows = (await connection.execute(query)).all()
     found = [job_from_row(r._mapping) for r in rows[:limit]]
-    more = len(rows) > limit
-    return found, Cursor(found[-1].updated_at, found[-1].job_id) if more and found else None
+    if len(rows) <= limit or not found:
+        return found, None
+    return found, AttentionCursor(found[-1].updated_at, found[-1].job_id)
 
 
 class Decision(enum.StrEnum):
@@ -88,8 +104,8 @@ async def resolve(
 
 
 async def list_events(
-    engine: AsyncEngine, job_id: str, limit: int, after_event_id: int
-) -> tuple[list[Event], int | None]:
+    engine: AsyncEngine, job_id: str, limit: int, after: EventCursor | None
+) -> tuple[list[Event], EventCursor | None]:
     """Oldest first (rides uq_job_events_job_id_version)."""
     async with engine.connect() as connection:
         if (
@@ -99,7 +115,10 @@ async def list_events(
         rows = (
             await connection.execute(
                 select(job_events)
-                .where(job_events.c.job_id == job_id, job_events.c.event_id > after_event_id)
+                .where(
+                    job_events.c.job_id == job_id,
+                    job_events.c.event_id > (after.event_id if after else 0),
+                )
                 .order_by(job_events.c.version)
                 .limit(limit + 1)
             )
@@ -118,4 +137,6 @@ async def list_events(
         )
         for r in rows[:limit]
     ]
-    return events, events[-1].event_id if len(rows) > limit and events else None
+    if len(rows) <= limit or not events:
+        return events, None
+    return events, EventCursor(events[-1].event_id)

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from services.creation.convert import outbox_payload
 from services.creation.domain import Actor, Job, LedgerKind, Status, ledger_effect
 from services.creation.tables import job_events, outbox, points_ledger
 
@@ -29,6 +29,47 @@ class Change:
     @property
     def status_changed(self) -> bool:
         return self.before is not self.after.status
+
+
+def outbox_payload(job: Job) -> dict[str, Any]:
+    """The outbox row's payload: the job's ``atelier.notify.v1.JobState`` in protobuf's
+    JSON form (readable in psql), written without protobuf so the store stays free of the
+    wire types; a unit test holds it equal to json_format of ``convert.job_state``."""
+    payload: dict[str, Any] = {
+        "jobId": job.job_id,
+        "userId": job.user_id,
+        "version": str(job.version),  # int64 is a string in protobuf's JSON
+        "status": f"JOB_STATUS_{job.status.name}",
+        "updateTime": _json_time(job.updated_at),
+    }
+    # Like protobuf's JSON, default values are left out.
+    if job.step is not None:
+        payload["step"] = f"JOB_STEP_{job.step.name}"
+    if job.progress:
+        payload["progressPercent"] = job.progress
+    if job.cancel_requested:
+        payload["cancelRequested"] = True
+    if job.output_asset_id:
+        payload["outputAssetId"] = job.output_asset_id
+    if job.error_code is not None:
+        error = {"code": job.error_code}
+        if job.error_message:
+            error["message"] = job.error_message
+        payload["error"] = error
+    return payload
+
+
+def _json_time(value: datetime) -> str:
+    """RFC 3339 in UTC with 0, 3 or 6 fractional digits, as protobuf writes a Timestamp."""
+    utc = value.astimezone(UTC)
+    micros = utc.microsecond
+    if micros == 0:
+        fraction = ""
+    elif micros % 1000 == 0:
+        fraction = f".{micros // 1000:03d}"
+    else:
+        fraction = f".{micros:06d}"
+    return utc.strftime("%Y-%m-%dT%H:%M:%S") + fraction + "Z"
 
 
 def _ledger_kind(change: Change) -> LedgerKind | None:

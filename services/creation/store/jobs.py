@@ -43,6 +43,12 @@ class Submitted:
     replayed: bool
 
 
+@dataclass(frozen=True)
+class Cancelled:
+    job: Job
+    changed: bool  # False: already cancelled or already asked to cancel
+
+
 def _start_of_day(now: datetime) -> datetime:
     return now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 
@@ -230,7 +236,7 @@ async def list_for_user(
     return found, Cursor(found[-1].created_at, found[-1].job_id) if more and found else None
 
 
-async def cancel(engine: AsyncEngine, user_id: str, job_id: str, now: datetime) -> Job:
+async def cancel(engine: AsyncEngine, user_id: str, job_id: str, now: datetime) -> Cancelled:
     """QUEUED: cancelled at once, points released. RUNNING or NEEDS_ATTENTION: marked
     cancel_requested (the worker or an operator finishes it). Already cancelled or already
     requested: unchanged. SUCCEEDED or FAILED: JobAlreadyFinished."""
@@ -239,13 +245,14 @@ async def cancel(engine: AsyncEngine, user_id: str, job_id: str, now: datetime) 
         if job is None:
             raise JobNotFound()
         if job.status is Status.CANCELLED or job.cancel_requested:
-            return job
+            return Cancelled(job, changed=False)
         if job.status.terminal:
             raise JobAlreadyFinished(job.status.value)
         if job.status is Status.QUEUED:
             values: dict[str, object] = {"status": Status.CANCELLED.value, "completed_at": now}
         else:
             values = {"cancel_requested": True}
-        return await write(
+        after = await write(
             connection, job, values, actor=Actor.USER, actor_id=user_id, reason="cancel", now=now
         )
+        return Cancelled(after, changed=True)

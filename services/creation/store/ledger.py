@@ -10,9 +10,11 @@ from sqlalchemy import ColumnElement, bindparam, case, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from services.creation.errors import IdempotencyKeyReused
 from services.creation.store.users import user_transaction
 from services.creation.tables import points_ledger
 
+# The welcome grant's key. Operators' keys carry a prefix, so none can take this one.
 WELCOME_GRANT_KEY = "welcome"
 
 
@@ -20,7 +22,13 @@ WELCOME_GRANT_KEY = "welcome"
 class Balance:
     available: int
     reserved: int
-    entries: int = 0  # ledger rows of the user: none means never seen
+    welcomed: bool = True  # whether the user has had the welcome grant
+
+
+@dataclass(frozen=True)
+class Granted:
+    balance: Balance
+    new: bool  # False: the same grant was made before with this key
 
 
 def _total(kind: str) -> ColumnElement[Any]:
@@ -36,8 +44,14 @@ BALANCE = select(
     _total("reserve").label("reserved"),
     _total("capture").label("captured"),
     _total("release").label("released"),
-    func.count().label("entries"),
+    func.count().filter(points_ledger.c.grant_key == WELCOME_GRANT_KEY).label("welcomes"),
 ).where(points_ledger.c.user_id == bindparam("user_id"))
+
+# A grant made before under a key (rides uq_points_ledger_user_id_grant_key).
+GRANT_BY_KEY = select(points_ledger.c.amount, points_ledger.c.reason).where(
+    points_ledger.c.user_id == bindparam("user_id"),
+    points_ledger.c.grant_key == bindparam("key"),
+)
 
 
 async def balance(connection: AsyncConnection, user_id: str) -> Balance:
@@ -46,7 +60,7 @@ async def balance(connection: AsyncConnection, user_id: str) -> Balance:
     return Balance(
         available=int(row.granted - row.reserved + row.released),
         reserved=int(row.reserved - row.captured - row.released),
-        entries=int(row.entries),
+        welcomed=bool(row.welcomes),
     )
 
 
@@ -73,22 +87,39 @@ async def grant(
 async def balance_after_welcome(
     connection: AsyncConnection, user_id: str, welcome_points: int, now: datetime
 ) -> Balance:
-    """The balance, granting a user seen for the first time their welcome points (once,
-    whatever happens later; call it under the user's lock)."""
+    """The balance, with the user's welcome points granted if they never had them: once
+    per user, whether their first entry is this call's or an operator's grant (the unique
+    key makes it once even outside the user's lock)."""
     found = await balance(connection, user_id)
-    if found.entries or welcome_points <= 0:
+    if found.welcomed or welcome_points <= 0:
         return found
     await grant(connection, user_id, welcome_points, WELCOME_GRANT_KEY, "welcome", now)
-    return Balance(available=welcome_points, reserved=0, entries=1)
+    return Balance(
+        available=found.available + welcome_points, reserved=found.reserved, welcomed=True
+    )
 
 
 async def grant_points(
-    engine: AsyncEngine, user_id: str, amount: int, key: str, reason: str, now: datetime
-) -> Balance:
-    """An operator's grant, idempotent by ``key``; returns the balance after it."""
+    engine: AsyncEngine,
+    user_id: str,
+    amount: int,
+    key: str,
+    reason: str,
+    welcome_points: int,
+    now: datetime,
+) -> Granted:
+    """An operator's grant, idempotent by ``key``: the same key with the same amount and
+    reason grants nothing more; with another, IdempotencyKeyReused."""
     async with user_transaction(engine, user_id) as connection:
-        await grant(connection, user_id, amount, key, reason, now)
-        return await balance(connection, user_id)
+        new = await grant(connection, user_id, amount, key, reason, now)
+        if not new:
+            earlier = (
+                await connection.execute(GRANT_BY_KEY, {"user_id": user_id, "key": key})
+            ).one()
+            if (earlier.amount, earlier.reason) != (amount, reason):
+                raise IdempotencyKeyReused()
+        found = await balance_after_welcome(connection, user_id, welcome_points, now)
+        return Granted(found, new)
 
 
 async def read_balance(

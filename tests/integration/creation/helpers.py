@@ -1,17 +1,30 @@
-"""Shared helpers for creation's store tests."""
+"""Shared helpers for creation's integration tests: requests, counts, its own database,
+and the service itself on real listeners."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import grpc
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.creation.app import build
+from services.creation.settings import CreationSettings
 from services.creation.store.jobs import SubmitLimits
 from services.creation.submission import SubmitCommand, validate
 from services.creation.tables import job_events, outbox, points_ledger
+from services.dev.processes import free_port
+from services.kit.auth import issue_token
+from services.kit.clock import SettableClock
+from services.kit.server import RunningService
+from services.kit.settings import DEV_JWT_SECRET, DEV_SERVICE_TOKEN, ListenSettings
+from tests.support.rpc import bearer
 
 LIMITS = SubmitLimits(daily_quota=50, in_flight_limit=50, max_attempts=3, welcome_points=100)
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -79,3 +92,47 @@ async def side_rows(engine: AsyncEngine, job_id: str) -> dict[str, Any]:
         "outbox_versions": list(versions),
         "ledger": [tuple(entry) for entry in ledger],
     }
+
+
+@dataclass
+class CreationHarness:
+    """creation running in this process on real listeners over its own database."""
+
+    running: RunningService
+    clock: SettableClock
+
+    def public_channel(self) -> grpc.aio.Channel:
+        return grpc.aio.insecure_channel(f"127.0.0.1:{self.running.public_port}")
+
+    def internal_channel(self) -> grpc.aio.Channel:
+        return grpc.aio.insecure_channel(f"127.0.0.1:{self.running.internal_port}")
+
+
+@asynccontextmanager
+async def running_creation(
+    database_url: str, media_address: str | None = None, **extra: str
+) -> AsyncIterator[CreationHarness]:
+    """The creation service as `atelier serve creation` builds it; media is wherever
+    ``media_address`` says (by default a port where nothing listens)."""
+    settings = CreationSettings.from_env(
+        {
+            "ATELIER_DATABASE_URL": database_url,
+            "ATELIER_DRAIN_GRACE": "0",
+            "ATELIER_MEDIA_INTERNAL_ADDRESS": media_address or f"127.0.0.1:{free_port()}",
+            **{f"ATELIER_{name}": value for name, value in extra.items()},
+        }
+    )
+    clock = SettableClock(T0)
+    running = RunningService(build(settings, clock), settings.common, ListenSettings(0, 0, 0))
+    await running.start()
+    try:
+        yield CreationHarness(running, clock)
+    finally:
+        await running.stop()
+
+
+def user_token(user_id: str, ttl_seconds: int = 600) -> tuple[tuple[str, str], ...]:
+    return bearer(issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", user_id, ttl_seconds))
+
+
+SERVICE = bearer(DEV_SERVICE_TOKEN)

@@ -4,11 +4,9 @@ fencing, heartbeats, completion, failure and retry, the reaper's decisions, oper
 from __future__ import annotations
 
 import asyncio
-import itertools
 from datetime import datetime, timedelta
 
 import pytest
-from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.domain import Actor, Job, Status, Step
@@ -17,35 +15,22 @@ from services.creation.store import admin, ledger, worker
 from services.creation.store import jobs as store
 from services.creation.store.jobs import SubmitLimits
 from services.creation.store.writes import IllegalTransition, write
-from services.creation.tables import jobs
 from tests.integration.creation.helpers import LIMITS, T0, command, new_user, side_rows
 
 TTL = timedelta(seconds=30)
-# Each claim_one puts its job ahead of everything claimed before (jobs of other tests
-# included), so a claim of one takes exactly that job.
-_front = itertools.count(1_000_000)
 ASSET = "7b0c4e8e-5d6f-4a51-9d1e-0c7f3e2b1a90"
 
 
-async def submitted(engine: AsyncEngine, user: str | None = None, priority: int = 0) -> Job:
-    job = (await store.submit(engine, user or new_user(), command(), LIMITS, T0)).job
-    if priority:
-        async with engine.begin() as connection:
-            await connection.execute(
-                update(jobs).where(jobs.c.job_id == job.job_id).values(priority=priority)
-            )
-    return job
+async def submitted(engine: AsyncEngine, user: str | None = None) -> Job:
+    return (await store.submit(engine, user or new_user(), command(), LIMITS, T0)).job
 
 
 async def claim_one(
     engine: AsyncEngine, job: Job, worker_id: str = "w1", now: datetime = T0
 ) -> Job:
-    """Claims exactly ``job`` (other tests' jobs may be due too)."""
-    async with engine.begin() as connection:
-        await connection.execute(
-            update(jobs).where(jobs.c.job_id == job.job_id).values(priority=next(_front))
-        )
-    claimed = await worker.claim(engine, worker_id, 1, TTL, now)
+    """Claims ``job``, which must be the only one due: each test starts with an empty
+    queue of its own, so anything else claimed here is a bug."""
+    claimed = await worker.claim(engine, worker_id, 10, TTL, now)
     assert [c.job_id for c in claimed] == [job.job_id]
     return claimed[0]
 
@@ -57,7 +42,7 @@ async def balance(engine: AsyncEngine, user: str) -> tuple[int, int]:
 
 async def test_cancel_queued_job_releases_points(engine: AsyncEngine) -> None:
     job = await submitted(engine)
-    cancelled = await store.cancel(engine, job.user_id, job.job_id, T0)
+    cancelled = (await store.cancel(engine, job.user_id, job.job_id, T0)).job
     assert (cancelled.status, cancelled.version, cancelled.completed_at) == (
         Status.CANCELLED,
         2,
@@ -66,7 +51,8 @@ async def test_cancel_queued_job_releases_points(engine: AsyncEngine) -> None:
     assert await balance(engine, job.user_id) == (100, 0)
     # Twice is harmless: nothing changes.
     again = await store.cancel(engine, job.user_id, job.job_id, T0)
-    assert again.version == 2
+    assert not again.changed
+    assert again.job.version == 2
     rows = await side_rows(engine, job.job_id)
     assert rows["ledger"] == [("reserve", 5), ("release", 5)]
     assert rows["outbox_versions"] == [1, 2]
@@ -74,13 +60,14 @@ async def test_cancel_queued_job_releases_points(engine: AsyncEngine) -> None:
 
 async def test_cancel_running_job_asks_the_worker(engine: AsyncEngine) -> None:
     job = await claim_one(engine, await submitted(engine))
-    requested = await store.cancel(engine, job.user_id, job.job_id, T0)
+    requested = (await store.cancel(engine, job.user_id, job.job_id, T0)).job
     assert (requested.status, requested.cancel_requested, requested.version) == (
         Status.RUNNING,
         True,
         job.version + 1,
     )
-    assert (await store.cancel(engine, job.user_id, job.job_id, T0)).version == requested.version
+    again = await store.cancel(engine, job.user_id, job.job_id, T0)
+    assert (again.job.version, again.changed) == (requested.version, False)
     done = await worker.acknowledge_cancel(engine, job.job_id, job.lease_epoch, T0)
     assert done is not None
     assert done.status is Status.CANCELLED
@@ -125,23 +112,23 @@ async def test_claim_runs_the_job_and_success_captures(engine: AsyncEngine) -> N
 async def test_concurrent_claims_never_share_a_job(engine: AsyncEngine) -> None:
     user = new_user()
     limits = SubmitLimits(daily_quota=100, in_flight_limit=100, max_attempts=3, welcome_points=1000)
-    for _ in range(30):
-        await store.submit(engine, user, command(), limits, T0)
+    made = {(await store.submit(engine, user, command(), limits, T0)).job.job_id for _ in range(30)}
+    # Ten workers asking for five each: room for 50, so every one of the 30 is claimed,
+    # and none twice.
     batches = await asyncio.gather(*(worker.claim(engine, f"w{i}", 5, TTL, T0) for i in range(10)))
     claimed = [job.job_id for batch in batches for job in batch]
-    assert len(claimed) == len(set(claimed))
+    assert len(claimed) == len(set(claimed)) == 30
+    assert set(claimed) == made
+    # Each claimed job is held by the worker that claimed it.
+    for index, batch in enumerate(batches):
+        assert all(job.lease_owner == f"w{index}" for job in batch)
 
 
 async def test_a_stale_worker_is_fenced_off(engine: AsyncEngine) -> None:
     first = await claim_one(engine, await submitted(engine), "old")
     # The lease expires; the reaper queues it; another worker claims it.
     await worker.reap(engine, T0 + TTL * 2, 1000)
-    async with engine.begin() as connection:
-        await connection.execute(
-            update(jobs).where(jobs.c.job_id == first.job_id).values(priority=next(_front))
-        )
-    second = (await worker.claim(engine, "new", 1, TTL, T0 + TTL * 2))[0]
-    assert second.job_id == first.job_id
+    second = await claim_one(engine, first, "new", T0 + TTL * 2)
     assert second.lease_epoch == first.lease_epoch + 1
     assert await worker.complete(engine, first.job_id, first.lease_epoch, ASSET, T0) is None
     assert (
@@ -216,15 +203,14 @@ async def test_backoff_delays_the_next_claim(engine: AsyncEngine) -> None:
         retry_delay=timedelta(minutes=5),
         now=T0,
     )
-    claimed_early = await worker.claim(engine, "w", 1000, TTL, T0 + timedelta(minutes=4))
-    assert job.job_id not in {c.job_id for c in claimed_early}
+    assert await worker.claim(engine, "w", 1000, TTL, T0 + timedelta(minutes=4)) == []
     claimed_late = await worker.claim(engine, "w", 1000, TTL, T0 + timedelta(minutes=6))
-    assert job.job_id in {c.job_id for c in claimed_late}
+    assert [c.job_id for c in claimed_late] == [job.job_id]
 
 
 async def reaped(engine: AsyncEngine, job: Job) -> Job:
-    found = [r for r in await worker.reap(engine, T0 + TTL * 2, 1000) if r.job_id == job.job_id]
-    assert len(found) == 1
+    found = await worker.reap(engine, T0 + TTL * 2, 1000)
+    assert [r.job_id for r in found] == [job.job_id]
     return found[0]
 
 
@@ -261,21 +247,20 @@ async def test_reaper_sends_an_unknown_submit_to_an_operator(engine: AsyncEngine
     # Points stay held while an operator decides.
     assert await balance(engine, job.user_id) == (95, 5)
     listed, _ = await admin.list_attention(engine, 1000, None)
-    assert job.job_id in {j.job_id for j in listed}
+    assert [j.job_id for j in listed] == [job.job_id]
 
 
 async def test_reaper_resubmits_when_the_provider_submit_is_idempotent(engine: AsyncEngine) -> None:
     job = await claim_one(engine, await submitted(engine))
     await worker.mark_submitting(engine, job.job_id, job.lease_epoch, T0)
-    found = [
-        r for r in await worker.reap(engine, T0 + TTL * 2, 1000, {"stub"}) if r.job_id == job.job_id
-    ]
-    assert found[0].status is Status.QUEUED
+    found = await worker.reap(engine, T0 + TTL * 2, 1000, {"stub"})
+    assert [(r.job_id, r.status) for r in found] == [(job.job_id, Status.QUEUED)]
 
 
 async def test_operator_decisions(engine: AsyncEngine) -> None:
     outcomes = {}
-    for decision in (admin.Decision.RETRY, admin.Decision.FAIL, admin.Decision.CANCEL):
+    # RETRY last: it queues its job again, which the next claim would take.
+    for decision in (admin.Decision.FAIL, admin.Decision.CANCEL, admin.Decision.RETRY):
         job = await claim_one(engine, await submitted(engine))
         await worker.mark_submitting(engine, job.job_id, job.lease_epoch, T0)
         await reaped(engine, job)
@@ -283,7 +268,7 @@ async def test_operator_decisions(engine: AsyncEngine) -> None:
             engine, job.job_id, decision, "ops@atelier", "checked the provider", T0
         )
         outcomes[decision] = (resolved.status, await balance(engine, job.user_id))
-        events, _ = await admin.list_events(engine, job.job_id, 100, 0)
+        events, _ = await admin.list_events(engine, job.job_id, 100, None)
         assert events[-1].actor_id == "ops@atelier"
         assert events[-1].reason == "checked the provider"
         with pytest.raises(JobNotAwaitingOperator):
@@ -298,7 +283,7 @@ async def test_operator_decisions(engine: AsyncEngine) -> None:
 async def test_events_record_every_status_change_with_its_actor(engine: AsyncEngine) -> None:
     job = await claim_one(engine, await submitted(engine))
     await worker.complete(engine, job.job_id, job.lease_epoch, ASSET, T0)
-    events, cursor = await admin.list_events(engine, job.job_id, 100, 0)
+    events, cursor = await admin.list_events(engine, job.job_id, 100, None)
     assert cursor is None
     assert [(e.from_status, e.to_status, e.actor.value) for e in events] == [
         (None, Status.QUEUED, "user"),

@@ -160,8 +160,8 @@ async def test_catalog_problems_name_the_field(
     assert await count(engine, points_ledger, user_id=user) == 0
 
 
-async def test_a_commit_notifies_the_outbox_channel(engine: AsyncEngine, database_url: str) -> None:
-    listener = await asyncpg.connect(**connect_kwargs(database_url))  # type: ignore[arg-type]
+async def test_a_commit_notifies_the_outbox_channel(engine: AsyncEngine, creation_url: str) -> None:
+    listener = await asyncpg.connect(**connect_kwargs(creation_url))  # type: ignore[arg-type]
     heard: asyncio.Queue[str] = asyncio.Queue()
     await listener.add_listener(OUTBOX_CHANNEL, lambda *args: heard.put_nowait(args[2]))
     try:

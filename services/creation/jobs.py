@@ -1,0 +1,113 @@
+"""What creation does with a user's jobs, whoever asks: submit (with the input-asset
+rules), read, list, cancel, and the user's balance. The servicer translates protobuf; the
+store runs SQL; the rules that need both the store and media live here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.creation.domain import Job, Status
+from services.creation.errors import InputAssetNotFound, InputAssetNotReady, InvalidRequest, Reason
+from services.creation.media_client import DownloadUrl, MediaClient
+from services.creation.store import jobs as job_store
+from services.creation.store import ledger
+from services.creation.store.jobs import Cursor, SubmitLimits
+from services.creation.submission import SubmitCommand
+from services.kit.clock import Clock, system_clock
+from services.kit.logging import get_logger
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job as its owner sees it: with a fresh download link once it has an output."""
+
+    job: Job
+    output: DownloadUrl | None = None
+
+
+class Jobs:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        media: MediaClient,
+        limits: SubmitLimits,
+        clock: Clock = system_clock,
+    ) -> None:
+        self._engine = engine
+        self._media = media
+        self._limits = limits
+        self._clock = clock
+
+    async def submit(self, user_id: str, command: SubmitCommand) -> Job:
+        """A new job, or the one an earlier submit with the same key made (a replay asks
+        media nothing: the input was checked when the job was made)."""
+        submitted = await job_store.find_replay(self._engine, user_id, command)
+        if submitted is None:
+            await self._check_input_asset(user_id, command.input_asset_id)
+            submitted = await job_store.submit(
+                self._engine, user_id, command, self._limits, self._clock()
+            )
+        job = submitted.job
+        if submitted.replayed:
+            log.info("job_submit_replayed", job_id=job.job_id, user_id=user_id)
+        else:
+            log.info(
+                "job_submitted",
+                job_id=job.job_id,
+                user_id=user_id,
+                model_id=job.model_id,
+                style_id=job.style_id,
+                price_points=job.price_points,
+            )
+        return job
+
+    async def _check_input_asset(self, user_id: str, asset_id: str) -> None:
+        """The input must be the caller's own, uploaded as an input photo, and complete.
+        Unknown, someone else's and deleted all look the same."""
+        info = await self._media.asset_info(asset_id)
+        if info is None or info.owner_user_id != user_id or info.status == "deleted":
+            raise InputAssetNotFound()
+        if info.purpose != "ai_input":
+            raise InvalidRequest(
+                Reason.INPUT_ASSET_WRONG_PURPOSE, "input_asset_id", "is not an uploaded input photo"
+            )
+        if info.status != "ready":
+            raise InputAssetNotReady()
+
+    async def get(self, user_id: str, job_id: str) -> JobView:
+        job = await job_store.get(self._engine, user_id, job_id)
+        if job.output_asset_id is None:
+            return JobView(job)
+        return JobView(job, await self._media.download_url(job.output_asset_id))
+
+    async def list_page(
+        self, user_id: str, status: Status | None, limit: int, after: Cursor | None
+    ) -> tuple[list[Job], Cursor | None]:
+        return await job_store.list_for_user(self._engine, user_id, status, limit, after)
+
+    async def cancel(self, user_id: str, job_id: str) -> Job:
+        cancelled = await job_store.cancel(self._engine, user_id, job_id, self._clock())
+        job = cancelled.job
+        if not cancelled.changed:
+            return job  # asked before: nothing new to say
+        if job.status is Status.CANCELLED:
+            log.info("job_cancelled", job_id=job.job_id, user_id=user_id, version=job.version)
+        else:
+            # Running or awaiting an operator: whoever holds it finishes the cancel.
+            log.info(
+                "job_cancel_requested",
+                job_id=job.job_id,
+                user_id=user_id,
+                status=job.status.value,
+                version=job.version,
+            )
+        return job
+
+    async def balance(self, user_id: str) -> ledger.Balance:
+        return await ledger.read_balance(
+            self._engine, user_id, self._limits.welcome_points, self._clock()
+        )

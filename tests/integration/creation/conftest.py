@@ -1,0 +1,34 @@
+"""creation's integration tests: each module gets a migrated database of its own, and
+each test starts from an empty job queue, so a claim takes exactly the jobs the test made
+(no priority tricks, no other test's rows)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from services.kit.db import asyncpg_url
+from tests.support.databases import migrated_database
+
+# Every table a test's jobs and points touch; the catalog (seeded by migration) stays.
+_JOB_TABLES = "creation.outbox, creation.job_events, creation.points_ledger, creation.jobs"
+
+
+@pytest.fixture(scope="module")
+def creation_url(postgres_admin_url: str) -> Iterator[str]:
+    """A database with creation's schema only, for this module alone."""
+    with migrated_database(postgres_admin_url, "creation") as url:
+        yield url
+
+
+@pytest.fixture
+async def engine(creation_url: str) -> AsyncIterator[AsyncEngine]:
+    """An engine on the module's database, whose job tables are emptied first."""
+    engine = create_async_engine(asyncpg_url(creation_url))
+    async with engine.begin() as connection:
+        await connection.execute(text(f"TRUNCATE {_JOB_TABLES}"))
+    yield engine
+    await engine.dispose()
