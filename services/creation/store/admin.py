@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.creation.domain import Actor, Event, Job, Status
 from services.creation.errors import JobNotAwaitingOperator, JobNotFound
 from services.creation.store.jobs import Cursor
+from services.creation.store.predicates import status_is
 from services.creation.store.rows import job_from_row
 from services.creation.store.writes import lock_job, write
 from services.creation.tables import job_events, jobs
@@ -21,7 +22,7 @@ async def list_attention(
     engine: AsyncEngine, limit: int, after: Cursor | None
 ) -> tuple[list[Job], Cursor | None]:
     """Oldest first by last change (rides ix_jobs_needs_attention)."""
-    query = select(jobs).where(jobs.c.status == Status.NEEDS_ATTENTION.value)
+    query = select(jobs).where(status_is(Status.NEEDS_ATTENTION))
     if after is not None:
         query = query.where(
             or_(

@@ -22,6 +22,7 @@ from services.creation.errors import (
 )
 from services.creation.store import ledger
 from services.creation.store.changes import Change, record
+from services.creation.store.predicates import status_is
 from services.creation.store.rows import job_from_row
 from services.creation.store.users import lock_user
 from services.creation.store.writes import lock_job, write
@@ -66,15 +67,17 @@ CATALOG_SNAPSHOT = select(
     .label("style_kind"),
 ).where(models.c.model_id == bindparam("model_id"), models.c.enabled)
 
-_in_flight = jobs.c.status.in_([s.value for s in IN_FLIGHT])
-# Jobs the user made today and jobs still in flight (rides ix_jobs_user_newest and
-# ix_jobs_user_in_flight).
+# Jobs the user made today (rides ix_jobs_user_newest) and jobs still in flight (rides
+# ix_jobs_user_in_flight): two counts in one round trip, each on its own index.
 LIMIT_COUNTS = select(
-    func.count().filter(jobs.c.created_at >= bindparam("day_start")).label("today"),
-    func.count().filter(_in_flight).label("in_flight"),
-).where(
-    jobs.c.user_id == bindparam("user_id"),
-    or_(jobs.c.created_at >= bindparam("day_start"), _in_flight),
+    select(func.count())
+    .where(jobs.c.user_id == bindparam("user_id"), jobs.c.created_at >= bindparam("day_start"))
+    .scalar_subquery()
+    .label("today"),
+    select(func.count())
+    .where(jobs.c.user_id == bindparam("user_id"), status_is(*IN_FLIGHT))
+    .scalar_subquery()
+    .label("in_flight"),
 )
 
 
