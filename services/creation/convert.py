@@ -111,6 +111,20 @@ def outbox_payload(job: Job) -> dict[str, Any]:
     return payload
 
 
+def submitted_payload(job_id: str, user_id: str, now: datetime) -> dict[str, Any]:
+    """The outbox payload of a job's first version (queued, nothing else set yet), known
+    before its row is written: equal to ``outbox_payload`` of that row."""
+    state = job_state_pb2.JobState(
+        job_id=job_id,
+        user_id=user_id,
+        version=1,
+        status=STATUS_TO_PROTO[Status.QUEUED],
+        update_time=timestamp(now),
+    )
+    payload: dict[str, Any] = json_format.MessageToDict(state)
+    return payload
+
+
 def event_message(event: Event) -> job_pb2.JobEvent:
     return job_pb2.JobEvent(
         job_id=event.job_id,
