@@ -12,6 +12,7 @@ from services.creation.admin_servicer import AdminServicer
 from services.creation.media_client import MediaClient
 from services.creation.servicer import CreationServicer
 from services.creation.settings import CreationSettings
+from services.creation.store.catalog import CachedCatalog
 from services.creation.store.jobs import SubmitLimits
 from services.kit.db import Database
 from services.kit.server import Binding, ServiceApp, run_service
@@ -32,7 +33,12 @@ def build(settings: CreationSettings) -> ServiceApp:
             Binding(
                 creation_service_pb2.DESCRIPTOR.services_by_name["CreationService"],
                 creation_service_pb2_grpc.add_CreationServiceServicer_to_server,
-                CreationServicer(database.engine, media, limits),
+                CreationServicer(
+                    database.engine,
+                    media,
+                    limits,
+                    catalog=CachedCatalog(database.engine, settings.catalog_ttl_seconds),
+                ),
             )
         ],
         internal=[

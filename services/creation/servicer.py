@@ -53,8 +53,10 @@ class CreationServicer(creation_service_pb2_grpc.CreationServiceServicer):
         media: MediaClient,
         limits: job_store.SubmitLimits,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        catalog: catalog_store.CachedCatalog | None = None,
     ) -> None:
         self._engine = engine
+        self._catalog = catalog or catalog_store.CachedCatalog(engine, ttl_seconds=0)
         self._media = media
         self._limits = limits
         self._clock = clock
@@ -64,7 +66,7 @@ class CreationServicer(creation_service_pb2_grpc.CreationServiceServicer):
     ) -> creation_service_pb2.ListCatalogResponse:
         # An unknown enum number (newer client) filters to nothing rather than failing.
         kind = _KIND_FROM_PROTO.get(request.media_kind, "unknown") if request.media_kind else None
-        catalog = await catalog_store.list_enabled(self._engine, kind)
+        catalog = await self._catalog.enabled(kind)
         return creation_service_pb2.ListCatalogResponse(
             models=[
                 catalog_pb2.Model(

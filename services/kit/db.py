@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 # Constraint and index names every schema uses, so migrations and tables agree on them.
 NAMING_CONVENTION = {
@@ -56,3 +59,12 @@ class Database:
 
     async def close(self) -> None:
         await self.engine.dispose()
+
+
+@asynccontextmanager
+async def reading(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A connection for reads that need no transaction: in autocommit mode, so a lone
+    SELECT costs one round trip instead of BEGIN + SELECT + ROLLBACK."""
+    async with engine.connect() as connection:
+        await connection.execution_options(isolation_level="AUTOCOMMIT")
+        yield connection

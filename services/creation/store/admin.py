@@ -16,6 +16,7 @@ from services.creation.store.predicates import status_is
 from services.creation.store.rows import job_from_row
 from services.creation.store.writes import lock_job, write
 from services.creation.tables import job_events, jobs
+from services.kit.db import reading
 
 
 async def list_attention(
@@ -31,7 +32,7 @@ async def list_attention(
             )
         )
     query = query.order_by(jobs.c.updated_at, jobs.c.job_id).limit(limit + 1)
-    async with engine.connect() as connection:
+    async with reading(engine) as connection:
         rows = (await connection.execute(query)).all()
     found = [job_from_row(r._mapping) for r in rows[:limit]]
     more = len(rows) > limit
@@ -92,7 +93,7 @@ async def list_events(
     engine: AsyncEngine, job_id: str, limit: int, after_event_id: int
 ) -> tuple[list[Event], int | None]:
     """Oldest first (rides uq_job_events_job_id_version)."""
-    async with engine.connect() as connection:
+    async with reading(engine) as connection:
         if (
             await connection.execute(select(jobs.c.job_id).where(jobs.c.job_id == job_id))
         ).first() is None:

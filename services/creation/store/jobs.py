@@ -28,6 +28,7 @@ from services.creation.store.users import lock_user
 from services.creation.store.writes import lock_job, write
 from services.creation.submission import SubmitCommand
 from services.creation.tables import jobs
+from services.kit.db import reading
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ async def find_replay(
     user's lock by :func:`submit`)."""
     if command.idempotency_key is None:
         return None
-    async with engine.connect() as connection:
+    async with reading(engine) as connection:
         existing = await _by_key(connection, user_id, command.idempotency_key)
     return _replay(existing, command) if existing else None
 
@@ -143,7 +144,7 @@ async def submit(
 
 
 async def get(engine: AsyncEngine, user_id: str, job_id: str) -> Job:
-    async with engine.connect() as connection:
+    async with reading(engine) as connection:
         row = (
             await connection.execute(
                 select(jobs).where(jobs.c.job_id == job_id, jobs.c.user_id == user_id)
@@ -177,7 +178,7 @@ async def list_for_user(
             )
         )
     query = query.order_by(jobs.c.created_at.desc(), jobs.c.job_id.desc()).limit(limit + 1)
-    async with engine.connect() as connection:
+    async with reading(engine) as connection:
         rows = (await connection.execute(query)).all()
     found = [job_from_row(r._mapping) for r in rows[:limit]]
     more = len(rows) > limit

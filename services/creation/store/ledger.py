@@ -6,21 +6,19 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, bindparam, case, func, select
+from sqlalchemy import ColumnElement, bindparam, case, func, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.creation.store.users import lock_user
 from services.creation.tables import points_ledger
-
-WELCOME_GRANT_KEY = "welcome"
+from services.kit.db import reading
 
 
 @dataclass(frozen=True)
 class Balance:
     available: int
     reserved: int
-    entries: int = 0  # ledger rows of the user: none means never seen
 
 
 def _total(kind: str) -> ColumnElement[Any]:
@@ -36,7 +34,6 @@ BALANCE = select(
     _total("reserve").label("reserved"),
     _total("capture").label("captured"),
     _total("release").label("released"),
-    func.count().label("entries"),
 ).where(points_ledger.c.user_id == bindparam("user_id"))
 
 
@@ -46,7 +43,6 @@ async def balance(connection: AsyncConnection, user_id: str) -> Balance:
     return Balance(
         available=int(row.granted - row.reserved + row.released),
         reserved=int(row.reserved - row.captured - row.released),
-        entries=int(row.entries),
     )
 
 
@@ -70,18 +66,6 @@ async def grant(
     return inserted.first() is not None
 
 
-async def balance_after_welcome(
-    connection: AsyncConnection, user_id: str, welcome_points: int, now: datetime
-) -> Balance:
-    """The balance, granting a user seen for the first time their welcome points (once,
-    whatever happens later; call it under the user's lock)."""
-    found = await balance(connection, user_id)
-    if found.entries or welcome_points <= 0:
-        return found
-    await grant(connection, user_id, welcome_points, WELCOME_GRANT_KEY, "welcome", now)
-    return Balance(available=welcome_points, reserved=0, entries=1)
-
-
 async def grant_points(
     engine: AsyncEngine, user_id: str, amount: int, key: str, reason: str, now: datetime
 ) -> Balance:
@@ -92,9 +76,45 @@ async def grant_points(
         return await balance(connection, user_id)
 
 
+# The balance, granting the welcome points first if this user never had them; one
+# statement that needs no transaction around it (the unique grant key makes the welcome
+# race-free against a concurrent submit's own welcome).
+BALANCE_AFTER_WELCOME = text(
+    """
+WITH settings AS (SELECT CAST(:welcome_points AS bigint) AS welcome_points),
+welcome AS (
+  INSERT INTO creation.points_ledger (user_id, kind, amount, grant_key, reason, created_at)
+  SELECT :user_id, 'grant', welcome_points, 'welcome', 'welcome', :now
+  FROM settings
+  WHERE welcome_points > 0 AND NOT EXISTS (
+    SELECT 1 FROM creation.points_ledger WHERE user_id = :user_id AND grant_key = 'welcome')
+  ON CONFLICT ON CONSTRAINT uq_points_ledger_user_id_grant_key DO NOTHING
+  RETURNING amount
+)
+SELECT
+  coalesce(sum(amount) FILTER (WHERE kind = 'grant'), 0) AS granted,
+  coalesce(sum(amount) FILTER (WHERE kind = 'reserve'), 0) AS reserved,
+  coalesce(sum(amount) FILTER (WHERE kind = 'capture'), 0) AS captured,
+  coalesce(sum(amount) FILTER (WHERE kind = 'release'), 0) AS released,
+  (SELECT coalesce(sum(amount), 0) FROM welcome) AS welcomed
+FROM creation.points_ledger
+WHERE user_id = :user_id
+"""
+)
+
+
 async def read_balance(
     engine: AsyncEngine, user_id: str, welcome_points: int, now: datetime
 ) -> Balance:
-    async with engine.begin() as connection:
-        await lock_user(connection, user_id)
-        return await balance_after_welcome(connection, user_id, welcome_points, now)
+    """The user's balance, with their welcome points if they never had them."""
+    async with reading(engine) as connection:
+        row = (
+            await connection.execute(
+                BALANCE_AFTER_WELCOME,
+                {"user_id": user_id, "welcome_points": welcome_points, "now": now},
+            )
+        ).one()
+    return Balance(
+        available=int(row.granted - row.reserved + row.released + row.welcomed),
+        reserved=int(row.reserved - row.captured - row.released),
+    )
