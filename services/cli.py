@@ -16,6 +16,11 @@ SERVICES = ("creation", "media", "notify")
 
 def _serve(args: argparse.Namespace) -> int:
     module = importlib.import_module(f"services.{args.service}.app")
+    if args.service == "creation":
+        return int(module.main(role=args.role))
+    if args.role != "all":
+        print(f"atelier serve: --role is for creation, not {args.service}", file=sys.stderr)
+        return 2
     return int(module.main())
 
 
@@ -58,6 +63,12 @@ def parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run one service (settings from ATELIER_*)")
     serve.add_argument("service", choices=SERVICES)
+    serve.add_argument(
+        "--role",
+        choices=("api", "worker", "all"),
+        default="all",
+        help="creation only: api (RPCs), worker (background components) or all",
+    )
     serve.set_defaults(run=_serve)
 
     migrate = commands.add_parser("migrate", help="apply a service's schema migrations")

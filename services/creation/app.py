@@ -1,4 +1,9 @@
-"""Assembles the creation service: servicers, database, media client, readiness."""
+"""Assembles the creation service: servicers, database, media client, readiness.
+
+One program, three roles: ``api`` serves the public and admin RPCs and runs no background
+components; ``worker`` runs the background components and listens only internally (health
+and reflection, for probes); ``all`` does both (development, small deployments).
+"""
 
 from __future__ import annotations
 
@@ -14,12 +19,35 @@ from services.creation.servicer import CreationServicer
 from services.creation.settings import CreationSettings
 from services.creation.store.catalog import CachedCatalog
 from services.creation.store.jobs import SubmitLimits
+from services.kit.components import Component
 from services.kit.db import Database
 from services.kit.server import Binding, ServiceApp, run_service
 
+ROLES = ("api", "worker", "all")
 
-def build(settings: CreationSettings) -> ServiceApp:
-    database = Database(settings.common.database_url, application_name="atelier-creation")
+
+def components(settings: CreationSettings, database: Database) -> list[Component]:
+    """The background work of a worker process. The job worker, lease keeper, reaper and
+    outbox relay land here; none exists yet."""
+    return []
+
+
+def build(settings: CreationSettings, role: str = "all") -> ServiceApp:
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}")
+    database = Database(
+        settings.common.database_url, "atelier-creation", limits=settings.common.database
+    )
+    if role == "worker":
+        return ServiceApp(
+            name="creation",
+            public=[],
+            internal=[],
+            serve_public=False,
+            readiness=database.answers,
+            components=components(settings, database),
+            cleanup=[database.close],
+        )
     media = MediaClient(settings.media_internal_address, settings.common.service_token)
     limits = SubmitLimits(
         daily_quota=settings.daily_quota,
@@ -49,10 +77,11 @@ def build(settings: CreationSettings) -> ServiceApp:
             )
         ],
         readiness=database.answers,
+        components=components(settings, database) if role == "all" else [],
         cleanup=[media.close, database.close],
     )
 
 
-def main() -> int:
+def main(role: str = "all") -> int:
     settings = CreationSettings.from_env()
-    return run_service(build(settings), settings.common, settings.listen)
+    return run_service(build(settings, role), settings.common, settings.listen)

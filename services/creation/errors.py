@@ -6,6 +6,7 @@ from __future__ import annotations
 import grpc
 
 from services.kit.errors import ApiError, DomainError, FieldViolation
+from services.kit.outages import DependencyUnavailable
 
 
 class Reason:
@@ -26,6 +27,7 @@ class Reason:
     JOB_ALREADY_FINISHED = "JOB_ALREADY_FINISHED"
     JOB_NOT_AWAITING_OPERATOR = "JOB_NOT_AWAITING_OPERATOR"
     INVALID_ADMIN_REQUEST = "INVALID_ADMIN_REQUEST"
+    USER_BUSY = "USER_BUSY"
 
 
 class CreationError(DomainError):
@@ -128,13 +130,26 @@ class InputAssetNotReady(CreationError):
         )
 
 
-class MediaUnavailable(CreationError):
+class MediaUnavailable(DependencyUnavailable, CreationError):
+    """media did not answer, or answered that it cannot serve now. The client sees
+    MEDIA_UNAVAILABLE whatever media's own reason: it talks to creation, and its next step
+    is the same (retry later); media's reason travels as ``cause`` for operators."""
+
+    def __init__(self, cause: str = "", retry_after_seconds: float = 1.0) -> None:
+        super().__init__(Reason.MEDIA_UNAVAILABLE, "media", cause, retry_after_seconds)
+
+
+class UserBusy(CreationError):
+    """Other requests of the same user hold or wait for the user's lock."""
+
+    RETRY_AFTER_SECONDS = 1.0
+
     def to_api_error(self) -> ApiError:
         return ApiError(
-            grpc.StatusCode.UNAVAILABLE,
-            Reason.MEDIA_UNAVAILABLE,
-            "the media service did not answer; try again",
-            retry_after_seconds=1,
+            grpc.StatusCode.ABORTED,
+            Reason.USER_BUSY,
+            "other requests of this user are in progress; try again",
+            retry_after_seconds=self.RETRY_AFTER_SECONDS,
         )
 
 

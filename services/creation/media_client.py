@@ -9,11 +9,14 @@ import grpc
 
 from atelier.media.v1 import asset_pb2, media_internal_service_pb2, media_internal_service_pb2_grpc
 from services.creation.errors import MediaUnavailable
+from services.kit.grpc_client import InternalClient, RemoteFailure
 from services.kit.logging import get_logger
+from services.kit.outages import Throttle
 
 log = get_logger(__name__)
 
-CALL_TIMEOUT_SECONDS = 3.0
+# Well inside a client's own deadline: a frozen media costs a submit this long, not more.
+CALL_TIMEOUT_SECONDS = 2.0
 _PURPOSES = {
     asset_pb2.ASSET_PURPOSE_AI_INPUT: "ai_input",
     asset_pb2.ASSET_PURPOSE_AI_OUTPUT: "ai_output",
@@ -39,13 +42,22 @@ class DownloadUrl:
     expires_at: datetime
 
 
+# Reads only: a retry after UNAVAILABLE can do no harm.
+_IDEMPOTENT = ("GetAssetInfo", "GetAssetUrl")
+_SERVICE = "atelier.media.v1.MediaInternalService"
+
+
 class MediaClient:
-    def __init__(self, address: str, service_token: str) -> None:
-        self._address = address
-        self._metadata = (("authorization", f"Bearer {service_token}"),)
-        # Opened on first use: a grpc.aio channel belongs to the event loop that made it,
-        # and the service is assembled before its loop starts.
-        self._channel: grpc.aio.Channel | None = None
+    def __init__(
+        self, address: str, service_token: str, timeout_seconds: float = CALL_TIMEOUT_SECONDS
+    ) -> None:
+        self._client = InternalClient(
+            address,
+            service_token,
+            service=_SERVICE,
+            idempotent_methods=_IDEMPOTENT,
+            timeout_seconds=timeout_seconds,
+        )
         self._stub_instance: (
             media_internal_service_pb2_grpc.MediaInternalServiceAsyncStub | None
         ) = None
@@ -53,30 +65,27 @@ class MediaClient:
     @property
     def _stub(self) -> media_internal_service_pb2_grpc.MediaInternalServiceAsyncStub:
         if self._stub_instance is None:
-            self._channel = grpc.aio.insecure_channel(self._address)
             self._stub_instance = media_internal_service_pb2_grpc.MediaInternalServiceStub(
-                self._channel
+                self._client.channel
             )
         return self._stub_instance
 
     async def close(self) -> None:
-        if self._channel is not None:
-            await self._channel.close(grace=None)
+        await self._client.close()
+        self._stub_instance = None
 
     async def asset_info(self, asset_id: str) -> AssetInfo | None:
         """The asset's metadata; None when media knows no such asset."""
         try:
             reply = await self._stub.GetAssetInfo(
                 media_internal_service_pb2.GetAssetInfoRequest(asset_id=asset_id),
-                metadata=self._metadata,
-                timeout=CALL_TIMEOUT_SECONDS,
+                **self._client.call_options(),
             )
         except grpc.aio.AioRpcError as error:
             # A malformed id is as unknown as a missing one.
             if error.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
                 return None
-            log.warning("media_call_failed", call="GetAssetInfo", code=error.code().name)
-            raise MediaUnavailable() from None
+            raise _unavailable("GetAssetInfo", RemoteFailure.of(error)) from None
         asset = reply.asset
         return AssetInfo(
             asset_id=asset.asset_id,
@@ -91,10 +100,26 @@ class MediaClient:
         try:
             reply = await self._stub.GetAssetUrl(
                 media_internal_service_pb2.GetAssetUrlRequest(asset_id=asset_id),
-                metadata=self._metadata,
-                timeout=CALL_TIMEOUT_SECONDS,
+                **self._client.call_options(),
             )
         except grpc.aio.AioRpcError as error:
-            log.warning("media_call_failed", call="GetAssetUrl", code=error.code().name)
+            failure = RemoteFailure.of(error)
+            if _log_throttle.admit(f"GetAssetUrl:{failure.reason}") is not None:
+                log.warning("media_call_failed", call="GetAssetUrl", reason=failure.reason)
             return None
         return DownloadUrl(reply.download_url, reply.expire_time.ToDatetime(tzinfo=UTC))
+
+
+# An outage fails every call: one line per call and reason per window is enough.
+_log_throttle = Throttle()
+
+
+def _unavailable(call: str, failure: RemoteFailure) -> MediaUnavailable:
+    """media's own reason (DATABASE_UNAVAILABLE, DEADLINE_EXCEEDED, ...) becomes the cause
+    of our MEDIA_UNAVAILABLE; its retry hint is kept when it gave one."""
+    if not failure.transient and _log_throttle.admit(f"{call}:{failure.reason}") is not None:
+        # Not an outage (a bad credential, a bug in media): worth an operator's look.
+        log.error("media_call_failed", call=call, code=failure.code.name, reason=failure.reason)
+    if failure.retry_after_seconds is None:
+        return MediaUnavailable(cause=failure.reason)
+    return MediaUnavailable(cause=failure.reason, retry_after_seconds=failure.retry_after_seconds)

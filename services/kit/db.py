@@ -1,4 +1,10 @@
-"""The async SQLAlchemy engine over asyncpg, shared by every service's store."""
+"""The async SQLAlchemy engine over asyncpg, shared by every service's store.
+
+Every wait has a deadline (:class:`DatabaseSettings`): connecting, checking a connection
+out of the pool, each statement and each lock wait. PostgreSQL enforces statement_timeout
+and lock_timeout itself; asyncpg's command_timeout is the client-side backstop for a
+server that cannot answer at all (stopped with SIGSTOP, a dead network path).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,8 @@ from contextlib import asynccontextmanager
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from services.kit.settings import DatabaseSettings
 
 # Constraint and index names every schema uses, so migrations and tables agree on them.
 NAMING_CONVENTION = {
@@ -29,15 +37,37 @@ def asyncpg_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
+def _milliseconds(seconds: float) -> str:
+    return str(max(1, round(seconds * 1000)))
+
+
+# Past the server's own statement_timeout, so a live server cancels first (a clean
+# QueryCanceled, the connection stays usable) and the client only gives up on a mute one.
+CLIENT_TIMEOUT_MARGIN_SECONDS = 0.25
+
+
 def create_engine(
-    url: str, *, pool_size: int = 10, application_name: str = "atelier"
+    url: str,
+    *,
+    application_name: str = "atelier",
+    limits: DatabaseSettings | None = None,
 ) -> AsyncEngine:
+    limits = limits or DatabaseSettings()
     return create_async_engine(
         asyncpg_url(url),
-        pool_size=pool_size,
-        max_overflow=pool_size,
+        pool_size=limits.pool_size,
+        max_overflow=limits.pool_size,
+        pool_timeout=limits.pool_timeout_seconds,
         pool_pre_ping=True,
-        connect_args={"server_settings": {"application_name": application_name}},
+        connect_args={
+            "timeout": limits.connect_timeout_seconds,
+            "command_timeout": limits.statement_timeout_seconds + CLIENT_TIMEOUT_MARGIN_SECONDS,
+            "server_settings": {
+                "application_name": application_name,
+                "statement_timeout": _milliseconds(limits.statement_timeout_seconds),
+                "lock_timeout": _milliseconds(limits.lock_timeout_seconds),
+            },
+        },
     )
 
 
@@ -51,8 +81,10 @@ async def database_answers(engine: AsyncEngine) -> bool:
 class Database:
     """A service's engine with the hooks the server bootstrap wants."""
 
-    def __init__(self, url: str, application_name: str) -> None:
-        self.engine = create_engine(url, application_name=application_name)
+    def __init__(
+        self, url: str, application_name: str, limits: DatabaseSettings | None = None
+    ) -> None:
+        self.engine = create_engine(url, application_name=application_name, limits=limits)
 
     async def answers(self) -> bool:
         return await database_answers(self.engine)

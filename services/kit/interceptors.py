@@ -21,6 +21,7 @@ from services.kit import metrics
 from services.kit.auth import Authenticator, reset_principal, set_principal
 from services.kit.errors import ApiError, DomainError, internal, unimplemented
 from services.kit.logging import get_logger
+from services.kit.outages import DependencyUnavailable, Throttle, classify
 
 log = get_logger(__name__)
 
@@ -93,11 +94,13 @@ def wrap_handler(handler: Handler, around: Around) -> Handler:
 
 class ObservabilityInterceptor(Interceptor):
     """Counts and times every RPC by method and status code, logs it, and maps exceptions
-    to statuses: ApiError to its own status, anything unexpected to INTERNAL with generic
+    to statuses: ApiError to its own status, a dependency outage to UNAVAILABLE naming it
+    (one throttled line per kind, no stack), anything unexpected to INTERNAL with generic
     text (the stack goes to the log, never to the client)."""
 
-    def __init__(self, service: str) -> None:
+    def __init__(self, service: str, throttle: Throttle | None = None) -> None:
         self._service = service
+        self._throttle = throttle or Throttle()
 
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
@@ -110,6 +113,7 @@ class ObservabilityInterceptor(Interceptor):
         async def around(context: Context, call: Callable[[], Awaitable[None]]) -> None:
             started = time.perf_counter()
             code = grpc.StatusCode.OK
+            failure: ApiError | None = None
             try:
                 await call()
                 code = context.code() or grpc.StatusCode.OK
@@ -120,33 +124,61 @@ class ObservabilityInterceptor(Interceptor):
                 code = grpc.StatusCode.CANCELLED
                 raise
             except ApiError as error:
-                code = error.code
-                await _abort(context, error)
-            except DomainError as failure:
-                mapped = _api_form(failure, method)
-                code = mapped.code
-                await _abort(context, mapped)
+                failure = error
+            except DomainError as domain_failure:
+                failure = _api_form(domain_failure, method, self._throttle)
             except NotImplementedError:
-                code = grpc.StatusCode.UNIMPLEMENTED
-                await _abort(context, unimplemented())
-            except Exception:
-                code = grpc.StatusCode.INTERNAL
-                log.exception("rpc_failed", method=method)
-                await _abort(context, internal())
+                failure = unimplemented()
+            except Exception as error:
+                failure = self._unexpected(error, method)
             finally:
+                # Counted and logged before the status goes out: a client that has its
+                # answer can read the metric.
+                if failure is not None:
+                    code = failure.code
                 elapsed = time.perf_counter() - started
                 metrics.observe_rpc(self._service, method, code.name, elapsed)
                 if not method.startswith(UNAUTHENTICATED_PREFIXES):
                     log.info(
                         "rpc_finished", method=method, code=code.name, seconds=round(elapsed, 6)
                     )
+            if failure is not None:
+                await _abort(context, failure)
 
         return wrap_handler(handler, around)
 
+    def _unexpected(self, error: Exception, method: str) -> ApiError:
+        outage = classify(error)
+        if outage is None:
+            log.exception("rpc_failed", method=method)
+            return internal()
+        error_name = type(error).__name__
+        log_unavailable(
+            self._throttle, outage.dependency, outage.kind, method=method, error=error_name
+        )
+        return outage.api_error()
 
-def _api_form(failure: DomainError, method: str) -> ApiError:
+
+def log_unavailable(throttle: Throttle, dependency: str, kind: str, **fields: Any) -> None:
+    """One short line per dependency and kind per throttle window, never a stack trace."""
+    suppressed = throttle.admit(f"{dependency}:{kind}")
+    if suppressed is not None:
+        log.warning(
+            "dependency_unavailable",
+            dependency=dependency,
+            kind=kind,
+            suppressed=suppressed,
+            **fields,
+        )
+
+
+def _api_form(failure: DomainError, method: str, throttle: Throttle) -> ApiError:
     """The client's view of a domain failure; a failure with no mapping is a bug, shown as
     INTERNAL like any other (never as UNKNOWN with its text)."""
+    if isinstance(failure, DependencyUnavailable):
+        log_unavailable(
+            throttle, failure.dependency, failure.cause or failure.reason, method=method
+        )
     try:
         return failure.to_api_error()
     except Exception:

@@ -3,8 +3,11 @@
 A service process has two gRPC listeners: the public one (end users, JWT bearer; the only
 one the edge routes to) and the internal one (our own services, service credential).
 Each has reflection and the standard health service. Health follows a readiness probe
-(it is not SERVING while the database is unreachable) and flips to NOT_SERVING before
-the servers stop, so load balancers drain traffic first.
+(it is not SERVING while the database is unreachable or too slow to answer).
+
+Stop order: health NOT_SERVING → keep serving for the drain window (balancers notice and
+route elsewhere) → stop the background components, each within its deadline → drain the
+servers (``stop(grace)``) → cleanup (close pools).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,10 +26,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from services.kit.auth import Authenticator, JwtAuthenticator, ServiceAuthenticator
-from services.kit.interceptors import AuthInterceptor, ObservabilityInterceptor
+from services.kit.components import Component, Supervisor
+from services.kit.interceptors import AuthInterceptor, ObservabilityInterceptor, log_unavailable
 from services.kit.logging import configure as configure_logging
 from services.kit.logging import get_logger
 from services.kit.metrics import serve_metrics
+from services.kit.outages import Throttle, classify
 from services.kit.settings import CommonSettings, ListenSettings
 
 log = get_logger(__name__)
@@ -40,8 +46,6 @@ SERVER_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.max_receive_message_length", 8 * 1024 * 1024),
 ]
-
-READINESS_PERIOD_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -66,10 +70,13 @@ class ServiceApp:
     internal: Sequence[Binding]
     # Says whether the service can do its job now (e.g. its database answers).
     readiness: Callable[[], Awaitable[bool]] | None = None
-    # Long-running tasks (worker loops, relays); if one dies, the process stops.
-    background: Sequence[Callable[[], Awaitable[None]]] = ()
+    # Background work (worker loops, relays, housekeeping); if one dies, the process stops.
+    components: Sequence[Component] = ()
     # Runs after the servers stopped (close pools, engines).
     cleanup: Sequence[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    # False for processes that only run components (creation --role worker): no public
+    # listener at all; the internal one still answers health and reflection.
+    serve_public: bool = True
 
 
 def build_interceptors(
@@ -111,85 +118,136 @@ class RunningService:
         self.app = app
         self._common = common
         self._listen = listen
-        self._public = _Listener(
-            app.name,
-            app.public,
-            JwtAuthenticator(common.jwt_secret, common.jwt_issuer, common.jwt_audience),
+        self._public = (
+            _Listener(
+                app.name,
+                app.public,
+                JwtAuthenticator(common.jwt_secret, common.jwt_issuer, common.jwt_audience),
+            )
+            if app.serve_public
+            else None
         )
         self._internal = _Listener(
             app.name, app.internal, ServiceAuthenticator(common.service_token)
         )
+        self._listeners = [x for x in (self._public, self._internal) if x is not None]
         self.public_port = 0
         self.internal_port = 0
-        self._tasks: list[asyncio.Task[None]] = []
-        # Set when a background task dies: the process must stop rather than limp on.
-        self.failed = asyncio.Event()
-        self.failure: BaseException | None = None
+        self._readiness_task: asyncio.Task[None] | None = None
+        self._probe: asyncio.Task[bool] | None = None
+        self._probe_log = Throttle()
+        self.components = Supervisor(app.components)
+
+    @property
+    def failed(self) -> asyncio.Event:
+        """Set when a component dies: the process must stop rather than limp on."""
+        return self.components.failed
+
+    @property
+    def failure(self) -> BaseException | None:
+        return self.components.failure
 
     async def start(self) -> None:
         host = self._common.host
-        self.public_port = self._public.server.add_insecure_port(
-            f"{host}:{self._listen.public_port}"
-        )
+        if self._public is not None:
+            self.public_port = self._public.server.add_insecure_port(
+                f"{host}:{self._listen.public_port}"
+            )
         self.internal_port = self._internal.server.add_insecure_port(
             f"{host}:{self._listen.internal_port}"
         )
         if self._listen.metrics_port:
             serve_metrics(host, self._listen.metrics_port)
-        await self._public.server.start()
-        await self._internal.server.start()
+        for listener in self._listeners:
+            await listener.server.start()
         await self._refresh_health()
-        self._tasks.append(asyncio.create_task(self._watch_readiness(), name="readiness"))
-        for job in self.app.background:
-            self._tasks.append(asyncio.create_task(self._supervise(job), name=job.__name__))
+        self._readiness_task = asyncio.create_task(self._watch_readiness(), name="readiness")
+        self.components.start()
         log.info(
             "service_started",
             service=self.app.name,
             public_port=self.public_port,
             internal_port=self.internal_port,
             metrics_port=self._listen.metrics_port,
+            components=[c.name for c in self.app.components],
         )
 
+    async def _ready(self) -> bool:
+        if self.app.readiness is None:
+            return True
+        # A probe that overran is left to finish on its own rather than awaited: a
+        # cancelled database call may itself wait on a server that does not answer.
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.create_task(_probe(self.app.readiness), name="readiness-probe")
+            # An overrun probe's failure is the timeout already reported, not news.
+            self._probe.add_done_callback(_retrieve)
+        probe = self._probe
+        await asyncio.wait({probe}, timeout=self._common.readiness_timeout_seconds)
+        if not probe.done():
+            # Not answering in time is as good as down (e.g. a frozen server).
+            log_unavailable(self._probe_log, "readiness", "probe_timeout")
+            return False
+        error = probe.exception()
+        if error is None:
+            return probe.result()
+        outage = classify(error)
+        if outage is not None:
+            log_unavailable(self._probe_log, outage.dependency, outage.kind, probe="readiness")
+        elif self._probe_log.admit("readiness:unexpected") is not None:
+            log.error(
+                "readiness_probe_failed",
+                service=self.app.name,
+                error="".join(traceback.format_exception(error)),
+            )
+        return False
+
     async def _refresh_health(self) -> None:
-        ready = True
-        if self.app.readiness is not None:
-            try:
-                ready = await self.app.readiness()
-            except Exception:
-                log.exception("readiness_probe_failed", service=self.app.name)
-                ready = False
-        await self._public.set_serving(ready)
-        await self._internal.set_serving(ready)
+        ready = await self._ready()
+        for listener in self._listeners:
+            await listener.set_serving(ready)
 
     async def _watch_readiness(self) -> None:
         while True:
-            await asyncio.sleep(READINESS_PERIOD_SECONDS)
+            await asyncio.sleep(self._common.readiness_period_seconds)
             await self._refresh_health()
 
-    async def _supervise(self, job: Callable[[], Awaitable[None]]) -> None:
-        try:
-            await job()
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:
-            log.exception("background_task_died", service=self.app.name, task=job.__name__)
-            self.failure = exc
-            self.failed.set()
-
     async def stop(self) -> None:
-        grace = self._common.drain_grace_seconds
-        log.info("service_draining", service=self.app.name, grace_seconds=grace)
-        await self._public.health.enter_graceful_shutdown()
-        await self._internal.health.enter_graceful_shutdown()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
+        common = self._common
+        log.info(
+            "service_draining",
+            service=self.app.name,
+            window_seconds=common.drain_window_seconds,
+            grace_seconds=common.drain_grace_seconds,
+        )
+        # NOT_SERVING first, for good: the readiness loop can no longer change it.
+        for listener in self._listeners:
+            await listener.health.enter_graceful_shutdown()
+        if self._readiness_task is not None:
+            self._readiness_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await asyncio.gather(self._public.server.stop(grace), self._internal.server.stop(grace))
+                await self._readiness_task
+        if self._probe is not None and not self._probe.done():
+            self._probe.cancel()  # not awaited for long, for the reason in _ready
+            await asyncio.wait({self._probe}, timeout=1.0)
+        # Still serving: balancers that saw NOT_SERVING route new calls elsewhere meanwhile.
+        await asyncio.sleep(common.drain_window_seconds)
+        await self.components.stop(common.drain_grace_seconds)
+        log.info("servers_draining", service=self.app.name)
+        await asyncio.gather(
+            *(listener.server.stop(common.drain_grace_seconds) for listener in self._listeners)
+        )
         for cleanup in self.app.cleanup:
             await cleanup()
         log.info("service_stopped", service=self.app.name)
+
+
+async def _probe(readiness: Callable[[], Awaitable[bool]]) -> bool:
+    return await readiness()
+
+
+def _retrieve(task: asyncio.Task[bool]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 async def serve_until_signalled(

@@ -114,6 +114,39 @@ def port(reader: EnvReader, name: str, default: int) -> int:
 
 
 @dataclass(frozen=True)
+class DatabaseSettings:
+    """Deadlines for every way a database call can wait. A server that is down or frozen
+    must cost a caller seconds, not its whole deadline; a frozen server cannot enforce
+    its own statement_timeout, so the client times every statement out too."""
+
+    statement_timeout_seconds: float = 2.0
+    lock_timeout_seconds: float = 1.0
+    pool_timeout_seconds: float = 2.0
+    connect_timeout_seconds: float = 1.5
+    pool_size: int = 10
+
+    @classmethod
+    def read(cls, reader: EnvReader) -> DatabaseSettings:
+        settings = cls(
+            statement_timeout_seconds=reader.seconds(
+                "DB_STATEMENT_TIMEOUT", 2.0, minimum=0.1, maximum=600
+            ),
+            lock_timeout_seconds=reader.seconds("DB_LOCK_TIMEOUT", 1.0, minimum=0.05, maximum=600),
+            pool_timeout_seconds=reader.seconds("DB_POOL_TIMEOUT", 2.0, minimum=0.05, maximum=600),
+            connect_timeout_seconds=reader.seconds(
+                "DB_CONNECT_TIMEOUT", 1.5, minimum=0.1, maximum=120
+            ),
+            pool_size=reader.integer("DB_POOL_SIZE", 10, minimum=1, maximum=200),
+        )
+        reader.require(
+            settings.lock_timeout_seconds <= settings.statement_timeout_seconds,
+            "DB_LOCK_TIMEOUT",
+            "must not exceed ATELIER_DB_STATEMENT_TIMEOUT",
+        )
+        return settings
+
+
+@dataclass(frozen=True)
 class CommonSettings:
     """What every service process needs."""
 
@@ -126,6 +159,14 @@ class CommonSettings:
     service_token: str
     log_level: str
     drain_grace_seconds: float
+    # After SIGTERM: how long the listeners keep serving while health says NOT_SERVING,
+    # so load balancers stop routing here before connections are refused.
+    drain_window_seconds: float = 0.0
+    # The readiness probe runs every period and counts as failed after its timeout:
+    # health follows the database within period + timeout.
+    readiness_period_seconds: float = 1.0
+    readiness_timeout_seconds: float = 1.5
+    database: DatabaseSettings = DatabaseSettings()
 
     @classmethod
     def read(cls, reader: EnvReader) -> CommonSettings:
@@ -144,6 +185,16 @@ class CommonSettings:
                 "LOG_LEVEL", "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR")
             ),
             drain_grace_seconds=reader.seconds("DRAIN_GRACE", 10.0, minimum=0, maximum=300),
+            drain_window_seconds=reader.seconds(
+                "DRAIN_WINDOW", 5.0 if env == "prod" else 0.0, minimum=0, maximum=120
+            ),
+            readiness_period_seconds=reader.seconds(
+                "READINESS_PERIOD", 1.0, minimum=0.1, maximum=60
+            ),
+            readiness_timeout_seconds=reader.seconds(
+                "READINESS_TIMEOUT", 1.5, minimum=0.1, maximum=60
+            ),
+            database=DatabaseSettings.read(reader),
         )
         if env == "prod":
             reader.require(

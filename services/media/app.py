@@ -3,14 +3,13 @@ housekeeping and, for the local backend, the HTTP listener that serves signed UR
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 from atelier.media.v1 import (
     media_internal_service_pb2,
     media_internal_service_pb2_grpc,
     media_service_pb2,
     media_service_pb2_grpc,
 )
+from services.kit.components import Component, TaskComponent
 from services.kit.db import Database
 from services.kit.server import Binding, ServiceApp, run_service
 from services.media.assets import Assets, Clock, Limits, utc_now
@@ -39,7 +38,9 @@ def build(
     settings: MediaSettings, storage: ObjectStorage | None = None, clock: Clock = utc_now
 ) -> ServiceApp:
     """``storage`` overrides the configured backend and ``clock`` the time (tests)."""
-    database = Database(settings.common.database_url, application_name="atelier-media")
+    database = Database(
+        settings.common.database_url, "atelier-media", limits=settings.common.database
+    )
     storage = storage or open_storage(settings)
     store = AssetStore(database.engine)
     assets = Assets(
@@ -61,10 +62,10 @@ def build(
         batch_size=settings.housekeeping_batch,
         clock=clock,
     )
-    background: list[Callable[[], Awaitable[None]]] = [housekeeper.housekeeping_loop]
+    components: list[Component] = [TaskComponent("housekeeping", housekeeper.housekeeping_loop)]
     if isinstance(storage, LocalStorage):
         objects = ObjectHttpServer(storage, settings.common.host, settings.http_port)
-        background.append(objects.serve_objects)
+        components.append(TaskComponent("object_http", objects.serve_objects))
     return ServiceApp(
         name="media",
         public=[
@@ -82,7 +83,7 @@ def build(
             )
         ],
         readiness=database.answers,
-        background=background,
+        components=components,
         cleanup=[storage.close, database.close],
     )
 

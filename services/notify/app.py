@@ -15,7 +15,9 @@ from services.notify.settings import NotifySettings
 
 
 def build(settings: NotifySettings) -> ServiceApp:
-    database = Database(settings.common.database_url, application_name="atelier-notify")
+    database = Database(
+        settings.common.database_url, "atelier-notify", limits=settings.common.database
+    )
     return ServiceApp(
         name="notify",
         public=[

@@ -12,6 +12,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client import REGISTRY
+from sqlalchemy import text
 
 from atelier.creation.v1 import (
     admin_service_pb2,
@@ -21,7 +22,10 @@ from atelier.creation.v1 import (
     creation_service_pb2_grpc,
 )
 from atelier.notify.v1 import job_state_pb2, notify_service_pb2, notify_service_pb2_grpc
+from services.dev.processes import free_port
 from services.kit.auth import current_principal, issue_token
+from services.kit.components import ComponentFailed, Supervisor, TaskComponent
+from services.kit.db import create_engine
 from services.kit.errors import ApiError, DomainError, FieldViolation, invalid_argument
 from services.kit.server import Binding, RunningService, ServiceApp, placeholder
 from services.kit.settings import (
@@ -31,7 +35,7 @@ from services.kit.settings import (
     EnvReader,
     ListenSettings,
 )
-from tests.support.rpc import bad_request, bearer, error_info
+from tests.support.rpc import bad_request, bearer, error_info, retry_delay
 
 USER_TOKEN = issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", "alice", 300)
 
@@ -333,10 +337,183 @@ async def test_a_dying_background_task_fails_the_service() -> None:
     async def crashes() -> None:
         raise RuntimeError("relay lost its mind")
 
-    app = ServiceApp(name="kit-crash", public=[], internal=[], background=[crashes])
+    app = ServiceApp(
+        name="kit-crash", public=[], internal=[], components=[TaskComponent("relay", crashes)]
+    )
     common = CommonSettings.read(EnvReader({"ATELIER_DRAIN_GRACE": "0"}))
     running = RunningService(app, common, ListenSettings(0, 0, 0))
     await running.start()
     await asyncio.wait_for(running.failed.wait(), timeout=5)
     assert isinstance(running.failure, RuntimeError)
     await running.stop()
+
+
+class DatabaseDown(creation_service_pb2_grpc.CreationServiceServicer):
+    """Every call reaches for a database that is not there, through the real driver."""
+
+    def __init__(self) -> None:
+        self.engine = create_engine(f"postgresql://postgres@127.0.0.1:{free_port()}/none")
+
+    async def GetBalance(self, request: Any, context: Any) -> Any:
+        async with self.engine.connect() as connection:
+            await connection.execute(text("SELECT 1"))
+
+
+async def test_a_database_outage_is_unavailable_with_one_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    servicer = DatabaseDown()
+    app = ServiceApp(
+        name="kit-outage",
+        public=[
+            Binding(
+                creation_service_pb2.DESCRIPTOR.services_by_name["CreationService"],
+                creation_service_pb2_grpc.add_CreationServiceServicer_to_server,
+                servicer,
+            )
+        ],
+        internal=[],
+    )
+    running = RunningService(app, CommonSettings.read(EnvReader({})), ListenSettings(0, 0, 0))
+    await running.start()
+    try:
+        async with channel(running.public_port) as ch:
+            stub = creation_service_pb2_grpc.CreationServiceStub(ch)
+            for _ in range(5):
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await stub.GetBalance(
+                        creation_service_pb2.GetBalanceRequest(), metadata=bearer(USER_TOKEN)
+                    )
+                assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+                assert error_info(caught.value).reason == "DATABASE_UNAVAILABLE"
+                assert retry_delay(caught.value) is not None
+    finally:
+        await running.stop()
+        await servicer.engine.dispose()
+    outage_lines = [r for r in caplog.records if r.getMessage() == "dependency_unavailable"]
+    assert len(outage_lines) == 1
+    assert not any(r.exc_info for r in caplog.records)
+
+
+class Recorder:
+    """A component that notes what it saw; its stop checks the server still answers."""
+
+    def __init__(self, name: str, events: list[str], probe: Any = None) -> None:
+        self.name = name
+        self.events = events
+        self.probe = probe
+        self._stop = asyncio.Event()
+
+    async def run(self) -> None:
+        self.events.append(f"{self.name} running")
+        await self._stop.wait()
+        self.events.append(f"{self.name} ended")
+
+    async def stop(self, deadline: float) -> None:
+        if self.probe is not None:
+            self.events.append(f"{self.name} stop; server answers: {await self.probe()}")
+        self._stop.set()
+
+
+async def test_sigterm_drain_keeps_serving_then_stops_components_before_the_server() -> None:
+    events: list[str] = []
+    holder: dict[str, RunningService] = {}
+
+    async def server_answers() -> bool:
+        async with channel(holder["running"].public_port) as ch:
+            stub = creation_service_pb2_grpc.CreationServiceStub(ch)
+            await stub.ListCatalog(
+                creation_service_pb2.ListCatalogRequest(), metadata=bearer(USER_TOKEN), timeout=2
+            )
+        return True
+
+    app = ServiceApp(
+        name="kit-drain",
+        public=[
+            Binding(
+                creation_service_pb2.DESCRIPTOR.services_by_name["CreationService"],
+                creation_service_pb2_grpc.add_CreationServiceServicer_to_server,
+                FakeCreation(),
+            )
+        ],
+        internal=[],
+        components=[Recorder("worker", events, server_answers)],
+        cleanup=[lambda: _note(events, "cleanup")],
+    )
+    common = CommonSettings.read(
+        EnvReader({"ATELIER_DRAIN_WINDOW": "1", "ATELIER_DRAIN_GRACE": "2"})
+    )
+    running = RunningService(app, common, ListenSettings(0, 0, 0))
+    holder["running"] = running
+    await running.start()
+    async with channel(running.public_port) as ch:
+        watch = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(service=""))
+        assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
+        stopping = asyncio.create_task(running.stop())
+        assert (await watch.read()).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        # Inside the window: health says NOT_SERVING, yet new calls are still served and
+        # the components still run.
+        assert await server_answers()
+        assert events == ["worker running"]
+        await stopping
+    assert events == [
+        "worker running",
+        "worker stop; server answers: True",
+        "worker ended",
+        "cleanup",
+    ]
+
+
+async def _note(events: list[str], event: str) -> None:
+    events.append(event)
+
+
+class Overrunning:
+    name = "stubborn"
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    async def run(self) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+
+    async def stop(self, deadline: float) -> None:
+        pass  # ignores the request
+
+
+async def test_a_component_that_overruns_its_deadline_is_cancelled() -> None:
+    stubborn = Overrunning()
+    supervisor = Supervisor([stubborn])
+    supervisor.start()
+    await asyncio.sleep(0)
+    await asyncio.wait_for(supervisor.stop(0.2), timeout=5)
+    assert stubborn.cancelled
+    assert supervisor.failure is None
+
+
+async def test_a_component_that_ends_on_its_own_fails_the_service() -> None:
+    async def returns() -> None:
+        return None
+
+    supervisor = Supervisor([TaskComponent("quitter", returns)])
+    supervisor.start()
+    await asyncio.wait_for(supervisor.failed.wait(), timeout=5)
+    assert isinstance(supervisor.failure, ComponentFailed)
+    await supervisor.stop(1)
+
+
+async def test_a_worker_only_process_has_no_public_listener() -> None:
+    app = ServiceApp(name="kit-worker", public=[], internal=[], serve_public=False)
+    running = RunningService(app, CommonSettings.read(EnvReader({})), ListenSettings(0, 0, 0))
+    await running.start()
+    try:
+        assert running.public_port == 0
+        async with channel(running.internal_port) as ch:
+            reply = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest())
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        await running.stop()

@@ -31,3 +31,15 @@ def bad_request(error: grpc.aio.AioRpcError) -> error_details_pb2.BadRequest | N
 
 def bearer(token: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),)
+
+
+def retry_delay(error: grpc.aio.AioRpcError | grpc.RpcError) -> float | None:
+    """The RetryInfo delay in seconds, or None when the status carries no RetryInfo."""
+    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    assert status is not None
+    for detail in status.details:
+        if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            found = error_details_pb2.RetryInfo()
+            detail.Unpack(found)
+            return found.retry_delay.seconds + found.retry_delay.nanos / 1e9
+    return None

@@ -1,0 +1,64 @@
+"""The kit's engine on real PostgreSQL: every session carries the statement and lock
+timeouts, and running past either is an outage answer, not a hang or a bug."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+from sqlalchemy import text
+
+from services.dev.postgres import connect_kwargs
+from services.kit.db import Database
+from services.kit.outages import Outage, classify
+from services.kit.settings import DatabaseSettings
+
+LIMITS = DatabaseSettings(
+    statement_timeout_seconds=0.5, lock_timeout_seconds=0.2, pool_timeout_seconds=0.3, pool_size=1
+)
+
+
+@pytest.fixture
+async def database(database_url: str) -> AsyncIterator[Database]:
+    db = Database(database_url, "deadline-test", limits=LIMITS)
+    yield db
+    await db.close()
+
+
+async def test_sessions_carry_the_timeouts(database: Database) -> None:
+    async with database.engine.connect() as connection:
+        statement = (await connection.execute(text("SHOW statement_timeout"))).scalar_one()
+        lock = (await connection.execute(text("SHOW lock_timeout"))).scalar_one()
+    assert (statement, lock) == ("500ms", "200ms")
+
+
+async def test_a_slow_statement_is_cancelled(database: Database) -> None:
+    with pytest.raises(Exception) as caught:  # noqa: PT011 - what it is, classify says
+        async with database.engine.connect() as connection:
+            await connection.execute(text("SELECT pg_sleep(5)"))
+    assert classify(caught.value) == Outage("database", "statement_timeout")
+
+
+async def test_a_lock_wait_ends_at_the_lock_timeout(database: Database, database_url: str) -> None:
+    holder = await asyncpg.connect(**connect_kwargs(database_url))
+    try:
+        await holder.execute("BEGIN")
+        await holder.execute("SELECT pg_advisory_xact_lock(424242)")
+        with pytest.raises(Exception) as caught:  # noqa: PT011
+            async with database.engine.begin() as connection:
+                await connection.execute(text("SELECT pg_advisory_xact_lock(424242)"))
+    finally:
+        await holder.close()
+    assert classify(caught.value) == Outage("database", "lock_timeout")
+
+
+async def test_a_full_pool_is_an_outage_after_the_pool_timeout(database: Database) -> None:
+    # pool_size 1 and as many overflow connections: the third checkout waits, then fails.
+    async with database.engine.connect() as first, database.engine.connect() as second:
+        await first.execute(text("SELECT 1"))
+        await second.execute(text("SELECT 1"))
+        with pytest.raises(Exception) as caught:  # noqa: PT011
+            async with database.engine.connect():
+                pass
+    assert classify(caught.value) == Outage("database", "pool_timeout")
