@@ -16,7 +16,7 @@ from services.creation.store.predicates import status_is
 from services.creation.store.rows import job_from_row
 from services.creation.store.writes import lock_job, write
 from services.creation.tables import job_events, jobs
-from services.kit.db import reading
+from services.kit.db import fetch, reading
 
 
 async def list_attention(
@@ -32,8 +32,7 @@ async def list_attention(
             )
         )
     query = query.order_by(jobs.c.updated_at, jobs.c.job_id).limit(limit + 1)
-    async with reading(engine) as connection:
-        rows = (await connection.execute(query)).all()
+    rows = await fetch(engine, query)
     found = [job_from_row(r._mapping) for r in rows[:limit]]
     more = len(rows) > limit
     return found, Cursor(found[-1].updated_at, found[-1].job_id) if more and found else None

@@ -7,11 +7,11 @@ import time
 from collections.abc import Callable
 
 from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.creation.catalog import Catalog, CatalogModel, CatalogStyle
 from services.creation.tables import models, styles
-from services.kit.db import reading
+from services.kit.db import read
 
 # Enabled models and styles in picker order (ride ix_models_picker / ix_styles_picker).
 ENABLED_MODELS = (
@@ -50,14 +50,16 @@ def _of_kind(catalog: Catalog, media_kind: str | None) -> Catalog:
 
 async def list_enabled(engine: AsyncEngine, media_kind: str | None) -> Catalog:
     """Enabled models and styles in picker order, read now."""
-    async with reading(engine) as connection:
+
+    async def both(connection: AsyncConnection) -> Catalog:
         model_rows = (await connection.execute(ENABLED_MODELS)).all()
         style_rows = (await connection.execute(ENABLED_STYLES)).all()
-    catalog = Catalog(
-        models=[CatalogModel(**row._mapping) for row in model_rows],
-        styles=[CatalogStyle(**row._mapping) for row in style_rows],
-    )
-    return _of_kind(catalog, media_kind)
+        return Catalog(
+            models=[CatalogModel(**row._mapping) for row in model_rows],
+            styles=[CatalogStyle(**row._mapping) for row in style_rows],
+        )
+
+    return _of_kind(await read(engine, both), media_kind)
 
 
 class CachedCatalog:

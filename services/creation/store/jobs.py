@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Row, and_, bindparam, or_, select
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.convert import submitted_payload
 from services.creation.domain import Actor, Job, Status
@@ -28,7 +28,7 @@ from services.creation.store.users import lock_user
 from services.creation.store.writes import lock_job, write
 from services.creation.submission import SubmitCommand
 from services.creation.tables import jobs
-from services.kit.db import reading
+from services.kit.db import fetch
 
 
 @dataclass(frozen=True)
@@ -57,9 +57,10 @@ JOB_BY_KEY = select(jobs).where(
 )
 
 
-async def _by_key(connection: AsyncConnection, user_id: str, key: str) -> Job | None:
-    row = (await connection.execute(JOB_BY_KEY, {"user_id": user_id, "key": key})).first()
-    return job_from_row(row._mapping) if row else None
+# One job of one user (primary key; another user's job is not found).
+JOB_OF_USER = select(jobs).where(
+    jobs.c.job_id == bindparam("job_id"), jobs.c.user_id == bindparam("user_id")
+)
 
 
 def _replay(existing: Job, command: SubmitCommand) -> Submitted:
@@ -75,9 +76,8 @@ async def find_replay(
     user's lock by :func:`submit`)."""
     if command.idempotency_key is None:
         return None
-    async with reading(engine) as connection:
-        existing = await _by_key(connection, user_id, command.idempotency_key)
-    return _replay(existing, command) if existing else None
+    rows = await fetch(engine, JOB_BY_KEY, {"user_id": user_id, "key": command.idempotency_key})
+    return _replay(job_from_row(rows[0]._mapping), command) if rows else None
 
 
 def _refusal(row: Row[Any], limits: SubmitLimits, now: datetime) -> Exception:
@@ -144,15 +144,10 @@ async def submit(
 
 
 async def get(engine: AsyncEngine, user_id: str, job_id: str) -> Job:
-    async with reading(engine) as connection:
-        row = (
-            await connection.execute(
-                select(jobs).where(jobs.c.job_id == job_id, jobs.c.user_id == user_id)
-            )
-        ).first()
-    if row is None:
+    rows = await fetch(engine, JOB_OF_USER, {"job_id": job_id, "user_id": user_id})
+    if not rows:
         raise JobNotFound()
-    return job_from_row(row._mapping)
+    return job_from_row(rows[0]._mapping)
 
 
 @dataclass(frozen=True)
@@ -178,8 +173,7 @@ async def list_for_user(
             )
         )
     query = query.order_by(jobs.c.created_at.desc(), jobs.c.job_id.desc()).limit(limit + 1)
-    async with reading(engine) as connection:
-        rows = (await connection.execute(query)).all()
+    rows = await fetch(engine, query)
     found = [job_from_row(r._mapping) for r in rows[:limit]]
     more = len(rows) > limit
     return found, Cursor(found[-1].created_at, found[-1].job_id) if more and found else None

@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.creation.store.users import lock_user
 from services.creation.tables import points_ledger
-from services.kit.db import reading
+from services.kit.db import fetch
 
 
 @dataclass(frozen=True)
@@ -107,13 +107,12 @@ async def read_balance(
     engine: AsyncEngine, user_id: str, welcome_points: int, now: datetime
 ) -> Balance:
     """The user's balance, with their welcome points if they never had them."""
-    async with reading(engine) as connection:
-        row = (
-            await connection.execute(
-                BALANCE_AFTER_WELCOME,
-                {"user_id": user_id, "welcome_points": welcome_points, "now": now},
-            )
-        ).one()
+    # Safe to send twice: the welcome is granted once whatever happens.
+    (row,) = await fetch(
+        engine,
+        BALANCE_AFTER_WELCOME,
+        {"user_id": user_id, "welcome_points": welcome_points, "now": now},
+    )
     return Balance(
         available=int(row.granted - row.reserved + row.released + row.welcomed),
         reserved=int(row.reserved - row.captured - row.released),
