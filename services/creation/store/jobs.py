@@ -24,7 +24,7 @@ from services.creation.errors import (
 )
 from services.creation.store.rows import job_from_row
 from services.creation.store.submit_statement import SUBMIT
-from services.creation.store.users import lock_user
+from services.creation.store.users import user_transaction
 from services.creation.store.writes import lock_job, write
 from services.creation.submission import SubmitCommand
 from services.creation.tables import jobs
@@ -108,8 +108,7 @@ async def submit(
     in one transaction, serialised per user so limits and idempotency hold under races:
     the user's lock, then one statement (see submit_statement)."""
     job_id = str(uuid.uuid4())
-    async with engine.begin() as connection:
-        await lock_user(connection, user_id)
+    async with user_transaction(engine, user_id) as connection:
         row = (
             await connection.execute(
                 SUBMIT,

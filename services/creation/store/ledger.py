@@ -10,7 +10,7 @@ from sqlalchemy import ColumnElement, bindparam, case, func, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from services.creation.store.users import lock_user
+from services.creation.store.users import user_transaction
 from services.creation.tables import points_ledger
 from services.kit.db import fetch
 
@@ -70,8 +70,7 @@ async def grant_points(
     engine: AsyncEngine, user_id: str, amount: int, key: str, reason: str, now: datetime
 ) -> Balance:
     """An operator's grant, idempotent by ``key``; returns the balance after it."""
-    async with engine.begin() as connection:
-        await lock_user(connection, user_id)
+    async with user_transaction(engine, user_id) as connection:
         await grant(connection, user_id, amount, key, reason, now)
         return await balance(connection, user_id)
 

@@ -1,29 +1,43 @@
 """Per-user serialisation: quotas, in-flight limits and balances are checked and changed
 by one transaction at a time per user.
 
-A wait for the lock is bounded twice, so one user's burst can never hold the pool that
-every user shares: PostgreSQL's lock_timeout ends a wait (USER_BUSY, retry), and within a
-process at most MAX_WAITERS_PER_USER requests of one user may wait at once; the next is
-refused at once, its connection back in the pool within a round trip.
+One user's burst must never hold the pool every user shares. So a user's requests queue
+in the process first, without a connection (at most one of them holds a connection and
+the user's advisory lock at a time), and every wait is bounded: the queue by
+QUEUE_WAIT_SECONDS and MAX_QUEUED_PER_USER, the advisory lock (held by another process)
+by PostgreSQL's lock_timeout. Past a bound the answer is USER_BUSY, to retry.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
 import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.creation.errors import UserBusy
 
 LOCK_USER = text("SELECT pg_advisory_xact_lock(hashtextextended('creation.user:' || :user_id, 0))")
 
-# A user's own app rarely has more than a couple of writes in flight; beyond that, a wait
-# would only queue behind the same lock.
-MAX_WAITERS_PER_USER = 4
+# A user's transactions take milliseconds: a queue this long or this slow means the user's
+# lock is stuck elsewhere, and waiting longer only ties up the caller.
+QUEUE_WAIT_SECONDS = 5.0
+MAX_QUEUED_PER_USER = 64
 
-# Requests of each user now waiting for the lock in this process (one event loop).
-_waiting: dict[str, int] = {}
+
+@dataclass
+class _Queue:
+    turn: asyncio.Lock = field(default_factory=asyncio.Lock)
+    members: int = 0  # the request holding the turn and those waiting for it
+
+
+# Each user's queue in this process (one event loop), while it has members.
+_queues: dict[str, _Queue] = {}
 
 
 def _lock_timed_out(error: DBAPIError) -> bool:
@@ -32,22 +46,37 @@ def _lock_timed_out(error: DBAPIError) -> bool:
 
 
 async def lock_user(connection: AsyncConnection, user_id: str) -> None:
-    """A transaction-scoped advisory lock on the user, released at commit or rollback.
-    Raises UserBusy when too many of the user's requests wait already, or the wait
-    outlasts the lock timeout."""
-    waiting = _waiting.get(user_id, 0)
-    if waiting >= MAX_WAITERS_PER_USER:
-        raise UserBusy()
-    _waiting[user_id] = waiting + 1
+    """A transaction-scoped advisory lock on the user, released at commit or rollback;
+    UserBusy when the wait outlasts the lock timeout."""
     try:
         await connection.execute(LOCK_USER, {"user_id": user_id})
     except DBAPIError as error:
         if _lock_timed_out(error):
             raise UserBusy() from None
         raise
+
+
+@asynccontextmanager
+async def user_transaction(engine: AsyncEngine, user_id: str) -> AsyncIterator[AsyncConnection]:
+    """A transaction that holds the user's lock, entered in the user's turn."""
+    queue = _queues.get(user_id)
+    if queue is None:
+        queue = _queues[user_id] = _Queue()
+    if queue.members >= MAX_QUEUED_PER_USER:
+        raise UserBusy()
+    queue.members += 1
+    try:
+        try:
+            await asyncio.wait_for(queue.turn.acquire(), QUEUE_WAIT_SECONDS)
+        except TimeoutError:
+            raise UserBusy() from None
+        try:
+            async with engine.begin() as connection:
+                await lock_user(connection, user_id)
+                yield connection
+        finally:
+            queue.turn.release()
     finally:
-        left = _waiting[user_id] - 1
-        if left:
-            _waiting[user_id] = left
-        else:
-            del _waiting[user_id]
+        queue.members -= 1
+        if queue.members == 0:
+            del _queues[user_id]
