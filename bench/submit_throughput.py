@@ -3,7 +3,8 @@
 Starts the real stack (three services and Envoy) on free ports against a throwaway
 database, stores one input photo per simulated user through media, then submits jobs with
 1 and 16 concurrent clients (each client its own user, as on a phone) and prints jobs/s
-and p50/p99 latency.
+and p50/p99 latency. In the same run it measures the anchor (a bare grpc.aio echo server
+in its own process) and the read RPCs at one client, and prints the ratios.
 
     .venv/bin/python bench/submit_throughput.py [--requests 2000] [--database-url URL]
 """
@@ -19,6 +20,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -33,6 +35,7 @@ from atelier.media.v1 import (
     media_internal_service_pb2,
     media_internal_service_pb2_grpc,
 )
+from bench.anchors import echo_call, echo_server
 from services.dev import postgres
 from services.dev.stack import Stack, StackPorts
 from services.kit.auth import issue_token
@@ -79,12 +82,21 @@ async def run_clients(
     return time.perf_counter() - began, latencies
 
 
-def report(label: str, clients: int, elapsed: float, latencies: list[float]) -> None:
+@dataclass(frozen=True)
+class Figure:
+    per_second: float
+    p50_ms: float
+    p99_ms: float
+
+
+def report(label: str, clients: int, elapsed: float, latencies: list[float]) -> Figure:
     cut = statistics.quantiles(latencies, n=100)
+    figure = Figure(len(latencies) / elapsed, cut[49] * 1000, cut[98] * 1000)
     print(
-        f"{label:<16} {clients:>7} {len(latencies):>8} {len(latencies) / elapsed:>9.0f}"
-        f" {cut[49] * 1000:>8.2f} {cut[98] * 1000:>8.2f}"
+        f"{label:<22} {clients:>7} {len(latencies):>8} {figure.per_second:>9.0f}"
+        f" {figure.p50_ms:>8.2f} {figure.p99_ms:>8.2f}"
     )
+    return figure
 
 
 async def new_users(stack: Stack) -> tuple[list[str], list[str]]:
@@ -95,10 +107,28 @@ async def new_users(stack: Stack) -> tuple[list[str], list[str]]:
     return tokens, assets
 
 
-async def bench(stack: Stack, requests: int) -> None:
+async def echo_anchor(address: str, requests: int) -> dict[int, Figure]:
+    figures = {}
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = echo_call(channel)
+        payload = b"x" * 64
+
+        async def once(_: int, __: int) -> None:
+            await call(payload)
+
+        for clients in (1, 16):
+            await run_clients(clients, 50 // clients or 1, once)  # warm-up
+            elapsed, latencies = await run_clients(clients, requests // clients, once)
+            figures[clients] = report("echo (anchor)", clients, elapsed, latencies)
+    return figures
+
+
+async def bench(stack: Stack, echo_address: str, requests: int) -> None:
     tokens: list[str] = []
     assets: list[str] = []
-    print(f"{'path':<16} {'clients':>7} {'jobs':>8} {'jobs/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
+    submits: dict[tuple[str, int], Figure] = {}
+    print(f"{'path':<22} {'clients':>7} {'calls':>8} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
+    echo = await echo_anchor(echo_address, requests)
 
     async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.ports.public['creation']}") as channel:
         stub = creation_service_pb2_grpc.CreationServiceStub(channel)
@@ -119,7 +149,7 @@ async def bench(stack: Stack, requests: int) -> None:
         for clients in (1, 16):
             tokens[:], assets[:] = await new_users(stack)
             elapsed, latencies = await run_clients(clients, requests // clients, over_grpc)
-            report("gRPC", clients, elapsed, latencies)
+            submits["grpc", clients] = report("SubmitJob gRPC", clients, elapsed, latencies)
 
     limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
     async with httpx.AsyncClient(
@@ -144,7 +174,62 @@ async def bench(stack: Stack, requests: int) -> None:
         for clients in (1, 16):
             tokens[:], assets[:] = await new_users(stack)
             elapsed, latencies = await run_clients(clients, requests // clients, over_envoy)
-            report("JSON via Envoy", clients, elapsed, latencies)
+            submits["json", clients] = report("SubmitJob via Envoy", clients, elapsed, latencies)
+
+    reads = await read_latencies(stack, tokens[0], assets[0], requests)
+    print()
+    print(
+        "ratios: SubmitJob gRPC / echo at 16 clients "
+        f"{submits['grpc', 16].per_second / echo[16].per_second:.3f} (throughput); "
+        "Envoy / gRPC p50 at 1 client "
+        f"{submits['json', 1].p50_ms / submits['grpc', 1].p50_ms:.2f}"
+    )
+    for name, figure in reads.items():
+        print(f"ratios: {name} p50 / echo p50 at 1 client {figure.p50_ms / echo[1].p50_ms:.2f}")
+
+
+async def read_latencies(
+    stack: Stack, token: str, asset_id: str, requests: int
+) -> dict[str, Figure]:
+    """The read RPCs at one client, each on a job and an asset that exist."""
+    user = (("authorization", f"Bearer {token}"),)
+    service = (("authorization", f"Bearer {DEV_SERVICE_TOKEN}"),)
+    figures = {}
+    creation = grpc.aio.insecure_channel(f"127.0.0.1:{stack.ports.public['creation']}")
+    media = grpc.aio.insecure_channel(f"127.0.0.1:{stack.ports.internal['media']}")
+    async with creation, media:
+        stub = creation_service_pb2_grpc.CreationServiceStub(creation)
+        media_stub = media_internal_service_pb2_grpc.MediaInternalServiceStub(media)
+        listed = await stub.ListJobs(
+            creation_service_pb2.ListJobsRequest(page_size=1), metadata=user
+        )
+        job_id = listed.jobs[0].job_id
+        calls: dict[str, Callable[[int, int], Awaitable[object]]] = {
+            "GetJob": lambda _, __: stub.GetJob(
+                creation_service_pb2.GetJobRequest(job_id=job_id), metadata=user
+            ),
+            "GetBalance": lambda _, __: stub.GetBalance(
+                creation_service_pb2.GetBalanceRequest(), metadata=user
+            ),
+            "ListCatalog": lambda _, __: stub.ListCatalog(
+                creation_service_pb2.ListCatalogRequest(), metadata=user
+            ),
+            "GetAssetInfo": lambda _, __: media_stub.GetAssetInfo(
+                media_internal_service_pb2.GetAssetInfoRequest(asset_id=asset_id),
+                metadata=service,
+            ),
+        }
+        for name, call in calls.items():
+
+            async def once(
+                client: int, n: int, call: Callable[..., Awaitable[object]] = call
+            ) -> None:
+                await call(client, n)
+
+            await run_clients(1, 20, once)  # warm-up
+            elapsed, latencies = await run_clients(1, requests, once)
+            figures[name] = report(name, 1, elapsed, latencies)
+    return figures
 
 
 def main() -> None:
@@ -177,7 +262,8 @@ def main() -> None:
     stack.migrate()
     stack.start()
     try:
-        asyncio.run(bench(stack, args.requests))
+        with echo_server() as echo_address:
+            asyncio.run(bench(stack, echo_address, args.requests))
     finally:
         stack.stop()
         postgres.drop_database(admin, name)

@@ -19,6 +19,7 @@ from services.creation.media_client import MediaClient
 from services.creation.operators import Operators
 from services.creation.servicer import CreationServicer
 from services.creation.settings import CreationSettings
+from services.creation.store.catalog import CachedCatalog
 from services.creation.store.jobs import SubmitLimits
 from services.kit.clock import Clock, system_clock
 from services.kit.components import Component
@@ -34,9 +35,7 @@ def components(settings: CreationSettings, database: Database) -> list[Component
     return []
 
 
-def build(
-    settings: CreationSettings, role: str = "all", clock: Clock = system_clock
-) -> ServiceApp:
+def build(settings: CreationSettings, role: str = "all", clock: Clock = system_clock) -> ServiceApp:
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}")
     database = Database(
@@ -65,7 +64,10 @@ def build(
             Binding(
                 creation_service_pb2.DESCRIPTOR.services_by_name["CreationService"],
                 creation_service_pb2_grpc.add_CreationServiceServicer_to_server,
-                CreationServicer(database.engine, Jobs(database.engine, media, limits, clock)),
+                CreationServicer(
+                    CachedCatalog(database.engine, settings.catalog_ttl_seconds),
+                    Jobs(database.engine, media, limits, clock),
+                ),
             )
         ],
         internal=[

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from grpc import aio
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from atelier.creation.v1 import catalog_pb2, creation_service_pb2, creation_service_pb2_grpc
 from services.creation import convert, submission
@@ -41,8 +40,8 @@ def _job_id(value: str) -> str:
 
 
 class CreationServicer(creation_service_pb2_grpc.CreationServiceServicer):
-    def __init__(self, engine: AsyncEngine, jobs: Jobs) -> None:
-        self._engine = engine  # the catalog: plain reads, no rules
+    def __init__(self, catalog: catalog_store.CachedCatalog, jobs: Jobs) -> None:
+        self._catalog = catalog  # plain reads, no rules
         self._jobs = jobs
 
     async def ListCatalog(
@@ -50,7 +49,7 @@ class CreationServicer(creation_service_pb2_grpc.CreationServiceServicer):
     ) -> creation_service_pb2.ListCatalogResponse:
         # An unknown enum number (newer client) filters to nothing rather than failing.
         kind = _KIND_FROM_PROTO.get(request.media_kind, "unknown") if request.media_kind else None
-        catalog = await catalog_store.list_enabled(self._engine, kind)
+        catalog = await self._catalog.enabled(kind)
         return creation_service_pb2.ListCatalogResponse(
             models=[
                 catalog_pb2.Model(

@@ -23,6 +23,7 @@ class CreationSettings:
     daily_quota: int
     in_flight_limit: int
     welcome_points: int
+    catalog_ttl_seconds: float
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> CreationSettings:
@@ -48,6 +49,9 @@ class CreationSettings:
             in_flight_limit=reader.integer("IN_FLIGHT_LIMIT", 3, minimum=1, maximum=1000),
             # Points a user starts with, granted once when first seen; 0 turns it off.
             welcome_points=reader.integer("WELCOME_POINTS", 100, minimum=0, maximum=1_000_000),
+            # How long ListCatalog may serve its in-process copy; a catalog edit shows
+            # within this long. 0 reads the database every time.
+            catalog_ttl_seconds=reader.seconds("CATALOG_TTL", 5, minimum=0, maximum=3600),
         )
         # A heartbeat must come well inside the lease, or live jobs would be reaped.
         reader.require(

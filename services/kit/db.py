@@ -4,13 +4,24 @@ Every wait has a deadline (:class:`DatabaseSettings`): connecting, checking a co
 out of the pool, each statement and each lock wait. PostgreSQL enforces statement_timeout
 and lock_timeout itself; asyncpg's command_timeout is the client-side backstop for a
 server that cannot answer at all (stopped with SIGSTOP, a dead network path).
+
+The pool holds a fixed number of connections (no overflow: connections opened and closed
+per burst would each prepare their statements again) and never pings on checkout (a ping
+is three messages per checkout). A connection the server closed is noticed by asyncpg
+when the socket closes and discarded at checkout, for free; a read that still lands on a
+dead connection is run once more on a fresh one.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import text
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+from sqlalchemy import Executable, Row, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.exc import DBAPIError, DisconnectionError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from services.kit.settings import DatabaseSettings
 
@@ -50,12 +61,12 @@ def create_engine(
     limits: DatabaseSettings | None = None,
 ) -> AsyncEngine:
     limits = limits or DatabaseSettings()
-    return create_async_engine(
+    engine = create_async_engine(
         asyncpg_url(url),
         pool_size=limits.pool_size,
-        max_overflow=limits.pool_size,
+        max_overflow=0,
         pool_timeout=limits.pool_timeout_seconds,
-        pool_pre_ping=True,
+        pool_pre_ping=False,
         connect_args={
             "timeout": limits.connect_timeout_seconds,
             "command_timeout": limits.statement_timeout_seconds + CLIENT_TIMEOUT_MARGIN_SECONDS,
@@ -66,6 +77,15 @@ def create_engine(
             },
         },
     )
+    event.listen(engine.sync_engine, "checkout", _discard_if_closed)
+    return engine
+
+
+def _discard_if_closed(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    """Pool checkout hook: a connection whose socket the server closed (a restart, an
+    idle timeout, pg_terminate_backend) is replaced before anyone uses it."""
+    if dbapi_connection.driver_connection.is_closed():
+        raise DisconnectionError("the server closed this connection")
 
 
 async def database_answers(engine: AsyncEngine) -> bool:
@@ -88,3 +108,40 @@ class Database:
 
     async def close(self) -> None:
         await self.engine.dispose()
+
+
+@asynccontextmanager
+async def reading(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A connection for reads that need no transaction: in autocommit mode, so a lone
+    SELECT costs one round trip instead of BEGIN + SELECT + ROLLBACK."""
+    async with engine.connect() as connection:
+        await connection.execution_options(isolation_level="AUTOCOMMIT")
+        yield connection
+
+
+T = TypeVar("T")
+
+
+async def read(engine: AsyncEngine, run: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+    """Runs ``run`` on a :func:`reading` connection. If the server had dropped that
+    connection, it runs once more on a fresh one: a read, or a statement that is
+    idempotent on its own, is safe to send twice."""
+    try:
+        async with reading(engine) as connection:
+            return await run(connection)
+    except DBAPIError as error:
+        if not error.connection_invalidated:
+            raise
+    async with reading(engine) as connection:
+        return await run(connection)
+
+
+async def fetch(
+    engine: AsyncEngine, statement: Executable, parameters: Mapping[str, Any] | None = None
+) -> Sequence[Row[Any]]:
+    """The rows of one read statement, in one round trip (see :func:`read`)."""
+
+    async def run(connection: AsyncConnection) -> Sequence[Row[Any]]:
+        return (await connection.execute(statement, parameters)).all()
+
+    return await read(engine, run)

@@ -123,7 +123,7 @@ class DatabaseSettings:
     lock_timeout_seconds: float = 1.0
     pool_timeout_seconds: float = 2.0
     connect_timeout_seconds: float = 1.5
-    pool_size: int = 10
+    pool_size: int = 20
 
     @classmethod
     def read(cls, reader: EnvReader) -> DatabaseSettings:
@@ -136,7 +136,7 @@ class DatabaseSettings:
             connect_timeout_seconds=reader.seconds(
                 "DB_CONNECT_TIMEOUT", 1.5, minimum=0.1, maximum=120
             ),
-            pool_size=reader.integer("DB_POOL_SIZE", 10, minimum=1, maximum=200),
+            pool_size=reader.integer("DB_POOL_SIZE", 20, minimum=1, maximum=500),
         )
         reader.require(
             settings.lock_timeout_seconds <= settings.statement_timeout_seconds,

@@ -12,9 +12,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.domain import Actor, Event, Job, Status
 from services.creation.errors import JobNotAwaitingOperator, JobNotFound
+from services.creation.store.predicates import status_is
 from services.creation.store.rows import job_from_row
 from services.creation.store.writes import lock_job, write
 from services.creation.tables import job_events, jobs
+from services.kit.db import fetch, reading
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,7 @@ async def list_attention(
     engine: AsyncEngine, limit: int, after: AttentionCursor | None
 ) -> tuple[list[Job], AttentionCursor | None]:
     """Oldest first by last change (rides ix_jobs_needs_attention)."""
-    query = select(jobs).where(jobs.c.status == Status.NEEDS_ATTENTION.value)
+    query = select(jobs).where(status_is(Status.NEEDS_ATTENTION))
     if after is not None:
         query = query.where(
             or_(
@@ -45,8 +47,7 @@ async def list_attention(
             )
         )
     query = query.order_by(jobs.c.updated_at, jobs.c.job_id).limit(limit + 1)
-    async with engine.connect() as connection:
-        rows = (await connection.execute(query)).all()
+    rows = await fetch(engine, query)
     found = [job_from_row(r._mapping) for r in rows[:limit]]
     if len(rows) <= limit or not found:
         return found, None
@@ -107,7 +108,7 @@ async def list_events(
     engine: AsyncEngine, job_id: str, limit: int, after: EventCursor | None
 ) -> tuple[list[Event], EventCursor | None]:
     """Oldest first (rides uq_job_events_job_id_version)."""
-    async with engine.connect() as connection:
+    async with reading(engine) as connection:
         if (
             await connection.execute(select(jobs.c.job_id).where(jobs.c.job_id == job_id))
         ).first() is None:

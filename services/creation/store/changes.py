@@ -35,13 +35,7 @@ def outbox_payload(job: Job) -> dict[str, Any]:
     """The outbox row's payload: the job's ``atelier.notify.v1.JobState`` in protobuf's
     JSON form (readable in psql), written without protobuf so the store stays free of the
     wire types; a unit test holds it equal to json_format of ``convert.job_state``."""
-    payload: dict[str, Any] = {
-        "jobId": job.job_id,
-        "userId": job.user_id,
-        "version": str(job.version),  # int64 is a string in protobuf's JSON
-        "status": f"JOB_STATUS_{job.status.name}",
-        "updateTime": _json_time(job.updated_at),
-    }
+    payload = _state(job.job_id, job.user_id, job.version, job.status, job.updated_at)
     # Like protobuf's JSON, default values are left out.
     if job.step is not None:
         payload["step"] = f"JOB_STEP_{job.step.name}"
@@ -57,6 +51,24 @@ def outbox_payload(job: Job) -> dict[str, Any]:
             error["message"] = job.error_message
         payload["error"] = error
     return payload
+
+
+def submitted_payload(job_id: str, user_id: str, now: datetime) -> dict[str, Any]:
+    """The payload of a job's first version, known before its row is written (nothing but
+    its identity, status and time is set yet): equal to ``outbox_payload`` of that row."""
+    return _state(job_id, user_id, 1, Status.QUEUED, now)
+
+
+def _state(
+    job_id: str, user_id: str, version: int, status: Status, updated_at: datetime
+) -> dict[str, Any]:
+    return {
+        "jobId": job_id,
+        "userId": user_id,
+        "version": str(version),  # int64 is a string in protobuf's JSON
+        "status": f"JOB_STATUS_{status.name}",
+        "updateTime": _json_time(updated_at),
+    }
 
 
 def _json_time(value: datetime) -> str:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from sqlalchemy import and_, bindparam, func, insert, or_, select
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy import Row, and_, bindparam, or_, select
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.creation.domain import IN_FLIGHT, Actor, Job, Status
+from services.creation.domain import Actor, Job, Status
 from services.creation.errors import (
     DailyQuotaExceeded,
     IdempotencyKeyReused,
@@ -20,13 +21,14 @@ from services.creation.errors import (
     JobNotFound,
     Reason,
 )
-from services.creation.store import ledger
-from services.creation.store.changes import Change, record
+from services.creation.store.changes import submitted_payload
 from services.creation.store.rows import job_from_row
+from services.creation.store.submit_statement import SUBMIT
 from services.creation.store.users import user_transaction
 from services.creation.store.writes import lock_job, write
 from services.creation.submission import SubmitCommand
-from services.creation.tables import jobs, models, styles
+from services.creation.tables import jobs
+from services.kit.db import fetch
 
 
 @dataclass(frozen=True)
@@ -60,33 +62,11 @@ JOB_BY_KEY = select(jobs).where(
     jobs.c.user_id == bindparam("user_id"), jobs.c.idempotency_key == bindparam("key")
 )
 
-# The enabled model with the media kind of the enabled style (primary keys).
-CATALOG_SNAPSHOT = select(
-    models.c.media_kind,
-    models.c.price_points,
-    models.c.provider_code,
-    models.c.provider_model,
-    select(styles.c.media_kind)
-    .where(styles.c.style_id == bindparam("style_id"), styles.c.enabled)
-    .scalar_subquery()
-    .label("style_kind"),
-).where(models.c.model_id == bindparam("model_id"), models.c.enabled)
 
-_in_flight = jobs.c.status.in_([s.value for s in IN_FLIGHT])
-# Jobs the user made today and jobs still in flight (rides ix_jobs_user_newest and
-# ix_jobs_user_in_flight).
-LIMIT_COUNTS = select(
-    func.count().filter(jobs.c.created_at >= bindparam("day_start")).label("today"),
-    func.count().filter(_in_flight).label("in_flight"),
-).where(
-    jobs.c.user_id == bindparam("user_id"),
-    or_(jobs.c.created_at >= bindparam("day_start"), _in_flight),
+# One job of one user (primary key; another user's job is not found).
+JOB_OF_USER = select(jobs).where(
+    jobs.c.job_id == bindparam("job_id"), jobs.c.user_id == bindparam("user_id")
 )
-
-
-async def _by_key(connection: AsyncConnection, user_id: str, key: str) -> Job | None:
-    row = (await connection.execute(JOB_BY_KEY, {"user_id": user_id, "key": key})).first()
-    return job_from_row(row._mapping) if row else None
 
 
 def _replay(existing: Job, command: SubmitCommand) -> Submitted:
@@ -102,108 +82,77 @@ async def find_replay(
     user's lock by :func:`submit`)."""
     if command.idempotency_key is None:
         return None
-    async with engine.connect() as connection:
-        existing = await _by_key(connection, user_id, command.idempotency_key)
-    return _replay(existing, command) if existing else None
+    rows = await fetch(engine, JOB_BY_KEY, {"user_id": user_id, "key": command.idempotency_key})
+    return _replay(job_from_row(rows[0]._mapping), command) if rows else None
 
 
-async def _catalog_snapshot(
-    connection: AsyncConnection, command: SubmitCommand
-) -> dict[str, object]:
-    """The model's price and provider, checked against the style, in one round trip."""
-    model = (
-        await connection.execute(
-            CATALOG_SNAPSHOT, {"model_id": command.model_id, "style_id": command.style_id}
+def _refusal(row: Row[Any], limits: SubmitLimits, now: datetime) -> Exception:
+    """The error a submit verdict other than ``ok`` or ``replay`` stands for."""
+    outcome = row.submit_outcome
+    if outcome == "model_not_available":
+        return InvalidRequest(Reason.MODEL_NOT_AVAILABLE, "model_id", "is not an available model")
+    if outcome == "style_not_available":
+        return InvalidRequest(Reason.STYLE_NOT_AVAILABLE, "style_id", "is not an available style")
+    if outcome == "style_model_mismatch":
+        return InvalidRequest(
+            Reason.STYLE_MODEL_MISMATCH, "style_id", f"does not apply to {row.model_kind} models"
         )
-    ).first()
-    if model is None:
-        raise InvalidRequest(Reason.MODEL_NOT_AVAILABLE, "model_id", "is not an available model")
-    if model.style_kind is None:
-        raise InvalidRequest(Reason.STYLE_NOT_AVAILABLE, "style_id", "is not an available style")
-    if model.style_kind != model.media_kind:
-        raise InvalidRequest(
-            Reason.STYLE_MODEL_MISMATCH, "style_id", f"does not apply to {model.media_kind} models"
-        )
-    return {
-        "price_points": model.price_points,
-        "provider_code": model.provider_code,
-        "provider_model": model.provider_model,
-    }
-
-
-async def _check_limits(
-    connection: AsyncConnection, user_id: str, limits: SubmitLimits, now: datetime
-) -> None:
-    day_start = _start_of_day(now)
-    counts = (
-        await connection.execute(LIMIT_COUNTS, {"user_id": user_id, "day_start": day_start})
-    ).one()
-    if counts.today >= limits.daily_quota:
-        reset = day_start + timedelta(days=1)
-        raise DailyQuotaExceeded(limits.daily_quota, (reset - now).total_seconds())
-    if counts.in_flight >= limits.in_flight_limit:
-        raise InFlightLimitReached(limits.in_flight_limit)
+    if outcome == "daily_quota_exceeded":
+        reset = _start_of_day(now) + timedelta(days=1)
+        return DailyQuotaExceeded(limits.daily_quota, (reset - now).total_seconds())
+    if outcome == "in_flight_limit_reached":
+        return InFlightLimitReached(limits.in_flight_limit)
+    if outcome == "insufficient_points":
+        return InsufficientPoints(int(row.available_points), int(row.model_price))
+    raise AssertionError(f"unknown submit verdict {outcome!r}")
 
 
 async def submit(
     engine: AsyncEngine, user_id: str, command: SubmitCommand, limits: SubmitLimits, now: datetime
 ) -> Submitted:
     """Creates the job, its submit event, its points reservation and its first outbox row
-    in one transaction, serialised per user so limits and idempotency hold under races."""
+    in one transaction, serialised per user so limits and idempotency hold under races:
+    the user's lock, then one statement (see submit_statement)."""
+    job_id = str(uuid.uuid4())
     async with user_transaction(engine, user_id) as connection:
-        if command.idempotency_key is not None:
-            existing = await _by_key(connection, user_id, command.idempotency_key)
-            if existing is not None:
-                return _replay(existing, command)
-        snapshot = await _catalog_snapshot(connection, command)
-        await _check_limits(connection, user_id, limits, now)
-        available = (
-            await ledger.balance_after_welcome(connection, user_id, limits.welcome_points, now)
-        ).available
-        price = int(snapshot["price_points"])  # type: ignore[call-overload]
-        if available < price:
-            raise InsufficientPoints(available, price)
         row = (
             await connection.execute(
-                insert(jobs)
-                .values(
-                    job_id=str(uuid.uuid4()),
-                    user_id=user_id,
-                    model_id=command.model_id,
-                    style_id=command.style_id,
-                    input_asset_id=command.input_asset_id,
-                    prompt=command.prompt,
-                    negative_prompt=command.negative_prompt,
-                    width=command.width,
-                    height=command.height,
-                    parameters=command.parameters,
-                    status=Status.QUEUED.value,
-                    max_attempts=limits.max_attempts,
-                    next_attempt_at=now,
-                    idempotency_key=command.idempotency_key,
-                    request_hash=command.request_hash(),
-                    created_at=now,
-                    updated_at=now,
-                    **snapshot,
-                )
-                .returning(jobs)
+                SUBMIT,
+                {
+                    "job_id": job_id,
+                    "user_id": user_id,
+                    "idempotency_key": command.idempotency_key,
+                    "model_id": command.model_id,
+                    "style_id": command.style_id,
+                    "input_asset_id": command.input_asset_id,
+                    "prompt": command.prompt,
+                    "negative_prompt": command.negative_prompt,
+                    "width": command.width,
+                    "height": command.height,
+                    "parameters": command.parameters,
+                    "max_attempts": limits.max_attempts,
+                    "request_hash": command.request_hash(),
+                    "day_start": _start_of_day(now),
+                    "daily_quota": limits.daily_quota,
+                    "in_flight_limit": limits.in_flight_limit,
+                    "welcome_points": limits.welcome_points,
+                    "payload": submitted_payload(job_id, user_id, now),
+                    "now": now,
+                },
             )
         ).one()
-        job = job_from_row(row._mapping)
-        await record(connection, [Change(None, job, Actor.USER, user_id, "submitted")], now)
-        return Submitted(job, replayed=False)
+        if row.submit_outcome == "replay":
+            return _replay(job_from_row(row._mapping), command)
+        if row.submit_outcome != "ok":
+            raise _refusal(row, limits, now)
+        return Submitted(job_from_row(row._mapping), replayed=False)
 
 
 async def get(engine: AsyncEngine, user_id: str, job_id: str) -> Job:
-    async with engine.connect() as connection:
-        row = (
-            await connection.execute(
-                select(jobs).where(jobs.c.job_id == job_id, jobs.c.user_id == user_id)
-            )
-        ).first()
-    if row is None:
+    rows = await fetch(engine, JOB_OF_USER, {"job_id": job_id, "user_id": user_id})
+    if not rows:
         raise JobNotFound()
-    return job_from_row(row._mapping)
+    return job_from_row(rows[0]._mapping)
 
 
 @dataclass(frozen=True)
@@ -229,8 +178,7 @@ async def list_for_user(
             )
         )
     query = query.order_by(jobs.c.created_at.desc(), jobs.c.job_id.desc()).limit(limit + 1)
-    async with engine.connect() as connection:
-        rows = (await connection.execute(query)).all()
+    rows = await fetch(engine, query)
     found = [job_from_row(r._mapping) for r in rows[:limit]]
     more = len(rows) > limit
     return found, Cursor(found[-1].created_at, found[-1].job_id) if more and found else None

@@ -6,13 +6,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, bindparam, case, func, select
+from sqlalchemy import ColumnElement, bindparam, case, func, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.creation.errors import IdempotencyKeyReused
 from services.creation.store.users import user_transaction
 from services.creation.tables import points_ledger
+from services.kit.db import fetch
 
 # The welcome grant's key. Operators' keys carry a prefix, so none can take this one.
 WELCOME_GRANT_KEY = "welcome"
@@ -122,8 +123,44 @@ async def grant_points(
         return Granted(found, new)
 
 
+# The balance, granting the welcome points first if this user never had them; one
+# statement that needs no transaction around it (the unique grant key makes the welcome
+# race-free against a concurrent submit's own welcome).
+BALANCE_AFTER_WELCOME = text(
+    """
+WITH settings AS (SELECT CAST(:welcome_points AS bigint) AS welcome_points),
+welcome AS (
+  INSERT INTO creation.points_ledger (user_id, kind, amount, grant_key, reason, created_at)
+  SELECT :user_id, 'grant', welcome_points, 'welcome', 'welcome', :now
+  FROM settings
+  WHERE welcome_points > 0 AND NOT EXISTS (
+    SELECT 1 FROM creation.points_ledger WHERE user_id = :user_id AND grant_key = 'welcome')
+  ON CONFLICT ON CONSTRAINT uq_points_ledger_user_id_grant_key DO NOTHING
+  RETURNING amount
+)
+SELECT
+  coalesce(sum(amount) FILTER (WHERE kind = 'grant'), 0) AS granted,
+  coalesce(sum(amount) FILTER (WHERE kind = 'reserve'), 0) AS reserved,
+  coalesce(sum(amount) FILTER (WHERE kind = 'capture'), 0) AS captured,
+  coalesce(sum(amount) FILTER (WHERE kind = 'release'), 0) AS released,
+  (SELECT coalesce(sum(amount), 0) FROM welcome) AS welcomed
+FROM creation.points_ledger
+WHERE user_id = :user_id
+"""
+)
+
+
 async def read_balance(
     engine: AsyncEngine, user_id: str, welcome_points: int, now: datetime
 ) -> Balance:
-    async with user_transaction(engine, user_id) as connection:
-        return await balance_after_welcome(connection, user_id, welcome_points, now)
+    """The user's balance, with their welcome points if they never had them."""
+    # Safe to send twice: the welcome is granted once whatever happens.
+    (row,) = await fetch(
+        engine,
+        BALANCE_AFTER_WELCOME,
+        {"user_id": user_id, "welcome_points": welcome_points, "now": now},
+    )
+    return Balance(
+        available=int(row.granted - row.reserved + row.released + row.welcomed),
+        reserved=int(row.reserved - row.captured - row.released),
+    )

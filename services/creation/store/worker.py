@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.creation.domain import Actor, Job, ReapDecision, Status, Step, reap_decision
 from services.creation.store.changes import Change, record
+from services.creation.store.predicates import status_is
 from services.creation.store.rows import job_from_row
 from services.creation.store.writes import lock_job, write
 from services.creation.tables import jobs
@@ -26,7 +27,7 @@ async def _lock_leased(connection: AsyncConnection, job_id: str, lease_epoch: in
         connection,
         jobs.c.job_id == job_id,
         jobs.c.lease_epoch == lease_epoch,
-        jobs.c.status == Status.RUNNING.value,
+        status_is(Status.RUNNING),
     )
 
 
@@ -52,7 +53,7 @@ async def claim(
     in the same attempt; any other starts a new attempt."""
     due = (
         select(jobs.c.job_id)
-        .where(jobs.c.status == Status.QUEUED.value, jobs.c.next_attempt_at <= now)
+        .where(status_is(Status.QUEUED), jobs.c.next_attempt_at <= now)
         .order_by(jobs.c.priority.desc(), jobs.c.next_attempt_at, jobs.c.created_at)
         .limit(limit)
         .with_for_update(skip_locked=True)
@@ -240,7 +241,7 @@ async def reap(
         rows = (
             await connection.execute(
                 select(jobs)
-                .where(jobs.c.status == Status.RUNNING.value, jobs.c.lease_expires_at < now)
+                .where(status_is(Status.RUNNING), jobs.c.lease_expires_at < now)
                 .order_by(jobs.c.lease_expires_at)
                 .limit(limit)
                 .with_for_update(skip_locked=True)

@@ -123,7 +123,7 @@ async def running_creation(
         }
     )
     clock = SettableClock(T0)
-    running = RunningService(build(settings, clock), settings.common, ListenSettings(0, 0, 0))
+    running = RunningService(build(settings, clock=clock), settings.common, ListenSettings(0, 0, 0))
     await running.start()
     try:
         yield CreationHarness(running, clock)

@@ -1,0 +1,110 @@
+"""The hot job queries ride their partial indexes even under a generic plan.
+
+Each statement is captured as the store really sends it, prepared on its own connection,
+and explained with ``plan_cache_mode = force_generic_plan`` — the plan a pooled connection
+settles on after a few executions. A status bound as a parameter would hide its value from
+that plan, and PostgreSQL could not use an index whose predicate names the status. Sequential
+scans are switched off so the verdict does not depend on how many rows the table holds.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import date, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import event, text
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from services.creation.store import admin, worker
+from services.creation.store import jobs as store
+from services.kit.db import asyncpg_url
+from tests.integration.creation.helpers import LIMITS, T0, command, new_user
+
+
+@pytest.fixture
+async def capturing(creation_url: str) -> AsyncIterator[tuple[AsyncEngine, list[tuple[str, Any]]]]:
+    """An engine that records every statement it sends, with its parameters."""
+    engine = create_async_engine(asyncpg_url(creation_url))
+    sent: list[tuple[str, Any]] = []
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        sent.append((statement, parameters))
+
+    event.listen(engine.sync_engine, "before_cursor_execute", record)
+    yield engine, sent
+    await engine.dispose()
+
+
+def _literal(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, datetime | date | uuid.UUID | str):
+        return "'" + str(value).replace("'", "''") + "'"
+    raise TypeError(f"no literal for {type(value).__name__}")
+
+
+async def generic_plan(engine: AsyncEngine, statement: str, parameters: Any) -> str:
+    """The generic plan of ``statement`` as PostgreSQL would cache it."""
+    name = f"plan_{uuid.uuid4().hex[:8]}"
+    async with engine.connect() as connection:
+        await connection.execute(text("SET plan_cache_mode = force_generic_plan"))
+        await connection.execute(text("SET enable_seqscan = off"))
+        raw = await connection.get_raw_connection()
+        driver = raw.driver_connection
+        assert driver is not None
+        await driver.execute(f"PREPARE {name} AS {statement}")
+        arguments = ", ".join(_literal(v) for v in parameters or ())
+        call = f"EXECUTE {name}({arguments})" if arguments else f"EXECUTE {name}"
+        rows = await driver.fetch(f"EXPLAIN {call}")
+        await driver.execute(f"DEALLOCATE {name}")
+        await connection.rollback()
+    return "\n".join(row[0] for row in rows)
+
+
+def one_statement(sent: list[tuple[str, Any]], wanted: Callable[[str], bool]) -> tuple[str, Any]:
+    found = [(s, p) for s, p in sent if wanted(s)]
+    assert len(found) == 1, [s for s, _ in sent]
+    return found[0]
+
+
+async def test_claim_rides_the_claim_queue_index(
+    capturing: tuple[AsyncEngine, list[tuple[str, Any]]],
+) -> None:
+    engine, sent = capturing
+    await worker.claim(engine, "plan-worker", 8, timedelta(seconds=30), T0 - timedelta(days=3650))
+    statement, parameters = one_statement(sent, lambda s: "SKIP LOCKED" in s and "UPDATE" in s)
+    assert "ix_jobs_claim_queue" in await generic_plan(engine, statement, parameters)
+
+
+async def test_reaper_rides_the_lease_expiry_index(
+    capturing: tuple[AsyncEngine, list[tuple[str, Any]]],
+) -> None:
+    engine, sent = capturing
+    await worker.reap(engine, T0 - timedelta(days=3650), 8)
+    statement, parameters = one_statement(sent, lambda s: "lease_expires_at <" in s)
+    assert "ix_jobs_lease_expiry" in await generic_plan(engine, statement, parameters)
+
+
+async def test_in_flight_count_rides_the_in_flight_index(
+    capturing: tuple[AsyncEngine, list[tuple[str, Any]]],
+) -> None:
+    engine, sent = capturing
+    await store.submit(engine, new_user(), command(), LIMITS, T0)
+    statement, parameters = one_statement(sent, lambda s: "AS in_flight" in s)
+    assert "ix_jobs_user_in_flight" in await generic_plan(engine, statement, parameters)
+
+
+async def test_operators_queue_rides_the_needs_attention_index(
+    capturing: tuple[AsyncEngine, list[tuple[str, Any]]],
+) -> None:
+    engine, sent = capturing
+    await admin.list_attention(engine, 10, None)
+    statement, parameters = one_statement(sent, lambda s: "needs_attention" in s)
+    assert "ix_jobs_needs_attention" in await generic_plan(engine, statement, parameters)

@@ -1,0 +1,114 @@
+"""Hot paths cost as few round trips as their rules allow: a read is one statement with no
+transaction around it, a submit is the user's lock plus one statement, and ListCatalog is
+served from memory within its TTL."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from services.creation.store import jobs as store
+from services.creation.store import ledger
+from services.creation.store.catalog import CachedCatalog
+from services.kit.db import asyncpg_url
+from tests.integration.creation.helpers import LIMITS, T0, command, new_user
+
+
+@dataclass
+class Wire:
+    """What one engine sent: prepared statements, and the plain commands (BEGIN, ROLLBACK,
+    COMMIT) that asyncpg sends outside them."""
+
+    statements: list[str] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)
+
+    def clear(self) -> None:
+        self.statements.clear()
+        self.commands.clear()
+
+
+@pytest.fixture
+async def watched(creation_url: str) -> AsyncIterator[tuple[AsyncEngine, Wire]]:
+    engine = create_async_engine(asyncpg_url(creation_url))
+    wire = Wire()
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def log_commands(dbapi_connection: Any, _: Any) -> None:
+        dbapi_connection.driver_connection.add_query_logger(
+            lambda record: wire.commands.append(record.query.strip().rstrip(";"))
+        )
+
+    @event.listens_for(engine.sync_engine, "before_cursor_execute")
+    def log_statement(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
+        wire.statements.append(statement)
+
+    yield engine, wire
+    await engine.dispose()
+
+
+async def test_reading_a_job_is_one_statement_without_a_transaction(
+    watched: tuple[AsyncEngine, Wire],
+) -> None:
+    engine, wire = watched
+    user = new_user()
+    job = (await store.submit(engine, user, command(), LIMITS, T0)).job
+    wire.clear()
+    await store.get(engine, user, job.job_id)
+    assert (len(wire.statements), wire.commands) == (1, [])
+    wire.clear()
+    await store.list_for_user(engine, user, None, 10, None)
+    assert (len(wire.statements), wire.commands) == (1, [])
+
+
+async def test_the_balance_is_one_statement_and_welcomes_once(
+    watched: tuple[AsyncEngine, Wire],
+) -> None:
+    engine, wire = watched
+    user = new_user()
+    first = await ledger.read_balance(engine, user, 100, T0)
+    again = await ledger.read_balance(engine, user, 100, T0)
+    assert (first.available, again.available) == (100, 100)
+    assert (len(wire.statements), wire.commands) == (2, [])
+
+
+async def test_a_submit_is_the_lock_and_one_statement(
+    watched: tuple[AsyncEngine, Wire],
+) -> None:
+    engine, wire = watched
+    await store.submit(engine, new_user(), command(), LIMITS, T0)
+    assert len(wire.statements) == 2
+    assert "pg_advisory_xact_lock" in wire.statements[0]
+    assert [c.split()[0] for c in wire.commands] == ["BEGIN", "COMMIT"]
+
+
+class Ticks:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_the_catalog_is_read_once_per_ttl_and_misses_share_one_read(
+    watched: tuple[AsyncEngine, Wire],
+) -> None:
+    engine, wire = watched
+    clock = Ticks()
+    catalog = CachedCatalog(engine, ttl_seconds=5, clock=clock)
+    results = await asyncio.gather(*(catalog.enabled(None) for _ in range(10)))
+    reads = len(wire.statements)
+    assert reads == 2  # models, styles: once for all ten callers
+    assert all(r == results[0] for r in results) and results[0].models
+    clock.now = 4.9
+    video = await catalog.enabled("video")
+    assert len(wire.statements) == reads
+    assert all(m.media_kind == "video" for m in video.models)
+    clock.now = 5.0
+    await catalog.enabled(None)
+    assert len(wire.statements) == reads * 2

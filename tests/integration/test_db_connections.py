@@ -1,0 +1,105 @@
+"""The kit's connection pool on real PostgreSQL: no ping per checkout, no churn, and a
+connection the server dropped never reaches a caller as an error."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from services.kit.db import create_engine, fetch, read
+from services.kit.settings import DatabaseSettings
+
+BACKEND_PID = text("SELECT pg_backend_pid()")
+
+
+@pytest.fixture
+async def kit_engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+    engine = create_engine(database_url, limits=DatabaseSettings(pool_size=1))
+    yield engine
+    await engine.dispose()
+
+
+async def _driver(engine: AsyncEngine) -> Any:
+    """The asyncpg connection the pool of one holds (checked out and back once)."""
+    async with engine.connect() as connection:
+        raw = await connection.get_raw_connection()
+        return raw.driver_connection
+
+
+async def _terminate(admin: AsyncEngine, pid: int) -> None:
+    async with admin.connect() as connection:
+        await connection.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        deadline = time.monotonic() + 10
+        while (
+            await connection.execute(
+                text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}
+            )
+        ).scalar_one():
+            assert time.monotonic() < deadline, "the backend did not exit"
+            await asyncio.sleep(0.02)
+
+
+async def test_a_checkout_sends_no_ping(kit_engine: AsyncEngine) -> None:
+    sent: list[str] = []
+    driver = await _driver(kit_engine)
+    driver.add_query_logger(lambda record: sent.append(record.query))
+    for _ in range(3):
+        await fetch(kit_engine, BACKEND_PID)
+    assert sent == []  # no BEGIN, ";" or ROLLBACK around the reads
+    assert await _driver(kit_engine) is driver  # the same connection every time: no churn
+
+
+async def test_a_connection_the_server_closed_is_replaced_at_checkout(
+    kit_engine: AsyncEngine, engine: AsyncEngine
+) -> None:
+    driver = await _driver(kit_engine)
+    (before,) = await fetch(kit_engine, BACKEND_PID)
+    await _terminate(engine, before[0])
+    deadline = time.monotonic() + 10
+    while not driver.is_closed():  # asyncpg sees the socket close
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+    async with kit_engine.begin() as connection:  # a transaction, not only a read
+        after = (await connection.execute(BACKEND_PID)).scalar_one()
+    assert after != before[0]
+
+
+async def test_a_read_on_a_connection_dropped_unnoticed_runs_once_more(
+    kit_engine: AsyncEngine, engine: AsyncEngine
+) -> None:
+    driver = await _driver(kit_engine)
+    (before,) = await fetch(kit_engine, BACKEND_PID)
+    # Keep asyncpg from reading the socket while the server closes it, so the pool cannot
+    # know: the read goes out on the dead connection and fails there first.
+    driver._transport.pause_reading()
+    await _terminate(engine, before[0])
+    driver._transport.resume_reading()
+    attempts = 0
+
+    async def pid(connection: AsyncConnection) -> int:
+        nonlocal attempts
+        attempts += 1
+        return int((await connection.execute(BACKEND_PID)).scalar_one())
+
+    assert await read(kit_engine, pid) != before[0]
+    assert attempts == 2
+
+
+async def test_a_failing_read_is_not_repeated(kit_engine: AsyncEngine) -> None:
+    attempts = 0
+
+    async def broken(connection: AsyncConnection) -> None:
+        nonlocal attempts
+        attempts += 1
+        await connection.execute(text("SELECT 1 / 0"))
+
+    with pytest.raises(DBAPIError):
+        await read(kit_engine, broken)
+    assert attempts == 1
