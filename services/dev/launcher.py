@@ -8,7 +8,7 @@ import sys
 import threading
 from pathlib import Path
 
-from services.dev import postgres
+from services.dev import edge, postgres
 from services.dev.stack import Stack, StackPorts
 from services.kit.auth import issue_token
 from services.kit.settings import CommonSettings, EnvReader
@@ -25,6 +25,7 @@ def run_dev() -> int:
     common = CommonSettings.read(reader)
     ports = StackPorts.from_env(reader)
     var = Path(reader.string("DEV_DIR", str(ROOT / "var"))).resolve()
+    max_json_body = edge.max_json_body(reader)
     reader.finish()
 
     database_url = os.environ.get("ATELIER_DATABASE_URL")
@@ -35,7 +36,9 @@ def run_dev() -> int:
         admin_url = postgres.start_embedded(var / "postgres")
         database_url = postgres.ensure_database(admin_url, "atelier")
 
-    stack = Stack(database_url=database_url, ports=ports, work_dir=var)
+    stack = Stack(
+        database_url=database_url, ports=ports, work_dir=var, edge_max_json_body=max_json_body
+    )
     _say("migrating and seeding")
     stack.migrate()
     _say("starting creation, media, notify and Envoy")
@@ -44,12 +47,12 @@ def run_dev() -> int:
     token = issue_token(
         common.jwt_secret, common.jwt_issuer, common.jwt_audience, "dev-user", 24 * 3600
     )
-    edge = f"127.0.0.1:{ports.envoy}"
+    edge_address = f"127.0.0.1:{ports.envoy}"
     creation = f"127.0.0.1:{ports.public['creation']}"
     _say(
         f"""
 atelier is running.
-  edge (HTTP/JSON and gRPC)  http://{edge}
+  edge (HTTP/JSON and gRPC)  http://{edge_address}
   creation (gRPC)            {creation}
   media (gRPC)               127.0.0.1:{ports.public["media"]}
   media objects (HTTP)       127.0.0.1:{ports.media_http} (signed URLs, also via the edge)
@@ -59,10 +62,10 @@ development token (user dev-user, 24 h):
   export TOKEN={token}
 
 try:
-  curl -s -H "authorization: Bearer $TOKEN" http://{edge}/v1/catalog
+  curl -s -H "authorization: Bearer $TOKEN" http://{edge_address}/v1/catalog
   curl -s -H "authorization: Bearer $TOKEN" -H "content-type: application/json" \\
     -d '{{"purpose": "ASSET_PURPOSE_AI_INPUT", "contentType": "image/jpeg", "sizeBytes": 1234}}' \\
-    http://{edge}/v1/uploads
+    http://{edge_address}/v1/uploads
   grpcurl -plaintext -H "authorization: Bearer $TOKEN" \\
     {creation} atelier.creation.v1.CreationService/ListCatalog
   grpcurl -plaintext {creation} list

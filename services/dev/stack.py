@@ -86,6 +86,7 @@ class Stack:
     # None: children share the terminal (dev); a folder: one log file per child (tests).
     log_dir: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    edge_max_json_body: int = edge.DEFAULT_MAX_JSON_BODY
     children: list[Child] = field(default_factory=list)
 
     def migrate(self) -> None:
@@ -123,6 +124,7 @@ class Stack:
                     listen_port=self.ports.envoy,
                     admin_port=self.ports.envoy_admin,
                     upstream_ports=self.ports.upstreams(),
+                    max_json_body=self.edge_max_json_body,
                 ),
             )
             envoy = spawn(
