@@ -14,9 +14,25 @@ from services.kit.settings import CommonSettings, EnvReader, SettingsError
 SERVICES = ("creation", "media", "notify")
 
 
+# A service process that does not say which environment it runs in is a production one:
+# it refuses the public development secrets. `atelier dev` and the test stack say `dev`.
+SERVE_DEFAULT_ENV = "prod"
+
+
 def _serve(args: argparse.Namespace) -> int:
+    defaulted = not os.environ.get("ATELIER_ENV", "").strip()
+    if defaulted:
+        os.environ["ATELIER_ENV"] = SERVE_DEFAULT_ENV
     module = importlib.import_module(f"services.{args.service}.app")
-    return int(module.main())
+    try:
+        return int(module.main())
+    except SettingsError as error:
+        if defaulted and "prod" in str(error):
+            raise SettingsError(
+                f"{error}\n(ATELIER_ENV is not set, so this is a production run; "
+                "set ATELIER_ENV=dev for a local one)"
+            ) from None
+        raise
 
 
 def _migrate(args: argparse.Namespace) -> int:
@@ -56,7 +72,10 @@ def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="atelier", description=__doc__)
     commands = root.add_subparsers(dest="command", required=True)
 
-    serve = commands.add_parser("serve", help="run one service (settings from ATELIER_*)")
+    serve = commands.add_parser(
+        "serve",
+        help="run one service (settings from ATELIER_*; ATELIER_ENV defaults to prod here)",
+    )
     serve.add_argument("service", choices=SERVICES)
     serve.set_defaults(run=_serve)
 

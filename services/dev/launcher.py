@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 from services.dev import edge, postgres
+from services.dev.processes import StartupError
 from services.dev.stack import Stack, StackPorts
 from services.kit.auth import issue_token
 from services.kit.settings import CommonSettings, EnvReader
@@ -21,12 +22,15 @@ def _say(text: str) -> None:
 
 
 def run_dev() -> int:
-    reader = EnvReader()
+    # Everything `atelier dev` starts is a development run, whatever the shell says.
+    reader = EnvReader({**os.environ, "ATELIER_ENV": "dev"})
     common = CommonSettings.read(reader)
     ports = StackPorts.from_env(reader)
     var = Path(reader.string("DEV_DIR", str(ROOT / "var"))).resolve()
     max_json_body = edge.max_json_body(reader)
     reader.finish()
+    # A taken port stops everything before anything starts (exit code 2, naming it).
+    ports.ensure_free()
 
     database_url = os.environ.get("ATELIER_DATABASE_URL")
     if database_url:
@@ -42,7 +46,11 @@ def run_dev() -> int:
     _say("migrating and seeding")
     stack.migrate()
     _say("starting creation, media, notify and Envoy")
-    stack.start()
+    try:
+        stack.start()
+    except StartupError as error:
+        _say(f"atelier dev: not started, {error}")
+        return 1
 
     token = issue_token(
         common.jwt_secret, common.jwt_issuer, common.jwt_audience, "dev-user", 24 * 3600

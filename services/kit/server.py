@@ -26,6 +26,7 @@ from services.kit.interceptors import AuthInterceptor, ObservabilityInterceptor
 from services.kit.logging import configure as configure_logging
 from services.kit.logging import get_logger
 from services.kit.metrics import serve_metrics
+from services.kit.ports import bind_grpc, listen_variable
 from services.kit.settings import CommonSettings, ListenSettings
 
 log = get_logger(__name__)
@@ -39,6 +40,8 @@ SERVER_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.max_receive_message_length", 8 * 1024 * 1024),
+    # gRPC sets SO_REUSEPORT by default: a second process would share a taken port.
+    ("grpc.so_reuseport", 0),
 ]
 
 READINESS_PERIOD_SECONDS = 5.0
@@ -128,14 +131,18 @@ class RunningService:
 
     async def start(self) -> None:
         host = self._common.host
-        self.public_port = self._public.server.add_insecure_port(
-            f"{host}:{self._listen.public_port}"
+        name = self.app.name
+        self.public_port = bind_grpc(
+            self._public.server, host, self._listen.public_port, listen_variable(name, "public")
         )
-        self.internal_port = self._internal.server.add_insecure_port(
-            f"{host}:{self._listen.internal_port}"
+        self.internal_port = bind_grpc(
+            self._internal.server,
+            host,
+            self._listen.internal_port,
+            listen_variable(name, "internal"),
         )
         if self._listen.metrics_port:
-            serve_metrics(host, self._listen.metrics_port)
+            serve_metrics(host, self._listen.metrics_port, listen_variable(name, "metrics"))
         await self._public.server.start()
         await self._internal.server.start()
         await self._refresh_health()

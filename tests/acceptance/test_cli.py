@@ -1,38 +1,23 @@
-"""The `atelier` command as an operator meets it: bad settings stop a service with a
-message naming the variable, SIGTERM drains cleanly, and `atelier dev` brings up the whole
-system on embedded defaults and takes it down on Ctrl-C."""
+"""The `atelier` command as an operator meets it: bad settings and taken ports stop a
+service with a message naming the variable, a service that is not told it is a dev run
+refuses the development secrets, SIGTERM drains cleanly, and `atelier dev` brings up the
+whole system on embedded defaults (only then saying so) and takes it down on Ctrl-C."""
 
 from __future__ import annotations
 
 import os
 import re
-import selectors
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from services.dev.processes import free_port, grpc_serving, venv_binary
+from services.dev.processes import free_port, grpc_serving
 from services.kit.auth import JwtAuthenticator
 from services.kit.settings import DEV_JWT_SECRET
-
-ATELIER = [venv_binary("atelier")]
-
-
-def atelier(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 30
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*ATELIER, *args],
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+from tests.support.cli import ATELIER, atelier, dev_ports, read_until, wait_serving
 
 
 @pytest.mark.parametrize(
@@ -40,7 +25,7 @@ def atelier(
     [("ATELIER_LEASE_TTL", "-5"), ("ATELIER_CREATION_PUBLIC_PORT", "http"), ("ATELIER_ENV", "qa")],
 )
 def test_invalid_setting_stops_serve_with_its_name(variable: str, value: str) -> None:
-    result = atelier("serve", "creation", env={variable: value})
+    result = atelier("serve", "creation", env={"ATELIER_ENV": "test", variable: value})
     assert result.returncode == 2
     assert variable in result.stderr
     assert "Traceback" not in result.stderr
@@ -70,6 +55,7 @@ def test_sigterm_drains_and_exits_cleanly(database_url: str) -> None:
     public = free_port()
     env = {
         **os.environ,
+        "ATELIER_ENV": "test",
         "ATELIER_DATABASE_URL": database_url,
         "ATELIER_MEDIA_PUBLIC_PORT": str(public),
         "ATELIER_MEDIA_INTERNAL_PORT": str(free_port()),
@@ -80,12 +66,7 @@ def test_sigterm_drains_and_exits_cleanly(database_url: str) -> None:
         [*ATELIER, "serve", "media"], env=env, stderr=subprocess.PIPE, text=True
     )
     try:
-        serving = grpc_serving(f"127.0.0.1:{public}")
-        deadline = time.monotonic() + 30
-        while not serving():
-            assert process.poll() is None, process.stderr.read() if process.stderr else ""
-            assert time.monotonic() < deadline, "media never became SERVING"
-            time.sleep(0.1)
+        wait_serving(process, f"127.0.0.1:{public}")
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=20) == 0
         logs = process.stderr.read() if process.stderr else ""
@@ -95,46 +76,26 @@ def test_sigterm_drains_and_exits_cleanly(database_url: str) -> None:
             process.kill()
 
 
-def read_until(process: subprocess.Popen[bytes], marker: bytes, timeout: float) -> bytes:
-    """Reads the process's stderr until ``marker`` appears; fails if it exits first."""
-    assert process.stderr is not None
-    selector = selectors.DefaultSelector()
-    selector.register(process.stderr, selectors.EVENT_READ)
-    seen = b""
-    deadline = time.monotonic() + timeout
-    while marker not in seen:
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, f"no {marker!r} within {timeout}s:\n{seen.decode(errors='replace')}"
-        if selector.select(remaining):
-            chunk = os.read(process.stderr.fileno(), 65536)
-            assert chunk, f"exited early:\n{seen.decode(errors='replace')}"
-            seen += chunk
-    return seen
-
-
 def test_dev_runs_everything_on_embedded_defaults(tmp_path: Path) -> None:
-    ports = {
-        name: str(free_port())
-        for name in [
-            "EDGE_PORT",
-            "EDGE_ADMIN_PORT",
-            "MEDIA_HTTP_PORT",
-            *(
-                f"{s}_{kind}_PORT"
-                for s in ("CREATION", "MEDIA", "NOTIFY")
-                for kind in ("PUBLIC", "INTERNAL", "METRICS")
-            ),
-        ]
-    }
+    ports = dev_ports()
     env = {k: v for k, v in os.environ.items() if k != "ATELIER_DATABASE_URL"}
     env.update({f"ATELIER_{k}": v for k, v in ports.items()})
     env["ATELIER_DEV_DIR"] = str(tmp_path / "var")
+    # The shell says prod; `atelier dev` is a development run all the same (it sets
+    # ATELIER_ENV=dev for everything it starts, so the development secrets work).
+    env["ATELIER_ENV"] = "prod"
     process = subprocess.Popen(
         [*ATELIER, "dev"], env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL
     )
     try:
         banner = read_until(process, b"Ctrl-C stops everything", timeout=120).decode()
         assert "starting embedded PostgreSQL" in banner
+        # Said only once everything answers: no waiting here.
+        for kind in ("PUBLIC", "INTERNAL"):
+            for service in ("CREATION", "MEDIA", "NOTIFY"):
+                assert grpc_serving(f"127.0.0.1:{ports[f'{service}_{kind}_PORT']}")()
+        ready = httpx.get(f"http://127.0.0.1:{ports['EDGE_ADMIN_PORT']}/ready")
+        assert ready.status_code == 200
         token = re.search(r"export TOKEN=(\S+)", banner)
         assert token is not None
         curl = re.search(r"curl -s -H \"authorization: Bearer \$TOKEN\" (\S+)", banner)
