@@ -19,7 +19,6 @@ from typing import Any
 from google.protobuf.descriptor import ServiceDescriptor
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from services.kit.auth import Authenticator, JwtAuthenticator, ServiceAuthenticator
 from services.kit.interceptors import AuthInterceptor, ObservabilityInterceptor
@@ -27,6 +26,7 @@ from services.kit.logging import configure as configure_logging
 from services.kit.logging import get_logger
 from services.kit.metrics import serve_metrics
 from services.kit.ports import bind_grpc, listen_variable
+from services.kit.reflection import enable_documented_reflection
 from services.kit.settings import CommonSettings, ListenSettings
 
 log = get_logger(__name__)
@@ -93,9 +93,7 @@ class _Listener:
         for binding in bindings:
             binding.add_to_server(binding.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            [*self.names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
-        )
+        enable_documented_reflection([*self.names, health.SERVICE_NAME], self.server)
 
     async def set_serving(self, serving: bool) -> None:
         status = (
