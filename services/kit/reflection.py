@@ -2,8 +2,8 @@
 
 Generated code embeds descriptors without source info, so `grpcurl describe` over plain
 reflection shows no documentation. gen/atelier.binpb (built with --include_source_info)
-holds the same files with their comments: reflection answers with those copies, and
-with the generated descriptors for anything the set lacks (health, reflection itself).
+holds the same files with their comments: reflection adds those to the generated
+descriptors it answers with (files the set lacks, such as health, go out as they are).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ DESCRIPTOR_SET = Path(__file__).resolve().parents[2] / "gen" / "atelier.binpb"
 
 class _DocumentedFile:
     """A file descriptor as the reflection servicer uses it (name, dependencies,
-    CopyToProto), answering with the documented copy when it describes the same file."""
+    CopyToProto), with the comments of the documented copy when it is the same file."""
 
     def __init__(
         self, real: FileDescriptor, documented: Mapping[str, descriptor_pb2.FileDescriptorProto]
@@ -42,8 +42,10 @@ class _DocumentedFile:
         if copy is None:
             return
         # A stale descriptor set must never describe a different API than the server's.
+        # Only the comments are taken: json_name stays unset, as in the generated code,
+        # so grpcurl keeps printing proto field names.
         if _shape(copy) == _shape(proto):
-            proto.CopyFrom(copy)
+            proto.source_code_info.CopyFrom(copy.source_code_info)
 
 
 def _shape(file: descriptor_pb2.FileDescriptorProto) -> bytes:
