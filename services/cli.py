@@ -56,6 +56,9 @@ def _token(args: argparse.Namespace) -> int:
     reader = EnvReader()
     common = CommonSettings.read(reader)
     reader.finish()
+    if args.service:
+        print(common.service_token)
+        return 0
     print(
         issue_token(common.jwt_secret, common.jwt_issuer, common.jwt_audience, args.user, args.ttl)
     )
@@ -87,6 +90,11 @@ def parser() -> argparse.ArgumentParser:
     token = commands.add_parser("token", help="print a user JWT signed with ATELIER_JWT_SECRET")
     token.add_argument("--user", default="dev-user", help="the token's subject (user id)")
     token.add_argument("--ttl", type=int, default=24 * 3600, help="lifetime in seconds")
+    token.add_argument(
+        "--service",
+        action="store_true",
+        help="print the service credential instead (ATELIER_SERVICE_TOKEN, or the dev one)",
+    )
     token.set_defaults(run=_token)
 
     dev = commands.add_parser("dev", help="run everything locally on embedded defaults")

@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 from services.dev import edge, postgres
+from services.dev.banner import banner
 from services.dev.processes import StartupError
 from services.dev.stack import Stack, StackPorts
 from services.kit.auth import issue_token
@@ -55,32 +56,7 @@ def run_dev() -> int:
     token = issue_token(
         common.jwt_secret, common.jwt_issuer, common.jwt_audience, "dev-user", 24 * 3600
     )
-    edge_address = f"127.0.0.1:{ports.envoy}"
-    creation = f"127.0.0.1:{ports.public['creation']}"
-    _say(
-        f"""
-atelier is running.
-  edge (HTTP/JSON and gRPC)  http://{edge_address}
-  creation (gRPC)            {creation}
-  media (gRPC)               127.0.0.1:{ports.public["media"]}
-  media objects (HTTP)       127.0.0.1:{ports.media_http} (signed URLs, also via the edge)
-  notify (gRPC)              127.0.0.1:{ports.public["notify"]}
-
-development token (user dev-user, 24 h):
-  export TOKEN={token}
-
-try:
-  curl -s -H "authorization: Bearer $TOKEN" http://{edge_address}/v1/catalog
-  curl -s -H "authorization: Bearer $TOKEN" -H "content-type: application/json" \\
-    -d '{{"purpose": "ASSET_PURPOSE_AI_INPUT", "contentType": "image/jpeg", "sizeBytes": 1234}}' \\
-    http://{edge_address}/v1/uploads
-  grpcurl -plaintext -H "authorization: Bearer $TOKEN" \\
-    {creation} atelier.creation.v1.CreationService/ListCatalog
-  grpcurl -plaintext {creation} list
-
-Ctrl-C stops everything.
-"""
-    )
+    _say(banner(ports, token))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -16,7 +16,7 @@ import pytest
 
 from services.dev.processes import free_port, grpc_serving
 from services.kit.auth import JwtAuthenticator
-from services.kit.settings import DEV_JWT_SECRET
+from services.kit.settings import DEV_JWT_SECRET, DEV_SERVICE_TOKEN
 from tests.support.cli import ATELIER, atelier, dev_ports, read_until, wait_serving
 
 
@@ -51,6 +51,12 @@ def test_token_is_accepted_by_the_services_authenticator() -> None:
     assert principal.user_id == "u-42"
 
 
+def test_token_service_prints_the_service_credential() -> None:
+    assert atelier("token", "--service").stdout.strip() == DEV_SERVICE_TOKEN
+    configured = atelier("token", "--service", env={"ATELIER_SERVICE_TOKEN": "k" * 40})
+    assert configured.stdout.strip() == "k" * 40
+
+
 def test_sigterm_drains_and_exits_cleanly(database_url: str) -> None:
     public = free_port()
     env = {
@@ -74,6 +80,14 @@ def test_sigterm_drains_and_exits_cleanly(database_url: str) -> None:
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def banner_commands(banner: str) -> list[str]:
+    """The commands under the banner's "try" heading, continuations joined."""
+    section = banner.split("\ntry", 1)[1].split("\n", 1)[1].split("\n\n", 1)[0]
+    commands = section.replace("\\\n", " ").splitlines()
+    assert len(commands) == 6, section
+    return [command.strip() for command in commands]
 
 
 def test_dev_runs_everything_on_embedded_defaults(tmp_path: Path) -> None:
@@ -103,6 +117,23 @@ def test_dev_runs_everything_on_embedded_defaults(tmp_path: Path) -> None:
             curl is not None
             and curl.group(1) == f"http://127.0.0.1:{ports['EDGE_PORT']}/v1/catalog"
         )
+
+        # Every command the banner prints works as pasted, from any folder, in a shell
+        # whose PATH lacks the virtual environment (make puts it there; users' shells don't).
+        venv_bin = str(Path(ATELIER[0]).parent)
+        path = ":".join(p for p in os.environ["PATH"].split(":") if p != venv_bin)
+        for command in banner_commands(banner):
+            run = subprocess.run(
+                ["bash", "-c", f"set -euo pipefail\nexport TOKEN={token.group(1)}\n{command}"],
+                cwd=tmp_path,
+                env={**os.environ, "PATH": path},
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert run.returncode == 0, f"{command}\n{run.stdout}{run.stderr}"
+            assert run.stdout.strip() and '"details"' not in run.stdout, command
 
         response = httpx.get(curl.group(1), headers={"authorization": f"Bearer {token.group(1)}"})
         assert response.status_code == 200
