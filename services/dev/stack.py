@@ -12,6 +12,7 @@ from pathlib import Path
 from services.dev import edge
 from services.dev.processes import (
     Child,
+    accepting,
     free_port,
     grpc_serving,
     http_ok,
@@ -131,7 +132,8 @@ class Stack:
 
     def start(self, timeout: float = 60.0) -> None:
         """Starts every service and the edge; returns once each service's public and
-        internal health say SERVING and Envoy is ready."""
+        internal health say SERVING, media's object listener takes connections and Envoy
+        is ready."""
         self.ports.ensure_free()
         env = {
             # Said explicitly: a process without ATELIER_ENV is a production one.
@@ -148,6 +150,8 @@ class Stack:
             for child in self.children:
                 for listener in (self.ports.public, self.ports.internal):
                     wait_until(child, grpc_serving(f"127.0.0.1:{listener[child.name]}"), timeout)
+                if child.name == "media":
+                    wait_until(child, accepting(self.ports.media_http), timeout)
             config = edge.write(
                 self.work_dir / "envoy.yaml",
                 edge.render(

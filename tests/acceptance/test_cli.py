@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.dev.processes import free_port, grpc_serving
+from services.dev.processes import accepting, free_port, grpc_serving
 from services.kit.auth import JwtAuthenticator
 from services.kit.settings import DEV_JWT_SECRET, DEV_SERVICE_TOKEN
 from tests.support.cli import ATELIER, atelier, dev_ports, read_until, wait_serving
@@ -108,6 +108,7 @@ def test_dev_runs_everything_on_embedded_defaults(tmp_path: Path) -> None:
         for kind in ("PUBLIC", "INTERNAL"):
             for service in ("CREATION", "MEDIA", "NOTIFY"):
                 assert grpc_serving(f"127.0.0.1:{ports[f'{service}_{kind}_PORT']}")()
+        assert accepting(int(ports["MEDIA_HTTP_PORT"]))()
         ready = httpx.get(f"http://127.0.0.1:{ports['EDGE_ADMIN_PORT']}/ready")
         assert ready.status_code == 200
         token = re.search(r"export TOKEN=(\S+)", banner)
