@@ -94,10 +94,9 @@ def test_headers_too_large_is_431(edge_url: str) -> None:
     assert_status(response, 431, 3, "HEADERS_TOO_LARGE")
 
 
-def promise_body(port: int, path: str, length: int) -> httpx.Response:
-    """A PUT whose head promises ``length`` bytes we never send (no client library lets
-    one lie about Content-Length); Envoy answers from the head alone."""
-    head = f"PUT {path} HTTP/1.1\r\nhost: edge\r\ncontent-length: {length}\r\n\r\n"
+def raw_exchange(port: int, head: str) -> httpx.Response:
+    """Sends a request head as written (no client library sends a broken one, or lies
+    about Content-Length) and reads Envoy's answer."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
         conn.sendall(head.encode())
         answer = http.client.HTTPResponse(conn)
@@ -105,10 +104,30 @@ def promise_body(port: int, path: str, length: int) -> httpx.Response:
         return httpx.Response(answer.status, headers=answer.getheaders(), content=answer.read())
 
 
+@pytest.mark.parametrize(
+    ("head", "http_status", "reason"),
+    [
+        ("GET /v1/cat alog HTTP/1.1\r\nhost: edge\r\n\r\n", 400, "MALFORMED_REQUEST"),
+        (
+            "GET /v1/catalog HTTP/1.1\r\nhost: edge\r\ncontent-length: x\r\n\r\n",
+            400,
+            "MALFORMED_REQUEST",
+        ),
+        # Anything else Envoy refuses by itself still gets a Status (here HTTP/1.0: 426).
+        ("GET /v1/catalog HTTP/1.0\r\n\r\n", 426, "BAD_REQUEST"),
+    ],
+)
+def test_requests_envoy_cannot_parse_get_a_status(
+    stack: Stack, head: str, http_status: int, reason: str
+) -> None:
+    assert_status(raw_exchange(stack.ports.envoy, head), http_status, 3, reason)
+
+
 def test_object_upload_limits_answer_json_too(stack: Stack, edge_url: str) -> None:
     # The object route keeps its own 20 MiB bound and wants a declared length.
     path = "/media-objects/ai_input/2026/01/x"
-    assert_status(promise_body(stack.ports.envoy, path, 20 * MiB + 1), 413, 3, "REQUEST_TOO_LARGE")
+    promised = f"PUT {path} HTTP/1.1\r\nhost: edge\r\ncontent-length: {20 * MiB + 1}\r\n\r\n"
+    assert_status(raw_exchange(stack.ports.envoy, promised), 413, 3, "REQUEST_TOO_LARGE")
     chunked = httpx.put(f"{edge_url}{path}", content=iter([b"a", b"b"]))
     assert_status(chunked, 411, 3, "LENGTH_REQUIRED")
 
