@@ -4,6 +4,7 @@ JSON body over the limit is refused before Envoy buffers it: memory stays flat u
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import socket
 import threading
@@ -144,23 +145,24 @@ def test_the_services_own_errors_pass_unchanged(edge_url: str, token: str) -> No
     assert unauthenticated.json()["details"][0]["reason"] == "TOKEN_MISSING"
 
 
-@pytest.fixture(scope="module")
-def edge_without_upstreams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The same edge config, every cluster pointing at a port nobody listens on."""
-    work = tmp_path_factory.mktemp("edge-down")
-    dead = free_port()
+@contextlib.contextmanager
+def edge_in_front_of(upstream: int, work: Path, route_timeout: str | None = None) -> Iterator[str]:
+    """The same edge config, every cluster pointing at ``upstream``; optionally with a
+    shorter timeout on the routes that have one."""
     listen, admin = free_port(), free_port()
-    config = edge.write(
-        work / "envoy.yaml",
-        edge.render(
-            listen_port=listen,
-            admin_port=admin,
-            upstream_ports={"creation": dead, "media": dead, "notify": dead, "media_http": dead},
-        ),
+    config = edge.render(
+        listen_port=listen,
+        admin_port=admin,
+        upstream_ports=dict.fromkeys(("creation", "media", "notify", "media_http"), upstream),
     )
+    manager = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    for route in manager["typed_config"]["route_config"]["virtual_hosts"][0]["routes"]:
+        if route_timeout and route.get("route", {}).get("timeout", "0s") != "0s":
+            route["route"]["timeout"] = route_timeout
+    path = edge.write(work / "envoy.yaml", config)
     envoy = spawn(
         "envoy",
-        [venv_binary("envoy"), "-c", str(config), "--disable-hot-restart", "--log-level", "warn"],
+        [venv_binary("envoy"), "-c", str(path), "--disable-hot-restart", "--log-level", "warn"],
         {},
         work,
     )
@@ -169,6 +171,22 @@ def edge_without_upstreams(tmp_path_factory: pytest.TempPathFactory) -> Iterator
         yield f"http://127.0.0.1:{listen}"
     finally:
         envoy.stop()
+
+
+@pytest.fixture(scope="module")
+def edge_without_upstreams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Every cluster points at a port nobody listens on."""
+    with edge_in_front_of(free_port(), tmp_path_factory.mktemp("edge-down")) as url:
+        yield url
+
+
+def test_a_service_that_never_answers_is_504(tmp_path: Path) -> None:
+    # Takes connections (the kernel completes them) and never says a word.
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        port = silent.getsockname()[1]
+        with edge_in_front_of(port, tmp_path, route_timeout="1s") as url:
+            response = httpx.get(f"{url}/v1/catalog", headers={"authorization": "Bearer x"})
+    assert_status(response, 504, 4, "UPSTREAM_TIMEOUT")
 
 
 @pytest.mark.parametrize(
