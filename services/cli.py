@@ -14,14 +14,30 @@ from services.kit.settings import CommonSettings, EnvReader, SettingsError
 SERVICES = ("creation", "media", "notify")
 
 
+# A service process that does not say which environment it runs in is a production one:
+# it refuses the public development secrets. `atelier dev` and the test stack say `dev`.
+SERVE_DEFAULT_ENV = "prod"
+
+
 def _serve(args: argparse.Namespace) -> int:
+    defaulted = not os.environ.get("ATELIER_ENV", "").strip()
+    if defaulted:
+        os.environ["ATELIER_ENV"] = SERVE_DEFAULT_ENV
     module = importlib.import_module(f"services.{args.service}.app")
-    if args.service == "creation":
-        return int(module.main(role=args.role))
-    if args.role != "all":
-        print(f"atelier serve: --role is for creation, not {args.service}", file=sys.stderr)
-        return 2
-    return int(module.main())
+    try:
+        if args.service == "creation":
+            return int(module.main(role=args.role))
+        if args.role != "all":
+            print(f"atelier serve: --role is for creation, not {args.service}", file=sys.stderr)
+            return 2
+        return int(module.main())
+    except SettingsError as error:
+        if defaulted and "prod" in str(error):
+            raise SettingsError(
+                f"{error}\n(ATELIER_ENV is not set, so this is a production run; "
+                "set ATELIER_ENV=dev for a local one)"
+            ) from None
+        raise
 
 
 def _migrate(args: argparse.Namespace) -> int:
@@ -45,6 +61,9 @@ def _token(args: argparse.Namespace) -> int:
     reader = EnvReader()
     common = CommonSettings.read(reader)
     reader.finish()
+    if args.service:
+        print(common.service_token)
+        return 0
     # A token the services would refuse is no use to anyone.
     for option, problem in (
         ("--ttl", lifetime_problem(args.ttl, common.jwt_max_lifetime_seconds)),
@@ -69,7 +88,10 @@ def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="atelier", description=__doc__)
     commands = root.add_subparsers(dest="command", required=True)
 
-    serve = commands.add_parser("serve", help="run one service (settings from ATELIER_*)")
+    serve = commands.add_parser(
+        "serve",
+        help="run one service (settings from ATELIER_*; ATELIER_ENV defaults to prod here)",
+    )
     serve.add_argument("service", choices=SERVICES)
     serve.add_argument(
         "--role",
@@ -87,6 +109,11 @@ def parser() -> argparse.ArgumentParser:
     token = commands.add_parser("token", help="print a user JWT signed with ATELIER_JWT_SECRET")
     token.add_argument("--user", default="dev-user", help="the token's subject (user id)")
     token.add_argument("--ttl", type=int, default=24 * 3600, help="lifetime in seconds")
+    token.add_argument(
+        "--service",
+        action="store_true",
+        help="print the service credential instead (ATELIER_SERVICE_TOKEN, or the dev one)",
+    )
     token.set_defaults(run=_token)
 
     dev = commands.add_parser("dev", help="run everything locally on embedded defaults")

@@ -1,5 +1,5 @@
 """Renders deploy/envoy/envoy.yaml for a local run: same routes and filters, local
-addresses, ports and descriptor path."""
+addresses, ports, descriptor path and JSON body limit."""
 
 from __future__ import annotations
 
@@ -8,10 +8,22 @@ from typing import Any
 
 import yaml
 
+from services.kit.settings import EnvReader
+
 ROOT = Path(__file__).resolve().parents[2]
 ENVOY_TEMPLATE = ROOT / "deploy" / "envoy" / "envoy.yaml"
 DESCRIPTOR = ROOT / "gen" / "atelier.binpb"
 TRANSCODER = "envoy.filters.http.grpc_json_transcoder"
+BUFFER = "envoy.filters.http.buffer"
+# The largest JSON request body the edge accepts (deploy/envoy/envoy.yaml says the same).
+DEFAULT_MAX_JSON_BODY = 64 * 1024
+
+
+def max_json_body(reader: EnvReader) -> int:
+    """ATELIER_EDGE_MAX_JSON_BODY: bytes; a JSON API request over it is answered 413."""
+    return reader.integer(
+        "EDGE_MAX_JSON_BODY", DEFAULT_MAX_JSON_BODY, minimum=1024, maximum=16 * 1024 * 1024
+    )
 
 
 def render(
@@ -21,6 +33,7 @@ def render(
     upstream_ports: dict[str, int],
     host: str = "127.0.0.1",
     descriptor: Path = DESCRIPTOR,
+    max_json_body: int = DEFAULT_MAX_JSON_BODY,
 ) -> dict[str, Any]:
     config: dict[str, Any] = yaml.safe_load(ENVOY_TEMPLATE.read_text())
     config["admin"]["address"]["socket_address"] = {"address": host, "port_value": admin_port}
@@ -30,6 +43,8 @@ def render(
         for http_filter in chain_filter["typed_config"]["http_filters"]:
             if http_filter["name"] == TRANSCODER:
                 http_filter["typed_config"]["proto_descriptor"] = str(descriptor)
+            if http_filter["name"] == BUFFER:
+                http_filter["typed_config"]["max_request_bytes"] = max_json_body
     for cluster in config["static_resources"]["clusters"]:
         port = upstream_ports[cluster["name"]]
         for group in cluster["load_assignment"]["endpoints"]:

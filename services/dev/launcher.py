@@ -8,7 +8,9 @@ import sys
 import threading
 from pathlib import Path
 
-from services.dev import postgres
+from services.dev import edge, postgres
+from services.dev.banner import banner
+from services.dev.processes import StartupError
 from services.dev.stack import Stack, StackPorts
 from services.kit.auth import issue_token
 from services.kit.settings import CommonSettings, EnvReader
@@ -21,11 +23,15 @@ def _say(text: str) -> None:
 
 
 def run_dev() -> int:
-    reader = EnvReader()
+    # Everything `atelier dev` starts is a development run, whatever the shell says.
+    reader = EnvReader({**os.environ, "ATELIER_ENV": "dev"})
     common = CommonSettings.read(reader)
     ports = StackPorts.from_env(reader)
     var = Path(reader.string("DEV_DIR", str(ROOT / "var"))).resolve()
+    max_json_body = edge.max_json_body(reader)
     reader.finish()
+    # A taken port stops everything before anything starts (exit code 2, naming it).
+    ports.ensure_free()
 
     database_url = os.environ.get("ATELIER_DATABASE_URL")
     if database_url:
@@ -35,41 +41,22 @@ def run_dev() -> int:
         admin_url = postgres.start_embedded(var / "postgres")
         database_url = postgres.ensure_database(admin_url, "atelier")
 
-    stack = Stack(database_url=database_url, ports=ports, work_dir=var)
+    stack = Stack(
+        database_url=database_url, ports=ports, work_dir=var, edge_max_json_body=max_json_body
+    )
     _say("migrating and seeding")
     stack.migrate()
     _say("starting creation, media, notify and Envoy")
-    stack.start()
+    try:
+        stack.start()
+    except StartupError as error:
+        _say(f"atelier dev: not started, {error}")
+        return 1
 
     token = issue_token(
         common.jwt_secret, common.jwt_issuer, common.jwt_audience, "dev-user", 24 * 3600
     )
-    edge = f"127.0.0.1:{ports.envoy}"
-    creation = f"127.0.0.1:{ports.public['creation']}"
-    _say(
-        f"""
-atelier is running.
-  edge (HTTP/JSON and gRPC)  http://{edge}
-  creation (gRPC)            {creation}
-  media (gRPC)               127.0.0.1:{ports.public["media"]}
-  media objects (HTTP)       127.0.0.1:{ports.media_http} (signed URLs, also via the edge)
-  notify (gRPC)              127.0.0.1:{ports.public["notify"]}
-
-development token (user dev-user, 24 h):
-  export TOKEN={token}
-
-try:
-  curl -s -H "authorization: Bearer $TOKEN" http://{edge}/v1/catalog
-  curl -s -H "authorization: Bearer $TOKEN" -H "content-type: application/json" \\
-    -d '{{"purpose": "ASSET_PURPOSE_AI_INPUT", "contentType": "image/jpeg", "sizeBytes": 1234}}' \\
-    http://{edge}/v1/uploads
-  grpcurl -plaintext -H "authorization: Bearer $TOKEN" \\
-    {creation} atelier.creation.v1.CreationService/ListCatalog
-  grpcurl -plaintext {creation} list
-
-Ctrl-C stops everything.
-"""
-    )
+    _say(banner(ports, token))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -116,6 +116,19 @@ def grpc_serving(address: str) -> Callable[[], bool]:
     return check
 
 
+def accepting(port: int) -> Callable[[], bool]:
+    """True once something accepts TCP connections on 127.0.0.1:``port``."""
+
+    def check() -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                return True
+        except OSError:
+            return False
+
+    return check
+
+
 def http_ok(url: str) -> Callable[[], bool]:
     def check() -> bool:
         try:

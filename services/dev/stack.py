@@ -12,6 +12,7 @@ from pathlib import Path
 from services.dev import edge
 from services.dev.processes import (
     Child,
+    accepting,
     free_port,
     grpc_serving,
     http_ok,
@@ -20,6 +21,7 @@ from services.dev.processes import (
     wait_until,
 )
 from services.kit import migrations
+from services.kit.ports import PortUnavailable, is_free, listen_variable
 from services.kit.settings import DEFAULT_PORTS, EnvReader, ListenSettings, port
 from services.media.settings import DEFAULT_HTTP_PORT as MEDIA_HTTP_PORT
 
@@ -73,6 +75,31 @@ class StackPorts:
         env["ATELIER_MEDIA_HTTP_PORT"] = str(self.media_http)
         return env
 
+    def named(self) -> dict[str, int]:
+        """Every port, by the variable (without ATELIER_) that sets it."""
+        ports = {
+            listen_variable(name, kind): number
+            for kind, by_service in (
+                ("public", self.public),
+                ("internal", self.internal),
+                ("metrics", self.metrics),
+            )
+            for name, number in by_service.items()
+        }
+        return {
+            **ports,
+            "EDGE_PORT": self.envoy,
+            "EDGE_ADMIN_PORT": self.envoy_admin,
+            "MEDIA_HTTP_PORT": self.media_http,
+        }
+
+    def ensure_free(self, host: str = "127.0.0.1") -> None:
+        """Fails before anything starts when another process holds one of the ports:
+        otherwise a health check could be answered by that process instead of ours."""
+        for variable, number in self.named().items():
+            if not is_free(host, number):
+                raise PortUnavailable(host, number, variable)
+
     def upstreams(self) -> dict[str, int]:
         """The edge's clusters and the local ports behind them."""
         return {**self.public, "media_http": self.media_http}
@@ -86,6 +113,7 @@ class Stack:
     # None: children share the terminal (dev); a folder: one log file per child (tests).
     log_dir: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    edge_max_json_body: int = edge.DEFAULT_MAX_JSON_BODY
     children: list[Child] = field(default_factory=list)
 
     def migrate(self) -> None:
@@ -103,7 +131,13 @@ class Stack:
         return {name: value for name, value in defaults.items() if name not in os.environ}
 
     def start(self, timeout: float = 60.0) -> None:
+        """Starts every service and the edge; returns once each service's public and
+        internal health say SERVING, media's object listener takes connections and Envoy
+        is ready."""
+        self.ports.ensure_free()
         env = {
+            # Said explicitly: a process without ATELIER_ENV is a production one.
+            "ATELIER_ENV": "dev",
             "ATELIER_DATABASE_URL": self.database_url,
             **self.ports.service_env(),
             **self.media_env(),
@@ -114,15 +148,17 @@ class Stack:
                 child = spawn(name, [sys.executable, "-m", f"services.{name}"], env, self.log_dir)
                 self.children.append(child)
             for child in self.children:
-                wait_until(
-                    child, grpc_serving(f"127.0.0.1:{self.ports.public[child.name]}"), timeout
-                )
+                for listener in (self.ports.public, self.ports.internal):
+                    wait_until(child, grpc_serving(f"127.0.0.1:{listener[child.name]}"), timeout)
+                if child.name == "media":
+                    wait_until(child, accepting(self.ports.media_http), timeout)
             config = edge.write(
                 self.work_dir / "envoy.yaml",
                 edge.render(
                     listen_port=self.ports.envoy,
                     admin_port=self.ports.envoy_admin,
                     upstream_ports=self.ports.upstreams(),
+                    max_json_body=self.edge_max_json_body,
                 ),
             )
             envoy = spawn(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram, start_http_server
 
+from services.kit.ports import PortUnavailable
+
 RPC_TOTAL = Counter(
     "atelier_rpc_total", "RPCs handled, by method and status code", ["service", "method", "code"]
 )
@@ -20,6 +22,10 @@ def observe_rpc(service: str, method: str, code: str, seconds: float) -> None:
     RPC_SECONDS.labels(service, method, code).observe(seconds)
 
 
-def serve_metrics(host: str, port: int) -> None:
-    """Starts the /metrics HTTP endpoint on a daemon thread."""
-    start_http_server(port, addr=host)
+def serve_metrics(host: str, port: int, variable: str) -> None:
+    """Starts the /metrics HTTP endpoint on a daemon thread; a port that cannot be
+    listened on stops the process naming ``variable`` (e.g. CREATION_METRICS_PORT)."""
+    try:
+        start_http_server(port, addr=host)
+    except OSError:
+        raise PortUnavailable(host, port, variable) from None

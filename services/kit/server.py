@@ -23,7 +23,6 @@ from typing import Any
 from google.protobuf.descriptor import ServiceDescriptor
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from services.kit.auth import Authenticator, JwtAuthenticator, ServiceAuthenticator
 from services.kit.components import Component, Supervisor
@@ -32,6 +31,8 @@ from services.kit.logging import configure as configure_logging
 from services.kit.logging import get_logger
 from services.kit.metrics import serve_metrics
 from services.kit.outages import Throttle, classify
+from services.kit.ports import bind_grpc, listen_variable
+from services.kit.reflection import enable_documented_reflection
 from services.kit.settings import CommonSettings, ListenSettings
 
 log = get_logger(__name__)
@@ -45,6 +46,8 @@ SERVER_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.max_receive_message_length", 8 * 1024 * 1024),
+    # gRPC sets SO_REUSEPORT by default: a second process would share a taken port.
+    ("grpc.so_reuseport", 0),
 ]
 
 
@@ -97,9 +100,7 @@ class _Listener:
         for binding in bindings:
             binding.add_to_server(binding.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            [*self.names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
-        )
+        enable_documented_reflection([*self.names, health.SERVICE_NAME], self.server)
 
     async def set_serving(self, serving: bool) -> None:
         status = (
@@ -154,15 +155,19 @@ class RunningService:
 
     async def start(self) -> None:
         host = self._common.host
+        name = self.app.name
         if self._public is not None:
-            self.public_port = self._public.server.add_insecure_port(
-                f"{host}:{self._listen.public_port}"
+            self.public_port = bind_grpc(
+                self._public.server, host, self._listen.public_port, listen_variable(name, "public")
             )
-        self.internal_port = self._internal.server.add_insecure_port(
-            f"{host}:{self._listen.internal_port}"
+        self.internal_port = bind_grpc(
+            self._internal.server,
+            host,
+            self._listen.internal_port,
+            listen_variable(name, "internal"),
         )
         if self._listen.metrics_port:
-            serve_metrics(host, self._listen.metrics_port)
+            serve_metrics(host, self._listen.metrics_port, listen_variable(name, "metrics"))
         for listener in self._listeners:
             await listener.server.start()
         await self._refresh_health()
