@@ -63,7 +63,7 @@ def build(
     )
     background: list[Callable[[], Awaitable[None]]] = [housekeeper.housekeeping_loop]
     if isinstance(storage, LocalStorage):
-        objects = ObjectHttpServer(storage, settings.common.host, settings.http_port)
+        objects = ObjectHttpServer(storage, settings.common.host, settings.http_port, rows=store)
         background.append(objects.serve_objects)
     return ServiceApp(
         name="media",
@@ -71,7 +71,7 @@ def build(
             Binding(
                 media_service_pb2.DESCRIPTOR.services_by_name["MediaService"],
                 media_service_pb2_grpc.add_MediaServiceServicer_to_server,
-                MediaServicer(assets),
+                MediaServicer(assets, settings.max_upload_bytes),
             )
         ],
         internal=[
