@@ -4,6 +4,7 @@ housekeeping and, for the local backend, the HTTP listener that serves signed UR
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 
 from atelier.media.v1 import (
     media_internal_service_pb2,
@@ -59,6 +60,7 @@ def build(
         storage,
         period_seconds=settings.housekeeping_period_seconds,
         batch_size=settings.housekeeping_batch,
+        abandoned_write_age=timedelta(seconds=settings.abandoned_write_age_seconds),
         clock=clock,
     )
     background: list[Callable[[], Awaitable[None]]] = [housekeeper.housekeeping_loop]
