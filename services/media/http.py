@@ -24,11 +24,12 @@ import math
 import re
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 import grpc
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 from google.protobuf import json_format
 
 from services.kit.errors import ApiError
@@ -93,30 +94,37 @@ def _answer(status: int, error: ApiError, headers: dict[str, str] | None = None)
     return web.json_response(body, status=status, headers=extra)
 
 
-@web.middleware
-async def _statuses(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    """Every answer that is not the object is a JSON google.rpc.Status."""
-    try:
-        return await handler(request)
-    except Refused as refused:
-        return _answer(refused.status, refused.error)
-    except MediaError as failure:
-        error = failure.to_api_error()
-        return _answer(_HTTP_STATUS.get(error.code, 500), error)
-    except web.HTTPMethodNotAllowed as wrong:
-        allow = {"Allow": ", ".join(sorted(wrong.allowed_methods))}
-        wrong_method = Refused(405, Reason.METHOD_NOT_ALLOWED, "PUT uploads, GET downloads")
-        return _answer(405, wrong_method.error, allow)
-    except web.HTTPNotFound:
-        return _answer(404, Refused(404, Reason.NO_SUCH_OBJECT, "no such object").error)
-    except Exception:
-        log.exception("object_request_failed", method=request.method)
-        return _answer(500, ApiError(grpc.StatusCode.INTERNAL, "INTERNAL", "internal error"))
+class _JsonErrors(RequestHandler):
+    """aiohttp's own refusals (a request line or header too long, not HTTP at all) as a
+    JSON status too, logged in one line without the URL (it may carry a signature)."""
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if status >= 500:
+            log.error("object_request_failed", error=type(exc).__name__)
+            error = ApiError(grpc.StatusCode.INTERNAL, "INTERNAL", "internal error")
+        else:
+            error = Refused(status, Reason.MALFORMED_REQUEST, "not a valid HTTP request").error
+        response = _answer(status, error)
+        response.force_close()
+        return response
 
 
-def _single(request: web.Request, name: str) -> str:
+class _Server(web.Server):
+    def __init__(self, handler: Callable[[web.BaseRequest], Any], **kwargs: Any) -> None:
+        super().__init__(handler, **kwargs)
+        self._handler_kwargs = kwargs
+
+    def __call__(self) -> RequestHandler:
+        return _JsonErrors(self, loop=asyncio.get_running_loop(), **self._handler_kwargs)
+
+
+def _single(request: web.BaseRequest, name: str) -> str:
     """The one value of a query parameter ("" when absent). A signed parameter given twice
     is not the URL we signed, whichever copy a proxy would pick."""
     values = request.query.getall(name, [])
@@ -125,7 +133,7 @@ def _single(request: web.Request, name: str) -> str:
     return values[0] if values else ""
 
 
-def _signed_number(request: web.Request, name: str, missing: str) -> int:
+def _signed_number(request: web.BaseRequest, name: str, missing: str) -> int:
     text = _single(request, name)
     if not text:
         raise Refused(403, Reason.SIGNATURE_MISSING, missing)
@@ -134,9 +142,9 @@ def _signed_number(request: web.Request, name: str, missing: str) -> int:
     return int(text)
 
 
-def _object_key(request: web.Request) -> str:
-    key = request.match_info["key"]
-    if not KEY_PATTERN.fullmatch(key):
+def _object_key(request: web.BaseRequest) -> str:
+    key = request.path.removeprefix(OBJECTS_PATH)
+    if not request.path.startswith(OBJECTS_PATH) or not KEY_PATTERN.fullmatch(key):
         raise Refused(404, Reason.NO_SUCH_OBJECT, "no such object")
     return key
 
@@ -158,16 +166,9 @@ class ObjectHttpServer:
         self._socket = socket.create_server((host, port), backlog=256)
         self.port: int = self._socket.getsockname()[1]
 
-    def application(self) -> web.Application:
-        app = web.Application(middlewares=[_statuses])
-        path = OBJECTS_PATH + "{key:.+}"
-        app.router.add_route("PUT", path, self._put)
-        app.router.add_get(path, self._get)  # HEAD too
-        return app
-
     async def serve_objects(self) -> None:
         """Serves until cancelled. No access log: URLs carry signatures."""
-        runner = web.AppRunner(self.application(), access_log=None, handle_signals=False)
+        runner = web.ServerRunner(_Server(self._handle, access_log=None))
         await runner.setup()
         try:
             await web.SockSite(runner, self._socket).start()
@@ -176,8 +177,26 @@ class ObjectHttpServer:
             await runner.cleanup()
             self._socket.close()
 
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Every answer that is not the object is a JSON google.rpc.Status."""
+        try:
+            if request.method == "PUT":
+                return await self._put(request)
+            if request.method in ("GET", "HEAD"):
+                return await self._get(request)
+            raise Refused(405, Reason.METHOD_NOT_ALLOWED, "PUT uploads, GET downloads")
+        except Refused as refused:
+            allow = {"Allow": "GET, HEAD, PUT"} if refused.status == 405 else None
+            return _answer(refused.status, refused.error, allow)
+        except MediaError as failure:
+            error = failure.to_api_error()
+            return _answer(_HTTP_STATUS.get(error.code, 500), error)
+        except Exception:
+            log.exception("object_request_failed", method=request.method)
+            return _answer(500, ApiError(grpc.StatusCode.INTERNAL, "INTERNAL", "internal error"))
+
     def _check(
-        self, request: web.Request, method: str, key: str, content_type: str, size: int | None
+        self, request: web.BaseRequest, method: str, key: str, content_type: str, size: int | None
     ) -> None:
         """Returns when the request is signed for exactly this; else raises Refused."""
         missing = "the URL is not a signed media URL"
@@ -203,7 +222,7 @@ class ObjectHttpServer:
         if verdict is Verdict.EXPIRED:
             raise Refused(403, Reason.URL_EXPIRED, "the URL has expired")
 
-    async def _put(self, request: web.Request) -> web.StreamResponse:
+    async def _put(self, request: web.BaseRequest) -> web.StreamResponse:
         key = _object_key(request)
         signed_size = _signed_number(request, "size", "the URL is not a signed upload URL")
         content_type = request.headers.get("Content-Type", "")
@@ -248,7 +267,7 @@ class ObjectHttpServer:
             log.info("object_upload_discarded")
             raise _gone(status)
 
-    async def _get(self, request: web.Request) -> web.StreamResponse:
+    async def _get(self, request: web.BaseRequest) -> web.StreamResponse:
         key = _object_key(request)
         content_type = _single(request, "type")
         self._check(request, "GET", key, content_type, None)
@@ -268,7 +287,7 @@ def _gone(status: Status | None) -> Refused:
     return Refused(404, Reason.NO_SUCH_OBJECT, "no such object")
 
 
-async def _body(request: web.Request, length: int) -> AsyncIterator[bytes]:
+async def _body(request: web.BaseRequest, length: int) -> AsyncIterator[bytes]:
     received = 0
     async for chunk in request.content.iter_chunked(READ_BYTES):
         received += len(chunk)
