@@ -3,12 +3,13 @@ byte, a clock the test moves, and a database of media's own."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import random
 import struct
 import uuid
 import zlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -238,3 +239,15 @@ async def ready_asset(media: MediaHarness, token: str, data: bytes) -> SignedUrl
     return SignedUrls(
         asset_id, stored.object_key, upload.upload_url, headers, got.download_url, data
     )
+
+
+async def until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
+    """Polls a condition that nothing signals (a file another task creates), with a
+    deadline."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while True:
+        if condition():
+            return
+        assert loop.time() < deadline, "the condition never held"
+        await asyncio.sleep(0.01)
