@@ -237,9 +237,14 @@ class S3Storage:
                 )
                 for upload in page.get("Uploads", []):
                     if aborted < limit and upload["Initiated"] < older_than:
-                        await client.abort_multipart_upload(
-                            Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
-                        )
+                        try:
+                            await client.abort_multipart_upload(
+                                Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                            )
+                        except ClientError as error:
+                            if _code(error) != "NoSuchUpload":  # another replica's, already
+                                raise
+                            continue
                         aborted += 1
                 if not page.get("IsTruncated"):
                     break
