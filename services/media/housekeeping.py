@@ -133,11 +133,15 @@ class Housekeeper:
         return total
 
     async def housekeeping_loop(self) -> None:
-        """The background task: a failed sweep is logged and tried again next period
-        (a database restart must not stop media)."""
+        """The background task: each cleanup runs on its own, so one whose dependency is
+        down (the database, the object store) does not hold up the others; a failure is
+        logged and tried again next period (a database restart must not stop media)."""
+        passes = (self.remove_expired_uploads, self.purge_deleted, self.remove_abandoned_writes)
         while True:
-            try:
-                await self.sweep()
-            except Exception:
-                log.exception("housekeeping_failed")
+            now = self._clock()
+            for cleanup in passes:
+                try:
+                    await cleanup(now)
+                except Exception:
+                    log.exception("housekeeping_failed", cleanup=cleanup.__name__)
             await asyncio.sleep(self._period)

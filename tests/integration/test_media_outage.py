@@ -5,7 +5,9 @@ and RetryInfo over gRPC; 503 with a JSON status and Retry-After from the object 
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -28,7 +30,7 @@ from services.kit.auth import issue_token
 from services.kit.db import asyncpg_url
 from services.kit.settings import DEV_JWT_SECRET, DEV_SERVICE_TOKEN
 from services.media.http import ObjectHttpServer
-from services.media.storage.local import INCOMING, LocalStorage
+from services.media.storage.local import INCOMING, PART_SUFFIX, LocalStorage
 from services.media.storage.s3 import S3Storage
 from services.media.storage.signing import UrlSigner
 from services.media.store import AssetStore
@@ -39,6 +41,7 @@ from tests.support.media import (
     image_bytes,
     media_settings,
     running_media,
+    until,
 )
 from tests.support.rpc import bearer, error_info
 from tests.support.s3 import s3_settings
@@ -193,3 +196,17 @@ async def test_rpcs_say_storage_unavailable_when_s3_does_not_answer(
                 ),
                 "STORAGE_UNAVAILABLE",
             )
+
+
+async def test_housekeeping_sweeps_part_files_while_the_database_is_down(
+    tmp_path: Path,
+) -> None:
+    settings = media_settings(nothing_listens(), tmp_path, MEDIA_ABANDONED_WRITE_AGE="60")
+    incoming = settings.local_dir / INCOMING
+    incoming.mkdir(parents=True)
+    stale = incoming / f"crashed{PART_SUFFIX}"
+    stale.write_bytes(b"")
+    os.utime(stale, (time.time() - 120, time.time() - 120))
+    async with running_media(settings):
+        # The database passes fail first; the disk's own cleanup still runs.
+        await until(lambda: not stale.exists())
