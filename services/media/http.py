@@ -8,9 +8,8 @@ allows it: an upload while the asset is uploading, a download while it is ready.
 deleted asset's URLs stop working at once, and bytes PUT while the asset was being
 deleted are removed again.
 
-Every refusal is a JSON ``google.rpc.Status`` (``code``, ``message``, ``details`` with an
-ErrorInfo reason) with the HTTP status that says what happened; ``error`` repeats the
-reason for clients of the first version. A dependency that does not answer is 503 with
+Every refusal is a JSON ``google.rpc.Status`` with a stable reason
+(:mod:`services.media.http_answers`); a dependency that does not answer is 503 with
 ``Retry-After``, never a 500.
 
 The socket is bound when the server is built, before the gRPC listeners report SERVING,
@@ -20,21 +19,23 @@ so a client that was handed a URL can always connect.
 from __future__ import annotations
 
 import asyncio
-import math
 import re
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from typing import Protocol
 
-import grpc
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
-from google.protobuf import json_format
 
-from services.kit.errors import ApiError
 from services.kit.logging import get_logger
 from services.media.errors import MediaError, Reason
+from services.media.http_answers import (
+    ObjectServer,
+    Refused,
+    answer,
+    failure_answer,
+    internal_answer,
+)
 from services.media.model import KEY_PATTERN, Status
 from services.media.storage.base import ObjectExists
 from services.media.storage.local import LocalStorage
@@ -47,24 +48,6 @@ READ_BYTES = 256 * 1024
 _SECURITY_HEADERS = {"X-Content-Type-Options": "nosniff", "Cache-Control": "private, max-age=300"}
 # What we sign: an expiry in epoch seconds, a size in bytes. Nothing longer is ours.
 _SIGNED_NUMBER = re.compile(r"[0-9]{1,15}")
-# The gRPC code a refusal's body carries, by HTTP status (and back, for domain errors).
-_CODES = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    403: grpc.StatusCode.PERMISSION_DENIED,
-    404: grpc.StatusCode.NOT_FOUND,
-    405: grpc.StatusCode.UNIMPLEMENTED,
-    411: grpc.StatusCode.INVALID_ARGUMENT,
-    412: grpc.StatusCode.FAILED_PRECONDITION,
-    413: grpc.StatusCode.INVALID_ARGUMENT,
-    500: grpc.StatusCode.INTERNAL,
-    503: grpc.StatusCode.UNAVAILABLE,
-}
-_HTTP_STATUS = {
-    grpc.StatusCode.UNAVAILABLE: 503,
-    grpc.StatusCode.NOT_FOUND: 404,
-    grpc.StatusCode.FAILED_PRECONDITION: 412,
-    grpc.StatusCode.INVALID_ARGUMENT: 400,
-}
 
 
 class AssetRows(Protocol):
@@ -73,55 +56,6 @@ class AssetRows(Protocol):
 
 class IncompleteBody(Exception):
     """The client sent fewer bytes than it declared."""
-
-
-class Refused(Exception):
-    """A request the listener will not serve, and the answer that says why."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.error = ApiError(_CODES.get(status, grpc.StatusCode.UNKNOWN), reason, message)
-
-
-def _answer(status: int, error: ApiError, headers: dict[str, str] | None = None) -> web.Response:
-    body: dict[str, Any] = json_format.MessageToDict(error.to_status())
-    body["error"] = error.reason
-    extra = dict(headers or {})
-    if error.retry_after_seconds is not None:
-        extra["Retry-After"] = str(math.ceil(error.retry_after_seconds))
-    log.info("object_request_refused", status=status, error=error.reason)
-    return web.json_response(body, status=status, headers=extra)
-
-
-class _JsonErrors(RequestHandler):
-    """aiohttp's own refusals (a request line or header too long, not HTTP at all) as a
-    JSON status too, logged in one line without the URL (it may carry a signature)."""
-
-    def handle_error(
-        self,
-        request: web.BaseRequest,
-        status: int = 500,
-        exc: BaseException | None = None,
-        message: str | None = None,
-    ) -> web.StreamResponse:
-        if status >= 500:
-            log.error("object_request_failed", error=type(exc).__name__)
-            error = ApiError(grpc.StatusCode.INTERNAL, "INTERNAL", "internal error")
-        else:
-            error = Refused(status, Reason.MALFORMED_REQUEST, "not a valid HTTP request").error
-        response = _answer(status, error)
-        response.force_close()
-        return response
-
-
-class _Server(web.Server):
-    def __init__(self, handler: Callable[[web.BaseRequest], Any], **kwargs: Any) -> None:
-        super().__init__(handler, **kwargs)
-        self._handler_kwargs = kwargs
-
-    def __call__(self) -> RequestHandler:
-        return _JsonErrors(self, loop=asyncio.get_running_loop(), **self._handler_kwargs)
 
 
 def _single(request: web.BaseRequest, name: str) -> str:
@@ -168,7 +102,7 @@ class ObjectHttpServer:
 
     async def serve_objects(self) -> None:
         """Serves until cancelled. No access log: URLs carry signatures."""
-        runner = web.ServerRunner(_Server(self._handle, access_log=None))
+        runner = web.ServerRunner(ObjectServer(self._handle, access_log=None))
         await runner.setup()
         try:
             await web.SockSite(runner, self._socket).start()
@@ -187,13 +121,12 @@ class ObjectHttpServer:
             raise Refused(405, Reason.METHOD_NOT_ALLOWED, "PUT uploads, GET downloads")
         except Refused as refused:
             allow = {"Allow": "GET, HEAD, PUT"} if refused.status == 405 else None
-            return _answer(refused.status, refused.error, allow)
+            return answer(refused.status, refused.error, allow)
         except MediaError as failure:
-            error = failure.to_api_error()
-            return _answer(_HTTP_STATUS.get(error.code, 500), error)
+            return failure_answer(failure)
         except Exception:
             log.exception("object_request_failed", method=request.method)
-            return _answer(500, ApiError(grpc.StatusCode.INTERNAL, "INTERNAL", "internal error"))
+            return internal_answer()
 
     def _check(
         self, request: web.BaseRequest, method: str, key: str, content_type: str, size: int | None

@@ -15,9 +15,9 @@ from services.media.errors import MediaError, Reason
 
 MEDIA = Path(errors.__file__).parent
 # Where gRPC and the client's view belong: the servicers and their wire conversions, the
-# field checks, the error table, the HTTP listener's answers, and the assembly.
-WIRE = {"servicer.py", "internal_servicer.py", "wire.py", "fields.py", "errors.py", "http.py"}
-WIRE |= {"app.py"}
+# field checks, the error table, the HTTP listener and its answers, and the assembly.
+WIRE = {"servicer.py", "internal_servicer.py", "wire.py", "fields.py", "errors.py", "app.py"}
+WIRE |= {"http.py", "http_answers.py"}
 # Names that build a client's view of a failure.
 API_NAMES = {"ApiError", "FieldViolation", "invalid_argument", "bad_field", "to_status"}
 
