@@ -31,6 +31,7 @@ from datetime import datetime, timedelta
 
 from services.kit.logging import get_logger
 from services.media.assets import Clock, utc_now
+from services.media.errors import MediaError
 from services.media.storage import ObjectStorage
 from services.media.store import AssetStore
 
@@ -142,6 +143,13 @@ class Housekeeper:
             for cleanup in passes:
                 try:
                     await cleanup(now)
+                except MediaError as failure:
+                    # A dependency is down (said once a period, without a trace).
+                    log.warning(
+                        "housekeeping_postponed",
+                        cleanup=cleanup.__name__,
+                        error=type(failure).__name__,
+                    )
                 except Exception:
                     log.exception("housekeeping_failed", cleanup=cleanup.__name__)
             await asyncio.sleep(self._period)

@@ -5,6 +5,7 @@ and RetryInfo over gRPC; 503 with a JSON status and Retry-After from the object 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import time
@@ -69,7 +70,10 @@ async def expect_unavailable(call: object, reason: str) -> None:
 # -- the object listener -------------------------------------------------------------------
 
 
-async def test_the_listener_answers_503_when_the_database_does_not(tmp_path: Path) -> None:
+async def test_the_listener_answers_503_when_the_database_does_not(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
     storage = LocalStorage(tmp_path / "objects", UrlSigner("u" * 40, base_url))
@@ -95,6 +99,11 @@ async def test_the_listener_answers_503_when_the_database_does_not(tmp_path: Pat
         )
         assert response.headers["retry-after"] == "1"
     assert await storage.stat(KEY) is None
+    # An outage is news, not a bug: one line per refusal, no stack trace.
+    assert [r for r in caplog.records if r.exc_info] == []
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("services.media")] == [
+        "object_request_refused"
+    ] * 2
 
 
 @pytest.fixture
