@@ -291,7 +291,8 @@ class Assets:
 
     async def delete(self, asset_id: uuid.UUID) -> Asset:
         """Marks the asset deleted, then removes its object. Idempotent: a repeat (say,
-        after a crash between the two steps) removes the object again."""
+        after a crash between the two steps) removes the object again, and housekeeping
+        removes any object that still is, or comes back, there (see housekeeping)."""
         asset = await self._store.mark_deleted(asset_id, self._clock())
         if asset is None:
             raise AssetNotFound()
