@@ -3,6 +3,8 @@ housekeeping and, for the local backend, the HTTP listener that serves signed UR
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from atelier.media.v1 import (
     media_internal_service_pb2,
     media_internal_service_pb2_grpc,
@@ -60,11 +62,12 @@ def build(
         storage,
         period_seconds=settings.housekeeping_period_seconds,
         batch_size=settings.housekeeping_batch,
+        abandoned_write_age=timedelta(seconds=settings.abandoned_write_age_seconds),
         clock=clock,
     )
     components: list[Component] = [TaskComponent("housekeeping", housekeeper.housekeeping_loop)]
     if isinstance(storage, LocalStorage):
-        objects = ObjectHttpServer(storage, settings.common.host, settings.http_port)
+        objects = ObjectHttpServer(storage, settings.common.host, settings.http_port, rows=store)
         components.append(TaskComponent("object_http", objects.serve_objects))
     return ServiceApp(
         name="media",
@@ -72,7 +75,7 @@ def build(
             Binding(
                 media_service_pb2.DESCRIPTOR.services_by_name["MediaService"],
                 media_service_pb2_grpc.add_MediaServiceServicer_to_server,
-                MediaServicer(assets),
+                MediaServicer(assets, settings.max_upload_bytes),
             )
         ],
         internal=[

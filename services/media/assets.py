@@ -17,16 +17,21 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-import grpc
-
-from services.kit.errors import ApiError
 from services.kit.logging import get_logger
 from services.media.errors import (
+    AssetDeleted,
+    AssetNotFound,
+    AssetNotReady,
     ContentRejected,
+    MediaError,
+    ObjectLost,
+    ObjectMissing,
     Reason,
-    asset_not_found,
-    bad_field,
-    wrong_state,
+    StoringTookTooLong,
+    StreamTooLarge,
+    UploadAlreadyCompleted,
+    UploadChanged,
+    UploadExpired,
 )
 from services.media.images import ImageInspector
 from services.media.model import Asset, ContentFacts, Purpose, Status, object_key
@@ -120,12 +125,6 @@ class Assets:
     async def create_upload(
         self, owner_user_id: str, content_type: str, size_bytes: int, sha256: str | None
     ) -> Upload:
-        if size_bytes > self._limits.max_upload_bytes:
-            raise bad_field(
-                Reason.UPLOAD_TOO_LARGE,
-                "size_bytes",
-                f"must be at most {self._limits.max_upload_bytes}",
-            )
         asset, expires_at = self._new_asset(
             owner_user_id, Purpose.AI_INPUT, content_type, size_bytes, sha256
         )
@@ -140,7 +139,7 @@ class Assets:
         asset = await self._store.get_owned(asset_id, owner_user_id)
         # Only client uploads (they carry a declared size) can be completed.
         if asset is None or asset.declared_size_bytes is None:
-            raise asset_not_found()
+            raise AssetNotFound()
         _require_completable(asset, self._clock())
         stat = await self._storage.stat(asset.object_key)
         if stat is None:
@@ -155,7 +154,7 @@ class Assets:
             if await self._store.reject_upload(asset_id, asset.rejected_uploads):
                 await self._storage.delete(asset.object_key)
             log.info("upload_rejected", asset_id=str(asset_id), reason=rejected.reason)
-            raise rejected.to_api_error() from None
+            raise
         ready = await self._store.mark_ready(asset_id, facts, self._clock(), asset.rejected_uploads)
         if ready is None:
             # Someone else completed it, housekeeping removed it, or a racing check
@@ -163,11 +162,7 @@ class Assets:
             current = await self._store.get(asset_id)
             if current is not None:
                 _require_completable(current, self._clock())
-            raise ApiError(
-                grpc.StatusCode.ABORTED,
-                Reason.UPLOAD_CHANGED,
-                "the upload changed while it was checked; complete it again",
-            )
+            raise UploadChanged()
         log.info("upload_completed", asset_id=str(asset_id), size_bytes=facts.size_bytes)
         return ready
 
@@ -198,15 +193,13 @@ class Assets:
             spooled.close()
         return ContentFacts(spooled.size, spooled.sha256, dimensions.width, dimensions.height)
 
-    async def _why_missing(self, asset_id: uuid.UUID) -> ApiError:
+    async def _why_missing(self, asset_id: uuid.UUID) -> MediaError:
         """No object: not uploaded yet, unless the upload meanwhile expired or was removed
         (housekeeping deletes the object first), which the client should hear instead."""
         current = await self._store.get(asset_id)
         if current is not None:
             _require_completable(current, self._clock())
-        return wrong_state(
-            Reason.OBJECT_MISSING, "no bytes were uploaded yet: PUT them to upload_url first"
-        )
+        return ObjectMissing()
 
     async def _spool(self, chunks: AsyncIterable[bytes], max_bytes: int) -> Spooled:
         return await spool(chunks, max_bytes=max_bytes, memory_bytes=self._limits.chunk_bytes)
@@ -224,16 +217,9 @@ class Assets:
         try:
             spooled = await self._spool(chunks, self._limits.max_upload_bytes)
         except SpoolLimitExceeded:
-            raise bad_field(
-                Reason.UPLOAD_TOO_LARGE,
-                "chunk",
-                f"the asset must be at most {self._limits.max_upload_bytes} bytes",
-            ) from None
+            raise StreamTooLarge(self._limits.max_upload_bytes) from None
         try:
-            try:
-                dimensions = await self._inspector.inspect(spooled.file, content_type)
-            except ContentRejected as rejected:
-                raise rejected.to_api_error() from None
+            dimensions = await self._inspector.inspect(spooled.file, content_type)
             asset, _ = self._new_asset(owner_user_id, purpose, content_type)
             await self._store.insert_uploading(asset)
             try:
@@ -250,7 +236,7 @@ class Assets:
             if ready is None:
                 # Housekeeping judged it abandoned (the store took longer than the TTL).
                 await self._storage.delete(asset.object_key)
-                raise wrong_state(Reason.UPLOAD_EXPIRED, "storing took longer than allowed")
+                raise StoringTookTooLong()
         finally:
             spooled.close()
         log.info(
@@ -270,7 +256,7 @@ class Assets:
     async def get_owned(self, owner_user_id: str, asset_id: uuid.UUID) -> Download:
         asset = await self._store.get_owned(asset_id, owner_user_id)
         if asset is None:
-            raise asset_not_found()
+            raise AssetNotFound()
         if asset.status != Status.READY:
             return Download(asset, None, None)
         return await self._download(asset)
@@ -278,7 +264,7 @@ class Assets:
     async def info(self, asset_id: uuid.UUID) -> Asset:
         asset = await self._store.get(asset_id)
         if asset is None:
-            raise asset_not_found()
+            raise AssetNotFound()
         return asset
 
     async def download_url(self, asset_id: uuid.UUID) -> Download:
@@ -286,7 +272,15 @@ class Assets:
 
     async def read(self, asset_id: uuid.UUID) -> tuple[Asset, AsyncIterator[bytes]]:
         asset = _require_ready(await self.info(asset_id))
-        return asset, self._storage.stream(asset.object_key, self._limits.chunk_bytes)
+        return asset, self._stream_ready(asset)
+
+    async def _stream_ready(self, asset: Asset) -> AsyncIterator[bytes]:
+        """A ready asset's bytes; a missing object is data loss, not a missing asset."""
+        try:
+            async for chunk in self._storage.stream(asset.object_key, self._limits.chunk_bytes):
+                yield chunk
+        except ObjectNotFound:
+            raise ObjectLost() from None
 
     async def _download(self, asset: Asset) -> Download:
         expires_at = self._clock() + timedelta(seconds=self._limits.download_url_ttl_seconds)
@@ -297,10 +291,11 @@ class Assets:
 
     async def delete(self, asset_id: uuid.UUID) -> Asset:
         """Marks the asset deleted, then removes its object. Idempotent: a repeat (say,
-        after a crash between the two steps) removes the object again."""
+        after a crash between the two steps) removes the object again, and housekeeping
+        removes any object that still is, or comes back, there (see housekeeping)."""
         asset = await self._store.mark_deleted(asset_id, self._clock())
         if asset is None:
-            raise asset_not_found()
+            raise AssetNotFound()
         await self._storage.delete(asset.object_key)
         log.info("asset_deleted", asset_id=str(asset_id))
         return asset
@@ -308,20 +303,18 @@ class Assets:
 
 def _require_completable(asset: Asset, now: datetime) -> None:
     if asset.status == Status.READY:
-        raise wrong_state(Reason.UPLOAD_ALREADY_COMPLETED, "the upload is already complete")
+        raise UploadAlreadyCompleted()
     if asset.upload_expired(now):
-        raise wrong_state(
-            Reason.UPLOAD_EXPIRED, "the upload expired; start again with CreateUpload"
-        )
+        raise UploadExpired()
     if asset.status == Status.DELETED:
-        raise wrong_state(Reason.ASSET_DELETED, "the asset was deleted")
+        raise AssetDeleted()
 
 
 def _require_ready(asset: Asset) -> Asset:
     if asset.status == Status.DELETED:
-        raise wrong_state(Reason.ASSET_DELETED, "the asset was deleted")
+        raise AssetDeleted()
     if asset.status != Status.READY:
-        raise wrong_state(Reason.ASSET_NOT_READY, "the asset is not ready yet")
+        raise AssetNotReady()
     return asset
 
 

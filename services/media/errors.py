@@ -1,11 +1,12 @@
-"""media's error table: every reason a client or a calling service can see, and the status
-code it travels with. Reasons are contract: never reuse or rename one."""
+"""media's error table: every failure media's domain names, and the status a client or a
+calling service sees for it. The domain raises these; only this module (and the field
+layer) knows gRPC. Reasons are contract: never reuse or rename one."""
 
 from __future__ import annotations
 
 import grpc
 
-from services.kit.errors import ApiError, FieldViolation, invalid_argument
+from services.kit.errors import ApiError, DomainError, FieldViolation
 
 
 class Reason:
@@ -37,32 +38,113 @@ class Reason:
     ASSET_NOT_FOUND = "ASSET_NOT_FOUND"
     # A ready asset whose object storage lost (DATA_LOSS): an operator's problem.
     OBJECT_LOST = "OBJECT_LOST"
+    # A dependency did not answer (UNAVAILABLE, with RetryInfo): try again later.
+    DATABASE_UNAVAILABLE = "DATABASE_UNAVAILABLE"
+    STORAGE_UNAVAILABLE = "STORAGE_UNAVAILABLE"
+    # The local backend's signed URLs (HTTP answers of media's object listener).
+    SIGNATURE_MISSING = "SIGNATURE_MISSING"
+    SIGNATURE_MISMATCH = "SIGNATURE_MISMATCH"
+    URL_EXPIRED = "URL_EXPIRED"
+    NO_SUCH_OBJECT = "NO_SUCH_OBJECT"
+    METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
+    LENGTH_REQUIRED = "LENGTH_REQUIRED"
+    TOO_LARGE = "TOO_LARGE"
+    OBJECT_EXISTS = "OBJECT_EXISTS"
+    INCOMPLETE_BODY = "INCOMPLETE_BODY"
+    MALFORMED_REQUEST = "MALFORMED_REQUEST"
 
 
-def bad_field(reason: str, field: str, description: str) -> ApiError:
-    return invalid_argument(reason, [FieldViolation(field, description)])
+# Seconds a client should wait before retrying after a dependency failed to answer.
+RETRY_AFTER_SECONDS = 1.0
 
 
-def rejected_content(reason: str, message: str) -> ApiError:
-    """The stored bytes failed a check."""
-    return ApiError(grpc.StatusCode.INVALID_ARGUMENT, reason, message)
+class MediaError(DomainError):
+    """A failure of media's domain; each subclass says how a client sees it."""
 
 
-def wrong_state(reason: str, message: str) -> ApiError:
-    return ApiError(grpc.StatusCode.FAILED_PRECONDITION, reason, message)
+class AssetNotFound(MediaError):
+    def to_api_error(self) -> ApiError:
+        return ApiError(grpc.StatusCode.NOT_FOUND, Reason.ASSET_NOT_FOUND, "no such asset")
 
 
-def asset_not_found() -> ApiError:
-    return ApiError(grpc.StatusCode.NOT_FOUND, Reason.ASSET_NOT_FOUND, "no such asset")
+class _WrongState(MediaError):
+    """The asset's state does not allow the call (FAILED_PRECONDITION)."""
+
+    reason = ""
+    message = ""
+
+    def to_api_error(self) -> ApiError:
+        return ApiError(grpc.StatusCode.FAILED_PRECONDITION, self.reason, self.message)
 
 
-def object_lost() -> ApiError:
-    return ApiError(
-        grpc.StatusCode.DATA_LOSS, Reason.OBJECT_LOST, "the asset's bytes are missing from storage"
-    )
+class AssetDeleted(_WrongState):
+    reason = Reason.ASSET_DELETED
+    message = "the asset was deleted"
 
 
-class ContentRejected(Exception):
+class AssetNotReady(_WrongState):
+    reason = Reason.ASSET_NOT_READY
+    message = "the asset is not ready yet"
+
+
+class UploadAlreadyCompleted(_WrongState):
+    reason = Reason.UPLOAD_ALREADY_COMPLETED
+    message = "the upload is already complete"
+
+
+class UploadExpired(_WrongState):
+    reason = Reason.UPLOAD_EXPIRED
+    message = "the upload expired; start again with CreateUpload"
+
+
+class StoringTookTooLong(_WrongState):
+    """A server-side store outlived its upload's expiry and housekeeping removed it."""
+
+    reason = Reason.UPLOAD_EXPIRED
+    message = "storing took longer than allowed"
+
+
+class ObjectMissing(_WrongState):
+    reason = Reason.OBJECT_MISSING
+    message = "no bytes were uploaded yet: PUT them to upload_url first"
+
+
+class UploadChanged(MediaError):
+    def to_api_error(self) -> ApiError:
+        return ApiError(
+            grpc.StatusCode.ABORTED,
+            Reason.UPLOAD_CHANGED,
+            "the upload changed while it was checked; complete it again",
+        )
+
+
+class StreamTooLarge(MediaError):
+    """A server-side store streamed more bytes than an asset may have."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(max_bytes)
+        self.max_bytes = max_bytes
+
+    def to_api_error(self) -> ApiError:
+        violation = FieldViolation("chunk", f"the asset must be at most {self.max_bytes} bytes")
+        return ApiError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            Reason.UPLOAD_TOO_LARGE,
+            f"{violation.field}: {violation.description}",
+            violations=[violation],
+        )
+
+
+class ObjectLost(MediaError):
+    def to_api_error(self) -> ApiError:
+        return ApiError(
+            grpc.StatusCode.DATA_LOSS,
+            Reason.OBJECT_LOST,
+            "the asset's bytes are missing from storage",
+        )
+
+
+class ContentRejected(MediaError):
     """Bytes failed a check; carries the reason the client will see."""
 
     def __init__(self, reason: str, message: str) -> None:
@@ -71,4 +153,28 @@ class ContentRejected(Exception):
         self.message = message
 
     def to_api_error(self) -> ApiError:
-        return rejected_content(self.reason, self.message)
+        return ApiError(grpc.StatusCode.INVALID_ARGUMENT, self.reason, self.message)
+
+
+class DatabaseUnavailable(MediaError):
+    """media's database did not answer (refused, dropped, timed out)."""
+
+    def to_api_error(self) -> ApiError:
+        return ApiError(
+            grpc.StatusCode.UNAVAILABLE,
+            Reason.DATABASE_UNAVAILABLE,
+            "media's database did not answer; try again",
+            retry_after_seconds=RETRY_AFTER_SECONDS,
+        )
+
+
+class StorageUnavailable(MediaError):
+    """The object store did not answer (unreachable, timed out, a server or disk error)."""
+
+    def to_api_error(self) -> ApiError:
+        return ApiError(
+            grpc.StatusCode.UNAVAILABLE,
+            Reason.STORAGE_UNAVAILABLE,
+            "media's object storage did not answer; try again",
+            retry_after_seconds=RETRY_AFTER_SECONDS,
+        )

@@ -7,7 +7,9 @@ import unicodedata
 import uuid
 
 from atelier.media.v1 import asset_pb2
-from services.media.errors import Reason, bad_field
+from atelier.media.v1 import media_internal_service_pb2 as internal_pb2
+from services.kit.errors import ApiError, FieldViolation, invalid_argument
+from services.media.errors import Reason
 from services.media.model import (
     CONTENT_TYPES,
     Purpose,
@@ -22,6 +24,11 @@ PURPOSES: dict[int, Purpose] = {
 }
 MAX_OWNER_LENGTH = 256
 _ALLOWED_TYPES = ", ".join(CONTENT_TYPES)
+_PUT_ORDER = "the first message must be the header, and every later one a chunk"
+
+
+def bad_field(reason: str, field: str, description: str) -> ApiError:
+    return invalid_argument(reason, [FieldViolation(field, description)])
 
 
 def asset_id(text: str) -> uuid.UUID:
@@ -58,9 +65,11 @@ def content_type(text: str, field: str) -> str:
     return normalized
 
 
-def size_bytes(value: int) -> int:
+def size_bytes(value: int, maximum: int) -> int:
     if value <= 0:
         raise bad_field(Reason.INVALID_SIZE, "size_bytes", "must be the upload's size in bytes")
+    if value > maximum:
+        raise bad_field(Reason.UPLOAD_TOO_LARGE, "size_bytes", f"must be at most {maximum}")
     return value
 
 
@@ -86,3 +95,17 @@ def owner_user_id(text: str, field: str) -> str:
             f"must be a user id of 1 to {MAX_OWNER_LENGTH} printable characters",
         )
     return text
+
+
+def put_header(message: internal_pb2.PutAssetRequest | None) -> internal_pb2.PutAssetHeader:
+    """PutAsset's first message: the header."""
+    if message is None or message.WhichOneof("part") != "header":
+        raise bad_field(Reason.INVALID_PUT_STREAM, "header", _PUT_ORDER)
+    return message.header
+
+
+def put_chunk(message: internal_pb2.PutAssetRequest) -> bytes:
+    """Every later PutAsset message: a chunk of the asset."""
+    if message.WhichOneof("part") != "chunk":
+        raise bad_field(Reason.INVALID_PUT_STREAM, "chunk", _PUT_ORDER)
+    return message.chunk

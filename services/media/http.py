@@ -3,6 +3,15 @@
 URL must not have expired, an upload must carry the signed content type and a declared
 length within the signed size, and an object that exists is never replaced.
 
+With the asset rows at hand (always, in the service), a URL works only while its asset
+allows it: an upload while the asset is uploading, a download while it is ready. So a
+deleted asset's URLs stop working at once, and bytes PUT while the asset was being
+deleted are removed again.
+
+Every refusal is a JSON ``google.rpc.Status`` with a stable reason
+(:mod:`services.media.http_answers`); a dependency that does not answer is 503 with
+``Retry-After``, never a 500.
+
 The socket is bound when the server is built, before the gRPC listeners report SERVING,
 so a client that was handed a URL can always connect.
 """
@@ -10,14 +19,24 @@ so a client that was handed a URL can always connect.
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
 from aiohttp import web
 
 from services.kit.logging import get_logger
-from services.media.model import KEY_PATTERN
+from services.media.errors import MediaError, Reason
+from services.media.http_answers import (
+    ObjectServer,
+    Refused,
+    answer,
+    failure_answer,
+    internal_answer,
+)
+from services.media.model import KEY_PATTERN, Status
 from services.media.storage.base import ObjectExists
 from services.media.storage.local import LocalStorage
 from services.media.storage.signing import OBJECTS_PATH, Verdict
@@ -27,22 +46,41 @@ log = get_logger(__name__)
 READ_BYTES = 256 * 1024
 # How long a browser or proxy may keep a downloaded object: it never changes.
 _SECURITY_HEADERS = {"X-Content-Type-Options": "nosniff", "Cache-Control": "private, max-age=300"}
+# What we sign: an expiry in epoch seconds, a size in bytes. Nothing longer is ours.
+_SIGNED_NUMBER = re.compile(r"[0-9]{1,15}")
+
+
+class AssetRows(Protocol):
+    async def status_by_key(self, object_key: str) -> Status | None: ...
 
 
 class IncompleteBody(Exception):
     """The client sent fewer bytes than it declared."""
 
 
-def _refuse(status: int, error: str, message: str) -> web.Response:
-    log.info("object_request_refused", status=status, error=error)
-    return web.json_response({"error": error, "message": message}, status=status)
+def _single(request: web.BaseRequest, name: str) -> str:
+    """The one value of a query parameter ("" when absent). A signed parameter given twice
+    is not the URL we signed, whichever copy a proxy would pick."""
+    values = request.query.getall(name, [])
+    if len(values) > 1:
+        raise Refused(403, Reason.SIGNATURE_MISMATCH, f"{name} is given more than once")
+    return values[0] if values else ""
 
 
-def _signed_int(query: dict[str, str], name: str) -> int | None:
-    try:
-        return int(query[name])
-    except (KeyError, ValueError):
-        return None
+def _signed_number(request: web.BaseRequest, name: str, missing: str) -> int:
+    text = _single(request, name)
+    if not text:
+        raise Refused(403, Reason.SIGNATURE_MISSING, missing)
+    if not _SIGNED_NUMBER.fullmatch(text):
+        raise Refused(403, Reason.SIGNATURE_MISMATCH, f"{name} is not what was signed")
+    return int(text)
+
+
+def _object_key(request: web.BaseRequest) -> str:
+    key = request.path.removeprefix(OBJECTS_PATH)
+    if not request.path.startswith(OBJECTS_PATH) or not KEY_PATTERN.fullmatch(key):
+        raise Refused(404, Reason.NO_SUCH_OBJECT, "no such object")
+    return key
 
 
 class ObjectHttpServer:
@@ -52,22 +90,19 @@ class ObjectHttpServer:
         host: str,
         port: int,
         clock: Callable[[], float] = time.time,
+        rows: AssetRows | None = None,
     ) -> None:
+        """``rows`` ties each URL to its asset's state; only the storage layer's own tests
+        go without (they have no assets)."""
         self._storage = storage
         self._clock = clock
+        self._rows = rows
         self._socket = socket.create_server((host, port), backlog=256)
         self.port: int = self._socket.getsockname()[1]
 
-    def application(self) -> web.Application:
-        app = web.Application()
-        path = OBJECTS_PATH + "{key:.+}"
-        app.router.add_route("PUT", path, self._put)
-        app.router.add_get(path, self._get)  # HEAD too
-        return app
-
     async def serve_objects(self) -> None:
         """Serves until cancelled. No access log: URLs carry signatures."""
-        runner = web.AppRunner(self.application(), access_log=None, handle_signals=False)
+        runner = web.ServerRunner(ObjectServer(self._handle, access_log=None))
         await runner.setup()
         try:
             await web.SockSite(runner, self._socket).start()
@@ -76,16 +111,32 @@ class ObjectHttpServer:
             await runner.cleanup()
             self._socket.close()
 
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Every answer that is not the object is a JSON google.rpc.Status."""
+        try:
+            if request.method == "PUT":
+                return await self._put(request)
+            if request.method in ("GET", "HEAD"):
+                return await self._get(request)
+            raise Refused(405, Reason.METHOD_NOT_ALLOWED, "PUT uploads, GET downloads")
+        except Refused as refused:
+            allow = {"Allow": "GET, HEAD, PUT"} if refused.status == 405 else None
+            return answer(refused.status, refused.error, allow)
+        except MediaError as failure:
+            return failure_answer(failure)
+        except Exception:
+            log.exception("object_request_failed", method=request.method)
+            return internal_answer()
+
     def _check(
-        self, request: web.Request, method: str, content_type: str, size: int | None
-    ) -> web.Response | None:
-        """None when the request is signed for exactly this; else the refusal."""
-        key = request.match_info["key"]
-        query = dict(request.query)
-        expires = _signed_int(query, "expires")
-        signature = query.get("signature", "")
-        if expires is None or not signature:
-            return _refuse(403, "SIGNATURE_MISSING", "the URL is not a signed media URL")
+        self, request: web.BaseRequest, method: str, key: str, content_type: str, size: int | None
+    ) -> None:
+        """Returns when the request is signed for exactly this; else raises Refused."""
+        missing = "the URL is not a signed media URL"
+        signature = _single(request, "signature")
+        expires = _signed_number(request, "expires", missing)
+        if not signature:
+            raise Refused(403, Reason.SIGNATURE_MISSING, missing)
         verdict = self._storage.signer.verify(
             method,
             key,
@@ -96,55 +147,80 @@ class ObjectHttpServer:
             now=self._clock(),
         )
         if verdict is Verdict.BAD_SIGNATURE:
-            return _refuse(
+            raise Refused(
                 403,
-                "SIGNATURE_MISMATCH",
+                Reason.SIGNATURE_MISMATCH,
                 "the signature does not match this request (URL, method or headers changed)",
             )
         if verdict is Verdict.EXPIRED:
-            return _refuse(403, "URL_EXPIRED", "the URL has expired")
-        return None
+            raise Refused(403, Reason.URL_EXPIRED, "the URL has expired")
 
-    async def _put(self, request: web.Request) -> web.StreamResponse:
-        key = request.match_info["key"]
-        if not KEY_PATTERN.fullmatch(key):
-            return _refuse(404, "NO_SUCH_OBJECT", "no such object")
-        signed_size = _signed_int(dict(request.query), "size")
-        if signed_size is None:
-            return _refuse(403, "SIGNATURE_MISSING", "the URL is not a signed upload URL")
+    async def _put(self, request: web.BaseRequest) -> web.StreamResponse:
+        key = _object_key(request)
+        signed_size = _signed_number(request, "size", "the URL is not a signed upload URL")
         content_type = request.headers.get("Content-Type", "")
-        refusal = self._check(request, "PUT", content_type, signed_size)
-        if refusal is not None:
-            return refusal
+        self._check(request, "PUT", key, content_type, signed_size)
+        if self._rows is not None:
+            status = await self._rows.status_by_key(key)
+            if status is Status.READY:
+                raise Refused(412, Reason.OBJECT_EXISTS, "the object was already uploaded")
+            if status is not Status.UPLOADING:
+                raise _gone(status)
         length = request.content_length
         if length is None:
-            return _refuse(411, "LENGTH_REQUIRED", "send Content-Length")
+            raise Refused(411, Reason.LENGTH_REQUIRED, "send Content-Length")
         if length > signed_size:
-            return _refuse(413, "TOO_LARGE", f"at most {signed_size} bytes may be uploaded")
+            raise Refused(413, Reason.TOO_LARGE, f"at most {signed_size} bytes may be uploaded")
         try:
             await self._storage.put(key, _body(request, length), content_type)
         except ObjectExists:
-            return _refuse(412, "OBJECT_EXISTS", "the object was already uploaded")
-        except IncompleteBody:
-            return _refuse(400, "INCOMPLETE_BODY", "fewer bytes arrived than Content-Length")
+            raise Refused(412, Reason.OBJECT_EXISTS, "the object was already uploaded") from None
+        except (IncompleteBody, ConnectionError):
+            raise Refused(
+                400, Reason.INCOMPLETE_BODY, "fewer bytes arrived than Content-Length"
+            ) from None
+        await self._unless_deleted_meanwhile(key)
         log.info("object_uploaded", size_bytes=length)
         return web.Response(status=200)
 
-    async def _get(self, request: web.Request) -> web.StreamResponse:
-        key = request.match_info["key"]
-        if not KEY_PATTERN.fullmatch(key):
-            return _refuse(404, "NO_SUCH_OBJECT", "no such object")
-        content_type = request.query.get("type", "")
-        refusal = self._check(request, "GET", content_type, None)
-        if refusal is not None:
-            return refusal
+    async def _unless_deleted_meanwhile(self, key: str) -> None:
+        """An asset deleted while its bytes arrived must not get them back: the deletion
+        removed the object before ours appeared, so ours goes too."""
+        if self._rows is None:
+            return
+        try:
+            status = await self._rows.status_by_key(key)
+        except MediaError:
+            # The upload itself worked; if the asset was deleted, housekeeping, which
+            # watches deleted assets' keys, removes the object.
+            log.warning("object_upload_recheck_failed")
+            return
+        if status is Status.DELETED:
+            await self._storage.delete(key)
+            log.info("object_upload_discarded")
+            raise _gone(status)
+
+    async def _get(self, request: web.BaseRequest) -> web.StreamResponse:
+        key = _object_key(request)
+        content_type = _single(request, "type")
+        self._check(request, "GET", key, content_type, None)
+        if self._rows is not None:
+            status = await self._rows.status_by_key(key)
+            if status is not Status.READY:
+                raise _gone(status)
         path = self._storage.path_of(key)
         if not await asyncio.to_thread(path.is_file):
-            return _refuse(404, "NO_SUCH_OBJECT", "no such object")
+            raise Refused(404, Reason.NO_SUCH_OBJECT, "no such object")
         return web.FileResponse(path, headers={"Content-Type": content_type, **_SECURITY_HEADERS})
 
 
-async def _body(request: web.Request, length: int) -> AsyncIterator[bytes]:
+def _gone(status: Status | None) -> Refused:
+    if status is Status.DELETED:
+        return Refused(404, Reason.ASSET_DELETED, "the asset was deleted")
+    return Refused(404, Reason.NO_SUCH_OBJECT, "no such object")
+
+
+async def _body(request: web.BaseRequest, length: int) -> AsyncIterator[bytes]:
     received = 0
     async for chunk in request.content.iter_chunked(READ_BYTES):
         received += len(chunk)

@@ -12,11 +12,7 @@ from atelier.media.v1 import media_internal_service_pb2 as pb
 from atelier.media.v1 import media_internal_service_pb2_grpc
 from services.media import fields
 from services.media.assets import Assets
-from services.media.errors import Reason, bad_field, object_lost
-from services.media.storage import ObjectNotFound
 from services.media.wire import asset_message, timestamp
-
-_ORDER = "the first message must be the header, and every later one a chunk"
 
 
 class MediaInternalServicer(media_internal_service_pb2_grpc.MediaInternalServiceServicer):
@@ -29,19 +25,14 @@ class MediaInternalServicer(media_internal_service_pb2_grpc.MediaInternalService
         context: aio.ServicerContext[Any, Any],
     ) -> pb.PutAssetResponse:
         messages = aiter(request_iterator)
-        first = await anext(messages, None)
-        if first is None or first.WhichOneof("part") != "header":
-            raise bad_field(Reason.INVALID_PUT_STREAM, "header", _ORDER)
-        header = first.header
+        header = fields.put_header(await anext(messages, None))
         owner = fields.owner_user_id(header.owner_user_id, "header.owner_user_id")
         purpose = fields.any_purpose(header.purpose, "header.purpose")
         content_type = fields.content_type(header.content_type, "header.content_type")
 
         async def chunks() -> AsyncIterator[bytes]:
             async for message in messages:
-                if message.WhichOneof("part") != "chunk":
-                    raise bad_field(Reason.INVALID_PUT_STREAM, "chunk", _ORDER)
-                yield message.chunk
+                yield fields.put_chunk(message)
 
         asset = await self._assets.put(owner, purpose, content_type, chunks())
         return pb.PutAssetResponse(asset=asset_message(asset))
@@ -51,11 +42,8 @@ class MediaInternalServicer(media_internal_service_pb2_grpc.MediaInternalService
     ) -> AsyncIterator[pb.ReadAssetResponse]:
         asset, chunks = await self._assets.read(fields.asset_id(request.asset_id))
         yield pb.ReadAssetResponse(asset=asset_message(asset))
-        try:
-            async for chunk in chunks:
-                yield pb.ReadAssetResponse(chunk=chunk)
-        except ObjectNotFound:
-            raise object_lost() from None
+        async for chunk in chunks:
+            yield pb.ReadAssetResponse(chunk=chunk)
 
     async def GetAssetUrl(
         self, request: pb.GetAssetUrlRequest, context: aio.ServicerContext[Any, Any]

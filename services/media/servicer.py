@@ -15,8 +15,9 @@ from services.media.wire import asset_message, timestamp
 
 
 class MediaServicer(media_service_pb2_grpc.MediaServiceServicer):
-    def __init__(self, assets: Assets) -> None:
+    def __init__(self, assets: Assets, max_upload_bytes: int) -> None:
         self._assets = assets
+        self._max_upload_bytes = max_upload_bytes
 
     async def CreateUpload(
         self,
@@ -25,7 +26,7 @@ class MediaServicer(media_service_pb2_grpc.MediaServiceServicer):
     ) -> media_service_pb2.CreateUploadResponse:
         fields.upload_purpose(request.purpose)
         content_type = fields.content_type(request.content_type, "content_type")
-        size_bytes = fields.size_bytes(request.size_bytes)
+        size_bytes = fields.size_bytes(request.size_bytes, self._max_upload_bytes)
         sha256 = fields.sha256(request.sha256)
         upload = await self._assets.create_upload(
             current_principal().user_id, content_type, size_bytes, sha256

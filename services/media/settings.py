@@ -52,6 +52,7 @@ class MediaSettings:
     chunk_bytes: int
     housekeeping_period_seconds: float
     housekeeping_batch: int
+    abandoned_write_age_seconds: int
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> MediaSettings:
@@ -103,6 +104,12 @@ class MediaSettings:
             ),
             housekeeping_batch=reader.integer(
                 "MEDIA_HOUSEKEEPING_BATCH", 100, minimum=1, maximum=10_000
+            ),
+            # An unfinished write untouched this long is abandoned: housekeeping removes it
+            # (a local .part file, an S3 multipart upload). It also bounds how long after
+            # its upload URL expired a PUT may still be arriving.
+            abandoned_write_age_seconds=reader.integer(
+                "MEDIA_ABANDONED_WRITE_AGE", 3600, minimum=60, maximum=PRESIGN_MAX_SECONDS
             ),
         )
         reader.require(

@@ -8,20 +8,62 @@ result rather than by overwriting.
 
 from __future__ import annotations
 
+import functools
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, ParamSpec, TypeVar
 
-from sqlalchemy import Row, insert, select, update
+from sqlalchemy import Row, exc, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from services.media.errors import DatabaseUnavailable
 from services.media.model import Asset, ContentFacts, Purpose, Status
 from services.media.tables import assets
 
 _c = assets.c
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+# SQLSTATEs that say "not now" rather than "wrong": connection exceptions (08), shutdown
+# or start-up (57P0x), too many connections, a statement or lock wait that timed out.
+_NOT_ANSWERING = ("08", "57P0", "53300", "57014", "55P03")
+
+
+def _not_answering(error: BaseException) -> bool:
+    """True when ``error`` says the database did not answer, not that the SQL was wrong."""
+    if isinstance(error, OSError | exc.TimeoutError):  # refused, reset, timed out, pool
+        return True
+    if isinstance(error, exc.DBAPIError):
+        if error.connection_invalidated or isinstance(error, exc.InterfaceError):
+            return True
+        sqlstate = str(getattr(error.orig, "sqlstate", "") or "")
+        return sqlstate.startswith(_NOT_ANSWERING)
+    return False
+
+
+@contextmanager
+def _answering() -> Iterator[None]:
+    """A database that does not answer becomes DatabaseUnavailable; any other failure
+    (a bug, a constraint) passes unchanged."""
+    try:
+        yield
+    except Exception as error:
+        if _not_answering(error):
+            raise DatabaseUnavailable() from error
+        raise
+
+
+def _database(
+    method: Callable[_P, Awaitable[_T]],
+) -> Callable[_P, Coroutine[Any, Any, _T]]:
+    @functools.wraps(method)
+    async def answering(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        with _answering():
+            return await method(*args, **kwargs)
+
+    return answering
 
 
 def _asset(row: Row[Any]) -> Asset:
@@ -63,6 +105,7 @@ class ExpiredBatch:
         self.uploads = list(uploads)
         self._now = now
 
+    @_database
     async def mark_deleted(self) -> None:
         """Rides pk_assets; the rows are ours (locked), so every one changes."""
         if not self.uploads:
@@ -75,10 +118,41 @@ class ExpiredBatch:
         )
 
 
+@dataclass(frozen=True)
+class Unpurged:
+    asset_id: uuid.UUID
+    object_key: str
+    # No upload URL of the asset can add an object any more: removing it now is for good.
+    settled: bool
+
+
+class UnpurgedBatch:
+    """Deleted assets whose objects may still exist, locked by this transaction."""
+
+    def __init__(
+        self, connection: AsyncConnection, unpurged: Sequence[Unpurged], now: datetime
+    ) -> None:
+        self._connection = connection
+        self.assets = list(unpurged)
+        self._now = now
+
+    @_database
+    async def mark_purged(self, asset_ids: Sequence[uuid.UUID]) -> None:
+        """Their objects are gone for good: housekeeping stops watching them (pk_assets)."""
+        if not asset_ids:
+            return
+        await self._connection.execute(
+            update(assets)
+            .where(_c.asset_id.in_(list(asset_ids)), _c.status == Status.DELETED.value)
+            .values(object_purged_at=self._now)
+        )
+
+
 class AssetStore:
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
 
+    @_database
     async def insert_uploading(self, asset: Asset) -> None:
         """A new asset waiting for its bytes (CreateUpload, and PutAsset before it stores)."""
         async with self._engine.begin() as connection:
@@ -97,12 +171,14 @@ class AssetStore:
                 )
             )
 
+    @_database
     async def get(self, asset_id: uuid.UUID) -> Asset | None:
         """Any asset by id (rides pk_assets)."""
         async with self._engine.connect() as connection:
             row = (await connection.execute(select(assets).where(_c.asset_id == asset_id))).first()
         return None if row is None else _asset(row)
 
+    @_database
     async def get_owned(self, asset_id: uuid.UUID, owner_user_id: str) -> Asset | None:
         """The asset if this user owns it; another user's asset is simply not found
         (rides pk_assets)."""
@@ -111,6 +187,7 @@ class AssetStore:
             row = (await connection.execute(query)).first()
         return None if row is None else _asset(row)
 
+    @_database
     async def mark_ready(
         self, asset_id: uuid.UUID, facts: ContentFacts, now: datetime, rejected_uploads: int
     ) -> Asset | None:
@@ -138,6 +215,7 @@ class AssetStore:
             row = (await connection.execute(statement)).first()
         return None if row is None else _asset(row)
 
+    @_database
     async def reject_upload(self, asset_id: uuid.UUID, rejected_uploads: int) -> bool:
         """Counts a rejected upload. True only for the caller whose view of the asset was
         current: that caller, and no other, deletes the object (rides pk_assets)."""
@@ -154,6 +232,7 @@ class AssetStore:
         async with self._engine.begin() as connection:
             return (await connection.execute(statement)).first() is not None
 
+    @_database
     async def mark_deleted(self, asset_id: uuid.UUID, now: datetime) -> Asset | None:
         """Any live status → deleted; a deleted asset keeps its first deletion time. None
         for an unknown id (rides pk_assets)."""
@@ -171,6 +250,33 @@ class AssetStore:
                 ).first()
         return None if row is None else _asset(row)
 
+    @_database
+    async def status_by_key(self, object_key: str) -> Status | None:
+        """The status of the asset an object key belongs to; None when no asset has it
+        (rides uq_assets_object_key)."""
+        query = select(_c.status).where(_c.object_key == object_key)
+        async with self._engine.connect() as connection:
+            found = (await connection.execute(query)).scalar_one_or_none()
+        return None if found is None else Status(found)
+
+    @asynccontextmanager
+    async def _locking(self) -> AsyncIterator[AsyncConnection]:
+        """A transaction for a claimed batch. Failing to open or commit it is
+        DatabaseUnavailable when the database did not answer; a failure of the caller's
+        block passes unchanged (its storage calls are not the database's)."""
+        in_block = False
+        try:
+            async with self._engine.begin() as connection:
+                try:
+                    yield connection
+                except BaseException:
+                    in_block = True
+                    raise
+        except Exception as error:
+            if in_block or not _not_answering(error):
+                raise
+            raise DatabaseUnavailable() from error
+
     @asynccontextmanager
     async def claim_expired_uploads(self, now: datetime, limit: int) -> AsyncIterator[ExpiredBatch]:
         """Locks up to ``limit`` uploads whose time ran out, skipping rows another replica
@@ -182,8 +288,43 @@ class AssetStore:
             .limit(limit)
             .with_for_update(skip_locked=True)
         )
-        async with self._engine.begin() as connection:
-            rows = (await connection.execute(query)).all()
+        async with self._locking() as connection:
+            with _answering():
+                rows = (await connection.execute(query)).all()
             yield ExpiredBatch(
                 connection, [ExpiredUpload(row.asset_id, row.object_key) for row in rows], now
+            )
+
+    @asynccontextmanager
+    async def claim_unpurged(
+        self, after: uuid.UUID | None, limit: int, now: datetime, write_grace: timedelta
+    ) -> AsyncIterator[UnpurgedBatch]:
+        """Locks up to ``limit`` deleted assets whose object may still exist or (re)appear,
+        in id order after ``after``, skipping rows another replica holds
+        (rides ix_assets_unpurged)."""
+        query = (
+            select(_c.asset_id, _c.object_key, _c.upload_expires_at)
+            .where(_c.status == Status.DELETED.value, _c.object_purged_at.is_(None))
+            .order_by(_c.asset_id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        if after is not None:
+            query = query.where(_c.asset_id > after)
+        async with self._locking() as connection:
+            with _answering():
+                rows = (await connection.execute(query)).all()
+            yield UnpurgedBatch(
+                connection,
+                [
+                    Unpurged(
+                        row.asset_id,
+                        row.object_key,
+                        # A PUT signed before the expiry may still be arriving after it.
+                        settled=row.upload_expires_at is None
+                        or row.upload_expires_at + write_grace <= now,
+                    )
+                    for row in rows
+                ],
+                now,
             )

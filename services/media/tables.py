@@ -61,6 +61,7 @@ CHECKS: dict[str, str] = {
         " OR ((declared_size_bytes IS NULL OR declared_size_bytes = size_bytes)"
         " AND (declared_sha256 IS NULL OR declared_sha256 = sha256))"
     ),
+    "purged_only_when_deleted": "object_purged_at IS NULL OR status = 'deleted'",
 }
 
 assets = Table(
@@ -89,6 +90,9 @@ assets = Table(
     Column("upload_expires_at", DateTime(timezone=True)),
     Column("ready_at", DateTime(timezone=True)),
     Column("deleted_at", DateTime(timezone=True)),
+    # Set once no object can appear for a deleted asset any more (its object was removed
+    # after every upload URL expired); until then housekeeping keeps removing its object.
+    Column("object_purged_at", DateTime(timezone=True)),
     *(CheckConstraint(rule, name=name) for name, rule in CHECKS.items()),
 )
 
@@ -97,4 +101,11 @@ Index(
     "ix_assets_upload_expiry",
     assets.c.upload_expires_at,
     postgresql_where=text("status = 'uploading'"),
+)
+
+# Housekeeping's watch list: deleted assets whose object may still (re)appear.
+Index(
+    "ix_assets_unpurged",
+    assets.c.asset_id,
+    postgresql_where=text("status = 'deleted' AND object_purged_at IS NULL"),
 )

@@ -233,3 +233,46 @@ async def test_internal_put_read_info_delete(
         )
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
     assert error_info(caught.value).reason == "ASSET_NOT_FOUND"
+
+
+async def test_hostile_and_stale_object_urls_through_the_edge(
+    internal: media_internal_service_pb2_grpc.MediaInternalServiceStub,
+    edge_url: str,
+    token: str,
+) -> None:
+    """The probes' inputs, as a client sends them to the edge: a non-ASCII signature (a
+    500 before), and the upload URL of a deleted asset (which accepted new bytes, then
+    served them through an older download URL)."""
+    async with httpx.AsyncClient(timeout=30) as client:
+        created = await client.post(
+            f"{edge_url}/v1/uploads",
+            headers=auth(token),
+            json={
+                "purpose": "ASSET_PURPOSE_AI_INPUT",
+                "contentType": "image/jpeg",
+                "sizeBytes": str(len(PHOTO)),
+            },
+        )
+        upload = created.json()
+        url, headers = upload["uploadUrl"], upload["uploadHeaders"]
+        base, _, query = url.partition("?")
+        signature = next(p for p in query.split("&") if p.startswith("signature="))
+        for hostile in (query.replace(signature, "signature=" + "é" * 64), query + "&expires=1"):
+            refused = await client.put(f"{base}?{hostile}", content=PHOTO, headers=headers)
+            assert refused.status_code == 403
+            assert refused.json()["details"][0]["reason"] == "SIGNATURE_MISMATCH"
+            assert refused.json()["code"] == 7
+
+        assert (await client.put(url, content=PHOTO, headers=headers)).status_code == 200
+        asset_id = upload["asset"]["assetId"]
+        await client.post(f"{edge_url}/v1/assets/{asset_id}:complete", headers=auth(token), json={})
+        got = await client.get(f"{edge_url}/v1/assets/{asset_id}", headers=auth(token))
+        download_url = got.json()["downloadUrl"]
+        await internal.DeleteAsset(
+            pb.DeleteAssetRequest(asset_id=asset_id), metadata=bearer(DEV_SERVICE_TOKEN)
+        )
+        again = await client.put(url, content=bytes(reversed(PHOTO)), headers=headers)
+        stale = await client.get(download_url)
+    for response in (again, stale):
+        assert response.status_code == 404
+        assert response.json()["details"][0]["reason"] == "ASSET_DELETED"

@@ -5,33 +5,53 @@ and a server-side store that fails half-way leaves nothing that looks ready."""
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import grpc
 import httpx
 import pytest
+from aiobotocore.session import AioSession
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
 
-from atelier.media.v1 import asset_pb2, media_service_pb2, media_service_pb2_grpc
+from atelier.media.v1 import (
+    asset_pb2,
+    media_internal_service_pb2_grpc,
+    media_service_pb2,
+    media_service_pb2_grpc,
+)
+from atelier.media.v1 import media_internal_service_pb2 as pb
 from services.kit.auth import issue_token
-from services.kit.settings import DEV_JWT_SECRET
+from services.kit.db import asyncpg_url
+from services.kit.settings import DEV_JWT_SECRET, DEV_SERVICE_TOKEN
 from services.media.assets import Assets, Limits
+from services.media.housekeeping import DEFAULT_ABANDONED_WRITE_AGE, Housekeeper
 from services.media.images import ImageInspector
-from services.media.model import Purpose, Status
-from services.media.storage.local import LocalStorage
+from services.media.model import Asset, Purpose, Status
+from services.media.settings import S3Settings
+from services.media.storage.local import INCOMING, PART_SUFFIX, LocalStorage
+from services.media.storage.s3 import S3Storage
 from services.media.storage.signing import UrlSigner
+from services.media.store import AssetStore
 from tests.support.media import (
+    FakeClock,
     MediaHarness,
     image_bytes,
     media_settings,
     running_media,
+    until,
 )
 from tests.support.rpc import bearer, error_info
 
 ALICE = bearer(issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", "alice", 600))
 JPEG = image_bytes("JPEG", 32, 32)
+PNG = image_bytes("PNG", 24, 24)
+SERVICE = (("authorization", f"Bearer {DEV_SERVICE_TOKEN}"),)
 
 
 @pytest.fixture
@@ -150,3 +170,163 @@ async def test_a_store_that_fails_half_way_leaves_a_deleted_row_and_no_object(
     assert [row.status for row in rows] == ["deleted"]
     assert await storage.stat(rows[0].object_key) is None
     assert [p for p in storage.root.rglob("*") if p.is_file()] == []
+
+
+# -- orphans a crash leaves behind ---------------------------------------------------------
+
+
+@pytest.fixture
+async def any_media(
+    bucket: S3Settings | None, media_url: str, tmp_path: Path
+) -> AsyncIterator[MediaHarness]:
+    storage = None if bucket is None else S3Storage(bucket)
+    async with running_media(media_settings(media_url, tmp_path), storage) as harness:
+        yield harness
+
+
+async def put_png(media: MediaHarness, owner: str) -> Asset:
+    """A ready asset, stored through PutAsset as a worker would."""
+
+    async def messages() -> AsyncIterator[pb.PutAssetRequest]:
+        yield pb.PutAssetRequest(
+            header=pb.PutAssetHeader(
+                owner_user_id=owner,
+                purpose=asset_pb2.ASSET_PURPOSE_AI_OUTPUT,
+                content_type="image/png",
+            )
+        )
+        yield pb.PutAssetRequest(chunk=PNG)
+
+    async with media.internal_channel() as channel:
+        stub = media_internal_service_pb2_grpc.MediaInternalServiceStub(channel)
+        reply = await stub.PutAsset(messages(), metadata=SERVICE)
+    stored = await media.store.get(uuid.UUID(reply.asset.asset_id))
+    assert stored is not None
+    return stored
+
+
+async def test_objects_of_deleted_assets_are_removed_once_in_batches(
+    any_media: MediaHarness,
+) -> None:
+    media = any_media
+    owner = f"owner-{uuid.uuid4()}"
+    orphans = [await put_png(media, owner) for _ in range(7)]
+    kept = await put_png(media, owner)
+    for asset in orphans:
+        # What a crash between DeleteAsset's two steps leaves: the row says deleted, the
+        # object is still there.
+        assert await media.store.mark_deleted(asset.asset_id, media.clock.now) is not None
+        assert await media.storage.stat(asset.object_key) is not None
+
+    # Two replicas at once, in small batches: each object is removed by exactly one.
+    first, second = await asyncio.gather(
+        media.housekeeper(batch_size=2).purge_deleted(media.clock.now),
+        media.housekeeper(batch_size=3).purge_deleted(media.clock.now),
+    )
+    assert first.objects_removed + second.objects_removed == len(orphans)
+    for asset in orphans:
+        assert await media.storage.stat(asset.object_key) is None
+    assert await media.storage.stat(kept.object_key) is not None
+
+    # PutAsset's rows carry an upload expiry: until it (and the write grace) passed, the
+    # rows stay watched; then one sweep settles them and later sweeps leave them alone.
+    assert {await purged_at(media, a) for a in orphans} == {None}
+    media.clock.advance(media.settings.upload_url_ttl_seconds + 3600)
+    await media.housekeeper(batch_size=2).sweep()
+    assert {await purged_at(media, a) for a in orphans} == {media.clock.now}
+    assert await purged_at(media, kept) is None
+    assert (await media.housekeeper(batch_size=2).purge_deleted(media.clock.now)).settled == 0
+
+
+async def purged_at(media: MediaHarness, asset: Asset) -> datetime | None:
+    async with media.engine.connect() as connection:
+        found = await connection.execute(
+            text("SELECT object_purged_at FROM media.assets WHERE asset_id = :a"),
+            {"a": asset.asset_id},
+        )
+        value: datetime | None = found.scalar_one()
+    return value
+
+
+def leftover_part(incoming: Path, age_seconds: float, data: bytes = b"") -> Path:
+    """A ``.part`` file as a crash leaves it: opened, maybe partly written, never linked."""
+    path = incoming / f"{uuid.uuid4()}{PART_SUFFIX}"
+    with path.open("xb") as file:
+        file.write(data)
+    stamp = time.time() - age_seconds
+    os.utime(path, (stamp, stamp))
+    return path
+
+
+async def test_stale_part_files_are_swept_in_batches_and_fresh_ones_survive(
+    media: MediaHarness,
+) -> None:
+    incoming = media.settings.local_dir / INCOMING
+    age = media.settings.abandoned_write_age_seconds
+    stale = [leftover_part(incoming, age + 60) for _ in range(4)]
+    stale.append(leftover_part(incoming, 3 * age, data=b"half an upload"))
+    fresh = leftover_part(incoming, age - 60, data=b"still arriving")
+    unrelated = incoming / "README"
+    unrelated.write_text("not a write of ours")
+    os.utime(unrelated, (0, 0))
+
+    housekeeper = Housekeeper(
+        media.store,
+        media.storage,
+        period_seconds=60,
+        batch_size=2,
+        abandoned_write_age=timedelta(seconds=age),
+        clock=media.clock,
+    )
+    assert await housekeeper.remove_abandoned_writes(media.clock.now) == len(stale)
+    assert not any(path.exists() for path in stale)
+    assert fresh.exists() and unrelated.exists()
+    assert await housekeeper.remove_abandoned_writes(media.clock.now) == 0
+
+
+async def test_the_housekeeping_loop_sweeps_part_files_at_start(
+    media_url: str, tmp_path: Path
+) -> None:
+    settings = media_settings(media_url, tmp_path, MEDIA_ABANDONED_WRITE_AGE="60")
+    incoming = settings.local_dir / INCOMING
+    incoming.mkdir(parents=True)
+    stale = leftover_part(incoming, 120)
+    fresh = leftover_part(incoming, 0)
+    async with running_media(settings):
+        await until(lambda: not stale.exists())
+    assert fresh.exists()
+
+
+async def test_s3_abandoned_multipart_uploads_are_aborted_in_batches(
+    s3_bucket: S3Settings, media_url: str
+) -> None:
+    storage = S3Storage(s3_bucket)
+    engine = create_async_engine(asyncpg_url(media_url))
+    clock = FakeClock()
+    # No running media: its own first sweep would race this test for the uploads.
+    housekeeper = Housekeeper(
+        AssetStore(engine), storage, period_seconds=60, batch_size=2, clock=clock
+    )
+    session = AioSession()
+    try:
+        async with session.create_client(
+            "s3",
+            endpoint_url=s3_bucket.endpoint_url,
+            region_name=s3_bucket.region,
+            aws_access_key_id=s3_bucket.access_key_id,
+            aws_secret_access_key=s3_bucket.secret_access_key,
+        ) as client:
+            for _ in range(3):  # what a PutAsset killed mid-stream leaves
+                await client.create_multipart_upload(Bucket=s3_bucket.bucket, Key="ai_output/x")
+            listed = await client.list_multipart_uploads(Bucket=s3_bucket.bucket)
+            # moto reports a fixed initiation time: judge the age from what it says.
+            clock.now = max(upload["Initiated"] for upload in listed["Uploads"])
+            clock.advance(600)
+            assert await housekeeper.remove_abandoned_writes(clock.now) == 0
+            clock.advance(DEFAULT_ABANDONED_WRITE_AGE.total_seconds())
+            assert await housekeeper.remove_abandoned_writes(clock.now) == 3
+            listed = await client.list_multipart_uploads(Bucket=s3_bucket.bucket)
+            assert listed.get("Uploads", []) == []
+    finally:
+        await storage.close()
+        await engine.dispose()

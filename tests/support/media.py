@@ -3,25 +3,31 @@ byte, a clock the test moves, and a database of media's own."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import random
 import struct
 import uuid
 import zlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import grpc
+import httpx
+from google.protobuf import json_format
+from google.rpc import error_details_pb2, status_pb2
 from PIL import Image
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from atelier.media.v1 import asset_pb2, media_service_pb2, media_service_pb2_grpc
 from services.dev import postgres
 from services.dev.processes import free_port
 from services.kit import migrations
 from services.kit.db import asyncpg_url
+from services.kit.errors import DOMAIN
 from services.kit.server import RunningService
 from services.kit.settings import ListenSettings
 from services.media.app import build, open_storage
@@ -167,3 +173,81 @@ async def running_media(
     finally:
         await running.stop()
         await engine.dispose()
+
+
+def http_status(response: httpx.Response) -> tuple[int, str]:
+    """The google.rpc.Status in an HTTP answer's JSON body: (its code, its ErrorInfo
+    reason). Fails unless the body is one, with ErrorInfo in our domain."""
+    assert response.headers["content-type"].startswith("application/json"), response.text
+    status = json_format.ParseDict(response.json(), status_pb2.Status(), ignore_unknown_fields=True)
+    infos = [d for d in status.details if d.Is(error_details_pb2.ErrorInfo.DESCRIPTOR)]
+    assert len(infos) == 1, response.text
+    info = error_details_pb2.ErrorInfo()
+    infos[0].Unpack(info)
+    assert info.domain == DOMAIN
+    assert response.json()["error"] == info.reason  # the first version's field, kept
+    return status.code, info.reason
+
+
+@dataclass(frozen=True)
+class SignedUrls:
+    """A ready asset's upload and download URLs, as its owner was handed them."""
+
+    asset_id: str
+    object_key: str
+    upload_url: str
+    upload_headers: dict[str, str]
+    download_url: str
+    data: bytes
+
+
+async def create_upload(
+    media: MediaHarness, token: str, data: bytes
+) -> media_service_pb2.CreateUploadResponse:
+    """An upload of ``data`` (a JPEG) reserved through media's public listener."""
+    async with media.public_channel() as channel:
+        return await media_service_pb2_grpc.MediaServiceStub(channel).CreateUpload(
+            media_service_pb2.CreateUploadRequest(
+                purpose=asset_pb2.ASSET_PURPOSE_AI_INPUT,
+                content_type="image/jpeg",
+                size_bytes=len(data),
+            ),
+            metadata=(("authorization", f"Bearer {token}"),),
+        )
+
+
+async def ready_asset(media: MediaHarness, token: str, data: bytes) -> SignedUrls:
+    """Creates an upload, PUTs ``data`` (a JPEG), completes it and asks for its download
+    URL, all through media's real listeners."""
+    metadata = (("authorization", f"Bearer {token}"),)
+    upload = await create_upload(media, token, data)
+    headers = dict(upload.upload_headers)
+    async with media.public_channel() as channel:
+        stub = media_service_pb2_grpc.MediaServiceStub(channel)
+        async with httpx.AsyncClient() as client:
+            sent = await client.put(upload.upload_url, content=data, headers=headers)
+        assert sent.status_code == 200, sent.text
+        asset_id = upload.asset.asset_id
+        await stub.CompleteUpload(
+            media_service_pb2.CompleteUploadRequest(asset_id=asset_id), metadata=metadata
+        )
+        got = await stub.GetAsset(
+            media_service_pb2.GetAssetRequest(asset_id=asset_id), metadata=metadata
+        )
+    stored = await media.store.get(uuid.UUID(asset_id))
+    assert stored is not None
+    return SignedUrls(
+        asset_id, stored.object_key, upload.upload_url, headers, got.download_url, data
+    )
+
+
+async def until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
+    """Polls a condition that nothing signals (a file another task creates), with a
+    deadline."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while True:
+        if condition():
+            return
+        assert loop.time() < deadline, "the condition never held"
+        await asyncio.sleep(0.01)

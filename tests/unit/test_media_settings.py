@@ -113,3 +113,12 @@ def test_secrets_never_appear_in_messages() -> None:
             {"ATELIER_MEDIA_URL_SECRET": "hunter2", "ATELIER_MEDIA_S3_SECRET_ACCESS_KEY": "pw1"}
         )
     assert "hunter2" not in str(caught.value) and "pw1" not in str(caught.value)
+
+
+def test_abandoned_writes_age_an_hour_by_default_and_never_less_than_a_minute() -> None:
+    assert MediaSettings.from_env({}).abandoned_write_age_seconds == 3600
+    given = MediaSettings.from_env({"ATELIER_MEDIA_ABANDONED_WRITE_AGE": "900"})
+    assert given.abandoned_write_age_seconds == 900
+    # Shorter would risk removing a write still in progress.
+    with pytest.raises(SettingsError, match="ATELIER_MEDIA_ABANDONED_WRITE_AGE must be between"):
+        MediaSettings.from_env({"ATELIER_MEDIA_ABANDONED_WRITE_AGE": "5"})

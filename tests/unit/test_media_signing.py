@@ -115,3 +115,20 @@ def test_get_urls_bind_the_response_content_type() -> None:
 
     assert verify_get("image/webp") is Verdict.VALID
     assert verify_get("text/html") is Verdict.BAD_SIGNATURE
+
+
+@pytest.mark.parametrize(
+    "signature",
+    ["é" * 64, "\udc80" * 64, "\ud800", "\x00" * 64, "ﬁ", "a" * 100_000],
+    ids=["non-ascii", "escaped-byte", "lone-surrogate", "nul", "ligature", "very-long"],
+)
+def test_any_text_is_a_signature_that_may_not_match(signature: str) -> None:
+    """compare_digest raises TypeError on non-ASCII str: the listener answered 500."""
+    assert verify_put(signature=signature) is Verdict.BAD_SIGNATURE
+
+
+def test_a_non_ascii_content_type_is_signed_like_any_other() -> None:
+    url = signer.put_url(KEY, "image/pñg", 1234, EXPIRES)
+    assert verify_put(content_type="image/pñg", signature=query_of(url)["signature"]) is (
+        Verdict.VALID
+    )

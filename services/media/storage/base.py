@@ -60,4 +60,9 @@ class ObjectStorage(Protocol):
         """A GET of the object, answered with ``content_type``."""
         ...
 
+    async def remove_abandoned_writes(self, older_than: datetime, limit: int) -> int:
+        """Removes up to ``limit`` writes that were started but never finished (a crash,
+        a lost connection) and are untouched since ``older_than``; returns how many."""
+        ...
+
     async def close(self) -> None: ...

@@ -10,16 +10,30 @@ import asyncio
 import contextlib
 import os
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from datetime import datetime
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, ParamSpec, TypeVar
 
+from services.media.errors import StorageUnavailable
 from services.media.model import KEY_PATTERN
 from services.media.storage.base import ObjectExists, ObjectNotFound, ObjectStat, SignedRequest
 from services.media.storage.signing import UrlSigner
 
 INCOMING = ".incoming"
+PART_SUFFIX = ".part"
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+async def _io(function: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    """Runs a blocking file operation off the event loop. The disk failing (full, gone,
+    read-only, an I/O error) is StorageUnavailable, said the same way as S3 being down."""
+    try:
+        return await asyncio.to_thread(function, *args, **kwargs)
+    except OSError as error:
+        raise StorageUnavailable() from error
 
 
 class LocalStorage:
@@ -36,40 +50,43 @@ class LocalStorage:
 
     async def put(self, key: str, chunks: AsyncIterable[bytes], content_type: str) -> None:
         final = self.path_of(key)
-        temporary = self.root / INCOMING / f"{uuid.uuid4()}.part"
-        file = await asyncio.to_thread(temporary.open, "xb")
+        temporary = self.root / INCOMING / f"{uuid.uuid4()}{PART_SUFFIX}"
+        file = await _io(temporary.open, "xb")
         try:
             try:
+                # The chunks' own failures (a client that went away) pass unchanged.
                 async for chunk in chunks:
-                    await asyncio.to_thread(file.write, chunk)
-                await asyncio.to_thread(_flush_to_disk, file)
+                    await _io(file.write, chunk)
+                await _io(_flush_to_disk, file)
             finally:
-                await asyncio.to_thread(file.close)
-            await asyncio.to_thread(_publish, temporary, final)
+                await _io(file.close)
+            await _io(_publish, temporary, final)
         finally:
-            await asyncio.to_thread(temporary.unlink, missing_ok=True)
+            await _io(temporary.unlink, missing_ok=True)
 
     async def stream(self, key: str, chunk_bytes: int) -> AsyncIterator[bytes]:
         path = self.path_of(key)
+        file = await _io(_open_if_present, path)
+        if file is None:
+            raise ObjectNotFound(key)
         try:
-            file = await asyncio.to_thread(path.open, "rb")
-        except FileNotFoundError:
-            raise ObjectNotFound(key) from None
-        try:
-            while chunk := await asyncio.to_thread(file.read, chunk_bytes):
+            while chunk := await _io(file.read, chunk_bytes):
                 yield chunk
         finally:
-            await asyncio.to_thread(file.close)
+            await _io(file.close)
 
     async def stat(self, key: str) -> ObjectStat | None:
-        try:
-            found = await asyncio.to_thread(self.path_of(key).stat)
-        except FileNotFoundError:
-            return None
-        return ObjectStat(size_bytes=found.st_size, content_type=None)
+        size = await _io(_size_if_present, self.path_of(key))
+        return None if size is None else ObjectStat(size_bytes=size, content_type=None)
 
     async def delete(self, key: str) -> None:
-        await asyncio.to_thread(self.path_of(key).unlink, missing_ok=True)
+        await _io(self.path_of(key).unlink, missing_ok=True)
+
+    async def remove_abandoned_writes(self, older_than: datetime, limit: int) -> int:
+        """Removes up to ``limit`` unfinished writes (``.incoming/*.part``, left by a crash)
+        untouched since ``older_than``; a write in progress keeps its file fresh. Returns
+        how many were removed."""
+        return await _io(_remove_stale_parts, self.root / INCOMING, older_than.timestamp(), limit)
 
     async def presign_put(
         self, key: str, content_type: str, size_bytes: int, expires_at: datetime
@@ -85,6 +102,38 @@ class LocalStorage:
 
     async def close(self) -> None:
         return None
+
+
+def _open_if_present(path: Path) -> BinaryIO | None:
+    try:
+        return path.open("rb")
+    except FileNotFoundError:
+        return None
+
+
+def _size_if_present(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return None
+
+
+def _remove_stale_parts(incoming: Path, cutoff: float, limit: int) -> int:
+    removed = 0
+    with os.scandir(incoming) as entries:
+        for entry in entries:
+            if removed >= limit:
+                break
+            if not entry.name.endswith(PART_SUFFIX) or not entry.is_file(follow_symlinks=False):
+                continue
+            try:
+                if entry.stat(follow_symlinks=False).st_mtime >= cutoff:
+                    continue
+                os.unlink(entry.path)
+            except FileNotFoundError:
+                continue  # its write finished (or another sweep removed it) meanwhile
+            removed += 1
+    return removed
 
 
 def _flush_to_disk(file: BinaryIO) -> None:

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterable, AsyncIterator
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterable, AsyncIterator, Iterator
+from contextlib import AsyncExitStack, contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
 
 from services.kit.logging import get_logger
+from services.media.errors import StorageUnavailable
 from services.media.settings import S3Settings
 from services.media.storage.base import ObjectExists, ObjectNotFound, ObjectStat, SignedRequest
 
@@ -37,6 +38,28 @@ _TAKEN = {"412", "PreconditionFailed"}
 
 def _code(error: ClientError) -> str:
     return str(error.response.get("Error", {}).get("Code", ""))
+
+
+def _not_answering(error: BaseException) -> bool:
+    """S3 unreachable, timing out, or failing on its side (5xx, SlowDown), as opposed to
+    refusing the request (4xx)."""
+    if isinstance(error, ConnectionError | HTTPClientError | OSError):
+        return True
+    if isinstance(error, ClientError):
+        status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return int(status or 0) >= 500 or _code(error) == "SlowDown"
+    return False
+
+
+@contextmanager
+def _answering() -> Iterator[None]:
+    """S3 not answering becomes StorageUnavailable; its refusals pass unchanged."""
+    try:
+        yield
+    except Exception as error:
+        if _not_answering(error):
+            raise StorageUnavailable() from error
+        raise
 
 
 class S3Storage:
@@ -132,7 +155,12 @@ class S3Storage:
             await self._abort(client, key, upload_id)
             if _code(error) in _TAKEN:
                 raise ObjectExists(key) from None
+            if _not_answering(error):
+                raise StorageUnavailable() from error
             raise
+        except (ConnectionError, HTTPClientError, OSError) as error:
+            await self._abort(client, key, upload_id)
+            raise StorageUnavailable() from error
         except BaseException:
             await self._abort(client, key, upload_id)
             raise
@@ -167,26 +195,21 @@ class S3Storage:
     async def stream(self, key: str, chunk_bytes: int) -> AsyncIterator[bytes]:
         client, _ = await self._clients()
         try:
-            response = await client.get_object(Bucket=self.bucket, Key=key)
+            with _answering():
+                response = await client.get_object(Bucket=self.bucket, Key=key)
         except ClientError as error:
             if _code(error) in _MISSING:
                 raise ObjectNotFound(key) from None
             raise
-        async with response["Body"] as body:
-            # The network hands over whatever arrived; callers get even chunks.
-            buffer = bytearray()
-            while piece := await body.read(chunk_bytes - len(buffer)):
-                buffer += piece
-                if len(buffer) >= chunk_bytes:
-                    yield bytes(buffer)
-                    buffer.clear()
-            if buffer:
-                yield bytes(buffer)
+        with _answering():
+            async for chunk in _even_chunks(response["Body"], chunk_bytes):
+                yield chunk
 
     async def stat(self, key: str) -> ObjectStat | None:
         client, _ = await self._clients()
         try:
-            head = await client.head_object(Bucket=self.bucket, Key=key)
+            with _answering():
+                head = await client.head_object(Bucket=self.bucket, Key=key)
         except ClientError as error:
             if _code(error) in _MISSING:
                 return None
@@ -195,7 +218,39 @@ class S3Storage:
 
     async def delete(self, key: str) -> None:
         client, _ = await self._clients()
-        await client.delete_object(Bucket=self.bucket, Key=key)
+        with _answering():
+            await client.delete_object(Bucket=self.bucket, Key=key)
+
+    async def remove_abandoned_writes(self, older_than: datetime, limit: int) -> int:
+        """Aborts up to ``limit`` multipart uploads started before ``older_than`` (a
+        crashed PutAsset's; a bucket lifecycle rule is the backstop)."""
+        client, _ = await self._clients()
+        aborted = 0
+        key_marker = upload_marker = ""
+        with _answering():
+            while aborted < limit:
+                page = await client.list_multipart_uploads(
+                    Bucket=self.bucket,
+                    MaxUploads=limit,
+                    KeyMarker=key_marker,
+                    UploadIdMarker=upload_marker,
+                )
+                for upload in page.get("Uploads", []):
+                    if aborted < limit and upload["Initiated"] < older_than:
+                        try:
+                            await client.abort_multipart_upload(
+                                Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                            )
+                        except ClientError as error:
+                            if _code(error) != "NoSuchUpload":  # another replica's, already
+                                raise
+                            continue
+                        aborted += 1
+                if not page.get("IsTruncated"):
+                    break
+                key_marker = page.get("NextKeyMarker", "")
+                upload_marker = page.get("NextUploadIdMarker", "")
+        return aborted
 
     async def presign_put(
         self, key: str, content_type: str, size_bytes: int, expires_at: datetime
@@ -231,6 +286,19 @@ class S3Storage:
     async def close(self) -> None:
         self._opened = None
         await self._exit.aclose()
+
+
+async def _even_chunks(stream: Any, chunk_bytes: int) -> AsyncIterator[bytes]:
+    """The network hands over whatever arrived; callers get even chunks."""
+    async with stream as body:
+        buffer = bytearray()
+        while piece := await body.read(chunk_bytes - len(buffer)):
+            buffer += piece
+            if len(buffer) >= chunk_bytes:
+                yield bytes(buffer)
+                buffer.clear()
+        if buffer:
+            yield bytes(buffer)
 
 
 def _blob(data: bytearray) -> bytes:

@@ -56,9 +56,11 @@ class UrlSigner:
         signature: str,
         now: float,
     ) -> Verdict:
-        """The signature first: a tampered expiry is a bad signature, not an expiry."""
+        """The signature first: a tampered expiry is a bad signature, not an expiry. Any
+        text is a signature that may not match (compare_digest refuses non-ASCII str)."""
         expected = self._signature(method, key, expires, content_type, size)
-        if not hmac.compare_digest(expected, signature):
+        given = signature.encode("utf-8", "surrogatepass")
+        if not hmac.compare_digest(expected.encode(), given):
             return Verdict.BAD_SIGNATURE
         if now >= expires:
             return Verdict.EXPIRED
