@@ -19,6 +19,7 @@ def _refused(port: int) -> bool:
 def test_a_worker_process_listens_only_internally(database_url: str, tmp_path: Path) -> None:
     public, internal = free_port(), free_port()
     env = {
+        "ATELIER_ENV": "test",
         "ATELIER_DATABASE_URL": database_url,
         "ATELIER_CREATION_PUBLIC_PORT": str(public),
         "ATELIER_CREATION_INTERNAL_PORT": str(internal),
