@@ -20,6 +20,10 @@ SERVE_DEFAULT_ENV = "prod"
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if args.service != "creation" and args.role != "all":
+        print(f"atelier serve: --role is for creation, not {args.service}", file=sys.stderr)
+        return 2
+    # The process becomes the service: its settings are read from this environment.
     defaulted = not os.environ.get("ATELIER_ENV", "").strip()
     if defaulted:
         os.environ["ATELIER_ENV"] = SERVE_DEFAULT_ENV
@@ -27,9 +31,6 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         if args.service == "creation":
             return int(module.main(role=args.role))
-        if args.role != "all":
-            print(f"atelier serve: --role is for creation, not {args.service}", file=sys.stderr)
-            return 2
         return int(module.main())
     except SettingsError as error:
         if defaulted and "prod" in str(error):

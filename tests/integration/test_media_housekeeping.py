@@ -9,7 +9,7 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 
 import grpc
@@ -259,10 +259,13 @@ def leftover_part(incoming: Path, age_seconds: float, data: bytes = b"") -> Path
 
 
 async def test_stale_part_files_are_swept_in_batches_and_fresh_ones_survive(
-    media: MediaHarness,
+    media_url: str, tmp_path: Path
 ) -> None:
-    incoming = media.settings.local_dir / INCOMING
-    age = media.settings.abandoned_write_age_seconds
+    # No running media: its loop's first sweep would race this one for the files.
+    storage = LocalStorage(tmp_path / "objects", UrlSigner("s" * 40, "http://127.0.0.1:9"))
+    engine = create_async_engine(asyncpg_url(media_url))
+    incoming = storage.root / INCOMING
+    age = DEFAULT_ABANDONED_WRITE_AGE.total_seconds()
     stale = [leftover_part(incoming, age + 60) for _ in range(4)]
     stale.append(leftover_part(incoming, 3 * age, data=b"half an upload"))
     fresh = leftover_part(incoming, age - 60, data=b"still arriving")
@@ -270,18 +273,22 @@ async def test_stale_part_files_are_swept_in_batches_and_fresh_ones_survive(
     unrelated.write_text("not a write of ours")
     os.utime(unrelated, (0, 0))
 
+    clock = FakeClock()
     housekeeper = Housekeeper(
-        media.store,
-        media.storage,
+        AssetStore(engine),
+        storage,
         period_seconds=60,
         batch_size=2,
-        abandoned_write_age=timedelta(seconds=age),
-        clock=media.clock,
+        abandoned_write_age=DEFAULT_ABANDONED_WRITE_AGE,
+        clock=clock,
     )
-    assert await housekeeper.remove_abandoned_writes(media.clock.now) == len(stale)
-    assert not any(path.exists() for path in stale)
-    assert fresh.exists() and unrelated.exists()
-    assert await housekeeper.remove_abandoned_writes(media.clock.now) == 0
+    try:
+        assert await housekeeper.remove_abandoned_writes(clock.now) == len(stale)
+        assert not any(path.exists() for path in stale)
+        assert fresh.exists() and unrelated.exists()
+        assert await housekeeper.remove_abandoned_writes(clock.now) == 0
+    finally:
+        await engine.dispose()
 
 
 async def test_the_housekeeping_loop_sweeps_part_files_at_start(
