@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
-from sqlalchemy import Row, exc, insert, select, update
+from sqlalchemy import Row, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from services.kit.outages import classify
 from services.media.errors import DatabaseUnavailable
 from services.media.model import Asset, ContentFacts, Purpose, Status
 from services.media.tables import assets
@@ -26,21 +27,12 @@ from services.media.tables import assets
 _c = assets.c
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
-# SQLSTATEs that say "not now" rather than "wrong": connection exceptions (08), shutdown
-# or start-up (57P0x), too many connections, a statement or lock wait that timed out.
-_NOT_ANSWERING = ("08", "57P0", "53300", "57014", "55P03")
 
 
 def _not_answering(error: BaseException) -> bool:
-    """True when ``error`` says the database did not answer, not that the SQL was wrong."""
-    if isinstance(error, OSError | exc.TimeoutError):  # refused, reset, timed out, pool
-        return True
-    if isinstance(error, exc.DBAPIError):
-        if error.connection_invalidated or isinstance(error, exc.InterfaceError):
-            return True
-        sqlstate = str(getattr(error.orig, "sqlstate", "") or "")
-        return sqlstate.startswith(_NOT_ANSWERING)
-    return False
+    """True when ``error`` says the database did not answer (refused, dropped, timed out,
+    saturated), not that the SQL was wrong: the kit's one classification of outages."""
+    return classify(error) is not None
 
 
 @contextmanager
