@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
-from sqlalchemy import Row, insert, select, update
+from sqlalchemy import Row, bindparam, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from services.kit.db import fetch
 from services.kit.outages import classify
 from services.media.errors import DatabaseUnavailable
 from services.media.model import Asset, ContentFacts, Purpose, Status
@@ -56,6 +57,14 @@ def _database(
             return await method(*args, **kwargs)
 
     return answering
+
+
+# The hot reads, built once; each is one autocommit statement (kit.db.fetch).
+ASSET_BY_ID = select(assets).where(_c.asset_id == bindparam("asset_id"))
+OWNED_ASSET = select(assets).where(
+    _c.asset_id == bindparam("asset_id"), _c.owner_user_id == bindparam("owner_user_id")
+)
+STATUS_BY_KEY = select(_c.status).where(_c.object_key == bindparam("object_key"))
 
 
 def _asset(row: Row[Any]) -> Asset:
@@ -166,18 +175,17 @@ class AssetStore:
     @_database
     async def get(self, asset_id: uuid.UUID) -> Asset | None:
         """Any asset by id (rides pk_assets)."""
-        async with self._engine.connect() as connection:
-            row = (await connection.execute(select(assets).where(_c.asset_id == asset_id))).first()
-        return None if row is None else _asset(row)
+        rows = await fetch(self._engine, ASSET_BY_ID, {"asset_id": asset_id})
+        return _asset(rows[0]) if rows else None
 
     @_database
     async def get_owned(self, asset_id: uuid.UUID, owner_user_id: str) -> Asset | None:
         """The asset if this user owns it; another user's asset is simply not found
         (rides pk_assets)."""
-        query = select(assets).where(_c.asset_id == asset_id, _c.owner_user_id == owner_user_id)
-        async with self._engine.connect() as connection:
-            row = (await connection.execute(query)).first()
-        return None if row is None else _asset(row)
+        rows = await fetch(
+            self._engine, OWNED_ASSET, {"asset_id": asset_id, "owner_user_id": owner_user_id}
+        )
+        return _asset(rows[0]) if rows else None
 
     @_database
     async def mark_ready(
@@ -246,10 +254,8 @@ class AssetStore:
     async def status_by_key(self, object_key: str) -> Status | None:
         """The status of the asset an object key belongs to; None when no asset has it
         (rides uq_assets_object_key)."""
-        query = select(_c.status).where(_c.object_key == object_key)
-        async with self._engine.connect() as connection:
-            found = (await connection.execute(query)).scalar_one_or_none()
-        return None if found is None else Status(found)
+        rows = await fetch(self._engine, STATUS_BY_KEY, {"object_key": object_key})
+        return Status(rows[0].status) if rows else None
 
     @asynccontextmanager
     async def _locking(self) -> AsyncIterator[AsyncConnection]:

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from services.kit.db import asyncpg_url
 from services.media.model import Asset, ContentFacts, Purpose, Status, object_key
 from services.media.store import AssetStore
+from tests.support.wire import watched_engine
 
 HASH = "ab" * 32
 
@@ -250,3 +251,19 @@ async def test_replicas_claim_disjoint_batches_of_expired_uploads(
         assert found.deleted_at == sweep_time
     still = await store.get(alive.asset_id)
     assert still is not None and still.status == Status.UPLOADING
+
+
+async def test_hot_reads_are_one_statement_without_a_transaction(media_url: str) -> None:
+    # GetAssetInfo and the object listener's status check, as the kit's engine sends them.
+    async with watched_engine(media_url) as (engine, wire):
+        store = AssetStore(engine)
+        asset = new_upload()
+        await store.insert_uploading(asset)
+        for read in (
+            store.get(asset.asset_id),
+            store.get_owned(asset.asset_id, "alice"),
+            store.status_by_key(asset.object_key),
+        ):
+            wire.clear()
+            assert await read is not None
+            assert (len(wire.statements), wire.commands) == (1, [])

@@ -6,50 +6,21 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
-from sqlalchemy import event
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.store import jobs as store
 from services.creation.store import ledger
 from services.creation.store.catalog import CachedCatalog
-from services.kit.db import asyncpg_url
 from tests.integration.creation.helpers import LIMITS, T0, command, new_user
-
-
-@dataclass
-class Wire:
-    """What one engine sent: prepared statements, and the plain commands (BEGIN, ROLLBACK,
-    COMMIT) that asyncpg sends outside them."""
-
-    statements: list[str] = field(default_factory=list)
-    commands: list[str] = field(default_factory=list)
-
-    def clear(self) -> None:
-        self.statements.clear()
-        self.commands.clear()
+from tests.support.wire import Wire, watched_engine
 
 
 @pytest.fixture
 async def watched(creation_url: str) -> AsyncIterator[tuple[AsyncEngine, Wire]]:
-    engine = create_async_engine(asyncpg_url(creation_url))
-    wire = Wire()
-
-    @event.listens_for(engine.sync_engine, "connect")
-    def log_commands(dbapi_connection: Any, _: Any) -> None:
-        dbapi_connection.driver_connection.add_query_logger(
-            lambda record: wire.commands.append(record.query.strip().rstrip(";"))
-        )
-
-    @event.listens_for(engine.sync_engine, "before_cursor_execute")
-    def log_statement(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
-        wire.statements.append(statement)
-
-    yield engine, wire
-    await engine.dispose()
+    async with watched_engine(creation_url) as found:
+        yield found
 
 
 async def test_reading_a_job_is_one_statement_without_a_transaction(
