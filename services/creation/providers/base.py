@@ -1,0 +1,116 @@
+"""The two-phase provider interface every image-generation backend implements.
+
+A generation is never one call: ``submit`` hands the provider a request and returns its
+id at once, ``poll`` asks how it is going, ``cancel`` asks it to stop. The worker commits
+the request id before it polls, so a crash after ``submit`` never leads to a second
+submit (see DESIGN.md, "The provider is two-phase").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class InputImage:
+    """The user's photo, as media stored it."""
+
+    data: bytes
+    content_type: str
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What one attempt asks of a provider: the job's catalog snapshot and inputs."""
+
+    job_id: str
+    attempt: int
+    provider_model: str
+    style_id: str
+    prompt: str
+    negative_prompt: str
+    width: int
+    height: int
+    input_image: InputImage
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    num_outputs: int = 1
+
+
+@dataclass(frozen=True)
+class OutputImage:
+    data: bytes
+    content_type: str
+    width: int
+    height: int
+
+
+@dataclass(frozen=True)
+class Running:
+    """Still generating; ``progress`` (0-100) counts within this attempt."""
+
+    progress: int
+
+
+@dataclass(frozen=True)
+class Done:
+    outputs: Sequence[OutputImage]
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The provider answered that the generation failed. ``code`` is stable (see the
+    failure table); ``retryable`` says whether a new attempt may succeed."""
+
+    code: str
+    message: str
+    retryable: bool
+
+
+PollResult = Running | Done | Failed
+
+
+class ProviderError(Exception):
+    """A call that got no answer the worker can stand by: a timeout, a refused or reset
+    connection, a 5xx, a rate limit. ``outcome_unknown`` is True when a submit may have
+    reached the provider although no request id came back: never submit again then."""
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        retryable: bool,
+        outcome_unknown: bool = False,
+        retry_after_seconds: float | None = None,
+    ) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.retryable = retryable
+        self.outcome_unknown = outcome_unknown
+        self.retry_after_seconds = retry_after_seconds
+
+
+class Provider(Protocol):
+    """One backend. ``code`` matches the catalog's ``provider_code``; ``version`` is
+    recorded with each job it runs."""
+
+    code: str
+    version: str
+    # True only when the backend itself deduplicates submits by our idempotency key, so a
+    # submit whose outcome is unknown may safely be sent again.
+    supports_idempotent_submit: bool
+
+    async def submit(self, request: GenerationRequest, idempotency_key: str) -> str:
+        """Starts a generation; returns the provider's request id."""
+        ...
+
+    async def poll(self, request_id: str) -> PollResult: ...
+
+    async def cancel(self, request_id: str) -> None:
+        """Asks the provider to stop; harmless for a request that already finished."""
+        ...
+
+    async def close(self) -> None: ...
