@@ -27,7 +27,7 @@ def stack(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 @pytest.fixture(scope="session")
 def token() -> str:
-    return issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", "acceptance-user", 600)
+    return issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", "acceptance-user", 3600)
 
 
 @pytest.fixture(scope="session")

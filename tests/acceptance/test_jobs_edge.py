@@ -41,7 +41,7 @@ def png() -> bytes:
 class User:
     def __init__(self) -> None:
         self.user_id = f"acc-{uuid.uuid4().hex[:10]}"
-        self.token = issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", self.user_id, 600)
+        self.token = issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", self.user_id, 3600)
         self.headers = {"authorization": f"Bearer {self.token}"}
 
 

@@ -38,7 +38,7 @@ from tests.support.media import (
     until,
 )
 
-ALICE = issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", "alice", 600)
+ALICE = issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", "alice", 3600)
 SERVICE = (("authorization", f"Bearer {DEV_SERVICE_TOKEN}"),)
 FIRST = image_bytes("JPEG", 40, 30)
 # Other bytes of the same length: the upload URL signs the size.

@@ -48,7 +48,7 @@ from tests.support.media import (
 )
 from tests.support.rpc import bearer, error_info
 
-ALICE = bearer(issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", "alice", 600))
+ALICE = bearer(issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", "alice", 3600))
 JPEG = image_bytes("JPEG", 32, 32)
 PNG = image_bytes("PNG", 24, 24)
 SERVICE = (("authorization", f"Bearer {DEV_SERVICE_TOKEN}"),)

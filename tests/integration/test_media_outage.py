@@ -47,7 +47,7 @@ from tests.support.media import (
 from tests.support.rpc import bearer, error_info
 from tests.support.s3 import s3_settings
 
-ALICE = issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", "alice", 600)
+ALICE = issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", "alice", 3600)
 SERVICE = bearer(DEV_SERVICE_TOKEN)
 JPEG = image_bytes("JPEG", 40, 30)
 UNAVAILABLE = 14

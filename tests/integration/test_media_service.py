@@ -34,8 +34,8 @@ from tests.support.media import (
 )
 from tests.support.rpc import bad_request, bearer, error_info
 
-ALICE = issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", "alice", 600)
-BOB = issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", "bob", 600)
+ALICE = issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", "alice", 3600)
+BOB = issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", "bob", 3600)
 MAX_UPLOAD = 1024 * 1024
 JPEG = image_bytes("JPEG", 120, 90)
 INPUT = asset_pb2.ASSET_PURPOSE_AI_INPUT

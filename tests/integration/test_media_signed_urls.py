@@ -25,7 +25,7 @@ from tests.support.media import (
     running_media,
 )
 
-ALICE = issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", "alice", 600)
+ALICE = issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", "alice", 3600)
 JPEG = image_bytes("JPEG", 40, 30)
 PERMISSION_DENIED, NOT_FOUND, INVALID_ARGUMENT = 7, 5, 3
 
