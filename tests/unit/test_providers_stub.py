@@ -313,3 +313,28 @@ def test_the_stub_dies_after_the_provider_accepted_and_before_returning_the_id(
     # after_submit: accepted once and stored, so a resumed poll could find it.
     (accepted,) = read_ledger(tmp_path / "ledger")["job-1"]
     assert (tmp_path / "state" / f"{accepted}.req").exists()
+
+
+@pytest.mark.parametrize("outputs", [0, 5])
+async def test_a_request_for_too_few_or_too_many_outputs_is_invalid(
+    tmp_path: Path, outputs: int
+) -> None:
+    with pytest.raises(ProviderError) as raised:
+        await StubProvider(settings(tmp_path), Clock()).submit(request(outputs=outputs), "k")
+    assert raised.value.code == "INVALID_INPUT" and not raised.value.retryable
+    assert read_ledger(tmp_path / "ledger") == {}
+
+
+async def test_a_state_directory_it_cannot_use_makes_the_stub_unavailable(
+    tmp_path: Path,
+) -> None:
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the directory should be")
+    stub = StubProvider(settings(tmp_path, state_dir=str(blocked)), Clock())
+    for call in (stub.submit(request(), "k"), stub.poll("a" * 32), stub.cancel("a" * 32)):
+        with pytest.raises(ProviderError) as raised:
+            await call
+        assert raised.value.code == "UNAVAILABLE" and raised.value.retryable
+        assert not raised.value.outcome_unknown
+    # Nothing was accepted, so nothing reached the ledger.
+    assert read_ledger(tmp_path / "ledger") == {}

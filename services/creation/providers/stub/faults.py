@@ -6,7 +6,7 @@ Crash points (``ATELIER_STUB_CRASH_AT``), in the order one attempt meets them:
 - ``before_submit``: the stub's submit was called, nothing reached the provider;
 - ``after_submit``: the provider accepted (request stored, ledger line written) but the
   worker never got the request id back, so never stored it;
-- ``polling``: on the first poll of a request still running;
+- ``polling``: at the start of every poll (the request id is stored by then);
 - ``after_output``: the worker landed the output through media, before completing;
 - ``before_complete``: just before the worker's completing transaction.
 

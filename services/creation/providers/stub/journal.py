@@ -62,10 +62,14 @@ class RequestStore:
             raise ValueError(f"not a stub request id: {request.request_id!r}")
         self._directory.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f"{path.name}.{uuid.uuid4().hex}.part")
-        with partial.open("wb") as file:
-            file.write(json.dumps(asdict(request)).encode() + b"\n")
-            file.write(input_data)
-        os.replace(partial, path)
+        try:
+            with partial.open("wb") as file:
+                file.write(json.dumps(asdict(request)).encode() + b"\n")
+                file.write(input_data)
+            os.replace(partial, path)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
 
     def load(self, request_id: str) -> tuple[StubRequest, bytes] | None:
         path = self._path(request_id)

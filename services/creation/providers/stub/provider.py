@@ -21,6 +21,7 @@ from services.creation.providers.base import (
     Failed,
     GenerationRequest,
     PollResult,
+    ProviderError,
     Running,
 )
 from services.creation.providers.failures import FAILURES
@@ -34,6 +35,8 @@ from services.creation.providers.stub.journal import (
 from services.creation.providers.stub.styles import InputUnreadable, render
 from services.creation.settings import CreationSettings, StubSettings
 
+# What one request may ask for (the API's num_outputs bound).
+MAX_OUTPUTS = 4
 # Renders held at once: each costs memory in proportion to the pixels.
 RENDER_SLOTS = 2
 
@@ -73,6 +76,12 @@ class StubProvider:
         ambiguous = code is not None and FAILURES[code].ambiguous_on_submit
         if code is not None and not ambiguous:
             raise injected_error(code, "submit")
+        if not 1 <= request.num_outputs <= MAX_OUTPUTS:
+            raise ProviderError(
+                "INVALID_INPUT",
+                f"num_outputs must be 1 to {MAX_OUTPUTS} (got {request.num_outputs})",
+                retryable=False,
+            )
         accepted = StubRequest(
             request_id=new_request_id(),
             job_id=request.job_id,
@@ -83,17 +92,20 @@ class StubProvider:
             content_type=request.input_image.content_type,
             submitted_at=self._clock(),
         )
-        await asyncio.to_thread(self._accept, accepted, request.input_image.data)
+        try:
+            await asyncio.to_thread(self._store.save, accepted, request.input_image.data)
+        except OSError as error:
+            # Nothing was stored, so nothing was accepted: a plain, retryable refusal.
+            raise _unavailable("store the request", error) from None
+        if self._ledger is not None:
+            await asyncio.to_thread(
+                append_ledger, self._ledger, accepted.job_id, accepted.request_id
+            )
         if code is not None:
             # A timeout after the provider accepted: the request runs, the id is lost.
             raise injected_error(code, "submit", outcome_unknown=True)
         self._crash_point("after_submit")
         return accepted.request_id
-
-    def _accept(self, request: StubRequest, input_data: bytes) -> None:
-        self._store.save(request, input_data)
-        if self._ledger is not None:
-            append_ledger(self._ledger, request.job_id, request.request_id)
 
     async def poll(self, request_id: str) -> PollResult:
         await self._latency()
@@ -101,7 +113,10 @@ class StubProvider:
         injected = self._faults.on_poll()
         if injected is not None:
             return injected
-        found = await asyncio.to_thread(self._store.load, request_id)
+        try:
+            found = await asyncio.to_thread(self._store.load, request_id)
+        except OSError as error:
+            raise _unavailable("read the request", error) from None
         if found is None:
             return Failed("REQUEST_UNKNOWN", "the stub has no such request", retryable=True)
         accepted, input_data = found
@@ -136,7 +151,17 @@ class StubProvider:
         code = self._faults.next("cancel")
         if code is not None:
             raise injected_error(code, "cancel")
-        await asyncio.to_thread(self._store.cancel, request_id)
+        try:
+            await asyncio.to_thread(self._store.cancel, request_id)
+        except OSError as error:
+            raise _unavailable("cancel the request", error) from None
 
     async def close(self) -> None:
         """Nothing to release: every request lives in the state directory."""
+
+
+def _unavailable(action: str, error: OSError) -> ProviderError:
+    """The state directory failed: to the worker, the provider is unavailable."""
+    return ProviderError(
+        "UNAVAILABLE", f"the stub could not {action}: {error.strerror}", retryable=True
+    )
