@@ -28,7 +28,7 @@ class InputUnreadable(Exception):
 
 
 def _natural(image: Image.Image) -> Image.Image:
-    # A light touch: stretch the levels, a little more colour and crispness.
+    # A light touch: a little more contrast, colour and crispness.
     image = ImageEnhance.Contrast(image).enhance(1.2)
     image = ImageEnhance.Color(image).enhance(1.25)
     return ImageEnhance.Sharpness(image).enhance(1.5)
