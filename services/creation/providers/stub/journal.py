@@ -14,6 +14,7 @@ assert how many times each job reached the provider.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -68,7 +69,8 @@ class RequestStore:
                 file.write(input_data)
             os.replace(partial, path)
         except BaseException:
-            partial.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                partial.unlink()
             raise
 
     def load(self, request_id: str) -> tuple[StubRequest, bytes] | None:
