@@ -29,6 +29,14 @@ def test_a_code_the_table_does_not_know_is_terminal() -> None:
     assert not is_retryable("")
 
 
+def test_the_table_overrides_what_an_adapter_declared_for_codes_it_knows() -> None:
+    assert is_retryable("UNAVAILABLE", declared=False)
+    assert not is_retryable("CONTENT_REJECTED", declared=True)
+    # For codes it does not know, the adapter's word stands.
+    assert is_retryable("BACKEND_SPECIFIC_BUSY", declared=True)
+    assert not is_retryable("BACKEND_SPECIFIC_BAD", declared=False)
+
+
 def test_only_a_timeout_leaves_a_submit_ambiguous() -> None:
     assert [code for code, f in FAILURES.items() if f.ambiguous_on_submit] == ["TIMEOUT"]
 

@@ -2,8 +2,9 @@
 
 Every adapter reports failures with these codes (``Failed.code``, ``ProviderError.code``),
 so the worker decides retry or give up in one place, whatever the backend. A code the
-table does not know is terminal: an unknown error must not loop through ``max_attempts``
-on a backend that will answer the same each time.
+table does not know keeps the flag its adapter declared, and is terminal when none is
+given: an unknown error must not loop through ``max_attempts`` on a backend that will
+answer the same each time.
 """
 
 from __future__ import annotations
@@ -53,10 +54,12 @@ FAILURES: dict[str, FailureKind] = {
 }
 
 
-def is_retryable(code: str) -> bool:
-    """Whether a new attempt may succeed after ``code``; unknown codes are terminal."""
+def is_retryable(code: str, declared: bool = False) -> bool:
+    """Whether a new attempt may succeed after ``code``. The table decides the codes it
+    knows, whatever the adapter declared; any other code keeps ``declared`` (by default
+    terminal)."""
     failure = FAILURES.get(code)
-    return failure is not None and failure.retryable
+    return declared if failure is None else failure.retryable
 
 
 def retry_delay(
