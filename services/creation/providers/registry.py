@@ -6,7 +6,7 @@ every job for it, so the worker refuses to start and names the models instead.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -16,8 +16,11 @@ from services.creation.settings import CreationSettings
 from services.creation.store.catalog import enabled_provider_codes
 
 
-class UnknownProvider(LookupError):
-    """No adapter has this provider code."""
+class UnknownProvider(KeyError):
+    """No adapter has this provider code (a KeyError, so ``registry.get`` answers None)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class RegistryError(Exception):
@@ -40,7 +43,10 @@ def missing_adapters(enabled: Mapping[str, Sequence[str]], codes: Iterable[str])
     return problems
 
 
-class ProviderRegistry:
+class ProviderRegistry(Mapping[str, Provider]):
+    """The adapters by provider code: a read-only mapping, so the worker may take it
+    wherever it takes ``Mapping[str, Provider]``."""
+
     def __init__(self, providers: Iterable[Provider]) -> None:
         self._providers: dict[str, Provider] = {}
         for provider in providers:
@@ -48,15 +54,21 @@ class ProviderRegistry:
                 raise ValueError(f"two adapters have provider code {provider.code!r}")
             self._providers[provider.code] = provider
 
-    @property
-    def codes(self) -> frozenset[str]:
-        return frozenset(self._providers)
-
-    def get(self, code: str) -> Provider:
+    def __getitem__(self, code: str) -> Provider:
         try:
             return self._providers[code]
         except KeyError:
             raise UnknownProvider(f"no adapter has provider code {code!r}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._providers)
+
+    def __len__(self) -> int:
+        return len(self._providers)
+
+    @property
+    def codes(self) -> frozenset[str]:
+        return frozenset(self._providers)
 
     def problems(self, enabled: Mapping[str, Sequence[str]]) -> list[str]:
         return missing_adapters(enabled, self._providers)

@@ -58,8 +58,8 @@ async def test_the_seeded_catalogs_enabled_models_by_provider_code(engine: Async
 async def test_the_built_registry_serves_the_seeded_catalog(engine: AsyncEngine) -> None:
     registry = build_registry(CreationSettings.from_env({}))
     await registry.check_catalog(engine)
-    assert registry.codes == {"stub"}
-    assert registry.get("stub").code == "stub"
+    assert registry.codes == {"stub"} and list(registry) == ["stub"]
+    assert registry["stub"].code == "stub" and len(registry) == 1
     await registry.close()
 
 
@@ -96,11 +96,15 @@ async def test_a_disabled_model_needs_no_adapter(engine: AsyncEngine, add_model:
 
 
 def test_an_unknown_code_is_refused_by_name() -> None:
-    with pytest.raises(UnknownProvider, match="no adapter has provider code 'acme'"):
-        build_registry(CreationSettings.from_env({})).get("acme")
+    registry = build_registry(CreationSettings.from_env({}))
+    with pytest.raises(UnknownProvider) as raised:
+        registry["acme"]
+    assert str(raised.value) == "no adapter has provider code 'acme'"
+    # As a mapping, the worker may ask without raising.
+    assert registry.get("acme") is None and "acme" not in registry
 
 
 def test_two_adapters_may_not_share_a_code() -> None:
-    stub = build_registry(CreationSettings.from_env({})).get("stub")
+    stub = build_registry(CreationSettings.from_env({}))["stub"]
     with pytest.raises(ValueError, match="two adapters have provider code 'stub'"):
         ProviderRegistry([stub, stub])
