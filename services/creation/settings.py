@@ -5,7 +5,64 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from services.creation.providers.failures import FAILURES
 from services.kit.settings import DEFAULT_PORTS, CommonSettings, EnvReader, ListenSettings
+
+# Where a test or a demo may kill a worker (see providers/stub/faults.py): the stub owns
+# the first three, the worker the last two.
+CRASH_POINTS = ("before_submit", "after_submit", "polling", "after_output", "before_complete")
+STUB_CALLS = ("submit", "poll", "cancel")
+
+
+@dataclass(frozen=True)
+class StubFault:
+    """An error code the stub answers on one call, ``times`` times (0: every time)."""
+
+    call: str
+    code: str
+    times: int
+
+
+@dataclass(frozen=True)
+class StubSettings:
+    """The stub provider's pace and its fault injection, for tests and demos."""
+
+    duration_seconds: float = 3.0
+    latency_seconds: float = 0.0
+    state_dir: str = "./var/stub"
+    ledger_path: str | None = None
+    crash_at: str | None = None
+    faults: tuple[StubFault, ...] = ()
+    max_input_pixels: int = 40_000_000
+
+    @classmethod
+    def read(cls, reader: EnvReader) -> StubSettings:
+        crash_at = reader.string("STUB_CRASH_AT", "", choices=CRASH_POINTS)
+        ledger = reader.string("STUB_LEDGER", "")
+        times = reader.integer("STUB_FAIL_TIMES", 0, minimum=0, maximum=1_000_000)
+        faults = []
+        for spec in reader.string("STUB_FAIL", "").split(","):
+            if not spec.strip():
+                continue
+            call, _, code = (part.strip() for part in spec.partition(":"))
+            reader.require(
+                call in STUB_CALLS and code in FAILURES,
+                "STUB_FAIL",
+                f"must be call:CODE with call in {', '.join(STUB_CALLS)} and CODE in "
+                f"{', '.join(FAILURES)} (got {spec.strip()!r})",
+            )
+            faults.append(StubFault(call, code, times))
+        return cls(
+            duration_seconds=reader.seconds("STUB_DURATION", 3.0, minimum=0, maximum=3600),
+            latency_seconds=reader.seconds("STUB_LATENCY", 0.0, minimum=0, maximum=60),
+            state_dir=reader.string("STUB_STATE_DIR", "./var/stub"),
+            ledger_path=ledger or None,
+            crash_at=crash_at or None,
+            faults=tuple(faults),
+            max_input_pixels=reader.integer(
+                "STUB_MAX_INPUT_PIXELS", 40_000_000, minimum=1, maximum=89_478_485
+            ),
+        )
 
 
 @dataclass(frozen=True)
@@ -24,6 +81,7 @@ class CreationSettings:
     in_flight_limit: int
     welcome_points: int
     catalog_ttl_seconds: float
+    stub: StubSettings = StubSettings()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> CreationSettings:
@@ -52,6 +110,7 @@ class CreationSettings:
             # How long ListCatalog may serve its in-process copy; a catalog edit shows
             # within this long. 0 reads the database every time.
             catalog_ttl_seconds=reader.seconds("CATALOG_TTL", 5, minimum=0, maximum=3600),
+            stub=StubSettings.read(reader),
         )
         # A heartbeat must come well inside the lease, or live jobs would be reaped.
         reader.require(

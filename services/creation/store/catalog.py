@@ -95,3 +95,23 @@ class CachedCatalog:
                     catalog = await list_enabled(self._engine, None)
                     self._catalog, self._read_at = catalog, started
         return _of_kind(catalog, media_kind)
+
+
+# Enabled models by provider code, for the worker's start-up check (a scan of a small table).
+ENABLED_PROVIDER_CODES = (
+    select(models.c.provider_code, models.c.model_id)
+    .where(models.c.enabled)
+    .order_by(models.c.provider_code, models.c.model_id)
+)
+
+
+async def enabled_provider_codes(engine: AsyncEngine) -> dict[str, list[str]]:
+    """provider_code -> the enabled models that use it, in id order."""
+
+    async def run(connection: AsyncConnection) -> dict[str, list[str]]:
+        codes: dict[str, list[str]] = {}
+        for code, model_id in (await connection.execute(ENABLED_PROVIDER_CODES)).all():
+            codes.setdefault(code, []).append(model_id)
+        return codes
+
+    return await read(engine, run)

@@ -1,0 +1,7 @@
+"""The stub provider (real Pillow work, fault injection, crash points); see provider.py."""
+
+from services.creation.providers.stub.faults import crash_point
+from services.creation.providers.stub.journal import read_ledger
+from services.creation.providers.stub.provider import StubProvider
+
+__all__ = ["StubProvider", "crash_point", "read_ledger"]

@@ -1,0 +1,111 @@
+"""What the stub remembers beyond one process: its accepted requests and its ledger.
+
+A real provider keeps a request after the worker that submitted it dies; so does the stub,
+in ``state_dir``: one file per request (a JSON header line, then the input bytes), written
+to a temporary name and renamed, so a crash never leaves half a request. Any process that
+shares the directory can answer a poll for it, and recomputes the same output (the
+generation is deterministic). Files stay until the directory is cleaned (``var/`` in
+development), like a provider's retention; a cancel drops the input at once.
+
+The ledger (optional) is one line per accepted submit, ``job_id request_id``, appended
+with O_APPEND so that lines from several processes never interleave: tests read it to
+assert how many times each job reached the provider.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import uuid
+from collections import defaultdict
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+_REQUEST_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+@dataclass(frozen=True)
+class StubRequest:
+    request_id: str
+    job_id: str
+    attempt: int
+    style_id: str
+    provider_model: str
+    num_outputs: int
+    content_type: str
+    # Wall-clock seconds (the stub's clock) when the request was accepted.
+    submitted_at: float
+    # Set by cancel, which also drops the input: polls answer CANCELLED from then on.
+    cancelled: bool = False
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+class RequestStore:
+    """Accepted requests under one directory. Blocking; call from a worker thread."""
+
+    def __init__(self, directory: Path) -> None:
+        self._directory = directory
+
+    def _path(self, request_id: str) -> Path | None:
+        # The id names a file: only ids this stub could have made are looked up.
+        if not _REQUEST_ID.fullmatch(request_id):
+            return None
+        return self._directory / f"{request_id}.req"
+
+    def save(self, request: StubRequest, input_data: bytes) -> None:
+        path = self._path(request.request_id)
+        if path is None:
+            raise ValueError(f"not a stub request id: {request.request_id!r}")
+        self._directory.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{uuid.uuid4().hex}.part")
+        try:
+            with partial.open("wb") as file:
+                file.write(json.dumps(asdict(request)).encode() + b"\n")
+                file.write(input_data)
+            os.replace(partial, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                partial.unlink()
+            raise
+
+    def load(self, request_id: str) -> tuple[StubRequest, bytes] | None:
+        path = self._path(request_id)
+        if path is None:
+            return None
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        header, _, input_data = raw.partition(b"\n")
+        return StubRequest(**json.loads(header)), input_data
+
+    def cancel(self, request_id: str) -> None:
+        """Marks a known request cancelled and drops its input; unknown ids are ignored."""
+        found = self.load(request_id)
+        if found is not None:
+            self.save(replace(found[0], cancelled=True), b"")
+
+
+def append_ledger(path: Path, job_id: str, request_id: str) -> None:
+    """Records one accepted submit. Blocking."""
+    line = f"{job_id} {request_id}\n".encode()
+    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(descriptor, line)
+    finally:
+        os.close(descriptor)
+
+
+def read_ledger(path: Path) -> dict[str, list[str]]:
+    """job_id -> the request ids of its accepted submits, in order (for tests)."""
+    submits: dict[str, list[str]] = defaultdict(list)
+    if path.exists():
+        for line in path.read_text().splitlines():
+            job_id, _, request_id = line.partition(" ")
+            submits[job_id].append(request_id)
+    return dict(submits)

@@ -1,0 +1,142 @@
+"""The stub's "generation": the input photo restyled with Pillow. Blocking; run it in a
+worker thread.
+
+Deterministic: the same input, style and output count give the same bytes, so a process
+that never saw a request can recompute its result (the stub resumes after a crash). The
+image is turned upright first (EXIF orientation), keeps its size, and each style looks
+visibly different; an unknown style is passed through unchanged.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+
+from PIL import Image, ImageChops, ImageEnhance, ImageFilter, ImageOps, UnidentifiedImageError
+
+from services.creation.providers.base import OutputImage
+
+_DECODERS = ("JPEG", "PNG", "WEBP")
+
+
+class InputUnreadable(Exception):
+    """The input is not a decodable image within the pixel limit."""
+
+
+# Every filter here is linear in the pixels (no median or mode filter, which sort a window
+# per pixel): the stub must stay cheap next to the engine it exercises.
+
+
+def _natural(image: Image.Image) -> Image.Image:
+    # A light touch: a little more contrast, colour and crispness.
+    image = ImageEnhance.Contrast(image).enhance(1.2)
+    image = ImageEnhance.Color(image).enhance(1.25)
+    return ImageEnhance.Sharpness(image).enhance(1.5)
+
+
+def _watercolor(image: Image.Image) -> Image.Image:
+    # Soft washes: blurred, few tones, lifted towards the paper's white.
+    image = ImageOps.posterize(image.filter(ImageFilter.GaussianBlur(2)), 3)
+    image = Image.blend(image, Image.new("RGB", image.size, (250, 246, 236)), 0.3)
+    return image.filter(ImageFilter.SMOOTH)
+
+
+def _edges(image: Image.Image) -> Image.Image:
+    """Dark lines where the picture has edges, white elsewhere (grayscale)."""
+    gray = ImageOps.grayscale(image).filter(ImageFilter.SMOOTH)
+    lines = gray.filter(ImageFilter.FIND_EDGES)
+    # Edges are faint: scale them up (clipped at white), then draw them dark on white.
+    return ImageOps.invert(lines.point(lambda v: min(255, v * 4)))
+
+
+def _anime(image: Image.Image) -> Image.Image:
+    # Flat, bright colours with dark outlines.
+    flat = ImageOps.posterize(image.filter(ImageFilter.SMOOTH_MORE), 2)
+    flat = ImageEnhance.Color(flat).enhance(1.8)
+    outline = _edges(image).point(lambda v: 255 if v > 160 else 0)
+    return ImageChops.multiply(flat, outline.convert("RGB"))
+
+
+def _noir(image: Image.Image) -> Image.Image:
+    # Black and white, hard contrast.
+    gray = ImageEnhance.Contrast(ImageOps.grayscale(image)).enhance(2.2)
+    return gray.convert("RGB")
+
+
+def _sketch(image: Image.Image) -> Image.Image:
+    # Pencil lines on paper.
+    return _edges(image).convert("RGB")
+
+
+def _oil(image: Image.Image) -> Image.Image:
+    # Thick, blended strokes with hard borders, rich colour.
+    image = image.filter(ImageFilter.SMOOTH_MORE).filter(ImageFilter.SMOOTH_MORE)
+    image = ImageOps.posterize(image, 4).filter(ImageFilter.EDGE_ENHANCE_MORE)
+    return ImageEnhance.Color(image).enhance(1.5)
+
+
+STYLES: dict[str, Callable[[Image.Image], Image.Image]] = {
+    "natural": _natural,
+    "watercolor": _watercolor,
+    "anime": _anime,
+    "noir": _noir,
+    "sketch": _sketch,
+    "oil": _oil,
+}
+
+
+def _neutral(image: Image.Image) -> Image.Image:
+    return image
+
+
+def _variant(image: Image.Image, index: int) -> Image.Image:
+    """Output ``index`` of several: each a little brighter than the one before."""
+    if index == 0:
+        return image
+    return ImageEnhance.Brightness(image).enhance(1 + 0.08 * index)
+
+
+def _decode(data: bytes, max_pixels: int) -> tuple[Image.Image, str]:
+    try:
+        with Image.open(io.BytesIO(data), formats=_DECODERS) as image:
+            width, height = image.size
+            if width * height > max_pixels:
+                raise InputUnreadable(
+                    f"the input has {width}x{height} pixels; at most {max_pixels} are accepted"
+                )
+            upright = ImageOps.exif_transpose(image)
+            upright.load()
+            return upright, image.format or "PNG"
+    except Image.DecompressionBombError:
+        raise InputUnreadable(f"the input has more than {max_pixels} pixels") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError):
+        raise InputUnreadable("the input is not a readable JPEG, PNG or WebP image") from None
+
+
+def render(data: bytes, style_id: str, num_outputs: int, max_pixels: int) -> list[OutputImage]:
+    """``num_outputs`` restyled copies of the image in ``data``; raises InputUnreadable."""
+    image, source_format = _decode(data, max_pixels)
+    alpha = image.getchannel("A") if "A" in image.getbands() else None
+    styled = STYLES.get(style_id, _neutral)(image.convert("RGB"))
+    # A JPEG photo stays a JPEG; anything else (transparency, WebP) becomes a PNG.
+    as_jpeg = source_format == "JPEG" and alpha is None
+    outputs = []
+    for index in range(num_outputs):
+        picture = _variant(styled, index)
+        if alpha is not None:
+            picture = picture.convert("RGBA")
+            picture.putalpha(alpha)
+        buffer = io.BytesIO()
+        if as_jpeg:
+            picture.save(buffer, format="JPEG", quality=90)
+        else:
+            picture.save(buffer, format="PNG")
+        outputs.append(
+            OutputImage(
+                data=buffer.getvalue(),
+                content_type="image/jpeg" if as_jpeg else "image/png",
+                width=picture.width,
+                height=picture.height,
+            )
+        )
+    return outputs

@@ -1,0 +1,110 @@
+"""The provider registry against the real migrated catalog: the worker's start-up check
+passes on the seeded catalog and names every enabled model whose provider code has no
+adapter."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.creation.providers.registry import (
+    ProviderRegistry,
+    RegistryError,
+    UnknownProvider,
+    build_registry,
+)
+from services.creation.settings import CreationSettings
+from services.creation.store.catalog import enabled_provider_codes
+
+AddModel = Callable[[str, str, bool], Coroutine[Any, Any, None]]
+
+
+@pytest.fixture
+async def add_model(engine: AsyncEngine) -> AsyncIterator[AddModel]:
+    """Adds catalog models for one test and removes them after (the catalog is shared
+    by the module's tests)."""
+    added: list[str] = []
+
+    async def add(model_id: str, provider_code: str, enabled: bool) -> None:
+        async with engine.begin() as connection:
+            await connection.execute(
+                text(
+                    "INSERT INTO creation.models (model_id, display_name, media_kind,"
+                    " price_points, provider_code, provider_model, enabled)"
+                    " VALUES (:id, :id, 'image', 1, :code, :id, :enabled)"
+                ),
+                {"id": model_id, "code": provider_code, "enabled": enabled},
+            )
+        added.append(model_id)
+
+    yield add
+    async with engine.begin() as connection:
+        await connection.execute(
+            text("DELETE FROM creation.models WHERE model_id = ANY(:ids)"), {"ids": added}
+        )
+
+
+async def test_the_seeded_catalogs_enabled_models_by_provider_code(engine: AsyncEngine) -> None:
+    # stub-legacy is disabled, so it needs no adapter.
+    assert await enabled_provider_codes(engine) == {
+        "stub": ["stub-detail", "stub-fast", "stub-portrait"]
+    }
+
+
+async def test_the_built_registry_serves_the_seeded_catalog(engine: AsyncEngine) -> None:
+    registry = build_registry(CreationSettings.from_env({}))
+    await registry.check_catalog(engine)
+    assert registry.codes == {"stub"} and list(registry) == ["stub"]
+    assert registry["stub"].code == "stub" and len(registry) == 1
+    await registry.close()
+
+
+async def test_a_worker_without_adapters_names_every_model(engine: AsyncEngine) -> None:
+    with pytest.raises(RegistryError) as raised:
+        await ProviderRegistry([]).check_catalog(engine)
+    assert str(raised.value) == (
+        "the catalog needs adapters this worker lacks:\n"
+        "  enabled models stub-detail, stub-fast, stub-portrait use provider code 'stub',"
+        " which has no adapter (adapters: none)"
+    )
+
+
+async def test_an_enabled_model_without_an_adapter_stops_the_check(
+    engine: AsyncEngine, add_model: AddModel
+) -> None:
+    await add_model("acme-one", "acme", True)
+    await add_model("acme-two", "acme", True)
+    await add_model("other-one", "other", True)
+    registry = build_registry(CreationSettings.from_env({}))
+    problems = registry.problems(await enabled_provider_codes(engine))
+    assert problems == [
+        "enabled models acme-one, acme-two use provider code 'acme', which has no adapter"
+        " (adapters: stub)",
+        "enabled model other-one uses provider code 'other', which has no adapter (adapters: stub)",
+    ]
+    with pytest.raises(RegistryError, match="acme-one, acme-two use provider code 'acme'"):
+        await registry.check_catalog(engine)
+
+
+async def test_a_disabled_model_needs_no_adapter(engine: AsyncEngine, add_model: AddModel) -> None:
+    await add_model("acme-old", "acme", False)
+    await build_registry(CreationSettings.from_env({})).check_catalog(engine)
+
+
+def test_an_unknown_code_is_refused_by_name() -> None:
+    registry = build_registry(CreationSettings.from_env({}))
+    with pytest.raises(UnknownProvider) as raised:
+        registry["acme"]
+    assert str(raised.value) == "no adapter has provider code 'acme'"
+    # As a mapping, the worker may ask without raising.
+    assert registry.get("acme") is None and "acme" not in registry
+
+
+def test_two_adapters_may_not_share_a_code() -> None:
+    stub = build_registry(CreationSettings.from_env({}))["stub"]
+    with pytest.raises(ValueError, match="two adapters have provider code 'stub'"):
+        ProviderRegistry([stub, stub])
