@@ -251,7 +251,9 @@ def main() -> None:
         ports=StackPorts.free(),
         work_dir=work,
         log_dir=work / "logs",
-        # No worker runs: every job stays queued, so lift the per-user limits.
+        # The API alone: no job engine takes CPU from it, every job stays queued, so the
+        # per-user limits are lifted.
+        creation_role="api",
         extra_env={
             "ATELIER_DAILY_QUOTA": "100000",
             "ATELIER_IN_FLIGHT_LIMIT": "1000",

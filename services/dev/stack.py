@@ -114,18 +114,22 @@ class Stack:
     log_dir: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     edge_max_json_body: int = edge.DEFAULT_MAX_JSON_BODY
+    # creation's role: "all" runs the job engine beside the API; "api" leaves jobs queued
+    # (benchmarks of the API alone).
+    creation_role: str = "all"
     children: list[Child] = field(default_factory=list)
 
     def migrate(self) -> None:
         for name in SERVICES:
             migrations.upgrade(name, self.database_url)
 
-    def media_env(self) -> dict[str, str]:
-        """Local objects live beside the stack's other state, and their signed URLs point
-        at this stack's edge, unless the environment says otherwise (say, a LAN address
-        for a phone)."""
+    def state_env(self) -> dict[str, str]:
+        """Local objects and the stub provider's requests live beside the stack's other
+        state, and signed URLs point at this stack's edge, unless the environment says
+        otherwise (say, a LAN address for a phone)."""
         defaults = {
             "ATELIER_MEDIA_LOCAL_DIR": str(self.work_dir / "media"),
+            "ATELIER_STUB_STATE_DIR": str(self.work_dir / "stub"),
             "ATELIER_MEDIA_PUBLIC_BASE_URL": f"http://127.0.0.1:{self.ports.envoy}",
         }
         return {name: value for name, value in defaults.items() if name not in os.environ}
@@ -140,12 +144,15 @@ class Stack:
             "ATELIER_ENV": "dev",
             "ATELIER_DATABASE_URL": self.database_url,
             **self.ports.service_env(),
-            **self.media_env(),
+            **self.state_env(),
             **self.extra_env,
         }
         try:
             for name in SERVICES:
-                child = spawn(name, [sys.executable, "-m", f"services.{name}"], env, self.log_dir)
+                role = ["--role", self.creation_role] if name == "creation" else []
+                child = spawn(
+                    name, [sys.executable, "-m", f"services.{name}", *role], env, self.log_dir
+                )
                 self.children.append(child)
             for child in self.children:
                 for listener in (self.ports.public, self.ports.internal):
