@@ -66,6 +66,10 @@ class AssetUnreadable(Exception):
     again will not help."""
 
 
+class AssetRefused(Exception):
+    """media refused to store the bytes (not an image it accepts, too large)."""
+
+
 @dataclass(frozen=True)
 class AssetBytes:
     data: bytes
@@ -182,7 +186,10 @@ class MediaClient:
         try:
             reply = await self._stub.PutAsset(parts(), **options)
         except grpc.aio.AioRpcError as error:
-            raise _unavailable("PutAsset", RemoteFailure.of(error)) from None
+            failure = RemoteFailure.of(error)
+            if not failure.transient:
+                raise AssetRefused(f"{failure.code.name} {failure.reason}") from None
+            raise _unavailable("PutAsset", failure) from None
         return str(reply.asset.asset_id)
 
     async def delete_asset(self, asset_id: str) -> None:

@@ -19,6 +19,9 @@ from services.creation.store.rows import job_from_row
 from services.creation.store.writes import lock_job, write
 from services.creation.tables import jobs
 
+# A trigger (migration 0004) NOTIFYs this channel whenever a job becomes queued.
+QUEUED_CHANNEL = "creation_jobs"
+
 _RELEASE_LEASE = {"lease_owner": None, "lease_expires_at": None}
 
 
