@@ -90,6 +90,11 @@ class Worker:
         self._log = Throttle()
         self.claim_rounds = 0  # claim statements sent, for tests and metrics
 
+    @property
+    def running(self) -> int:
+        """Attempts running now."""
+        return len(self._attempts)
+
     async def run(self) -> None:
         helpers = [
             asyncio.create_task(self.keeper.run(), name="lease-keeper"),

@@ -35,6 +35,7 @@ from services.creation.worker.loop import Worker
 from services.creation.worker.reaper import Reaper
 from services.kit.clock import system_clock
 from services.kit.settings import DEV_SERVICE_TOKEN
+from services.media.tables import assets
 from tests.integration.creation.helpers import LIMITS, command, new_user
 from tests.support.media import MediaHarness, image_bytes, media_settings, running_media
 
@@ -158,6 +159,18 @@ class Engine:
             self.db, user, command(input_asset_id=asset), limits, system_clock()
         )
         return submitted.job
+
+    async def outputs(self, user: str) -> dict[str, str]:
+        """The user's ai_output assets in media: id -> status."""
+        async with self.media.engine.connect() as connection:
+            rows = (
+                await connection.execute(
+                    select(assets.c.asset_id, assets.c.status).where(
+                        assets.c.owner_user_id == user, assets.c.purpose == "ai_output"
+                    )
+                )
+            ).all()
+        return {str(r.asset_id): r.status for r in rows}
 
     async def job(self, job_id: str) -> Job:
         async with self.db.connect() as connection:
