@@ -367,6 +367,10 @@ class Attempt:
             job = await write
         if job is None:
             raise LeaseLost()
+        if self._lease.lost and job.status is Status.RUNNING:
+            # A beat found the lease gone while this write was on its way: the write was
+            # in time, but the job is another worker's now.
+            raise LeaseLost()
         return job
 
     async def _discard_landed(self) -> None:

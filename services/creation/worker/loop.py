@@ -105,6 +105,9 @@ class Worker:
             await self._claim_until_stopped(helpers)
             await self._finish_attempts()
         finally:
+            for attempt in self._attempts:
+                attempt.cancel()  # only when the loop itself failed: leave nothing running
+            await asyncio.gather(*self._attempts, return_exceptions=True)
             self.keeper.stop()
             await self.listener.stop(0)
             await asyncio.gather(*helpers, return_exceptions=True)
