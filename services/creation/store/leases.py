@@ -360,8 +360,7 @@ class BeatResult:
 # still leased at the epoch the attempt holds, locked so progress is compared with the
 # row as it is now; only a changed progress bumps the version. Rides pk_jobs (one lookup
 # per beaten job id); the statuses are literals, like status_is.
-_BEAT = text(
-    """
+BEAT_SQL = """
     WITH beat AS (
         SELECT *
         FROM unnest(CAST(:job_ids AS uuid[]), CAST(:epochs AS bigint[]),
@@ -384,8 +383,8 @@ _BEAT = text(
     FROM held
     WHERE j.job_id = held.job_id
     RETURNING j.*, held.progressed
-    """
-).columns(*jobs.c, column("progressed", Boolean))
+"""
+_BEAT = text(BEAT_SQL).columns(*jobs.c, column("progressed", Boolean))
 
 
 async def beat(

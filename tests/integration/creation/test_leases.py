@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.domain import Job, Status
@@ -184,3 +184,25 @@ async def test_the_reaper_tells_the_provider_before_it_cancels(engine: AsyncEngi
         asked.job_id: Status.CANCELLED,
         plain.job_id: Status.NEEDS_ATTENTION,
     }
+
+
+async def test_the_beat_rides_the_primary_key(engine: AsyncEngine) -> None:
+    jobs_held = await claimed(engine, 2)
+    statement = leases.BEAT_SQL
+    async with engine.connect() as connection:
+        await connection.execute(text("SET enable_seqscan = off"))
+        plan = (
+            await connection.execute(
+                text(f"EXPLAIN {statement}"),
+                {
+                    "job_ids": [j.job_id for j in jobs_held],
+                    "epochs": [j.lease_epoch for j in jobs_held],
+                    "progress": [None, 10],
+                    "expires_at": T0 + TTL,
+                    "now": T0,
+                },
+            )
+        ).scalars()
+        text_plan = "\n".join(plan)
+        await connection.rollback()
+    assert "pk_jobs" in text_plan, text_plan
