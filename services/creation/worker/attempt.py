@@ -14,6 +14,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -38,6 +39,7 @@ from services.kit.clock import Clock
 from services.kit.logging import get_logger
 
 log = get_logger(__name__)
+T = TypeVar("T")
 
 # Called at each named point of an attempt (before_submit, after_submit, polling,
 # after_output, before_complete): the stub provider's crash injection hooks in here.
@@ -194,7 +196,9 @@ class Attempt:
             leases.mark_submitting(self._engine, job.job_id, job.lease_epoch, self._now())
         )
         try:
-            request_id = await provider.submit(request, f"{job.job_id}:{job.attempt}")
+            request_id = await self._provider_call(
+                provider.submit(request, f"{job.job_id}:{job.attempt}"), "submit"
+            )
         except ProviderError as error:
             if error.outcome_unknown and not provider.supports_idempotent_submit:
                 log.warning("submit_outcome_unknown", job_id=job.job_id, code=error.code)
@@ -235,7 +239,7 @@ class Attempt:
             if self._context.drain.due.is_set():
                 return await self._hand_back(timedelta(0))
             try:
-                result = await provider.poll(request_id)
+                result = await self._provider_call(provider.poll(request_id), "poll")
             except ProviderError as error:
                 if not is_retryable(error.code, error.retryable):
                     raise AttemptFailed(error.code, error.message, retryable=False) from None
@@ -360,6 +364,23 @@ class Attempt:
         return "retrying" if after.status is Status.QUEUED else "failed"
 
     # --- helpers ----------------------------------------------------------------------
+
+    async def _provider_call(self, call: Awaitable[T], name: str) -> T:
+        """A provider call whose unexpected exception (an adapter's bug) is a provider
+        error like any other: retryable, and for a submit of unknown outcome (it may have
+        reached the provider), so it is never sent twice."""
+        try:
+            return await call
+        except ProviderError:
+            raise
+        except Exception as error:
+            log.exception("provider_call_raised", job_id=self._job.job_id, call=name)
+            raise ProviderError(
+                "PROVIDER_BUG",
+                f"the adapter's {name} raised {type(error).__name__}",
+                retryable=True,
+                outcome_unknown=name == "submit",
+            ) from error
 
     async def _write(self, write: Awaitable[Job | None]) -> Job:
         """A fenced write: the job as written, or LeaseLost when it matched nothing."""

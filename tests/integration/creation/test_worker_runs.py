@@ -238,3 +238,39 @@ async def test_notify_wakes_the_worker_long_before_its_poll(stack: Engine) -> No
 
 def _ttl() -> timedelta:
     return timedelta(seconds=TTL_SECONDS)
+
+
+async def test_an_adapter_that_raises_on_submit_is_an_unknown_outcome(stack: Engine) -> None:
+    job = await stack.submit()
+
+    async def submit(request: GenerationRequest, key: str) -> str:
+        raise KeyError("a bug in the adapter, after it may have sent the request")
+
+    stack.provider.on_submit = submit
+    async with running(stack.worker()):
+        done = await stack.until_job(job.job_id, lambda j: j.status is Status.NEEDS_ATTENTION)
+    assert done.error_code == "OUTCOME_UNKNOWN"
+    assert len(stack.provider.submits) == 1
+
+
+async def test_poll_errors_hand_the_job_back_keeping_its_request(stack: Engine) -> None:
+    job = await stack.submit()
+
+    async def poll(request_id: str) -> PollResult:
+        if len(stack.provider.polls) <= 5:
+            raise ConnectionResetError("the adapter let a socket error through")
+        return Done([output_png()])
+
+    stack.provider.on_poll = poll
+    async with running(stack.worker()):
+        done = await stack.until_job(job.job_id, lambda j: j.status.terminal)
+    assert (done.status, done.attempt) == (Status.SUCCEEDED, 1)
+    assert len(stack.provider.submits) == 1
+    events = [e[1:] for e in (await side_rows(stack.db, job.job_id))["events"]]
+    assert events == [
+        (None, "queued"),
+        ("queued", "running"),
+        ("running", "queued"),  # handed back after five failed polls, request kept
+        ("queued", "running"),
+        ("running", "succeeded"),
+    ]
