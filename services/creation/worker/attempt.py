@@ -11,6 +11,7 @@ between polls.
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -70,6 +71,30 @@ class Drain:
         loop.call_at(hand_back_at, self.due.set)
 
 
+class RecentOutcomes:
+    """How the newest attempts ended, by job id (tests and debugging read it); bounded,
+    so a worker that runs for months keeps only the latest."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self._items: OrderedDict[str, str] = OrderedDict()
+        self._size = size
+
+    def record(self, job_id: str, outcome: str) -> None:
+        self._items[job_id] = outcome
+        self._items.move_to_end(job_id)
+        while len(self._items) > self._size:
+            self._items.popitem(last=False)
+
+    def get(self, job_id: str) -> str | None:
+        return self._items.get(job_id)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._items
+
+    def __getitem__(self, job_id: str) -> str:
+        return self._items[job_id]
+
+
 @dataclass(frozen=True)
 class AttemptContext:
     engine: AsyncEngine
@@ -79,8 +104,7 @@ class AttemptContext:
     clock: Clock
     drain: Drain
     on_point: PointHook = no_point
-    # Tests read which job ended how; the log says the same.
-    outcomes: dict[str, str] = field(default_factory=dict)
+    outcomes: RecentOutcomes = field(default_factory=RecentOutcomes)
 
 
 class Attempt:
@@ -117,7 +141,7 @@ class Attempt:
             lease_epoch=job.lease_epoch,
             outcome=outcome,
         )
-        self._context.outcomes[job.job_id] = outcome
+        self._context.outcomes.record(job.job_id, outcome)
         return outcome
 
     async def _run(self) -> str:
