@@ -37,7 +37,8 @@ from services.kit.settings import (
 )
 from tests.support.rpc import bad_request, bearer, error_info, retry_delay
 
-USER_TOKEN = issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", "alice", 300)
+# Issued when the module is collected: it must outlive a slow full run of the suite.
+USER_TOKEN = issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", "alice", 3600)
 
 
 class FakeCreation(creation_service_pb2_grpc.CreationServiceServicer):
