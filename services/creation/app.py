@@ -24,7 +24,7 @@ from services.creation.servicer import CreationServicer
 from services.creation.settings import CreationSettings
 from services.creation.store.catalog import CachedCatalog
 from services.creation.store.jobs import SubmitLimits
-from services.creation.worker.attempt import PointHook, no_point
+from services.creation.worker.context import PointHook, no_point
 from services.creation.worker.loop import Worker
 from services.creation.worker.reaper import Reaper
 from services.kit.clock import Clock, system_clock

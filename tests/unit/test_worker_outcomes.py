@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.creation.worker.attempt import RecentOutcomes
+from services.creation.worker.context import RecentOutcomes
 from services.creation.worker.outcomes import is_retryable
 
 

@@ -11,9 +11,7 @@ between polls.
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Sequence
 from datetime import datetime, timedelta
 from typing import TypeVar
 
@@ -21,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.domain import Job, Status, backoff
 from services.creation.errors import MediaUnavailable
-from services.creation.media_client import AssetRefused, AssetUnreadable, MediaClient
+from services.creation.media_client import AssetRefused, AssetUnreadable
 from services.creation.providers.base import (
     Done,
     Failed,
@@ -32,79 +30,21 @@ from services.creation.providers.base import (
     ProviderError,
     Running,
 )
-from services.creation.settings import CreationSettings
 from services.creation.store import leases
+from services.creation.worker.context import AttemptContext
 from services.creation.worker.lease_keeper import Lease
 from services.creation.worker.outcomes import AttemptFailed, LeaseLost, is_retryable
-from services.kit.clock import Clock
 from services.kit.logging import get_logger
 
 log = get_logger(__name__)
 T = TypeVar("T")
 
-# Called at each named point of an attempt (before_submit, after_submit, polling,
-# after_output, before_complete): the stub provider's crash injection hooks in here.
-PointHook = Callable[[str], None]
 # The job row holds one output until outputs become a list (issue 9, point 10).
 OUTPUTS_PER_JOB = 1
 # Consecutive poll errors the provider may answer with before the job is handed back
 # (keeping its request) for a later poll.
 POLL_ERRORS_BEFORE_HAND_BACK = 5
 PROVIDER_CANCEL_TIMEOUT_SECONDS = 10.0
-
-
-def no_point(name: str) -> None:
-    return None
-
-
-class Drain:
-    """The worker's stop, as its attempts see it: once ``asked``, nothing new reaches a
-    provider; once ``due``, polling attempts hand their jobs back."""
-
-    def __init__(self) -> None:
-        self.asked = asyncio.Event()
-        self.due = asyncio.Event()
-
-    def begin(self, hand_back_at: float) -> None:
-        self.asked.set()
-        loop = asyncio.get_running_loop()
-        loop.call_at(hand_back_at, self.due.set)
-
-
-class RecentOutcomes:
-    """How the newest attempts ended, by job id (tests and debugging read it); bounded,
-    so a worker that runs for months keeps only the latest."""
-
-    def __init__(self, size: int = 1024) -> None:
-        self._items: OrderedDict[str, str] = OrderedDict()
-        self._size = size
-
-    def record(self, job_id: str, outcome: str) -> None:
-        self._items[job_id] = outcome
-        self._items.move_to_end(job_id)
-        while len(self._items) > self._size:
-            self._items.popitem(last=False)
-
-    def get(self, job_id: str) -> str | None:
-        return self._items.get(job_id)
-
-    def __contains__(self, job_id: object) -> bool:
-        return job_id in self._items
-
-    def __getitem__(self, job_id: str) -> str:
-        return self._items[job_id]
-
-
-@dataclass(frozen=True)
-class AttemptContext:
-    engine: AsyncEngine
-    media: MediaClient
-    providers: Mapping[str, Provider]
-    settings: CreationSettings
-    clock: Clock
-    drain: Drain
-    on_point: PointHook = no_point
-    outcomes: RecentOutcomes = field(default_factory=RecentOutcomes)
 
 
 class Attempt:

@@ -27,7 +27,8 @@ from services.creation.providers.base import Provider
 from services.creation.settings import CreationSettings
 from services.creation.store import leases
 from services.creation.store.leases import QUEUED_CHANNEL
-from services.creation.worker.attempt import Attempt, AttemptContext, Drain, PointHook, no_point
+from services.creation.worker.attempt import Attempt
+from services.creation.worker.context import AttemptContext, Drain, PointHook, no_point
 from services.creation.worker.lease_keeper import LeaseKeeper
 from services.kit.clock import Clock, system_clock
 from services.kit.listen import Listener
