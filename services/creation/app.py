@@ -7,6 +7,11 @@ and reflection, for probes); ``all`` does both (development, small deployments).
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import sys
+from collections.abc import Mapping
+
 from atelier.creation.v1 import (
     admin_service_pb2,
     admin_service_pb2_grpc,
@@ -17,30 +22,87 @@ from services.creation.admin_servicer import AdminServicer
 from services.creation.jobs import Jobs
 from services.creation.media_client import MediaClient
 from services.creation.operators import Operators
+from services.creation.providers.base import Provider
+from services.creation.providers.registry import ProviderRegistry, RegistryError, build_registry
+from services.creation.providers.stub import crash_point
 from services.creation.servicer import CreationServicer
 from services.creation.settings import CreationSettings
 from services.creation.store.catalog import CachedCatalog
 from services.creation.store.jobs import SubmitLimits
+from services.creation.worker.context import PointHook, no_point
+from services.creation.worker.loop import Worker
+from services.creation.worker.reaper import Reaper
 from services.kit.clock import Clock, system_clock
 from services.kit.components import Component
 from services.kit.db import Database
+from services.kit.outages import classify
 from services.kit.server import Binding, ServiceApp, run_service
 
 ROLES = ("api", "worker", "all")
 
 
-def components(settings: CreationSettings, database: Database) -> list[Component]:
-    """The background work of a worker process. The job worker, lease keeper, reaper and
-    outbox relay land here; none exists yet."""
-    return []
+def components(
+    settings: CreationSettings,
+    database: Database,
+    media: MediaClient,
+    providers: Mapping[str, Provider],
+    *,
+    clock: Clock = system_clock,
+    on_point: PointHook = no_point,
+) -> list[Component]:
+    """The background work of a worker process: the job worker (which owns its lease
+    keeper) and the reaper. ``providers`` maps a catalog provider code to its adapter;
+    ``on_point`` is called at each named point of an attempt (the stub's crash points).
+    The outbox relay lands here too."""
+    return [
+        Worker(database.engine, media, providers, settings, clock=clock, on_point=on_point),
+        Reaper(database.engine, providers, settings.reaper_period_seconds, clock=clock),
+    ]
 
 
-def build(settings: CreationSettings, role: str = "all", clock: Clock = system_clock) -> ServiceApp:
+def _engine_components(
+    settings: CreationSettings,
+    database: Database,
+    media: MediaClient,
+    providers: Mapping[str, Provider] | None,
+    clock: Clock,
+    on_point: PointHook,
+) -> list[Component]:
+    if providers is None:
+        # No provider registry wired in: the engine does not run (jobs stay queued).
+        return []
+    return components(settings, database, media, providers, clock=clock, on_point=on_point)
+
+
+async def _close_providers(providers: Mapping[str, Provider]) -> None:
+    for provider in providers.values():
+        await provider.close()
+
+
+def build(
+    settings: CreationSettings,
+    role: str = "all",
+    clock: Clock = system_clock,
+    *,
+    providers: Mapping[str, Provider] | None = None,
+    on_point: PointHook = no_point,
+) -> ServiceApp:
+    """``providers`` (code → adapter) runs the job engine in roles worker and all; None
+    leaves it out."""
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}")
     database = Database(
         settings.common.database_url, "atelier-creation", limits=settings.common.database
     )
+    media = MediaClient(settings.media_internal_address, settings.common.service_token)
+    engine = (
+        _engine_components(settings, database, media, providers, clock, on_point)
+        if role in ("worker", "all")
+        else []
+    )
+    cleanup = [media.close, database.close]
+    if engine and providers is not None:
+        cleanup.append(functools.partial(_close_providers, providers))
     if role == "worker":
         return ServiceApp(
             name="creation",
@@ -48,10 +110,9 @@ def build(settings: CreationSettings, role: str = "all", clock: Clock = system_c
             internal=[],
             serve_public=False,
             readiness=database.answers,
-            components=components(settings, database),
-            cleanup=[database.close],
+            components=engine,
+            cleanup=cleanup,
         )
-    media = MediaClient(settings.media_internal_address, settings.common.service_token)
     limits = SubmitLimits(
         daily_quota=settings.daily_quota,
         in_flight_limit=settings.in_flight_limit,
@@ -78,11 +139,42 @@ def build(settings: CreationSettings, role: str = "all", clock: Clock = system_c
             )
         ],
         readiness=database.answers,
-        components=components(settings, database) if role == "all" else [],
-        cleanup=[media.close, database.close],
+        components=engine,
+        cleanup=cleanup,
     )
+
+
+async def _catalog_problem(settings: CreationSettings, registry: ProviderRegistry) -> str | None:
+    """Why this worker cannot serve the catalog (a model whose provider has no adapter, or
+    a catalog it could not read), or None."""
+    database = Database(
+        settings.common.database_url, "atelier-creation", limits=settings.common.database
+    )
+    try:
+        await registry.check_catalog(database.engine)
+    except RegistryError as error:
+        return str(error)
+    except Exception as error:
+        outage = classify(error)
+        if outage is None:
+            raise
+        return f"cannot read the catalog to check its providers ({outage.kind}); try again"
+    finally:
+        await database.close()
+    return None
 
 
 def main(role: str = "all") -> int:
     settings = CreationSettings.from_env()
-    return run_service(build(settings, role), settings.common, settings.listen)
+    providers: ProviderRegistry | None = None
+    on_point: PointHook = no_point
+    if role in ("worker", "all"):
+        providers = build_registry(settings)
+        problem = asyncio.run(_catalog_problem(settings, providers))
+        if problem is not None:
+            print(f"atelier serve creation: {problem}", file=sys.stderr)
+            return 2
+        if settings.stub.crash_at:
+            on_point = functools.partial(crash_point, crash_at=settings.stub.crash_at)
+    app = build(settings, role, providers=providers, on_point=on_point)
+    return run_service(app, settings.common, settings.listen)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -21,6 +22,7 @@ _PURPOSES = {
     asset_pb2.ASSET_PURPOSE_AI_INPUT: "ai_input",
     asset_pb2.ASSET_PURPOSE_AI_OUTPUT: "ai_output",
 }
+_PURPOSE_CODES = {name: code for code, name in _PURPOSES.items()}
 _STATUSES = {
     asset_pb2.ASSET_STATUS_UPLOADING: "uploading",
     asset_pb2.ASSET_STATUS_READY: "ready",
@@ -42,8 +44,38 @@ class DownloadUrl:
     expires_at: datetime
 
 
-# Reads only: a retry after UNAVAILABLE can do no harm.
-_IDEMPOTENT = ("GetAssetInfo", "GetAssetUrl")
+# Reads, and a delete that may be repeated: a retry after UNAVAILABLE can do no harm.
+# PutAsset is not here: each call stores a new asset.
+_IDEMPOTENT = ("GetAssetInfo", "GetAssetUrl", "ReadAsset", "DeleteAsset")
+# Moving an image's bytes takes longer than a metadata call.
+TRANSFER_TIMEOUT_SECONDS = 30.0
+CHUNK_BYTES = 256 * 1024
+# Answers that say "this asset cannot be read", not "try later".
+_UNREADABLE = frozenset(
+    {
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.DATA_LOSS,
+    }
+)
+
+
+class AssetUnreadable(Exception):
+    """The asset is missing, not ready, lost or larger than the reader accepts: reading it
+    again will not help."""
+
+
+class AssetRefused(Exception):
+    """media refused to store the bytes (not an image it accepts, too large)."""
+
+
+@dataclass(frozen=True)
+class AssetBytes:
+    data: bytes
+    content_type: str
+
+
 _SERVICE = "atelier.media.v1.MediaInternalService"
 
 
@@ -108,6 +140,69 @@ class MediaClient:
                 log.warning("media_call_failed", call="GetAssetUrl", reason=failure.reason)
             return None
         return DownloadUrl(reply.download_url, reply.expire_time.ToDatetime(tzinfo=UTC))
+
+    async def read_asset(self, asset_id: str, max_bytes: int) -> AssetBytes:
+        """A ready asset's bytes, in memory, refused past ``max_bytes``."""
+        options = {**self._client.call_options(), "timeout": TRANSFER_TIMEOUT_SECONDS}
+        call = self._stub.ReadAsset(
+            media_internal_service_pb2.ReadAssetRequest(asset_id=asset_id), **options
+        )
+        content_type = ""
+        data = bytearray()
+        try:
+            async for message in call:
+                if message.HasField("asset"):
+                    content_type = message.asset.content_type
+                    continue
+                data += message.chunk
+                if len(data) > max_bytes:
+                    call.cancel()
+                    raise AssetUnreadable(f"asset {asset_id} is larger than {max_bytes} bytes")
+        except grpc.aio.AioRpcError as error:
+            if error.code() in _UNREADABLE:
+                raise AssetUnreadable(f"asset {asset_id}: {error.code().name}") from None
+            raise _unavailable("ReadAsset", RemoteFailure.of(error)) from None
+        return AssetBytes(bytes(data), content_type)
+
+    async def put_asset(
+        self, owner_user_id: str, purpose: str, content_type: str, data: bytes
+    ) -> str:
+        """Stores server-made bytes as a new READY asset of ``owner_user_id``; its id."""
+
+        async def parts() -> AsyncIterator[media_internal_service_pb2.PutAssetRequest]:
+            yield media_internal_service_pb2.PutAssetRequest(
+                header=media_internal_service_pb2.PutAssetHeader(
+                    owner_user_id=owner_user_id,
+                    purpose=_PURPOSE_CODES[purpose],
+                    content_type=content_type,
+                )
+            )
+            for start in range(0, len(data), CHUNK_BYTES):
+                yield media_internal_service_pb2.PutAssetRequest(
+                    chunk=data[start : start + CHUNK_BYTES]
+                )
+
+        options = {**self._client.call_options(), "timeout": TRANSFER_TIMEOUT_SECONDS}
+        try:
+            reply = await self._stub.PutAsset(parts(), **options)
+        except grpc.aio.AioRpcError as error:
+            failure = RemoteFailure.of(error)
+            if not failure.transient:
+                raise AssetRefused(f"{failure.code.name} {failure.reason}") from None
+            raise _unavailable("PutAsset", failure) from None
+        return str(reply.asset.asset_id)
+
+    async def delete_asset(self, asset_id: str) -> None:
+        """Deletes an asset; deleting a deleted or unknown one is done already."""
+        try:
+            await self._stub.DeleteAsset(
+                media_internal_service_pb2.DeleteAssetRequest(asset_id=asset_id),
+                **self._client.call_options(),
+            )
+        except grpc.aio.AioRpcError as error:
+            if error.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
+                return
+            raise _unavailable("DeleteAsset", RemoteFailure.of(error)) from None
 
 
 # An outage fails every call: one line per call and reason per window is enough.

@@ -66,6 +66,41 @@ class StubSettings:
 
 
 @dataclass(frozen=True)
+class WorkerSettings:
+    """The job engine's own knobs (ATELIER_WORKER_*)."""
+
+    concurrency: int
+    claim_batch: int
+    poll_seconds: float
+    provider_poll_seconds: float
+    drain_seconds: float
+    max_input_bytes: int
+
+    @classmethod
+    def read(cls, reader: EnvReader) -> WorkerSettings:
+        return cls(
+            # Attempts one process runs at once.
+            concurrency=reader.integer("WORKER_CONCURRENCY", 8, minimum=1, maximum=256),
+            # Jobs claimed per statement (never more than the free slots).
+            claim_batch=reader.integer("WORKER_CLAIM_BATCH", 16, minimum=1, maximum=500),
+            # The fallback look for due jobs when no NOTIFY came (retries whose backoff
+            # ended, notifications lost while the LISTEN connection was down).
+            poll_seconds=reader.seconds("WORKER_POLL", 2, minimum=0.05, maximum=300),
+            # How often a running attempt asks its provider how it is going.
+            provider_poll_seconds=reader.seconds(
+                "WORKER_PROVIDER_POLL", 1, minimum=0.01, maximum=60
+            ),
+            # On SIGTERM, how long running attempts may take to finish before they are
+            # handed back (never longer than ATELIER_DRAIN_GRACE allows).
+            drain_seconds=reader.seconds("WORKER_DRAIN", 8, minimum=0, maximum=300),
+            # The largest input image an attempt reads into memory.
+            max_input_bytes=reader.integer(
+                "WORKER_MAX_INPUT_BYTES", 20 * 1024 * 1024, minimum=1024, maximum=512 * 1024 * 1024
+            ),
+        )
+
+
+@dataclass(frozen=True)
 class CreationSettings:
     common: CommonSettings
     listen: ListenSettings
@@ -81,6 +116,7 @@ class CreationSettings:
     in_flight_limit: int
     welcome_points: int
     catalog_ttl_seconds: float
+    worker: WorkerSettings
     stub: StubSettings = StubSettings()
 
     @classmethod
@@ -110,6 +146,7 @@ class CreationSettings:
             # How long ListCatalog may serve its in-process copy; a catalog edit shows
             # within this long. 0 reads the database every time.
             catalog_ttl_seconds=reader.seconds("CATALOG_TTL", 5, minimum=0, maximum=3600),
+            worker=WorkerSettings.read(reader),
             stub=StubSettings.read(reader),
         )
         # A heartbeat must come well inside the lease, or live jobs would be reaped.

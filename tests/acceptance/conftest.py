@@ -17,8 +17,14 @@ from services.kit.settings import DEV_JWT_SECRET
 @pytest.fixture(scope="session")
 def stack(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     work = tmp_path_factory.mktemp("stack")
+    # The API alone: jobs stay queued, so tests see each state they cause. The job engine
+    # runs in its own stack (test_jobs_run.py).
     running = Stack(
-        database_url=database_url, ports=StackPorts.free(), work_dir=work, log_dir=work / "logs"
+        database_url=database_url,
+        ports=StackPorts.free(),
+        work_dir=work,
+        log_dir=work / "logs",
+        creation_role="api",
     )
     running.start()
     yield running

@@ -23,7 +23,7 @@ from atelier.creation.v1 import (
     creation_service_pb2_grpc,
 )
 from atelier.media.v1 import asset_pb2, media_internal_service_pb2, media_internal_service_pb2_grpc
-from services.creation.store import worker
+from services.creation.store import leases
 from services.creation.tables import jobs
 from services.dev.stack import Stack
 from services.kit.auth import issue_token
@@ -307,9 +307,9 @@ async def test_a_succeeded_job_links_its_output(
                 update(jobs).where(jobs.c.job_id == job["jobId"]).values(priority=2**30)
             )
         now = datetime.now(UTC)
-        claimed = await worker.claim(engine, "acceptance-worker", 1, timedelta(seconds=30), now)
+        claimed = await leases.claim(engine, "acceptance-worker", 1, timedelta(seconds=30), now)
         assert [c.job_id for c in claimed] == [job["jobId"]]
-        assert await worker.complete(engine, job["jobId"], claimed[0].lease_epoch, output, now)
+        assert await leases.complete(engine, job["jobId"], claimed[0].lease_epoch, output, now)
     finally:
         await engine.dispose()
 

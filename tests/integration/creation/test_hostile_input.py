@@ -24,7 +24,7 @@ from atelier.creation.v1 import (
     creation_service_pb2_grpc,
 )
 from services.creation.store import jobs as store
-from services.creation.store import worker
+from services.creation.store import leases
 from services.kit.settings import DEV_JWT_SECRET
 from tests.integration.creation.helpers import (
     LIMITS,
@@ -258,9 +258,9 @@ async def test_list_jobs_pages_and_binds_the_status_filter(
 
 async def needs_attention(engine: AsyncEngine) -> str:
     job = (await store.submit(engine, new_user(), command(), LIMITS, T0)).job
-    (claimed,) = await worker.claim(engine, "w", 10, TTL, T0)
-    await worker.mark_submitting(engine, claimed.job_id, claimed.lease_epoch, T0)
-    (reaped,) = await worker.reap(engine, T0 + TTL * 2, 10)
+    (claimed,) = await leases.claim(engine, "w", 10, TTL, T0)
+    await leases.mark_submitting(engine, claimed.job_id, claimed.lease_epoch, T0)
+    (reaped,) = await leases.reap(engine, T0 + TTL * 2, 10)
     assert reaped.job_id == job.job_id
     return job.job_id
 

@@ -30,7 +30,7 @@ from atelier.media.v1 import (
     media_service_pb2,
     media_service_pb2_grpc,
 )
-from services.creation.store import worker
+from services.creation.store import leases
 from tests.integration.creation.helpers import (
     SERVICE,
     CreationHarness,
@@ -184,9 +184,9 @@ async def test_operator_actions_log_their_actions(
         stub = creation_service_pb2_grpc.CreationServiceStub(channel)
         job = (await stub.SubmitJob(request(asset), metadata=user_token(user))).job
     now = stack.creation.clock()
-    (claimed,) = await worker.claim(engine, "w", 10, TTL, now)
-    await worker.mark_submitting(engine, claimed.job_id, claimed.lease_epoch, now)
-    await worker.reap(engine, now + TTL * 2, 10)
+    (claimed,) = await leases.claim(engine, "w", 10, TTL, now)
+    await leases.mark_submitting(engine, claimed.job_id, claimed.lease_epoch, now)
+    await leases.reap(engine, now + TTL * 2, 10)
     async with stack.creation.internal_channel() as channel:
         admin = admin_service_pb2_grpc.AdminServiceStub(channel)
         await admin.ResolveJob(

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.domain import Actor, Job, Status, Step
 from services.creation.errors import JobAlreadyFinished, JobNotAwaitingOperator, JobNotFound
-from services.creation.store import admin, ledger, worker
+from services.creation.store import admin, leases, ledger
 from services.creation.store import jobs as store
 from services.creation.store.jobs import SubmitLimits
 from services.creation.store.writes import IllegalTransition, write
@@ -30,7 +30,7 @@ async def claim_one(
 ) -> Job:
     """Claims ``job``, which must be the only one due: each test starts with an empty
     queue of its own, so anything else claimed here is a bug."""
-    claimed = await worker.claim(engine, worker_id, 10, TTL, now)
+    claimed = await leases.claim(engine, worker_id, 10, TTL, now)
     assert [c.job_id for c in claimed] == [job.job_id]
     return claimed[0]
 
@@ -68,7 +68,7 @@ async def test_cancel_running_job_asks_the_worker(engine: AsyncEngine) -> None:
     )
     again = await store.cancel(engine, job.user_id, job.job_id, T0)
     assert (again.job.version, again.changed) == (requested.version, False)
-    done = await worker.acknowledge_cancel(engine, job.job_id, job.lease_epoch, T0)
+    done = await leases.acknowledge_cancel(engine, job.job_id, job.lease_epoch, T0)
     assert done is not None
     assert done.status is Status.CANCELLED
     assert await balance(engine, job.user_id) == (100, 0)
@@ -78,7 +78,7 @@ async def test_cancel_finished_job_is_refused_and_others_jobs_are_not_found(
     engine: AsyncEngine,
 ) -> None:
     job = await claim_one(engine, await submitted(engine))
-    await worker.complete(engine, job.job_id, job.lease_epoch, ASSET, T0)
+    await leases.complete(engine, job.job_id, job.lease_epoch, ASSET, T0)
     with pytest.raises(JobAlreadyFinished):
         await store.cancel(engine, job.user_id, job.job_id, T0)
     with pytest.raises(JobNotFound):
@@ -97,7 +97,7 @@ async def test_claim_runs_the_job_and_success_captures(engine: AsyncEngine) -> N
         1,
     )
     assert job.lease_expires_at == T0 + TTL
-    done = await worker.complete(engine, job.job_id, job.lease_epoch, ASSET, T0)
+    done = await leases.complete(engine, job.job_id, job.lease_epoch, ASSET, T0)
     assert done is not None
     assert (done.status, done.progress, done.output_asset_id, done.lease_owner) == (
         Status.SUCCEEDED,
@@ -115,7 +115,7 @@ async def test_concurrent_claims_never_share_a_job(engine: AsyncEngine) -> None:
     made = {(await store.submit(engine, user, command(), limits, T0)).job.job_id for _ in range(30)}
     # Ten workers asking for five each: room for 50, so every one of the 30 is claimed,
     # and none twice.
-    batches = await asyncio.gather(*(worker.claim(engine, f"w{i}", 5, TTL, T0) for i in range(10)))
+    batches = await asyncio.gather(*(leases.claim(engine, f"w{i}", 5, TTL, T0) for i in range(10)))
     claimed = [job.job_id for batch in batches for job in batch]
     assert len(claimed) == len(set(claimed)) == 30
     assert set(claimed) == made
@@ -127,16 +127,16 @@ async def test_concurrent_claims_never_share_a_job(engine: AsyncEngine) -> None:
 async def test_a_stale_worker_is_fenced_off(engine: AsyncEngine) -> None:
     first = await claim_one(engine, await submitted(engine), "old")
     # The lease expires; the reaper queues it; another worker claims it.
-    await worker.reap(engine, T0 + TTL * 2, 1000)
+    await leases.reap(engine, T0 + TTL * 2, 1000)
     second = await claim_one(engine, first, "new", T0 + TTL * 2)
     assert second.lease_epoch == first.lease_epoch + 1
-    assert await worker.complete(engine, first.job_id, first.lease_epoch, ASSET, T0) is None
+    assert await leases.complete(engine, first.job_id, first.lease_epoch, ASSET, T0) is None
     assert (
-        await worker.heartbeat(engine, first.job_id, first.lease_epoch, TTL, T0, progress=50)
+        await leases.heartbeat(engine, first.job_id, first.lease_epoch, TTL, T0, progress=50)
         is None
     )
     assert (
-        await worker.complete(engine, second.job_id, second.lease_epoch, ASSET, T0 + TTL * 2)
+        await leases.complete(engine, second.job_id, second.lease_epoch, ASSET, T0 + TTL * 2)
         is not None
     )
 
@@ -144,10 +144,10 @@ async def test_a_stale_worker_is_fenced_off(engine: AsyncEngine) -> None:
 async def test_heartbeat_bumps_the_version_only_for_visible_change(engine: AsyncEngine) -> None:
     job = await claim_one(engine, await submitted(engine))
     later = T0 + timedelta(seconds=10)
-    quiet = await worker.heartbeat(engine, job.job_id, job.lease_epoch, TTL, later)
+    quiet = await leases.heartbeat(engine, job.job_id, job.lease_epoch, TTL, later)
     assert quiet is not None
     assert (quiet.version, quiet.lease_expires_at) == (job.version, later + TTL)
-    moved = await worker.heartbeat(engine, job.job_id, job.lease_epoch, TTL, later, progress=40)
+    moved = await leases.heartbeat(engine, job.job_id, job.lease_epoch, TTL, later, progress=40)
     assert moved is not None
     assert (moved.version, moved.progress) == (job.version + 1, 40)
     rows = await side_rows(engine, job.job_id)
@@ -159,7 +159,7 @@ async def test_retryable_failure_requeues_with_backoff_then_fails(engine: AsyncE
     for attempt in (1, 2):
         running = await claim_one(engine, job)
         assert running.attempt == attempt
-        queued = await worker.fail(
+        queued = await leases.fail(
             engine,
             job.job_id,
             running.lease_epoch,
@@ -176,7 +176,7 @@ async def test_retryable_failure_requeues_with_backoff_then_fails(engine: AsyncE
             None,
         )
     running = await claim_one(engine, job)
-    failed = await worker.fail(
+    failed = await leases.fail(
         engine,
         job.job_id,
         running.lease_epoch,
@@ -193,7 +193,7 @@ async def test_retryable_failure_requeues_with_backoff_then_fails(engine: AsyncE
 
 async def test_backoff_delays_the_next_claim(engine: AsyncEngine) -> None:
     job = await claim_one(engine, await submitted(engine))
-    await worker.fail(
+    await leases.fail(
         engine,
         job.job_id,
         job.lease_epoch,
@@ -203,13 +203,13 @@ async def test_backoff_delays_the_next_claim(engine: AsyncEngine) -> None:
         retry_delay=timedelta(minutes=5),
         now=T0,
     )
-    assert await worker.claim(engine, "w", 1000, TTL, T0 + timedelta(minutes=4)) == []
-    claimed_late = await worker.claim(engine, "w", 1000, TTL, T0 + timedelta(minutes=6))
+    assert await leases.claim(engine, "w", 1000, TTL, T0 + timedelta(minutes=4)) == []
+    claimed_late = await leases.claim(engine, "w", 1000, TTL, T0 + timedelta(minutes=6))
     assert [c.job_id for c in claimed_late] == [job.job_id]
 
 
 async def reaped(engine: AsyncEngine, job: Job) -> Job:
-    found = await worker.reap(engine, T0 + TTL * 2, 1000)
+    found = await leases.reap(engine, T0 + TTL * 2, 1000)
     assert [r.job_id for r in found] == [job.job_id]
     return found[0]
 
@@ -222,8 +222,8 @@ async def test_reaper_requeues_a_job_that_never_reached_the_provider(engine: Asy
 
 async def test_reaper_resumes_a_job_the_provider_accepted(engine: AsyncEngine) -> None:
     job = await claim_one(engine, await submitted(engine))
-    await worker.mark_submitting(engine, job.job_id, job.lease_epoch, T0)
-    await worker.record_request(engine, job.job_id, job.lease_epoch, "req-1", T0)
+    await leases.mark_submitting(engine, job.job_id, job.lease_epoch, T0)
+    await leases.record_request(engine, job.job_id, job.lease_epoch, "req-1", T0)
     after = await reaped(engine, job)
     assert (after.status, after.step, after.provider_request_id) == (
         Status.QUEUED,
@@ -241,7 +241,7 @@ async def test_reaper_resumes_a_job_the_provider_accepted(engine: AsyncEngine) -
 
 async def test_reaper_sends_an_unknown_submit_to_an_operator(engine: AsyncEngine) -> None:
     job = await claim_one(engine, await submitted(engine))
-    await worker.mark_submitting(engine, job.job_id, job.lease_epoch, T0)
+    await leases.mark_submitting(engine, job.job_id, job.lease_epoch, T0)
     after = await reaped(engine, job)
     assert (after.status, after.error_code) == (Status.NEEDS_ATTENTION, "OUTCOME_UNKNOWN")
     # Points stay held while an operator decides.
@@ -252,8 +252,8 @@ async def test_reaper_sends_an_unknown_submit_to_an_operator(engine: AsyncEngine
 
 async def test_reaper_resubmits_when_the_provider_submit_is_idempotent(engine: AsyncEngine) -> None:
     job = await claim_one(engine, await submitted(engine))
-    await worker.mark_submitting(engine, job.job_id, job.lease_epoch, T0)
-    found = await worker.reap(engine, T0 + TTL * 2, 1000, {"stub"})
+    await leases.mark_submitting(engine, job.job_id, job.lease_epoch, T0)
+    found = await leases.reap(engine, T0 + TTL * 2, 1000, {"stub"})
     assert [(r.job_id, r.status) for r in found] == [(job.job_id, Status.QUEUED)]
 
 
@@ -262,7 +262,7 @@ async def test_operator_decisions(engine: AsyncEngine) -> None:
     # RETRY last: it queues its job again, which the next claim would take.
     for decision in (admin.Decision.FAIL, admin.Decision.CANCEL, admin.Decision.RETRY):
         job = await claim_one(engine, await submitted(engine))
-        await worker.mark_submitting(engine, job.job_id, job.lease_epoch, T0)
+        await leases.mark_submitting(engine, job.job_id, job.lease_epoch, T0)
         await reaped(engine, job)
         resolved = await admin.resolve(
             engine, job.job_id, decision, "ops@atelier", "checked the provider", T0
@@ -282,7 +282,7 @@ async def test_operator_decisions(engine: AsyncEngine) -> None:
 
 async def test_events_record_every_status_change_with_its_actor(engine: AsyncEngine) -> None:
     job = await claim_one(engine, await submitted(engine))
-    await worker.complete(engine, job.job_id, job.lease_epoch, ASSET, T0)
+    await leases.complete(engine, job.job_id, job.lease_epoch, ASSET, T0)
     events, cursor = await admin.list_events(engine, job.job_id, 100, None)
     assert cursor is None
     assert [(e.from_status, e.to_status, e.actor.value) for e in events] == [
@@ -313,7 +313,7 @@ async def test_list_pages_newest_first(engine: AsyncEngine) -> None:
 
 async def test_the_store_refuses_a_transition_the_state_machine_lacks(engine: AsyncEngine) -> None:
     job = await claim_one(engine, await submitted(engine))
-    done = await worker.complete(engine, job.job_id, job.lease_epoch, ASSET, T0)
+    done = await leases.complete(engine, job.job_id, job.lease_epoch, ASSET, T0)
     assert done is not None
     async with engine.begin() as connection:
         with pytest.raises(IllegalTransition):

@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from services.creation.store import admin, worker
+from services.creation.store import admin, leases
 from services.creation.store import jobs as store
 from services.kit.db import asyncpg_url
 from tests.integration.creation.helpers import LIMITS, T0, command, new_user
@@ -78,7 +78,7 @@ async def test_claim_rides_the_claim_queue_index(
     capturing: tuple[AsyncEngine, list[tuple[str, Any]]],
 ) -> None:
     engine, sent = capturing
-    await worker.claim(engine, "plan-worker", 8, timedelta(seconds=30), T0 - timedelta(days=3650))
+    await leases.claim(engine, "plan-worker", 8, timedelta(seconds=30), T0 - timedelta(days=3650))
     statement, parameters = one_statement(sent, lambda s: "SKIP LOCKED" in s and "UPDATE" in s)
     assert "ix_jobs_claim_queue" in await generic_plan(engine, statement, parameters)
 
@@ -87,7 +87,7 @@ async def test_reaper_rides_the_lease_expiry_index(
     capturing: tuple[AsyncEngine, list[tuple[str, Any]]],
 ) -> None:
     engine, sent = capturing
-    await worker.reap(engine, T0 - timedelta(days=3650), 8)
+    await leases.reap(engine, T0 - timedelta(days=3650), 8)
     statement, parameters = one_statement(sent, lambda s: "lease_expires_at <" in s)
     assert "ix_jobs_lease_expiry" in await generic_plan(engine, statement, parameters)
 

@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from services.creation.domain import TERMINAL, Status
 from services.creation.errors import InsufficientPoints, JobAlreadyFinished
-from services.creation.store import admin, ledger, worker
+from services.creation.store import admin, leases, ledger
 from services.creation.store import jobs as store
 from services.creation.store.jobs import SubmitLimits
 from services.creation.tables import job_events, jobs, outbox
@@ -152,7 +152,7 @@ def build_machine(database_url: str) -> type[RuleBasedStateMachine]:
         @rule(limit=st.integers(1, 3))
         def claim(self, limit: int) -> None:
             due = self.with_status(Status.QUEUED)
-            claimed = self.run(worker.claim(self.engine, "w", limit, TTL, self.now()))
+            claimed = self.run(leases.claim(self.engine, "w", limit, TTL, self.now()))
             assert len(claimed) == min(limit, len(due))
             for job in claimed:
                 model = self.jobs[job.job_id]
@@ -174,7 +174,7 @@ def build_machine(database_url: str) -> type[RuleBasedStateMachine]:
         def heartbeat(self, data: st.DataObject, progress: int) -> None:
             job_id, model = self.pick_running(data)
             got = self.run(
-                worker.heartbeat(self.engine, job_id, model.epoch, TTL, self.now(), progress)
+                leases.heartbeat(self.engine, job_id, model.epoch, TTL, self.now(), progress)
             )
             assert got is not None
             if progress != model.progress:
@@ -189,13 +189,13 @@ def build_machine(database_url: str) -> type[RuleBasedStateMachine]:
                 return
             if model.step != "submitting":
                 assert self.run(
-                    worker.mark_submitting(self.engine, job_id, model.epoch, self.now())
+                    leases.mark_submitting(self.engine, job_id, model.epoch, self.now())
                 )
                 model.step = "submitting"
                 model.change()
             if data.draw(st.booleans()):  # the provider answered before any crash
                 assert self.run(
-                    worker.record_request(self.engine, job_id, model.epoch, "req", self.now())
+                    leases.record_request(self.engine, job_id, model.epoch, "req", self.now())
                 )
                 model.step, model.has_request = "generating", True
                 model.change()
@@ -204,7 +204,12 @@ def build_machine(database_url: str) -> type[RuleBasedStateMachine]:
         @rule(data=st.data())
         def complete(self, data: st.DataObject) -> None:
             job_id, model = self.pick_running(data)
-            assert self.run(worker.complete(self.engine, job_id, model.epoch, ASSET, self.now()))
+            done = self.run(leases.complete(self.engine, job_id, model.epoch, ASSET, self.now()))
+            if model.cancel_requested:
+                # An output that lands after a cancel is never attached.
+                assert done is None
+                return
+            assert done is not None
             model.change(Status.SUCCEEDED)
 
         @precondition(lambda self: bool(self.with_status(Status.RUNNING)))
@@ -212,7 +217,7 @@ def build_machine(database_url: str) -> type[RuleBasedStateMachine]:
         def fail(self, data: st.DataObject, retryable: bool) -> None:
             job_id, model = self.pick_running(data)
             got = self.run(
-                worker.fail(
+                leases.fail(
                     self.engine,
                     job_id,
                     model.epoch,
@@ -243,7 +248,7 @@ def build_machine(database_url: str) -> type[RuleBasedStateMachine]:
                 )
             )
             model = self.jobs[job_id]
-            assert self.run(worker.acknowledge_cancel(self.engine, job_id, model.epoch, self.now()))
+            assert self.run(leases.acknowledge_cancel(self.engine, job_id, model.epoch, self.now()))
             model.change(Status.CANCELLED)
 
         @precondition(lambda self: bool(self.jobs))
@@ -252,16 +257,16 @@ def build_machine(database_url: str) -> type[RuleBasedStateMachine]:
             job_id = data.draw(st.sampled_from(list(self.jobs)))
             model = self.jobs[job_id]
             stale = model.epoch - 1 if model.status is Status.RUNNING else model.epoch
-            assert self.run(worker.complete(self.engine, job_id, stale, ASSET, self.now())) is None
+            assert self.run(leases.complete(self.engine, job_id, stale, ASSET, self.now())) is None
             assert (
-                self.run(worker.heartbeat(self.engine, job_id, stale, TTL, self.now(), 50)) is None
+                self.run(leases.heartbeat(self.engine, job_id, stale, TTL, self.now(), 50)) is None
             )
 
         @rule()
         def reap(self) -> None:
             # A day later every lease has expired.
             self.time += timedelta(days=1)
-            reaped = self.run(worker.reap(self.engine, self.now(), 1000))
+            reaped = self.run(leases.reap(self.engine, self.now(), 1000))
             assert {j.job_id for j in reaped} == set(self.with_status(Status.RUNNING))
             for job in reaped:
                 model = self.jobs[job.job_id]

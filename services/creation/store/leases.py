@@ -1,14 +1,15 @@
-"""What workers and the reaper do to jobs. Every write by a worker is fenced by
-``(job_id, lease_epoch)``: a worker whose lease was taken over matches nothing, gets None,
-and must abandon the job."""
+"""Leases: what workers and the reaper do to running jobs. Every write by a worker is
+fenced by ``(job_id, lease_epoch)``: a worker whose lease was taken over matches nothing,
+gets None, and must abandon the job."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import case, select, update
+from sqlalchemy import Boolean, case, column, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.creation.domain import Actor, Job, ReapDecision, Status, Step, reap_decision
@@ -17,6 +18,9 @@ from services.creation.store.predicates import status_is
 from services.creation.store.rows import job_from_row
 from services.creation.store.writes import lock_job, write
 from services.creation.tables import jobs
+
+# A trigger (migration 0004) NOTIFYs this channel whenever a job becomes queued.
+QUEUED_CHANNEL = "creation_jobs"
 
 _RELEASE_LEASE = {"lease_owner": None, "lease_expires_at": None}
 
@@ -96,12 +100,16 @@ async def _fenced(
     reason: str,
     now: datetime,
     *,
-    require_cancel: bool = False,
+    cancel_requested: bool | None = None,
 ) -> Job | None:
-    """Applies ``values`` if the caller still holds the lease; None if it does not."""
+    """Applies ``values`` if the caller still holds the lease (and, when
+    ``cancel_requested`` is given, the owner's cancel request is in that state); None if
+    not."""
     async with engine.begin() as connection:
         job = await _lock_leased(connection, job_id, lease_epoch)
-        if job is None or (require_cancel and not job.cancel_requested):
+        if job is None:
+            return None
+        if cancel_requested is not None and job.cancel_requested is not cancel_requested:
             return None
         if values is None:
             return job
@@ -155,6 +163,8 @@ async def record_request(
 async def complete(
     engine: AsyncEngine, job_id: str, lease_epoch: int, output_asset_id: str, now: datetime
 ) -> Job | None:
+    """None also when the owner asked to cancel: an output that lands after a cancel is
+    never attached (the worker deletes it and acknowledges the cancel)."""
     values = {
         **_RELEASE_LEASE,
         "status": Status.SUCCEEDED.value,
@@ -165,7 +175,9 @@ async def complete(
         "error_message": None,
         "completed_at": now,
     }
-    return await _fenced(engine, job_id, lease_epoch, values, "completed", now)
+    return await _fenced(
+        engine, job_id, lease_epoch, values, "completed", now, cancel_requested=False
+    )
 
 
 async def fail(
@@ -204,15 +216,53 @@ async def acknowledge_cancel(
 ) -> Job | None:
     """The worker stopped at a safe point after the owner asked to cancel."""
     values = {**_RELEASE_LEASE, "status": Status.CANCELLED.value, "completed_at": now}
-    return await _fenced(engine, job_id, lease_epoch, values, "cancelled", now, require_cancel=True)
+    return await _fenced(
+        engine, job_id, lease_epoch, values, "cancelled", now, cancel_requested=True
+    )
+
+
+async def hand_back(
+    engine: AsyncEngine, job_id: str, lease_epoch: int, delay: timedelta, now: datetime
+) -> Job | None:
+    """Queues a job this worker will not finish (a drain, media out while landing) with
+    what it has: a job with a provider request keeps it (and its step), so the next worker
+    resumes polling; a job without one never reached the provider, so the attempt it
+    started does not count. A job whose owner asked to cancel is returned unchanged (still
+    RUNNING): the caller cancels it instead."""
+    async with engine.begin() as connection:
+        job = await _lock_leased(connection, job_id, lease_epoch)
+        if job is None or job.cancel_requested:
+            return job
+        values: dict[str, Any] = {
+            **_RELEASE_LEASE,
+            "status": Status.QUEUED.value,
+            "next_attempt_at": now + delay,
+        }
+        if job.provider_request_id is None:
+            values.update(step=None, progress=0, attempt=job.attempt - 1)
+        return await _write_as_worker(connection, job, values, "handed back", now)
+
+
+_OUTCOME_UNKNOWN = {
+    **_RELEASE_LEASE,
+    "status": Status.NEEDS_ATTENTION.value,
+    "error_code": "OUTCOME_UNKNOWN",
+}
+
+
+async def mark_outcome_unknown(
+    engine: AsyncEngine, job_id: str, lease_epoch: int, message: str, now: datetime
+) -> Job | None:
+    """A submit that may have reached the provider without telling us its request id:
+    never submitted again; an operator decides (the points stay reserved)."""
+    values = {**_OUTCOME_UNKNOWN, "error_message": message}
+    return await _fenced(engine, job_id, lease_epoch, values, "OUTCOME_UNKNOWN", now)
 
 
 def _reap_values(decision: ReapDecision, job: Job, now: datetime) -> dict[str, Any]:
     if decision is ReapDecision.ATTENTION:
         return {
-            **_RELEASE_LEASE,
-            "status": Status.NEEDS_ATTENTION.value,
-            "error_code": "OUTCOME_UNKNOWN",
+            **_OUTCOME_UNKNOWN,
             "error_message": "the worker stopped while submitting to the provider; "
             "whether the provider has the request is unknown",
         }
@@ -233,10 +283,16 @@ def _reap_values(decision: ReapDecision, job: Job, now: datetime) -> dict[str, A
 
 
 async def reap(
-    engine: AsyncEngine, now: datetime, limit: int, idempotent_providers: Collection[str] = ()
+    engine: AsyncEngine,
+    now: datetime,
+    limit: int,
+    idempotent_providers: Collection[str] = (),
+    before_cancel: Callable[[Job], Awaitable[None]] | None = None,
 ) -> list[Job]:
     """Handles running jobs whose lease expired (rides ix_jobs_lease_expiry; replicas skip
-    each other's rows)."""
+    each other's rows). A dead worker's job whose owner asked to cancel and whose request
+    the provider holds goes through ``before_cancel`` (which tells the provider) while the
+    row is still locked, so one reaper alone tells it, before the job is CANCELLED."""
     async with engine.begin() as connection:
         rows = (
             await connection.execute(
@@ -257,6 +313,12 @@ async def reap(
                 attempts_left=job.attempt < job.max_attempts,
                 provider_idempotent=job.provider_code in idempotent_providers,
             )
+            if (
+                decision is ReapDecision.CANCEL
+                and job.provider_request_id is not None
+                and before_cancel is not None
+            ):
+                await before_cancel(job)
             reaped.append(await _write_reaped(connection, job, decision, now))
     return reaped
 
@@ -273,3 +335,87 @@ async def _write_reaped(
         reason=f"lease expired: {decision.value}",
         now=now,
     )
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One running attempt as the lease keeper reports it: the lease it holds and the
+    newest progress not yet written (None: nothing new)."""
+
+    job_id: str
+    lease_epoch: int
+    progress: int | None = None
+
+
+@dataclass(frozen=True)
+class BeatResult:
+    """Which beaten jobs this process still holds, with their owners' cancel requests. A
+    job that is missing has lost its lease."""
+
+    held: dict[str, bool]
+    progressed: list[Job]
+
+
+# One statement per beat for every attempt of the process. `held` is the fence: rows
+# still leased at the epoch the attempt holds, locked so progress is compared with the
+# row as it is now; only a changed progress bumps the version. Rides pk_jobs (one lookup
+# per beaten job id); the statuses are literals, like status_is.
+BEAT_SQL = """
+    WITH beat AS (
+        SELECT *
+        FROM unnest(CAST(:job_ids AS uuid[]), CAST(:epochs AS bigint[]),
+                    CAST(:progress AS integer[])) AS b(job_id, lease_epoch, progress)
+    ),
+    held AS (
+        SELECT j.job_id,
+               coalesce(b.progress <> j.progress, false) AS progressed,
+               b.progress
+        FROM creation.jobs AS j
+        JOIN beat AS b ON b.job_id = j.job_id AND b.lease_epoch = j.lease_epoch
+        WHERE j.status = 'running'
+        FOR UPDATE OF j
+    )
+    UPDATE creation.jobs AS j
+    SET lease_expires_at = :expires_at,
+        progress = CASE WHEN held.progressed THEN held.progress ELSE j.progress END,
+        version = j.version + CASE WHEN held.progressed THEN 1 ELSE 0 END,
+        updated_at = CASE WHEN held.progressed THEN :now ELSE j.updated_at END
+    FROM held
+    WHERE j.job_id = held.job_id
+    RETURNING j.*, held.progressed
+"""
+_BEAT = text(BEAT_SQL).columns(*jobs.c, column("progressed", Boolean))
+
+
+async def beat(
+    engine: AsyncEngine,
+    worker_id: str,
+    beats: Sequence[Beat],
+    lease_ttl: timedelta,
+    now: datetime,
+) -> BeatResult:
+    """Extends the leases of ``beats`` and writes their changed progress (a version and an
+    outbox row each, at most one per job per beat), in one transaction."""
+    if not beats:
+        return BeatResult({}, [])
+    async with engine.begin() as connection:
+        rows = (
+            await connection.execute(
+                _BEAT,
+                {
+                    "job_ids": [b.job_id for b in beats],
+                    "epochs": [b.lease_epoch for b in beats],
+                    "progress": [b.progress for b in beats],
+                    "expires_at": now + lease_ttl,
+                    "now": now,
+                },
+            )
+        ).all()
+        held = {str(r.job_id): bool(r.cancel_requested) for r in rows}
+        progressed = [job_from_row(r._mapping) for r in rows if r.progressed]
+        await record(
+            connection,
+            [Change(Status.RUNNING, j, Actor.WORKER, worker_id, "progress") for j in progressed],
+            now,
+        )
+    return BeatResult(held, progressed)

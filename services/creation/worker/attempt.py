@@ -1,0 +1,382 @@
+"""One attempt at one job, in DESIGN.md's order: read the input through media, commit
+step SUBMITTING, submit, commit the request id at once, poll (progress goes to the lease
+keeper), land the output through media, complete in one fenced transaction. A job whose
+request id is already set resumes polling and never submits.
+
+Every write is fenced by the lease; one that matches nothing ends the attempt without
+another write. Cancel and drain are honoured at safe points: before submitting and
+between polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Sequence
+from datetime import datetime, timedelta
+from typing import TypeVar
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.creation.domain import Job, Status, backoff
+from services.creation.errors import MediaUnavailable
+from services.creation.media_client import AssetRefused, AssetUnreadable
+from services.creation.providers.base import (
+    Done,
+    Failed,
+    GenerationRequest,
+    InputImage,
+    OutputImage,
+    Provider,
+    ProviderError,
+    Running,
+)
+from services.creation.providers.failures import is_retryable
+from services.creation.store import leases
+from services.creation.worker.context import AttemptContext
+from services.creation.worker.lease_keeper import Lease
+from services.creation.worker.outcomes import AttemptFailed, LeaseLost
+from services.kit.logging import get_logger
+
+log = get_logger(__name__)
+T = TypeVar("T")
+
+# The job row holds one output until outputs become a list (issue 9, point 10).
+OUTPUTS_PER_JOB = 1
+# Consecutive poll errors the provider may answer with before the job is handed back
+# (keeping its request) for a later poll.
+POLL_ERRORS_BEFORE_HAND_BACK = 5
+PROVIDER_CANCEL_TIMEOUT_SECONDS = 10.0
+
+
+class Attempt:
+    def __init__(self, job: Job, lease: Lease, context: AttemptContext) -> None:
+        self._job = job
+        self._lease = lease
+        self._context = context
+        self._settings = context.settings
+        self._landed: list[str] = []
+
+    async def run(self) -> str:
+        """Runs the attempt; returns how it ended (the log's action for it)."""
+        job = self._job
+        try:
+            try:
+                outcome = await self._run()
+            except AttemptFailed as failure:
+                outcome = await self._fail(failure)
+        except LeaseLost:
+            outcome = "lease_lost"
+        except asyncio.CancelledError:
+            await asyncio.shield(self._discard_landed())
+            raise
+        except Exception:
+            # A bug, or the database gone mid-write: stop beating, so the lease expires and
+            # the reaper decides by step.
+            log.exception("attempt_crashed", job_id=job.job_id, attempt=job.attempt)
+            await asyncio.shield(self._discard_landed())
+            outcome = "crashed"
+        log.info(
+            "attempt_ended",
+            job_id=job.job_id,
+            attempt=job.attempt,
+            lease_epoch=job.lease_epoch,
+            outcome=outcome,
+        )
+        self._context.outcomes.record(job.job_id, outcome)
+        return outcome
+
+    async def _run(self) -> str:
+        job = self._job
+        provider = self._context.providers.get(job.provider_code)
+        if provider is None:
+            raise AttemptFailed(
+                "PROVIDER_NOT_CONFIGURED",
+                f"no provider adapter for {job.provider_code!r}",
+                retryable=False,
+            )
+        request_id = job.provider_request_id
+        if request_id is None:
+            stopped = await self._stop_before_submit()
+            if stopped is not None:
+                return stopped
+            image = await self._read_input()
+            # Reading took a while: the owner or a drain may have spoken meanwhile.
+            stopped = await self._stop_before_submit()
+            if stopped is not None:
+                return stopped
+            submitted = await self._submit(provider, self._request(image))
+            if submitted is None:
+                return "outcome_unknown"
+            request_id = submitted
+        outputs = await self._poll(provider, request_id)
+        if isinstance(outputs, str):
+            return outputs
+        return await self._land_and_complete(outputs)
+
+    # --- before the provider ----------------------------------------------------------
+
+    async def _stop_before_submit(self) -> str | None:
+        if self._lease.cancel_requested.is_set():
+            return await self._acknowledge_cancel()
+        if self._context.drain.asked.is_set():
+            return await self._hand_back(timedelta(0))
+        return None
+
+    async def _read_input(self) -> InputImage:
+        job = self._job
+        try:
+            read = await self._context.media.read_asset(
+                job.input_asset_id, self._settings.worker.max_input_bytes
+            )
+        except AssetUnreadable as error:
+            raise AttemptFailed("INPUT_UNREADABLE", str(error), retryable=False) from None
+        except MediaUnavailable:
+            raise AttemptFailed(
+                "MEDIA_UNAVAILABLE", "media did not hand over the input", retryable=True
+            ) from None
+        return InputImage(read.data, read.content_type)
+
+    def _request(self, image: InputImage) -> GenerationRequest:
+        job = self._job
+        return GenerationRequest(
+            job_id=job.job_id,
+            attempt=job.attempt,
+            provider_model=job.provider_model,
+            style_id=job.style_id,
+            prompt=job.prompt,
+            negative_prompt=job.negative_prompt,
+            width=job.width,
+            height=job.height,
+            input_image=image,
+            parameters=job.parameters,
+            num_outputs=OUTPUTS_PER_JOB,
+        )
+
+    async def _submit(self, provider: Provider, request: GenerationRequest) -> str | None:
+        """The request id, committed; None when the submit's outcome is unknown (the job
+        then waits for an operator)."""
+        job = self._job
+        self._context.on_point("before_submit")
+        await self._write(
+            leases.mark_submitting(self._engine, job.job_id, job.lease_epoch, self._now())
+        )
+        try:
+            request_id = await self._provider_call(
+                provider.submit(request, f"{job.job_id}:{job.attempt}"), "submit"
+            )
+        except ProviderError as error:
+            if error.outcome_unknown and not provider.supports_idempotent_submit:
+                log.warning("submit_outcome_unknown", job_id=job.job_id, code=error.code)
+                await self._write(
+                    leases.mark_outcome_unknown(
+                        self._engine,
+                        job.job_id,
+                        job.lease_epoch,
+                        f"the provider's answer to the submit was lost ({error.code})",
+                        self._now(),
+                    )
+                )
+                return None
+            raise AttemptFailed(
+                error.code,
+                error.message,
+                retryable=is_retryable(error.code, error.retryable),
+                retry_after_seconds=error.retry_after_seconds,
+            ) from None
+        self._context.on_point("after_submit")
+        await self._write(
+            leases.record_request(
+                self._engine, job.job_id, job.lease_epoch, request_id, self._now()
+            )
+        )
+        return request_id
+
+    # --- while the provider works -----------------------------------------------------
+
+    async def _poll(self, provider: Provider, request_id: str) -> Sequence[OutputImage] | str:
+        """The provider's outputs, or how the attempt ended instead (cancelled, handed
+        back)."""
+        errors = 0
+        while True:
+            self._context.on_point("polling")
+            if self._lease.cancel_requested.is_set():
+                return await self._cancel(provider, request_id)
+            if self._context.drain.due.is_set():
+                return await self._hand_back(timedelta(0))
+            try:
+                result = await self._provider_call(provider.poll(request_id), "poll")
+            except ProviderError as error:
+                if not is_retryable(error.code, error.retryable):
+                    raise AttemptFailed(error.code, error.message, retryable=False) from None
+                errors += 1
+                if errors >= POLL_ERRORS_BEFORE_HAND_BACK:
+                    return await self._hand_back(self._backoff(errors))
+                await self._pause(self._backoff(errors).total_seconds())
+                continue
+            errors = 0
+            if isinstance(result, Done):
+                return result.outputs
+            if isinstance(result, Failed):
+                raise AttemptFailed(
+                    result.code,
+                    result.message,
+                    retryable=is_retryable(result.code, result.retryable),
+                )
+            if isinstance(result, Running):
+                self._lease.report(result.progress)
+            await self._pause(self._settings.worker.provider_poll_seconds)
+
+    async def _pause(self, seconds: float) -> None:
+        """Waits between polls; a cancel request or a due drain cuts it short."""
+        waiters = [
+            asyncio.ensure_future(self._lease.cancel_requested.wait()),
+            asyncio.ensure_future(self._context.drain.due.wait()),
+        ]
+        try:
+            await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    # --- after the provider -----------------------------------------------------------
+
+    async def _land_and_complete(self, outputs: Sequence[OutputImage]) -> str:
+        job = self._job
+        if not outputs:
+            raise AttemptFailed("NO_OUTPUT", "the provider returned no image", retryable=True)
+        for output in outputs[:OUTPUTS_PER_JOB]:
+            try:
+                asset_id = await self._context.media.put_asset(
+                    job.user_id, "ai_output", output.content_type, output.data
+                )
+            except AssetRefused as error:
+                raise AttemptFailed("OUTPUT_REJECTED", str(error), retryable=True) from None
+            except MediaUnavailable:
+                # The provider keeps the result a while: poll it again later.
+                await self._discard_landed()
+                return await self._hand_back(self._backoff(1))
+            self._landed.append(asset_id)
+            self._context.on_point("after_output")
+        if self._lease.cancel_requested.is_set():
+            return await self._acknowledge_cancel()
+        self._context.on_point("before_complete")
+        async with self._lease.writing():
+            done = await leases.complete(
+                self._engine, job.job_id, job.lease_epoch, self._landed[0], self._now()
+            )
+            if done is not None:
+                self._landed = []  # attached: the job's now
+        if done is None:
+            # Either the owner asked to cancel meanwhile, or the lease is gone.
+            return await self._acknowledge_cancel()
+        return "succeeded"
+
+    # --- endings ----------------------------------------------------------------------
+
+    async def _cancel(self, provider: Provider, request_id: str) -> str:
+        try:
+            await asyncio.wait_for(provider.cancel(request_id), PROVIDER_CANCEL_TIMEOUT_SECONDS)
+        except (ProviderError, TimeoutError) as error:
+            # The job is cancelled for the user either way; its output is never attached.
+            log.warning("provider_cancel_failed", job_id=self._job.job_id, error=str(error))
+        return await self._acknowledge_cancel()
+
+    async def _acknowledge_cancel(self) -> str:
+        job = self._job
+        await self._discard_landed()
+        await self._write(
+            leases.acknowledge_cancel(self._engine, job.job_id, job.lease_epoch, self._now())
+        )
+        return "cancelled"
+
+    async def _hand_back(self, delay: timedelta) -> str:
+        job = self._job
+        kept = await self._write(
+            leases.hand_back(self._engine, job.job_id, job.lease_epoch, delay, self._now())
+        )
+        if kept.cancel_requested:
+            # The owner asked to cancel before we could hand it back: cancel it instead.
+            self._lease.cancel_requested.set()
+            provider = self._context.providers.get(job.provider_code)
+            if kept.provider_request_id is not None and provider is not None:
+                return await self._cancel(provider, kept.provider_request_id)
+            return await self._acknowledge_cancel()
+        return "handed_back"
+
+    async def _fail(self, failure: AttemptFailed) -> str:
+        job = self._job
+        await asyncio.shield(self._discard_landed())
+        if self._lease.cancel_requested.is_set():
+            return await self._acknowledge_cancel()
+        delay = self._backoff(job.attempt)
+        if failure.retry_after_seconds is not None:
+            delay = max(delay, timedelta(seconds=failure.retry_after_seconds))
+        after = await self._write(
+            leases.fail(
+                self._engine,
+                job.job_id,
+                job.lease_epoch,
+                failure.code,
+                failure.message,
+                retryable=failure.retryable,
+                retry_delay=delay,
+                now=self._now(),
+            )
+        )
+        log.info(
+            "attempt_failed", job_id=job.job_id, code=failure.code, retryable=failure.retryable
+        )
+        return "retrying" if after.status is Status.QUEUED else "failed"
+
+    # --- helpers ----------------------------------------------------------------------
+
+    async def _provider_call(self, call: Awaitable[T], name: str) -> T:
+        """A provider call whose unexpected exception (an adapter's bug) is a provider
+        error like any other: retryable, and for a submit of unknown outcome (it may have
+        reached the provider), so it is never sent twice."""
+        try:
+            return await call
+        except ProviderError:
+            raise
+        except Exception as error:
+            log.exception("provider_call_raised", job_id=self._job.job_id, call=name)
+            raise ProviderError(
+                "PROVIDER_BUG",
+                f"the adapter's {name} raised {type(error).__name__}",
+                retryable=True,
+                outcome_unknown=name == "submit",
+            ) from error
+
+    async def _write(self, write: Awaitable[Job | None]) -> Job:
+        """A fenced write: the job as written, or LeaseLost when it matched nothing."""
+        async with self._lease.writing():
+            job = await write
+        if job is None:
+            raise LeaseLost()
+        if self._lease.lost and job.status is Status.RUNNING:
+            # A beat found the lease gone while this write was on its way: the write was
+            # in time, but the job is another worker's now.
+            raise LeaseLost()
+        return job
+
+    async def _discard_landed(self) -> None:
+        """Deletes outputs landed but not attached to the job (never orphaned)."""
+        while self._landed:
+            asset_id = self._landed[-1]
+            try:
+                await self._context.media.delete_asset(asset_id)
+            except MediaUnavailable:
+                log.error("output_orphaned", job_id=self._job.job_id, asset_id=asset_id)
+            self._landed.pop()
+
+    def _backoff(self, attempt: int) -> timedelta:
+        return backoff(
+            attempt, self._settings.backoff_base_seconds, self._settings.backoff_max_seconds
+        )
+
+    def _now(self) -> datetime:
+        return self._context.clock()
+
+    @property
+    def _engine(self) -> AsyncEngine:
+        return self._context.engine

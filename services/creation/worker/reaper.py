@@ -1,0 +1,91 @@
+"""The reaper: on a schedule, resolves running jobs whose lease expired (their worker
+died or froze), by step — retry, resume polling, NEEDS_ATTENTION when a submit's outcome
+is unknown, cancel. Safe with any number of replicas: each batch is taken with SKIP
+LOCKED. A dead worker's job whose owner asked to cancel tells its provider first when the
+provider holds a request. Each decision is an event by ``reaper``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.creation.domain import Job
+from services.creation.providers.base import Provider, ProviderError
+from services.creation.store import leases
+from services.kit.clock import Clock, system_clock
+from services.kit.logging import get_logger
+from services.kit.outages import Throttle, classify
+
+log = get_logger(__name__)
+
+BATCH = 100
+PROVIDER_CANCEL_TIMEOUT_SECONDS = 5.0
+
+
+class Reaper:
+    name = "reaper"
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        providers: Mapping[str, Provider],
+        period_seconds: float,
+        *,
+        clock: Clock = system_clock,
+        batch: int = BATCH,
+    ) -> None:
+        self._engine = engine
+        self._providers = providers
+        self._period = period_seconds
+        self._clock = clock
+        self._batch = batch
+        self._stopping = asyncio.Event()
+        self._log = Throttle()
+        self.sweeps = 0  # completed sweeps, for tests and metrics
+
+    async def run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                await self.sweep()
+            except Exception as error:
+                outage = classify(error)
+                if outage is None:
+                    raise
+                if self._log.admit(outage.kind) is not None:
+                    log.warning("reap_failed", error=outage.kind)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self._period)
+
+    async def stop(self, deadline: float) -> None:
+        self._stopping.set()
+
+    async def sweep(self) -> list[Job]:
+        """Resolves every expired lease now, a batch per transaction."""
+        idempotent = [c for c, p in self._providers.items() if p.supports_idempotent_submit]
+        reaped: list[Job] = []
+        while True:
+            batch = await leases.reap(
+                self._engine, self._clock(), self._batch, idempotent, self._tell_provider
+            )
+            for job in batch:
+                log.info("job_reaped", job_id=job.job_id, status=job.status.value)
+            reaped.extend(batch)
+            if len(batch) < self._batch or self._stopping.is_set():
+                break
+        self.sweeps += 1
+        return reaped
+
+    async def _tell_provider(self, job: Job) -> None:
+        provider = self._providers.get(job.provider_code)
+        if provider is None or job.provider_request_id is None:
+            return
+        try:
+            await asyncio.wait_for(
+                provider.cancel(job.provider_request_id), PROVIDER_CANCEL_TIMEOUT_SECONDS
+            )
+        except (ProviderError, TimeoutError) as error:
+            # The job is cancelled for its owner either way; its output is never attached.
+            log.warning("provider_cancel_failed", job_id=job.job_id, error=str(error))
