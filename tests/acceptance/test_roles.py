@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import socket
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from services.cli import main as atelier
 from services.creation.app import build
 from services.creation.settings import CreationSettings
 from services.dev.processes import free_port, grpc_serving, spawn, venv_binary, wait_until
+from services.kit.db import asyncpg_url
+from tests.support.databases import migrated_database
 
 
 def _refused(port: int) -> bool:
@@ -16,15 +26,42 @@ def _refused(port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", port)) != 0
 
 
-def test_a_worker_process_listens_only_internally(database_url: str, tmp_path: Path) -> None:
-    public, internal = free_port(), free_port()
-    env = {
+async def _enable_a_model_of(provider_code: str, database_url: str) -> None:
+    engine = create_async_engine(asyncpg_url(database_url))
+    try:
+        async with engine.begin() as connection:
+            await connection.execute(
+                text(
+                    "INSERT INTO creation.models (model_id, display_name, media_kind,"
+                    " price_points, provider_code, provider_model)"
+                    " VALUES (:code || '-one', 'Acme', 'image', 5, :code, :code || '-v1')"
+                ),
+                {"code": provider_code},
+            )
+    finally:
+        await engine.dispose()
+
+
+@pytest.fixture
+def creation_only(postgres_admin_url: str) -> Iterator[str]:
+    """A database of its own: a worker started here must not take other tests' jobs."""
+    with migrated_database(postgres_admin_url, "creation") as url:
+        yield url
+
+
+def worker_env(database_url: str, public: int, internal: int) -> dict[str, str]:
+    return {
         "ATELIER_ENV": "test",
         "ATELIER_DATABASE_URL": database_url,
         "ATELIER_CREATION_PUBLIC_PORT": str(public),
         "ATELIER_CREATION_INTERNAL_PORT": str(internal),
         "ATELIER_CREATION_METRICS_PORT": str(free_port()),
     }
+
+
+def test_a_worker_process_listens_only_internally(creation_only: str, tmp_path: Path) -> None:
+    public, internal = free_port(), free_port()
+    env = worker_env(creation_only, public, internal)
     child = spawn(
         "creation-worker",
         [venv_binary("atelier"), "serve", "creation", "--role", "worker"],
@@ -37,6 +74,20 @@ def test_a_worker_process_listens_only_internally(database_url: str, tmp_path: P
         assert _refused(public)
     finally:
         assert child.stop() == 0
+
+
+def test_a_worker_refuses_a_catalog_it_has_no_provider_for(creation_only: str) -> None:
+    asyncio.run(_enable_a_model_of("acme", creation_only))
+    result = subprocess.run(
+        [venv_binary("atelier"), "serve", "creation", "--role", "worker"],
+        env={**os.environ, **worker_env(creation_only, free_port(), free_port())},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "acme-one" in result.stderr and "'acme'" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_roles_split_rpcs_from_components() -> None:
