@@ -5,12 +5,14 @@ each test starts from an empty job queue, so a claim takes exactly the jobs the 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from services.kit.db import asyncpg_url
+from tests.integration.creation.worker_kit import Engine, worker_stack
 from tests.support.databases import migrated_database
 
 # Every table a test's jobs and points touch; the catalog (seeded by migration) stays.
@@ -32,3 +34,13 @@ async def engine(creation_url: str) -> AsyncIterator[AsyncEngine]:
         await connection.execute(text(f"TRUNCATE {_JOB_TABLES}"))
     yield engine
     await engine.dispose()
+
+
+@pytest.fixture
+async def rig(
+    engine: AsyncEngine, creation_url: str, media_url: str, tmp_path: Path
+) -> AsyncIterator[Engine]:
+    """creation's job engine beside a real media, on this module's database, with a
+    provider the test scripts."""
+    async with worker_stack(engine, creation_url, media_url, tmp_path) as built:
+        yield built

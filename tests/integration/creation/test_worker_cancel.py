@@ -6,12 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 
-import pytest
 from sqlalchemy import update
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.domain import Status, Step
 from services.creation.providers.base import Done, PollResult, Running
@@ -22,68 +18,67 @@ from tests.integration.creation.helpers import side_rows
 from tests.integration.creation.worker_kit import (
     HEARTBEAT,
     Engine,
-    engine_stack,
     output_png,
     running,
     until,
 )
 
 
-@pytest.fixture
-async def stack(
-    engine: AsyncEngine, creation_url: str, media_url: str, tmp_path: Path
-) -> AsyncIterator[Engine]:
-    async with engine_stack(engine, creation_url, media_url, tmp_path) as built:
-        yield built
-
-
-async def test_cancel_while_running_is_cancelled_within_one_beat(stack: Engine) -> None:
-    job = await stack.submit()
+async def test_cancel_while_running_is_cancelled_within_one_beat(rig: Engine) -> None:
+    job = await rig.submit()
 
     async def poll(request_id: str) -> PollResult:
         return Running(40)
 
-    stack.provider.on_poll = poll
-    worker = stack.worker()
+    rig.provider.on_poll = poll
+    worker = rig.worker()
     async with running(worker):
-        running_job = await stack.until_job(
+        running_job = await rig.until_job(
             job.job_id, lambda j: j.step is Step.GENERATING and j.status is Status.RUNNING
         )
         asked = time.monotonic()
-        await store.cancel(stack.db, job.user_id, job.job_id, system_clock())
-        done = await stack.until_job(job.job_id, lambda j: j.status.terminal)
+        await store.cancel(rig.db, job.user_id, job.job_id, system_clock())
+        done = await rig.until_job(job.job_id, lambda j: j.status.terminal)
         took = time.monotonic() - asked
     assert done.status is Status.CANCELLED
     # Seen on the next beat, acted on at once (the bound the issue sets, with slack for
     # the acknowledging write).
     assert took <= HEARTBEAT + 0.5, took
-    assert stack.provider.cancels == [running_job.provider_request_id]
-    assert (await side_rows(stack.db, job.job_id))["ledger"] == [("reserve", 5), ("release", 5)]
+    assert rig.provider.cancels == [running_job.provider_request_id]
+    assert (await side_rows(rig.db, job.job_id))["ledger"] == [
+        ("reserve", 5),
+        ("release", 5),
+    ]
     assert worker.context.outcomes[job.job_id] == "cancelled"
 
 
-async def test_an_output_landed_after_a_cancel_is_deleted(stack: Engine) -> None:
-    job = await stack.submit()
+async def test_an_output_landed_after_a_cancel_is_deleted(rig: Engine) -> None:
+    job = await rig.submit()
 
     async def poll(request_id: str) -> PollResult:
         # The owner cancels just as the provider finishes: the output lands regardless.
-        await store.cancel(stack.db, job.user_id, job.job_id, system_clock())
+        await store.cancel(rig.db, job.user_id, job.job_id, system_clock())
         return Done([output_png()])
 
-    stack.provider.on_poll = poll
-    worker = stack.worker()
+    rig.provider.on_poll = poll
+    worker = rig.worker()
     async with running(worker):
-        done = await stack.until_job(job.job_id, lambda j: j.status.terminal)
+        done = await rig.until_job(job.job_id, lambda j: j.status.terminal)
         await until(lambda: job.job_id in worker.context.outcomes)
     assert (done.status, done.output_asset_id) == (Status.CANCELLED, None)
     # The one output media stored for this user is deleted.
-    found = await stack.outputs(job.user_id)
+    found = await rig.outputs(job.user_id)
     assert list(found.values()) == ["deleted"]
-    assert (await side_rows(stack.db, job.job_id))["ledger"] == [("reserve", 5), ("release", 5)]
+    assert (await side_rows(rig.db, job.job_id))["ledger"] == [
+        ("reserve", 5),
+        ("release", 5),
+    ]
 
 
-async def test_a_worker_whose_lease_was_taken_over_writes_nothing_more(stack: Engine) -> None:
-    job = await stack.submit()
+async def test_a_worker_whose_lease_was_taken_over_writes_nothing_more(
+    rig: Engine,
+) -> None:
+    job = await rig.submit()
     release = asyncio.Event()
 
     async def poll(request_id: str) -> PollResult:
@@ -91,29 +86,29 @@ async def test_a_worker_whose_lease_was_taken_over_writes_nothing_more(stack: En
             return Done([output_png()])
         return Running(30)
 
-    stack.provider.on_poll = poll
-    worker = stack.worker()
+    rig.provider.on_poll = poll
+    worker = rig.worker()
     async with running(worker):
-        held = await stack.until_job(job.job_id, lambda j: j.step is Step.GENERATING)
-        async with stack.db.begin() as connection:
+        held = await rig.until_job(job.job_id, lambda j: j.step is Step.GENERATING)
+        async with rig.db.begin() as connection:
             # Another worker took the lease over (what a reaper and a new claim do).
             await connection.execute(
                 update(jobs)
                 .where(jobs.c.job_id == job.job_id)
                 .values(lease_epoch=jobs.c.lease_epoch + 1, lease_owner="other")
             )
-        taken = await stack.job(job.job_id)
+        taken = await rig.job(job.job_id)
         # The next beat finds it gone and stops the attempt at once.
         await until(lambda: worker.keeper.held == 0 and worker.running == 0, HEARTBEAT * 4)
-        polls = len(stack.provider.polls)
+        polls = len(rig.provider.polls)
         release.set()  # the provider is done now: nobody is left to land or complete it
-    after = await stack.job(job.job_id)
+    after = await rig.job(job.job_id)
     assert after == taken  # no progress, no completion, no failure: not one write
     assert (after.status, after.lease_owner, after.version) == (
         Status.RUNNING,
         "other",
         held.version,
     )
-    assert len(stack.provider.polls) == polls
-    assert await stack.outputs(job.user_id) == {}
+    assert len(rig.provider.polls) == polls
+    assert await rig.outputs(job.user_id) == {}
     assert job.job_id not in worker.context.outcomes  # cancelled, not ended by itself

@@ -6,29 +6,18 @@ the next worker resumes without a second submit."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
-
-import pytest
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.domain import Status, Step
 from services.creation.providers.base import Done, GenerationRequest, PollResult, Running
 from tests.integration.creation.helpers import side_rows
-from tests.integration.creation.worker_kit import Engine, engine_stack, output_png, running
+from tests.integration.creation.worker_kit import Engine, output_png, running
 
 
-@pytest.fixture
-async def stack(
-    engine: AsyncEngine, creation_url: str, media_url: str, tmp_path: Path
-) -> AsyncIterator[Engine]:
-    async with engine_stack(engine, creation_url, media_url, tmp_path) as built:
-        yield built
-
-
-async def test_a_drain_finishes_or_hands_back_and_the_next_worker_resumes(stack: Engine) -> None:
-    polling, finishing, submitting, waiting = [await stack.submit() for _ in range(4)]
-    worker = stack.worker(WORKER_CONCURRENCY="3")
+async def test_a_drain_finishes_or_hands_back_and_the_next_worker_resumes(
+    rig: Engine,
+) -> None:
+    polling, finishing, submitting, waiting = [await rig.submit() for _ in range(4)]
+    worker = rig.worker(WORKER_CONCURRENCY="3")
     drain = worker.context.drain
     second_worker = asyncio.Event()
 
@@ -44,19 +33,19 @@ async def test_a_drain_finishes_or_hands_back_and_the_next_worker_resumes(stack:
             return Done([output_png()])
         return Running(20)
 
-    stack.provider.on_submit = submit
-    stack.provider.on_poll = poll
+    rig.provider.on_submit = submit
+    rig.provider.on_poll = poll
     task = asyncio.create_task(worker.run())
-    await stack.until_job(polling.job_id, lambda j: j.step is Step.GENERATING)
-    await stack.until_job(finishing.job_id, lambda j: j.step is Step.GENERATING)
-    await stack.until_job(submitting.job_id, lambda j: j.step is Step.SUBMITTING)
+    await rig.until_job(polling.job_id, lambda j: j.step is Step.GENERATING)
+    await rig.until_job(finishing.job_id, lambda j: j.step is Step.GENERATING)
+    await rig.until_job(submitting.job_id, lambda j: j.step is Step.SUBMITTING)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 3
     await worker.stop(deadline)
     await asyncio.wait_for(task, 4)
     assert loop.time() <= deadline + 0.5
 
-    got = {j.job_id: await stack.job(j.job_id) for j in (polling, finishing, submitting, waiting)}
+    got = {j.job_id: await rig.job(j.job_id) for j in (polling, finishing, submitting, waiting)}
     assert got[finishing.job_id].status is Status.SUCCEEDED
     for job in (polling, submitting):
         back = got[job.job_id]
@@ -72,13 +61,13 @@ async def test_a_drain_finishes_or_hands_back_and_the_next_worker_resumes(stack:
     assert worker.keeper.held == 0
 
     second_worker.set()
-    async with running(stack.worker()):
+    async with running(rig.worker()):
         for job in (polling, submitting, waiting):
-            done = await stack.until_job(job.job_id, lambda j: j.status.terminal)
+            done = await rig.until_job(job.job_id, lambda j: j.status.terminal)
             assert done.status is Status.SUCCEEDED
     # One submit per job, whoever ran it.
-    submits = [job_id for job_id, _ in stack.provider.submits]
+    submits = [job_id for job_id, _ in rig.provider.submits]
     assert sorted(submits) == sorted(j.job_id for j in (polling, finishing, submitting, waiting))
     for job in (polling, submitting):
-        rows = await side_rows(stack.db, job.job_id)
+        rows = await side_rows(rig.db, job.job_id)
         assert rows["ledger"] == [("reserve", 5), ("capture", 5)]

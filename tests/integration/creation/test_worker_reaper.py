@@ -6,45 +6,33 @@ reapers run, each decision an event by the reaper."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
-from pathlib import Path
 
-import pytest
 from sqlalchemy import select, update
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.domain import Job, Status
 from services.creation.store import jobs as store
 from services.creation.store import leases
 from services.creation.tables import job_events, jobs
 from services.kit.clock import system_clock
-from tests.integration.creation.worker_kit import Engine, engine_stack, running, until
+from tests.integration.creation.worker_kit import Engine, running, until
 
 TTL = timedelta(seconds=5)
 
 
-@pytest.fixture
-async def stack(
-    engine: AsyncEngine, creation_url: str, media_url: str, tmp_path: Path
-) -> AsyncIterator[Engine]:
-    async with engine_stack(engine, creation_url, media_url, tmp_path) as built:
-        yield built
-
-
-async def dead_workers_jobs(stack: Engine) -> dict[str, Job]:
+async def dead_workers_jobs(rig: Engine) -> dict[str, Job]:
     """Four jobs a worker held when it died, each stopped at another step."""
     for _ in range(4):
-        await stack.submit()
+        await rig.submit()
     now = system_clock()
-    claimed = await leases.claim(stack.db, "dead", 4, TTL, now)
+    claimed = await leases.claim(rig.db, "dead", 4, TTL, now)
     fresh, unknown, polling, cancelled = claimed
     for job in (unknown, polling, cancelled):
-        await leases.mark_submitting(stack.db, job.job_id, job.lease_epoch, now)
+        await leases.mark_submitting(rig.db, job.job_id, job.lease_epoch, now)
     for job in (polling, cancelled):
         request = f"req-{job.job_id}"
-        await leases.record_request(stack.db, job.job_id, job.lease_epoch, request, now)
-    await store.cancel(stack.db, cancelled.user_id, cancelled.job_id, now)
+        await leases.record_request(rig.db, job.job_id, job.lease_epoch, request, now)
+    await store.cancel(rig.db, cancelled.user_id, cancelled.job_id, now)
     return {"fresh": fresh, "unknown": unknown, "polling": polling, "cancelled": cancelled}
 
 
@@ -52,12 +40,12 @@ def after_expiry() -> datetime:
     return system_clock() + TTL * 2
 
 
-async def test_the_reaper_resolves_each_step_and_tells_the_provider(stack: Engine) -> None:
-    held = await dead_workers_jobs(stack)
-    reaper = stack.reaper(clock=after_expiry)
+async def test_the_reaper_resolves_each_step_and_tells_the_provider(rig: Engine) -> None:
+    held = await dead_workers_jobs(rig)
+    reaper = rig.reaper(clock=after_expiry)
     async with running(reaper):
         await until(lambda: reaper.sweeps >= 1)
-    got = {name: await stack.job(job.job_id) for name, job in held.items()}
+    got = {name: await rig.job(job.job_id) for name, job in held.items()}
     assert (got["fresh"].status, got["fresh"].step, got["fresh"].attempt) == (
         Status.QUEUED,
         None,
@@ -73,8 +61,8 @@ async def test_the_reaper_resolves_each_step_and_tells_the_provider(stack: Engin
     )
     assert got["cancelled"].status is Status.CANCELLED
     # Only the cancelled job's provider was told, and before the job was cancelled.
-    assert stack.provider.cancels == [f"req-{held['cancelled'].job_id}"]
-    async with stack.db.connect() as connection:
+    assert rig.provider.cancels == [f"req-{held['cancelled'].job_id}"]
+    async with rig.db.connect() as connection:
         events = (
             await connection.execute(
                 select(job_events.c.job_id, job_events.c.actor_kind, job_events.c.reason).where(
@@ -92,29 +80,31 @@ async def test_the_reaper_resolves_each_step_and_tells_the_provider(stack: Engin
     )
 
 
-async def test_many_reapers_decide_each_job_once(stack: Engine) -> None:
-    held = await dead_workers_jobs(stack)
-    reapers = [stack.reaper(clock=after_expiry) for _ in range(3)]
+async def test_many_reapers_decide_each_job_once(rig: Engine) -> None:
+    held = await dead_workers_jobs(rig)
+    reapers = [rig.reaper(clock=after_expiry) for _ in range(3)]
     results = await asyncio.gather(*(r.sweep() for r in reapers))
     reaped = [job.job_id for result in results for job in result]
     assert sorted(reaped) == sorted(job.job_id for job in held.values())
-    assert stack.provider.cancels == [f"req-{held['cancelled'].job_id}"]
+    assert rig.provider.cancels == [f"req-{held['cancelled'].job_id}"]
 
 
-async def test_a_reaped_job_with_a_request_is_resumed_by_the_next_worker(stack: Engine) -> None:
-    held = await dead_workers_jobs(stack)
-    await stack.reaper(clock=system_clock).sweep()  # nothing has expired yet
-    statuses = [(await stack.job(j.job_id)).status for j in held.values()]
+async def test_a_reaped_job_with_a_request_is_resumed_by_the_next_worker(
+    rig: Engine,
+) -> None:
+    held = await dead_workers_jobs(rig)
+    await rig.reaper(clock=system_clock).sweep()  # nothing has expired yet
+    statuses = [(await rig.job(j.job_id)).status for j in held.values()]
     assert statuses == [Status.RUNNING] * 4
-    await stack.reaper(clock=after_expiry).sweep()
+    await rig.reaper(clock=after_expiry).sweep()
     # The resumed job was queued "now" in the reaper's (future) time; move it to ours.
     polling = held["polling"].job_id
-    async with stack.db.begin() as connection:
+    async with rig.db.begin() as connection:
         await connection.execute(
             update(jobs).where(jobs.c.job_id == polling).values(next_attempt_at=system_clock())
         )
-    async with running(stack.worker()):
-        done = await stack.until_job(polling, lambda j: j.status.terminal)
+    async with running(rig.worker()):
+        done = await rig.until_job(polling, lambda j: j.status.terminal)
     assert done.status is Status.SUCCEEDED
-    assert [s for s in stack.provider.submits if s[0] == polling] == []
-    assert stack.provider.polls.count(f"req-{polling}") == 1
+    assert [s for s in rig.provider.submits if s[0] == polling] == []
+    assert rig.provider.polls.count(f"req-{polling}") == 1

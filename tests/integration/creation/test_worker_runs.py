@@ -7,13 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from datetime import timedelta
-from pathlib import Path
 
-import pytest
 from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.domain import Status
 from services.creation.providers.base import (
@@ -30,7 +26,6 @@ from services.kit.clock import system_clock
 from tests.integration.creation.helpers import side_rows
 from tests.integration.creation.worker_kit import (
     Engine,
-    engine_stack,
     output_png,
     running,
     until,
@@ -39,43 +34,35 @@ from tests.integration.creation.worker_kit import (
 TTL_SECONDS = 5
 
 
-@pytest.fixture
-async def stack(
-    engine: AsyncEngine, creation_url: str, media_url: str, tmp_path: Path
-) -> AsyncIterator[Engine]:
-    async with engine_stack(engine, creation_url, media_url, tmp_path) as built:
-        yield built
-
-
-async def test_a_job_runs_to_succeeded_with_its_output_in_media(stack: Engine) -> None:
-    job = await stack.submit()
-    worker = stack.worker()
+async def test_a_job_runs_to_succeeded_with_its_output_in_media(rig: Engine) -> None:
+    job = await rig.submit()
+    worker = rig.worker()
     async with running(worker):
-        done = await stack.until_job(job.job_id, lambda j: j.status.terminal)
+        done = await rig.until_job(job.job_id, lambda j: j.status.terminal)
     assert (done.status, done.progress, done.attempt, done.step) == (
         Status.SUCCEEDED,
         100,
         1,
         "done",
     )
-    assert stack.provider.submits == [(job.job_id, f"{job.job_id}:1")]
-    request = stack.provider.requests[0]
+    assert rig.provider.submits == [(job.job_id, f"{job.job_id}:1")]
+    request = rig.provider.requests[0]
     assert (request.style_id, request.width, request.input_image.content_type) == (
         "watercolor",
         512,
         "image/png",
     )
     assert done.output_asset_id is not None
-    stored = await stack.media.store.get(uuid.UUID(done.output_asset_id))
+    stored = await rig.media.store.get(uuid.UUID(done.output_asset_id))
     assert stored is not None
     assert (stored.owner_user_id, stored.purpose.value, stored.status.value) == (
         job.user_id,
         "ai_output",
         "ready",
     )
-    read = await stack.media_client.read_asset(done.output_asset_id, 10_000_000)
+    read = await rig.media_client.read_asset(done.output_asset_id, 10_000_000)
     assert read.data == output_png().data
-    rows = await side_rows(stack.db, job.job_id)
+    rows = await side_rows(rig.db, job.job_id)
     assert rows["ledger"] == [("reserve", 5), ("capture", 5)]
     assert [e[1:] for e in rows["events"]] == [
         (None, "queued"),
@@ -84,9 +71,11 @@ async def test_a_job_runs_to_succeeded_with_its_output_in_media(stack: Engine) -
     ]
 
 
-async def test_progress_reaches_the_job_coalesced_at_most_once_per_beat(stack: Engine) -> None:
-    job = await stack.submit()
-    worker = stack.worker()
+async def test_progress_reaches_the_job_coalesced_at_most_once_per_beat(
+    rig: Engine,
+) -> None:
+    job = await rig.submit()
+    worker = rig.worker()
     reported: list[int] = []
     finish = asyncio.Event()
 
@@ -98,14 +87,14 @@ async def test_progress_reaches_the_job_coalesced_at_most_once_per_beat(stack: E
             return Done([output_png()])
         return Running(90)
 
-    stack.provider.on_poll = poll
+    rig.provider.on_poll = poll
     async with running(worker):
         await until(lambda: len(reported) == 9)
         beats = worker.keeper.beats
         await until(lambda: worker.keeper.beats >= beats + 2)
         finish.set()
-        await stack.until_job(job.job_id, lambda j: j.status.terminal)
-    async with stack.db.connect() as connection:
+        await rig.until_job(job.job_id, lambda j: j.status.terminal)
+    async with rig.db.connect() as connection:
         payloads = (
             (
                 await connection.execute(
@@ -126,23 +115,23 @@ async def test_progress_reaches_the_job_coalesced_at_most_once_per_beat(stack: E
     assert written == sorted(written)
 
 
-async def test_a_retryable_failure_retries_with_backoff_then_succeeds(stack: Engine) -> None:
-    job = await stack.submit()
+async def test_a_retryable_failure_retries_with_backoff_then_succeeds(rig: Engine) -> None:
+    job = await rig.submit()
 
     async def poll(request_id: str) -> PollResult:
         if request_id.endswith(":1"):
             return Failed("UNAVAILABLE", "the model is warming up", retryable=True)
         return Done([output_png()])
 
-    stack.provider.on_poll = poll
-    async with running(stack.worker()):
-        done = await stack.until_job(job.job_id, lambda j: j.status.terminal)
+    rig.provider.on_poll = poll
+    async with running(rig.worker()):
+        done = await rig.until_job(job.job_id, lambda j: j.status.terminal)
     assert (done.status, done.attempt, done.error_code) == (Status.SUCCEEDED, 2, None)
-    assert stack.provider.submits == [
+    assert rig.provider.submits == [
         (job.job_id, f"{job.job_id}:1"),
         (job.job_id, f"{job.job_id}:2"),
     ]
-    events = (await side_rows(stack.db, job.job_id))["events"]
+    events = (await side_rows(rig.db, job.job_id))["events"]
     assert [e[1:] for e in events] == [
         (None, "queued"),
         ("queued", "running"),
@@ -152,87 +141,92 @@ async def test_a_retryable_failure_retries_with_backoff_then_succeeds(stack: Eng
     ]
 
 
-async def test_attempts_exhausted_fail_the_job_with_its_code(stack: Engine) -> None:
-    job = await stack.submit(max_attempts=2)
+async def test_attempts_exhausted_fail_the_job_with_its_code(rig: Engine) -> None:
+    job = await rig.submit(max_attempts=2)
 
     async def poll(request_id: str) -> PollResult:
         return Failed("TIMEOUT", "the model took too long", retryable=True)
 
-    stack.provider.on_poll = poll
-    async with running(stack.worker()):
-        done = await stack.until_job(job.job_id, lambda j: j.status.terminal)
+    rig.provider.on_poll = poll
+    async with running(rig.worker()):
+        done = await rig.until_job(job.job_id, lambda j: j.status.terminal)
     assert (done.status, done.attempt, done.error_code, done.error_message) == (
         Status.FAILED,
         2,
         "TIMEOUT",
         "the model took too long",
     )
-    assert len(stack.provider.submits) == 2
-    assert (await side_rows(stack.db, job.job_id))["ledger"] == [("reserve", 5), ("release", 5)]
+    assert len(rig.provider.submits) == 2
+    assert (await side_rows(rig.db, job.job_id))["ledger"] == [
+        ("reserve", 5),
+        ("release", 5),
+    ]
 
 
-async def test_a_final_failure_fails_at_once(stack: Engine) -> None:
-    job = await stack.submit()
+async def test_a_final_failure_fails_at_once(rig: Engine) -> None:
+    job = await rig.submit()
 
     async def poll(request_id: str) -> PollResult:
         # The provider calls it retryable; the table knows better.
         return Failed("CONTENT_REJECTED", "the image breaks the rules", retryable=True)
 
-    stack.provider.on_poll = poll
-    async with running(stack.worker()):
-        done = await stack.until_job(job.job_id, lambda j: j.status.terminal)
+    rig.provider.on_poll = poll
+    async with running(rig.worker()):
+        done = await rig.until_job(job.job_id, lambda j: j.status.terminal)
     assert (done.status, done.attempt, done.error_code) == (Status.FAILED, 1, "CONTENT_REJECTED")
-    assert len(stack.provider.submits) == 1
+    assert len(rig.provider.submits) == 1
 
 
-async def test_an_unknown_submit_outcome_needs_attention_with_one_submit(stack: Engine) -> None:
-    job = await stack.submit()
+async def test_an_unknown_submit_outcome_needs_attention_with_one_submit(
+    rig: Engine,
+) -> None:
+    job = await rig.submit()
 
     async def submit(request: GenerationRequest, key: str) -> str:
         raise ProviderError("TIMEOUT", "no answer", retryable=True, outcome_unknown=True)
 
-    stack.provider.on_submit = submit
-    worker = stack.worker()
+    rig.provider.on_submit = submit
+    worker = rig.worker()
     async with running(worker):
-        done = await stack.until_job(job.job_id, lambda j: j.status is Status.NEEDS_ATTENTION)
+        done = await rig.until_job(job.job_id, lambda j: j.status is Status.NEEDS_ATTENTION)
         await until(lambda: worker.context.outcomes.get(job.job_id) == "outcome_unknown")
     assert (done.error_code, done.provider_request_id, done.lease_owner) == (
         "OUTCOME_UNKNOWN",
         None,
         None,
     )
-    assert stack.provider.submits == [(job.job_id, f"{job.job_id}:1")]
+    assert rig.provider.submits == [(job.job_id, f"{job.job_id}:1")]
     # The points stay reserved until an operator decides.
-    assert (await side_rows(stack.db, job.job_id))["ledger"] == [("reserve", 5)]
+    assert (await side_rows(rig.db, job.job_id))["ledger"] == [("reserve", 5)]
 
 
-async def test_a_job_with_a_request_resumes_polling_and_never_submits(stack: Engine) -> None:
-    job = await stack.submit()
+async def test_a_job_with_a_request_resumes_polling_and_never_submits(rig: Engine) -> None:
+    job = await rig.submit()
     # An earlier worker submitted, stored the request id, and handed the job back.
     now = system_clock()
-    (held,) = await leases.claim(stack.db, "earlier", 1, _ttl(), now)
-    await leases.mark_submitting(stack.db, held.job_id, held.lease_epoch, now)
-    await leases.record_request(stack.db, held.job_id, held.lease_epoch, "req-earlier", now)
-    await leases.hand_back(stack.db, held.job_id, held.lease_epoch, _ttl() * 0, now)
-    async with running(stack.worker()):
-        done = await stack.until_job(job.job_id, lambda j: j.status.terminal)
+    (held,) = await leases.claim(rig.db, "earlier", 1, _ttl(), now)
+    await leases.mark_submitting(rig.db, held.job_id, held.lease_epoch, now)
+    await leases.record_request(rig.db, held.job_id, held.lease_epoch, "req-earlier", now)
+    await leases.hand_back(rig.db, held.job_id, held.lease_epoch, _ttl() * 0, now)
+    async with running(rig.worker()):
+        done = await rig.until_job(job.job_id, lambda j: j.status.terminal)
     assert (done.status, done.attempt, done.provider_request_id) == (
         Status.SUCCEEDED,
         1,
         "req-earlier",
     )
-    assert stack.provider.submits == []
-    assert stack.provider.polls == ["req-earlier"]
+    assert rig.provider.submits == []
+    assert rig.provider.polls == ["req-earlier"]
 
 
-async def test_notify_wakes_the_worker_long_before_its_poll(stack: Engine) -> None:
-    worker = stack.worker(WORKER_POLL="300")
+async def test_notify_wakes_the_worker_long_before_its_poll(rig: Engine) -> None:
+    worker = rig.worker(WORKER_POLL="300")
     async with running(worker):
         # Idle: connected, and past the wake every (re)connect gives.
         await until(lambda: worker.listener.connected.is_set() and worker.claim_rounds >= 2)
-        job = await stack.submit()
+        job = await rig.submit()
         # Only the NOTIFY can wake it now: the poll is five minutes away.
-        done = await stack.until_job(job.job_id, lambda j: j.status.terminal, seconds=10)
+        done = await rig.until_job(job.job_id, lambda j: j.status.terminal, seconds=10)
     assert done.status is Status.SUCCEEDED
 
 
@@ -240,33 +234,33 @@ def _ttl() -> timedelta:
     return timedelta(seconds=TTL_SECONDS)
 
 
-async def test_an_adapter_that_raises_on_submit_is_an_unknown_outcome(stack: Engine) -> None:
-    job = await stack.submit()
+async def test_an_adapter_that_raises_on_submit_is_an_unknown_outcome(rig: Engine) -> None:
+    job = await rig.submit()
 
     async def submit(request: GenerationRequest, key: str) -> str:
         raise KeyError("a bug in the adapter, after it may have sent the request")
 
-    stack.provider.on_submit = submit
-    async with running(stack.worker()):
-        done = await stack.until_job(job.job_id, lambda j: j.status is Status.NEEDS_ATTENTION)
+    rig.provider.on_submit = submit
+    async with running(rig.worker()):
+        done = await rig.until_job(job.job_id, lambda j: j.status is Status.NEEDS_ATTENTION)
     assert done.error_code == "OUTCOME_UNKNOWN"
-    assert len(stack.provider.submits) == 1
+    assert len(rig.provider.submits) == 1
 
 
-async def test_poll_errors_hand_the_job_back_keeping_its_request(stack: Engine) -> None:
-    job = await stack.submit()
+async def test_poll_errors_hand_the_job_back_keeping_its_request(rig: Engine) -> None:
+    job = await rig.submit()
 
     async def poll(request_id: str) -> PollResult:
-        if len(stack.provider.polls) <= 5:
+        if len(rig.provider.polls) <= 5:
             raise ConnectionResetError("the adapter let a socket error through")
         return Done([output_png()])
 
-    stack.provider.on_poll = poll
-    async with running(stack.worker()):
-        done = await stack.until_job(job.job_id, lambda j: j.status.terminal)
+    rig.provider.on_poll = poll
+    async with running(rig.worker()):
+        done = await rig.until_job(job.job_id, lambda j: j.status.terminal)
     assert (done.status, done.attempt) == (Status.SUCCEEDED, 1)
-    assert len(stack.provider.submits) == 1
-    events = [e[1:] for e in (await side_rows(stack.db, job.job_id))["events"]]
+    assert len(rig.provider.submits) == 1
+    events = [e[1:] for e in (await side_rows(rig.db, job.job_id))["events"]]
     assert events == [
         (None, "queued"),
         ("queued", "running"),

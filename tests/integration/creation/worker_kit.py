@@ -209,7 +209,7 @@ async def running(worker: Worker | Reaper, drain_seconds: float = 5.0) -> AsyncI
 
 
 @asynccontextmanager
-async def engine_stack(
+async def worker_stack(
     db: AsyncEngine, creation_url: str, media_url: str, work: Path
 ) -> AsyncIterator[Engine]:
     async with running_media(media_settings(media_url, work)) as media:
