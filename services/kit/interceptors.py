@@ -21,7 +21,7 @@ from services.kit import metrics
 from services.kit.auth import Authenticator, reset_principal, set_principal
 from services.kit.errors import ApiError, DomainError, Reason, internal, unimplemented
 from services.kit.logging import get_logger
-from services.kit.outages import DependencyUnavailable, Throttle, classify
+from services.kit.outages import DependencyUnavailable, Throttle, classify, log_unavailable
 
 log = get_logger(__name__)
 
@@ -219,19 +219,6 @@ class ObservabilityInterceptor(Interceptor):
             self._throttle, outage.dependency, outage.kind, method=method, error=error_name
         )
         return outage.api_error()
-
-
-def log_unavailable(throttle: Throttle, dependency: str, kind: str, **fields: Any) -> None:
-    """One short line per dependency and kind per throttle window, never a stack trace."""
-    suppressed = throttle.admit(f"{dependency}:{kind}")
-    if suppressed is not None:
-        log.warning(
-            "dependency_unavailable",
-            dependency=dependency,
-            kind=kind,
-            suppressed=suppressed,
-            **fields,
-        )
 
 
 def _api_form(failure: DomainError, method: str, throttle: Throttle) -> ApiError:

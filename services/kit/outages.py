@@ -14,12 +14,16 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
 import grpc
 from sqlalchemy import exc as sa_exc
 
 from services.kit.errors import ApiError, DomainError
+from services.kit.logging import get_logger
+
+log = get_logger(__name__)
 
 
 class Reason:
@@ -173,3 +177,16 @@ class Throttle:
             return None
         self._last[key] = now
         return self._suppressed.pop(key, 0)
+
+
+def log_unavailable(throttle: Throttle, dependency: str, kind: str, **fields: Any) -> None:
+    """One short line per dependency and kind per throttle window, never a stack trace."""
+    suppressed = throttle.admit(f"{dependency}:{kind}")
+    if suppressed is not None:
+        log.warning(
+            "dependency_unavailable",
+            dependency=dependency,
+            kind=kind,
+            suppressed=suppressed,
+            **fields,
+        )

@@ -26,11 +26,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.kit.auth import Authenticator, JwtAuthenticator, ServiceAuthenticator
 from services.kit.components import Component, Supervisor
-from services.kit.interceptors import AuthInterceptor, ObservabilityInterceptor, log_unavailable
+from services.kit.interceptors import AuthInterceptor, ObservabilityInterceptor
 from services.kit.logging import configure as configure_logging
 from services.kit.logging import get_logger
 from services.kit.metrics import serve_metrics
-from services.kit.outages import Throttle, classify
+from services.kit.outages import Throttle, classify, log_unavailable
 from services.kit.ports import bind_grpc, listen_variable
 from services.kit.reflection import enable_documented_reflection
 from services.kit.settings import CommonSettings, ListenSettings

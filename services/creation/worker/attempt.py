@@ -36,8 +36,11 @@ from services.creation.worker.context import AttemptContext
 from services.creation.worker.lease_keeper import Lease
 from services.creation.worker.outcomes import AttemptFailed, LeaseLost
 from services.kit.logging import get_logger
+from services.kit.outages import Throttle, classify, log_unavailable
 
 log = get_logger(__name__)
+# One line per outage kind per window, however many attempts it stops.
+_OUTAGE_LOG = Throttle()
 T = TypeVar("T")
 
 # The job row holds one output until outputs become a list (issue 9, point 10).
@@ -69,12 +72,16 @@ class Attempt:
         except asyncio.CancelledError:
             await asyncio.shield(self._discard_landed())
             raise
-        except Exception:
-            # A bug, or the database gone mid-write: stop beating, so the lease expires and
-            # the reaper decides by step.
-            log.exception("attempt_crashed", job_id=job.job_id, attempt=job.attempt)
+        except Exception as error:
+            # The database gone mid-write, or a bug: stop beating, so the lease expires and
+            # the reaper decides by step. An outage is one short line, a bug its trace.
+            outage = classify(error)
+            if outage is None:
+                log.exception("attempt_crashed", job_id=job.job_id, attempt=job.attempt)
+            else:
+                log_unavailable(_OUTAGE_LOG, outage.dependency, outage.kind, job_id=job.job_id)
             await asyncio.shield(self._discard_landed())
-            outcome = "crashed"
+            outcome = "crashed" if outage is None else "database_unavailable"
         log.info(
             "attempt_ended",
             job_id=job.job_id,
