@@ -22,6 +22,8 @@ from pathlib import Path
 
 import grpc
 
+from services.dev.processes import free_port
+
 ECHO_METHOD = "/bench.Echo/Call"
 
 
@@ -42,16 +44,10 @@ async def _serve_echo(port: int) -> None:
     await server.wait_for_termination()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @contextlib.contextmanager
 def echo_server() -> Iterator[str]:
     """A bare grpc.aio echo server in its own process; yields its address."""
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [sys.executable, str(Path(__file__).resolve()), "echo-server", "--port", str(port)]
     )

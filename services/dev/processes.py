@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -19,11 +20,35 @@ from typing import IO
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+# Ports handed out by this process, so two callers never get the same one.
+_handed_out: set[int] = set()
+
+
+def _below_ephemeral_range() -> tuple[int, int]:
+    """Ports the kernel never gives to outgoing connections: a port chosen there stays free
+    until the child we start binds it (one from the ephemeral range may meanwhile become the
+    local end of some connection to PostgreSQL)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return 20000, max(20000 + 1000, low - 1)
+
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    low, high = _below_ephemeral_range()
+    for _ in range(500):
+        port = random.randint(low, high)  # noqa: S311 (a port, not a secret)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port between {low} and {high}")
 
 
 def venv_binary(name: str) -> str:
