@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import io
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,9 +14,9 @@ import httpx
 import pytest
 from PIL import Image, ImageChops
 
-from services.dev import postgres
-from services.dev.stack import Stack, StackPorts
+from services.dev.stack import Stack
 from tests.acceptance.test_jobs_edge import User, job_body, png, put_input
+from tests.support.stacks import stack_of_its_own
 
 HEARTBEAT_SECONDS = 1.0
 
@@ -25,29 +24,16 @@ HEARTBEAT_SECONDS = 1.0
 @pytest.fixture(scope="module")
 def running(postgres_admin_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A stack of its own (its own database: its worker must not take other tests' jobs)."""
-    name = f"atelier_run_{uuid.uuid4().hex[:10]}"
-    url = postgres.ensure_database(postgres_admin_url, name)
     work = tmp_path_factory.mktemp("running")
-    stack = Stack(
-        database_url=url,
-        ports=StackPorts.free(),
-        work_dir=work,
-        log_dir=work / "logs",
-        extra_env={
-            # Long enough to cancel a running job, short enough to wait for one.
-            "ATELIER_STUB_DURATION": "6",
-            "ATELIER_HEARTBEAT": str(HEARTBEAT_SECONDS),
-            "ATELIER_LEASE_TTL": "5",
-            "ATELIER_WORKER_PROVIDER_POLL": "0.2",
-        },
-    )
-    stack.migrate()
-    stack.start()
-    try:
+    engine_env = {
+        # Long enough to cancel a running job, short enough to wait for one.
+        "ATELIER_STUB_DURATION": "6",
+        "ATELIER_HEARTBEAT": str(HEARTBEAT_SECONDS),
+        "ATELIER_LEASE_TTL": "5",
+        "ATELIER_WORKER_PROVIDER_POLL": "0.2",
+    }
+    with stack_of_its_own(postgres_admin_url, work, "all", engine_env) as stack:
         yield stack
-    finally:
-        stack.stop()
-        postgres.drop_database(postgres_admin_url, name)
 
 
 async def job_when(

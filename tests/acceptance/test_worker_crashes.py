@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,10 +17,10 @@ import httpx
 import pytest
 
 from services.creation.providers.stub import read_ledger
-from services.dev import postgres
 from services.dev.processes import Child, free_port, spawn
-from services.dev.stack import Stack, StackPorts
+from services.dev.stack import Stack
 from tests.acceptance.test_jobs_edge import User, job_body, put_input
+from tests.support.stacks import stack_of_its_own
 
 # Short leases and beats, so a dead worker's job is found within seconds.
 ENGINE_ENV = {
@@ -38,24 +37,9 @@ ENGINE_ENV = {
 @pytest.fixture(scope="module")
 def api(postgres_admin_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """The API alone (jobs wait for the workers each test starts), on its own database."""
-    name = f"atelier_crash_{uuid.uuid4().hex[:10]}"
-    url = postgres.ensure_database(postgres_admin_url, name)
     work = tmp_path_factory.mktemp("crashes")
-    stack = Stack(
-        database_url=url,
-        ports=StackPorts.free(),
-        work_dir=work,
-        log_dir=work / "logs",
-        creation_role="api",
-        extra_env={"ATELIER_ENV": "test"},
-    )
-    stack.migrate()
-    stack.start()
-    try:
+    with stack_of_its_own(postgres_admin_url, work, "api", {"ATELIER_ENV": "test"}) as stack:
         yield stack
-    finally:
-        stack.stop()
-        postgres.drop_database(postgres_admin_url, name)
 
 
 def start_worker(api: Stack, name: str, ledger: Path, crash_at: str = "") -> Child:

@@ -1,0 +1,36 @@
+"""Whole stacks for acceptance tests that need one of their own."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from services.dev import postgres
+from services.dev.stack import Stack, StackPorts
+
+
+@contextmanager
+def stack_of_its_own(
+    admin_url: str, work: Path, creation_role: str, extra_env: dict[str, str]
+) -> Iterator[Stack]:
+    """A whole stack on a database of its own: a job engine there must not take the jobs of
+    the shared stack's tests."""
+    name = f"atelier_own_{uuid.uuid4().hex[:10]}"
+    url = postgres.ensure_database(admin_url, name)
+    running = Stack(
+        database_url=url,
+        ports=StackPorts.free(),
+        work_dir=work,
+        log_dir=work / "logs",
+        creation_role=creation_role,
+        extra_env=extra_env,
+    )
+    running.migrate()
+    running.start()
+    try:
+        yield running
+    finally:
+        running.stop()
+        postgres.drop_database(admin_url, name)
