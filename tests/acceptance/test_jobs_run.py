@@ -4,7 +4,6 @@ cancel that reaches a running job."""
 
 from __future__ import annotations
 
-import asyncio
 import io
 import time
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ from PIL import Image, ImageChops
 
 from services.dev.stack import Stack
 from tests.acceptance.test_jobs_edge import User, job_body, png, put_input
-from tests.support.stacks import stack_of_its_own
+from tests.support.stacks import job_in, stack_of_its_own
 
 HEARTBEAT_SECONDS = 1.0
 
@@ -39,16 +38,7 @@ def running(postgres_admin_url: str, tmp_path_factory: pytest.TempPathFactory) -
 async def job_when(
     http: httpx.AsyncClient, url: str, user: User, job_id: str, status: str, within: float
 ) -> dict[str, Any]:
-    """The job as soon as it has ``status``; fails after ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while True:
-        job: dict[str, Any] = (
-            await http.get(f"{url}/v1/jobs/{job_id}", headers=user.headers)
-        ).json()["job"]
-        if job["status"] == status:
-            return job
-        assert time.monotonic() < deadline, f"still {job['status']} after {within} s"
-        await asyncio.sleep(0.05)
+    return await job_in(http, url, user.headers, job_id, {status}, within)
 
 
 async def test_a_submitted_job_runs_to_a_picture_that_downloads(

@@ -11,7 +11,6 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -20,7 +19,7 @@ from services.creation.providers.stub import read_ledger
 from services.dev.processes import Child, free_port, spawn
 from services.dev.stack import Stack
 from tests.acceptance.test_jobs_edge import User, job_body, put_input
-from tests.support.stacks import stack_of_its_own
+from tests.support.stacks import job_in, stack_of_its_own
 
 # Short leases and beats, so a dead worker's job is found within seconds.
 ENGINE_ENV = {
@@ -58,24 +57,12 @@ def start_worker(api: Stack, name: str, ledger: Path, crash_at: str = "") -> Chi
     return spawn(name, argv, env, api.work_dir / "logs")
 
 
-async def settled(
-    http: httpx.AsyncClient, url: str, user: User, job_id: str, within: float
-) -> dict[str, Any]:
-    """The job once it is SUCCEEDED, FAILED, CANCELLED or NEEDS_ATTENTION."""
-    deadline = time.monotonic() + within
-    while True:
-        job: dict[str, Any] = (
-            await http.get(f"{url}/v1/jobs/{job_id}", headers=user.headers)
-        ).json()["job"]
-        if job["status"] in (
-            "JOB_STATUS_SUCCEEDED",
-            "JOB_STATUS_FAILED",
-            "JOB_STATUS_CANCELLED",
-            "JOB_STATUS_NEEDS_ATTENTION",
-        ):
-            return job
-        assert time.monotonic() < deadline, f"still {job['status']} after {within} s"
-        await asyncio.sleep(0.1)
+FINAL = {
+    "JOB_STATUS_SUCCEEDED",
+    "JOB_STATUS_FAILED",
+    "JOB_STATUS_CANCELLED",
+    "JOB_STATUS_NEEDS_ATTENTION",
+}
 
 
 async def died(worker: Child, within: float) -> int:
@@ -114,7 +101,7 @@ async def test_a_worker_killed_at_a_point_loses_nothing_and_charges_once(
     assert await died(doomed, within=30) == -9  # SIGKILL, as a power cut
     survivor = start_worker(api, f"worker-after-{point}", ledger)
     try:
-        job = await settled(http, url, user, job_id, within=40)
+        job = await job_in(http, url, user.headers, job_id, FINAL, within=40)
     finally:
         assert survivor.stop() == 0
 

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+import httpx
 
 from services.dev import postgres
 from services.dev.stack import Stack, StackPorts
@@ -34,3 +39,24 @@ def stack_of_its_own(
     finally:
         running.stop()
         postgres.drop_database(admin_url, name)
+
+
+async def job_in(
+    http: httpx.AsyncClient,
+    edge_url: str,
+    headers: Mapping[str, str],
+    job_id: str,
+    statuses: Collection[str],
+    within: float,
+) -> dict[str, Any]:
+    """The job, read through the edge, as soon as its status is one of ``statuses``;
+    fails after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        job: dict[str, Any] = (
+            await http.get(f"{edge_url}/v1/jobs/{job_id}", headers=dict(headers))
+        ).json()["job"]
+        if job["status"] in statuses:
+            return job
+        assert time.monotonic() < deadline, f"still {job['status']} after {within} s"
+        await asyncio.sleep(0.05)
