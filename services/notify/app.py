@@ -1,5 +1,6 @@
-"""Assembles the notify service. Streams, devices and ingest answer UNIMPLEMENTED until
-the notify issue."""
+"""Assembles the notify service: the ingest listener (creation's relay delivers job states
+to the projection, and what moved goes to the publisher). Streams and devices answer
+UNIMPLEMENTED until they are built."""
 
 from __future__ import annotations
 
@@ -11,10 +12,15 @@ from atelier.notify.v1 import (
 )
 from services.kit.db import Database
 from services.kit.server import Binding, ServiceApp, placeholder, run_service
+from services.notify.fanout import InProcessPublisher, Publisher
+from services.notify.ingest_servicer import NotifyIngestServicer
 from services.notify.settings import NotifySettings
 
 
-def build(settings: NotifySettings) -> ServiceApp:
+def build(settings: NotifySettings, publisher: Publisher | None = None) -> ServiceApp:
+    """``publisher`` receives what each Deliver moved; by default this process's own
+    subscribers."""
+    publisher = publisher if publisher is not None else InProcessPublisher()
     database = Database(
         settings.common.database_url, "atelier-notify", limits=settings.common.database
     )
@@ -31,7 +37,7 @@ def build(settings: NotifySettings) -> ServiceApp:
             Binding(
                 notify_ingest_service_pb2.DESCRIPTOR.services_by_name["NotifyIngestService"],
                 notify_ingest_service_pb2_grpc.add_NotifyIngestServiceServicer_to_server,
-                placeholder(notify_ingest_service_pb2_grpc.NotifyIngestServiceServicer),
+                NotifyIngestServicer(database.engine, publisher),
             )
         ],
         readiness=database.answers,
