@@ -93,6 +93,11 @@ class OutboxRelay:
             await asyncio.gather(listening, return_exceptions=True)
             log.info("relay_stopped", delivered=self.delivered)
 
+    @property
+    def failed_rounds(self) -> int:
+        """Rounds that failed in a row (0 while deliveries flow)."""
+        return self._failures
+
     async def stop(self, deadline: float) -> None:
         # A batch in flight finishes (its Deliver has a deadline); none starts after.
         self._stopping.set()
