@@ -88,7 +88,7 @@ def job_state(
     version: int,
     *,
     user_id: str = "user-1",
-    status: int = job_pb2.JOB_STATUS_RUNNING,
+    status: job_pb2.JobStatus.ValueType = job_pb2.JOB_STATUS_RUNNING,
     progress: int = 0,
 ) -> job_state_pb2.JobState:
     return job_state_pb2.JobState(
