@@ -278,3 +278,36 @@ async def test_delivered_rows_are_pruned_after_the_retention(
 
         await eventually(pruned)
         assert relay.delivered == 1  # the waiting row went out; the other two were done
+
+
+async def test_a_row_that_is_no_job_state_is_logged_and_does_not_block_the_queue(
+    engine: AsyncEngine,
+    creation_url: str,
+    notify: NotifyHarness,
+    notify_db: AsyncEngine,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    expected = await jobs_with_versions(engine, jobs=2, versions=2)
+    job_id = next(iter(expected))
+    async with engine.begin() as connection:
+        await connection.execute(
+            insert(outbox),
+            [
+                {
+                    "job_id": job_id,
+                    "user_id": "someone",
+                    "version": 99,
+                    "payload": {"jobId": job_id, "version": "ninety-nine"},
+                    "created_at": T0,
+                }
+            ],
+        )
+    async with relaying(engine, creation_url, notify.internal_address):
+
+        async def done() -> bool:
+            return await undelivered(engine) == 0
+
+        await eventually(done)
+    assert await projected(notify_db) == expected
+    unreadable = [r for r in caplog.records if r.getMessage() == "outbox_row_unreadable"]
+    assert len(unreadable) == 1 and unreadable[0].levelno == logging.ERROR
