@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, text, update
+from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.creation.tables import outbox
@@ -37,14 +37,20 @@ async def take(connection: AsyncConnection, limit: int) -> list[OutboxRow]:
     return [OutboxRow(int(row.outbox_id), row.payload) for row in rows]
 
 
+# One statement whatever the batch size (an array, not an IN list of n parameters, so it
+# is prepared once). Rides pk_outbox.
+_MARK_DELIVERED = text(
+    "UPDATE creation.outbox SET delivered_at = :now"
+    " WHERE outbox_id = ANY(CAST(:outbox_ids AS bigint[]))"
+)
+
+
 async def mark_delivered(
     connection: AsyncConnection, outbox_ids: Sequence[int], now: datetime
 ) -> None:
-    """Within the transaction that took them (pk_outbox)."""
+    """Within the transaction that took them."""
     if outbox_ids:
-        await connection.execute(
-            update(outbox).where(outbox.c.outbox_id.in_(list(outbox_ids))).values(delivered_at=now)
-        )
+        await connection.execute(_MARK_DELIVERED, {"now": now, "outbox_ids": list(outbox_ids)})
 
 
 # Rides ix_outbox_delivered; rows a pruning replica holds are skipped, not awaited.
