@@ -107,7 +107,7 @@ def build(
     relay = OutboxRelay(
         database.engine, notify, settings.relay, settings.common.database_url, clock=clock
     )
-    engine = [
+    background = [
         *(
             _engine_components(settings, database, media, providers, clock, on_point)
             if role in ("worker", "all")
@@ -125,7 +125,7 @@ def build(
             internal=[],
             serve_public=False,
             readiness=database.answers,
-            components=engine,
+            components=background,
             cleanup=cleanup,
         )
     limits = SubmitLimits(
@@ -154,7 +154,7 @@ def build(
             )
         ],
         readiness=database.answers,
-        components=engine,
+        components=background,
         cleanup=cleanup,
     )
 
