@@ -56,7 +56,9 @@ def components(
     The outbox relay lands here too."""
     return [
         Worker(database.engine, media, providers, settings, clock=clock, on_point=on_point),
-        Reaper(database.engine, providers, settings.reaper_period_seconds, clock=clock),
+        Reaper(
+            database.engine, providers, settings.reaper_period_seconds, clock=clock, media=media
+        ),
     ]
 
 

@@ -95,7 +95,8 @@ def job_message(job: Job) -> job_pb2.Job:
         max_attempts=job.max_attempts,
         cancel_requested=job.cancel_requested,
         price_points=job.price_points,
-        output_asset_id=job.output_asset_id or "",
+        num_outputs=job.num_outputs,
+        outputs=[job_pb2.JobOutput(asset_id=asset_id) for asset_id in job.outputs],
         error=_error(job),
         version=job.version,
         create_time=timestamp(job.created_at),
@@ -115,7 +116,7 @@ def job_state(job: Job) -> job_state_pb2.JobState:
         step=STEP_TO_PROTO[job.step] if job.step else job_pb2.JOB_STEP_UNSPECIFIED,
         progress_percent=job.progress,
         cancel_requested=job.cancel_requested,
-        output_asset_id=job.output_asset_id or "",
+        outputs=[job_pb2.JobOutput(asset_id=asset_id) for asset_id in job.outputs],
         error=_error(job),
         update_time=timestamp(job.updated_at),
     )

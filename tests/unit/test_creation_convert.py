@@ -44,7 +44,8 @@ BASE = Job(
     error_code=None,
     error_message=None,
     cancel_requested=False,
-    output_asset_id=None,
+    num_outputs=1,
+    outputs=(),
     idempotency_key=None,
     request_hash="0" * 64,
     version=1,
@@ -65,7 +66,19 @@ VARIANTS = {
         status=Status.SUCCEEDED,
         step=Step.DONE,
         progress=100,
-        output_asset_id="5b1f0a52-3c4d-4e8f-9a0b-1c2d3e4f5a6b",
+        outputs=("5b1f0a52-3c4d-4e8f-9a0b-1c2d3e4f5a6b",),
+    ),
+    "succeeded with several outputs": dataclasses.replace(
+        BASE,
+        status=Status.SUCCEEDED,
+        step=Step.DONE,
+        progress=100,
+        num_outputs=3,
+        outputs=(
+            "5b1f0a52-3c4d-4e8f-9a0b-1c2d3e4f5a6b",
+            "6c2e1b63-4d5e-4f90-8b1c-2d3e4f5a6b7c",
+            "7d3f2c74-5e6f-4a01-9c2d-3e4f5a6b7c8d",
+        ),
     ),
     "failed with message": dataclasses.replace(
         BASE, status=Status.FAILED, error_code="PROVIDER_BUSY", error_message="busy"

@@ -146,7 +146,7 @@ class Engine:
         )
 
     def reaper(self, clock: Callable[[], Any] = system_clock) -> Reaper:
-        return Reaper(self.db, {"stub": self.provider}, 60, clock=clock)
+        return Reaper(self.db, {"stub": self.provider}, 60, clock=clock, media=self.media_client)
 
     async def input_asset(self, user: str) -> str:
         return await self.media_client.put_asset(user, "ai_input", "image/png", image_bytes("PNG"))

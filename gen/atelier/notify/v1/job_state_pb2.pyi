@@ -4,9 +4,11 @@ isort:skip_file
 """
 
 from atelier.creation.v1 import job_pb2 as _job_pb2
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -33,9 +35,9 @@ class JobState(_message.Message):
     STEP_FIELD_NUMBER: _builtins.int
     PROGRESS_PERCENT_FIELD_NUMBER: _builtins.int
     CANCEL_REQUESTED_FIELD_NUMBER: _builtins.int
-    OUTPUT_ASSET_ID_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
+    OUTPUTS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job."""
     user_id: _builtins.str
@@ -50,8 +52,6 @@ class JobState(_message.Message):
     """Progress of the current attempt, 0 to 100."""
     cancel_requested: _builtins.bool
     """The owner asked to cancel; the worker has not stopped yet."""
-    output_asset_id: _builtins.str
-    """The output asset, once SUCCEEDED."""
     @_builtins.property
     def error(self) -> _job_pb2.JobError:
         """Why the job failed or needs attention."""
@@ -59,6 +59,12 @@ class JobState(_message.Message):
     @_builtins.property
     def update_time(self) -> _timestamp_pb2.Timestamp:
         """When this version was written by creation."""
+
+    @_builtins.property
+    def outputs(self) -> _containers.RepeatedCompositeFieldContainer[_job_pb2.JobOutput]:
+        """The images, once SUCCEEDED. creation sets each asset_id; notify adds the download
+        URLs when it hands the state to a client.
+        """
 
     def __init__(
         self,
@@ -70,13 +76,13 @@ class JobState(_message.Message):
         step: _job_pb2.JobStep.ValueType = ...,
         progress_percent: _builtins.int = ...,
         cancel_requested: _builtins.bool = ...,
-        output_asset_id: _builtins.str = ...,
         error: _job_pb2.JobError | None = ...,
         update_time: _timestamp_pb2.Timestamp | None = ...,
+        outputs: _abc.Iterable[_job_pb2.JobOutput] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_requested", b"cancel_requested", "error", b"error", "job_id", b"job_id", "output_asset_id", b"output_asset_id", "progress_percent", b"progress_percent", "status", b"status", "step", b"step", "update_time", b"update_time", "user_id", b"user_id", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_requested", b"cancel_requested", "error", b"error", "job_id", b"job_id", "outputs", b"outputs", "progress_percent", b"progress_percent", "status", b"status", "step", b"step", "update_time", b"update_time", "user_id", b"user_id", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
