@@ -122,3 +122,29 @@ def test_nested_values_and_null_are_kept_for_validation_to_refuse() -> None:
     message = struct_pb2.Struct()
     message.update({"nested": {"a": [1, "b"]}, "nothing": None})
     assert convert.struct_to_dict(message) == {"nested": {"a": [1.0, "b"]}, "nothing": None}
+
+
+@pytest.mark.parametrize(("given", "kept"), [(0, 1), (1, 1), (4, 4)])
+def test_num_outputs_zero_means_one(given: int, kept: int) -> None:
+    built, problems = submission.validate(**VALID, num_outputs=given)
+    assert problems == [] and built is not None and built.num_outputs == kept
+
+
+@pytest.mark.parametrize("given", [-1, 5, 1000])
+def test_num_outputs_out_of_range_is_named(given: int) -> None:
+    built, problems = submission.validate(**VALID, num_outputs=given)
+    assert built is None
+    assert [p.field for p in problems] == ["num_outputs"]
+
+
+VALID: dict[str, object] = {
+    "idempotency_key": None,
+    "model_id": "stub-fast",
+    "style_id": "watercolor",
+    "input_asset_id": "7b0c4e8e-5d6f-4a51-9d1e-0c7f3e2b1a90",
+    "prompt": "",
+    "negative_prompt": "",
+    "width": 512,
+    "height": 512,
+    "parameters": {},
+}
