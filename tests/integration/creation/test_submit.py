@@ -206,10 +206,7 @@ async def test_the_output_count_is_part_of_the_request(engine: AsyncEngine) -> N
         await store.submit(engine, user, other, LIMITS, T0)
     # One output hashes as requests made before outputs were a list (no count in it).
     one = command(num_outputs=1)
-    before = {
-        name: getattr(one, name)
-        for name in ("model_id", "style_id", "input_asset_id", "prompt", "negative_prompt")
-        + ("width", "height", "parameters")
-    }
+    fields = "model_id style_id input_asset_id prompt negative_prompt width height parameters"
+    before = {name: getattr(one, name) for name in fields.split()}
     encoded = json.dumps(before, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     assert one.request_hash() == hashlib.sha256(encoded.encode()).hexdigest()
