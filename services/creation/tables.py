@@ -211,9 +211,10 @@ Index(
 )
 
 # Outputs an attempt may have landed in media and that no job will ever show: written by a
-# trigger (migration 0005) when a running attempt that reached the provider ends without
-# success, in that change's own transaction; the worker (and, after a crash, the reaper)
-# deletes them through media by their idempotency keys, then the row.
+# trigger (migration 0005) when an attempt that reached the provider ends without success
+# (failed, cancelled, retried afresh), in that change's own transaction; the worker (and,
+# after a crash or a cancel of a queued job, the reaper) deletes them through media by
+# their idempotency keys, then the row.
 output_purges = Table(
     "output_purges",
     metadata,

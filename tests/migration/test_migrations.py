@@ -215,36 +215,46 @@ RUNNING_JOB = """
 def test_an_attempt_ending_without_success_lists_its_outputs_for_purging(
     scratch_database: str,
 ) -> None:
-    """The trigger of 0005: a running attempt with a provider request that fails, is
-    cancelled or is retried afresh lists (job, attempt) once; one that is handed back
-    (request kept) or never reached the provider lists nothing."""
+    """The trigger of 0005: an attempt with a provider request that fails, is cancelled
+    (running, or queued to resume) or is retried afresh lists (job, attempt) once; one
+    that is handed back (request kept) or succeeds lists nothing."""
     migrations.upgrade("creation", scratch_database)
+    released = "lease_owner = NULL, lease_expires_at = NULL"
+    handed_back = f"status = 'queued', {released}"
     cases = {
-        "failed": ("status = 'failed', error_code = 'X', completed_at = now()", True),
-        "cancelled": ("status = 'cancelled', completed_at = now()", True),
-        "retried afresh": ("status = 'queued', provider_request_id = NULL, step = NULL", True),
-        "handed back": ("status = 'queued'", False),
+        "failed": ([f"status = 'failed', error_code = 'X', completed_at = now(), {released}"], 1),
+        "cancelled": ([f"status = 'cancelled', completed_at = now(), {released}"], 1),
+        "retried afresh": ([f"{handed_back}, provider_request_id = NULL, step = NULL"], 1),
+        "handed back": ([handed_back], 0),
+        "cancelled while queued to resume": (
+            [handed_back, "status = 'cancelled', completed_at = now()"],
+            1,
+        ),
+        "succeeded": (
+            [
+                f"status = 'succeeded', step = 'done', progress = 100, outputs = ARRAY['a'],"
+                f" completed_at = now(), num_outputs = 1, {released}"
+            ],
+            0,
+        ),
     }
 
-    def play(connection: Connection) -> dict[str, bool]:
+    def play(connection: Connection) -> dict[str, int]:
         listed = {}
-        for name, (change, _) in cases.items():
+        for name, (changes, _) in cases.items():
             job_id = str(uuid.uuid4())
             connection.execute(text(RUNNING_JOB), {"job_id": job_id})
-            connection.execute(
-                text(
-                    f"UPDATE creation.jobs SET {change}, lease_owner = NULL,"
-                    " lease_expires_at = NULL WHERE job_id = :j"
-                ),
-                {"j": job_id},
-            )
+            for change in changes:
+                connection.execute(
+                    text(f"UPDATE creation.jobs SET {change} WHERE job_id = :j"), {"j": job_id}
+                )
             found = connection.execute(
                 text("SELECT attempt, user_id FROM creation.output_purges WHERE job_id = :j"),
                 {"j": job_id},
             ).all()
             assert found in ([], [(1, "u1")])
-            listed[name] = bool(found)
+            listed[name] = len(found)
         connection.commit()
         return listed
 
-    assert run(scratch_database, play) == {name: lists for name, (_, lists) in cases.items()}
+    assert run(scratch_database, play) == {name: listed for name, (_, listed) in cases.items()}

@@ -1,5 +1,6 @@
 """Deletes outputs that no job will show: those an attempt landed in media before it
-ended without success (failed, cancelled, needing an operator, or retried afresh).
+ended without success (failed, cancelled — while running or while queued to resume —,
+or retried afresh).
 
 Why by idempotency key and through a list in the database: outputs are landed under keys
 made of the job, the attempt and the output's index, so a worker killed after landing
@@ -7,8 +8,8 @@ and the worker that resumes the attempt land onto the same assets (nothing to cl
 when it succeeds). When the attempt ends otherwise, a trigger lists it in that change's
 own transaction, so no kill point between landing, ending and deleting loses track of
 it: the worker that ended the attempt deletes at once, and the reaper sweeps what a
-crash left listed. media keeps a deleted asset's key, so a stale worker landing late
-cannot bring one back either."""
+crash left listed (and what an owner's cancel of a queued job listed). media keeps a
+deleted asset's key, so a stale worker landing late cannot bring one back either."""
 
 from __future__ import annotations
 

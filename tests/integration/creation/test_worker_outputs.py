@@ -6,6 +6,7 @@ same transaction, purged by the worker or, after a crash, by the reaper)."""
 from __future__ import annotations
 
 import io
+from datetime import timedelta
 
 import pytest
 from PIL import Image
@@ -14,8 +15,11 @@ from sqlalchemy import func, select
 from services.creation.domain import Status, output_key
 from services.creation.media_client import AssetRefused
 from services.creation.providers.base import Done, OutputImage, PollResult
+from services.creation.store import jobs as store
+from services.creation.store import leases
 from services.creation.tables import output_purges
 from services.creation.worker import output_purger
+from services.kit.clock import system_clock
 from tests.integration.creation.helpers import side_rows
 from tests.integration.creation.worker_kit import Engine, running
 
@@ -148,3 +152,32 @@ async def test_the_sweep_purges_what_a_crashed_worker_left_listed(rig: Engine) -
     assert await rig.outputs(job.user_id) == {landed: "deleted"}
     assert await purges_listed(rig) == 0
     assert await output_purger.sweep(rig.db, rig.media_client) == 0
+
+
+async def test_a_resumable_job_cancelled_while_queued_has_its_landed_output_purged(
+    rig: Engine,
+) -> None:
+    """A worker landed an output and died; the reaper queued the job to resume (request
+    kept); the owner cancels it while it waits. Nobody will land or attach anything now:
+    the reaper's next sweep deletes what the dead worker landed."""
+    job = await rig.submit(num_outputs=1)
+    [claimed] = await leases.claim(rig.db, "w-dead", 1, timedelta(seconds=30), system_clock())
+    assert claimed.job_id == job.job_id
+    await leases.record_request(rig.db, job.job_id, claimed.lease_epoch, "req-1", system_clock())
+    landed = await rig.media_client.put_asset(
+        job.user_id,
+        "ai_output",
+        "image/png",
+        picture(90).data,
+        idempotency_key=output_key(job.job_id, claimed.attempt, 0),
+    )
+    queued = await leases.hand_back(
+        rig.db, job.job_id, claimed.lease_epoch, timedelta(hours=1), system_clock()
+    )
+    assert queued is not None and queued.provider_request_id == "req-1"
+    cancelled = await store.cancel(rig.db, job.user_id, job.job_id, system_clock())
+    assert cancelled.job.status is Status.CANCELLED
+    assert await purges_listed(rig) == 1
+    await rig.reaper().sweep()
+    assert await rig.outputs(job.user_id) == {landed: "deleted"}
+    assert await purges_listed(rig) == 0

@@ -119,11 +119,12 @@ def upgrade() -> None:
         schema=SCHEMA,
     )
     # An attempt that reached the provider (it has a request id) may have landed outputs
-    # before it ended: when it ends without success (failed, cancelled, needs attention,
-    # or queued for a fresh attempt, which drops the request), what it may have landed is
-    # listed for deletion in the same transaction, whoever wrote the change (worker,
-    # reaper, operator). Handing back or resuming keeps the request: the attempt goes on
-    # and lands onto the same assets. The WHEN clause costs nothing on other updates.
+    # before it ended: when it ends without success (failed, cancelled — running, or
+    # queued to resume —, needs attention, or queued for a fresh attempt, which drops the
+    # request), what it may have landed is listed for deletion in the same transaction,
+    # whoever wrote the change (worker, reaper, owner, operator). Handing back or resuming
+    # keeps the request: the attempt goes on and lands onto the same assets. The WHEN
+    # clause costs nothing on other updates.
     op.execute(
         """
         CREATE FUNCTION creation.list_output_purge() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -138,9 +139,9 @@ def upgrade() -> None:
     )
     op.execute(
         "CREATE TRIGGER jobs_attempt_unsuccessful AFTER UPDATE OF status ON creation.jobs"
-        " FOR EACH ROW WHEN (OLD.status = 'running' AND OLD.provider_request_id IS NOT NULL"
+        " FOR EACH ROW WHEN (OLD.provider_request_id IS NOT NULL"
         " AND (NEW.status IN ('failed', 'cancelled', 'needs_attention')"
-        " OR (NEW.status = 'queued' AND NEW.provider_request_id IS NULL)))"
+        " OR NEW.provider_request_id IS NULL))"
         " EXECUTE FUNCTION creation.list_output_purge()"
     )
 
