@@ -12,6 +12,7 @@ The order of steps is what keeps the invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass
@@ -37,7 +38,13 @@ from services.media.errors import (
 from services.media.images import ImageInspector
 from services.media.model import Asset, ContentFacts, Purpose, Status, object_key
 from services.media.spool import Spooled, SpoolLimitExceeded, read_chunks, spool
-from services.media.storage import ObjectNotFound, ObjectStat, ObjectStorage, SignedRequest
+from services.media.storage import (
+    ObjectExists,
+    ObjectNotFound,
+    ObjectStat,
+    ObjectStorage,
+    SignedRequest,
+)
 from services.media.store import AssetStore
 
 log = get_logger(__name__)
@@ -287,8 +294,10 @@ class Assets:
             if asset.status == Status.READY:
                 log.info("asset_put_repeated", asset_id=str(asset.asset_id))
                 return asset
-        # The same bytes under the same key: racing writers of this object write equal bytes.
-        await self._store_object(asset, spooled)
+        # ObjectExists: an earlier put under this key stored its object (the same bytes:
+        # the row declares their hash) and died before the asset was marked ready.
+        with contextlib.suppress(ObjectExists):
+            await self._store_object(asset, spooled)
         ready = await self._store.mark_ready(asset.asset_id, facts, self._clock(), 0)
         if ready is not None:
             return ready

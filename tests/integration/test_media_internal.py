@@ -401,11 +401,12 @@ async def test_a_keyed_put_with_other_content_is_refused_with_a_stable_reason(
     assert b"".join(chunks) == PNG
 
 
+@pytest.mark.parametrize("object_stored", [False, True], ids=["before-storing", "after-storing"])
 async def test_a_keyed_put_that_died_half_way_is_finished_by_its_repeat(
-    local_media: MediaHarness, stub: Stub
+    local_media: MediaHarness, stub: Stub, object_stored: bool
 ) -> None:
-    """A put killed after claiming its key (the row uploading, no object yet) leaves
-    nothing a repeat cannot finish: the repeat lands onto the same asset."""
+    """A put killed after claiming its key (the row uploading, its object stored or not)
+    leaves nothing a repeat cannot finish: the repeat lands onto the same asset."""
     owner = f"owner-{uuid.uuid4()}"
     now = local_media.clock()
     asset_id = uuid.uuid4()
@@ -432,12 +433,18 @@ async def test_a_keyed_put_that_died_half_way_is_finished_by_its_repeat(
         )
     )
     assert claimed.asset_id == asset_id and claimed.status == Status.UPLOADING
+    if object_stored:
+        await local_media.storage.put(claimed.object_key, _once(PNG), "image/png")
     repeated = await put_asset(stub, PNG, owner=owner, idempotency_key="k2")
     assert repeated.asset_id == str(asset_id)
     assert repeated.status == asset_pb2.ASSET_STATUS_READY
     _, chunks = await read_asset(stub, repeated.asset_id)
     assert b"".join(chunks) == PNG
     assert await owned_rows(local_media, owner) == 1
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
 
 
 async def test_delete_keyed_assets_removes_them_and_their_keys_stay_dead(
