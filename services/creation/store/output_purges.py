@@ -34,7 +34,8 @@ async def claim(
 ) -> AsyncIterator[list[Purge]]:
     """Locks up to ``limit`` listed purges (of one job, when given), skipping rows another
     process holds; they are removed when the block ends without an error, kept for a
-    later sweep otherwise (rides pk_output_purges)."""
+    later sweep otherwise (one job's: rides pk_output_purges; a sweep reads the whole
+    table, which holds only attempts ended since the last purge)."""
     query = (
         select(output_purges)
         .order_by(output_purges.c.created_at)
