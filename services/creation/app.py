@@ -60,7 +60,9 @@ def components(
     ``on_point`` is called at each named point of an attempt (the stub's crash points)."""
     return [
         Worker(database.engine, media, providers, settings, clock=clock, on_point=on_point),
-        Reaper(database.engine, providers, settings.reaper_period_seconds, clock=clock),
+        Reaper(
+            database.engine, providers, settings.reaper_period_seconds, clock=clock, media=media
+        ),
     ]
 
 

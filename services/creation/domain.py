@@ -118,6 +118,22 @@ def backoff(attempt: int, base: float, cap: float, rng: random.Random | None = N
     return timedelta(seconds=(rng or random).uniform(0, ceiling))
 
 
+# SubmitJob's bounds on num_outputs (0 in a request means 1).
+MIN_OUTPUTS, MAX_OUTPUTS = 1, 4
+
+
+def output_key(job_id: str, attempt: int, index: int) -> str:
+    """media's idempotency key for one output of one attempt: a worker that resumes the
+    attempt (same request, same attempt number) lands onto the same asset, and a later
+    attempt never shares an asset with an earlier one. Prefixed with our service's name,
+    since media's keys are per owner, whoever calls."""
+    return f"creation:job:{job_id}:attempt:{attempt}:output:{index}"
+
+
+def output_keys(job_id: str, attempt: int, num_outputs: int) -> list[str]:
+    return [output_key(job_id, attempt, index) for index in range(num_outputs)]
+
+
 @dataclass(frozen=True)
 class Job:
     """A job row as the domain sees it."""
@@ -149,7 +165,9 @@ class Job:
     error_code: str | None
     error_message: str | None
     cancel_requested: bool
-    output_asset_id: str | None
+    num_outputs: int
+    # The output asset ids, in the provider's order; empty until SUCCEEDED.
+    outputs: tuple[str, ...]
     idempotency_key: str | None
     request_hash: str
     version: int

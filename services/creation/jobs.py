@@ -4,6 +4,7 @@ store runs SQL; the rules that need both the store and media live here."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -23,10 +24,11 @@ log = get_logger(__name__)
 
 @dataclass(frozen=True)
 class JobView:
-    """A job as its owner sees it: with a fresh download link once it has an output."""
+    """A job as its owner sees it: a fresh download link per output (None where media
+    could not give one)."""
 
     job: Job
-    output: DownloadUrl | None = None
+    urls: tuple[DownloadUrl | None, ...] = ()
 
 
 class Jobs:
@@ -80,9 +82,10 @@ class Jobs:
 
     async def get(self, user_id: str, job_id: str) -> JobView:
         job = await job_store.get(self._engine, user_id, job_id)
-        if job.output_asset_id is None:
+        if not job.outputs:
             return JobView(job)
-        return JobView(job, await self._media.download_url(job.output_asset_id))
+        urls = await asyncio.gather(*(self._media.download_url(a) for a in job.outputs))
+        return JobView(job, tuple(urls))
 
     async def list_page(
         self, user_id: str, status: Status | None, limit: int, after: Cursor | None

@@ -44,9 +44,9 @@ class DownloadUrl:
     expires_at: datetime
 
 
-# Reads, and a delete that may be repeated: a retry after UNAVAILABLE can do no harm.
-# PutAsset is not here: each call stores a new asset.
-_IDEMPOTENT = ("GetAssetInfo", "GetAssetUrl", "ReadAsset", "DeleteAsset")
+# Reads, and deletes that may be repeated: a retry after UNAVAILABLE can do no harm.
+# PutAsset is not here: a call without a key stores a new asset.
+_IDEMPOTENT = ("GetAssetInfo", "GetAssetUrl", "ReadAsset", "DeleteAsset", "DeleteKeyedAssets")
 # Moving an image's bytes takes longer than a metadata call.
 TRANSFER_TIMEOUT_SECONDS = 30.0
 CHUNK_BYTES = 256 * 1024
@@ -165,9 +165,16 @@ class MediaClient:
         return AssetBytes(bytes(data), content_type)
 
     async def put_asset(
-        self, owner_user_id: str, purpose: str, content_type: str, data: bytes
+        self,
+        owner_user_id: str,
+        purpose: str,
+        content_type: str,
+        data: bytes,
+        idempotency_key: str = "",
     ) -> str:
-        """Stores server-made bytes as a new READY asset of ``owner_user_id``; its id."""
+        """Stores server-made bytes as a READY asset of ``owner_user_id``; its id. With an
+        ``idempotency_key``, the same key and bytes give the same asset every time; a key
+        that holds other bytes, or whose asset was deleted, is AssetRefused."""
 
         async def parts() -> AsyncIterator[media_internal_service_pb2.PutAssetRequest]:
             yield media_internal_service_pb2.PutAssetRequest(
@@ -175,6 +182,7 @@ class MediaClient:
                     owner_user_id=owner_user_id,
                     purpose=_PURPOSE_CODES[purpose],
                     content_type=content_type,
+                    idempotency_key=idempotency_key,
                 )
             )
             for start in range(0, len(data), CHUNK_BYTES):
@@ -203,6 +211,20 @@ class MediaClient:
             if error.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
                 return
             raise _unavailable("DeleteAsset", RemoteFailure.of(error)) from None
+
+    async def delete_keyed_assets(self, owner_user_id: str, idempotency_keys: list[str]) -> int:
+        """Deletes ``owner_user_id``'s live assets stored under these keys (what a caller may
+        have stored without knowing the ids); how many it deleted. Repeating it is safe."""
+        try:
+            reply = await self._stub.DeleteKeyedAssets(
+                media_internal_service_pb2.DeleteKeyedAssetsRequest(
+                    owner_user_id=owner_user_id, idempotency_keys=idempotency_keys
+                ),
+                **self._client.call_options(),
+            )
+        except grpc.aio.AioRpcError as error:
+            raise _unavailable("DeleteKeyedAssets", RemoteFailure.of(error)) from None
+        return len(reply.assets)
 
 
 # An outage fails every call: one line per call and reason per window is enough.

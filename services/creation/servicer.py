@@ -90,6 +90,7 @@ class CreationServicer(creation_service_pb2_grpc.CreationServiceServicer):
             width=request.width,
             height=request.height,
             parameters=convert.struct_to_dict(request.parameters),
+            num_outputs=request.num_outputs,
         )
         if key_problems or command is None:
             raise invalid_argument(Reason.INVALID_JOB_REQUEST, [*key_problems, *problems])
@@ -101,9 +102,10 @@ class CreationServicer(creation_service_pb2_grpc.CreationServiceServicer):
     ) -> creation_service_pb2.GetJobResponse:
         view = await self._jobs.get(current_principal().user_id, _job_id(request.job_id))
         message = convert.job_message(view.job)
-        if view.output is not None:
-            message.output_url = view.output.url
-            message.output_url_expire_time.FromDatetime(view.output.expires_at)
+        for output, url in zip(message.outputs, view.urls, strict=True):
+            if url is not None:
+                output.url = url.url
+                output.url_expire_time.FromDatetime(url.expires_at)
         return creation_service_pb2.GetJobResponse(job=message)
 
     async def ListJobs(

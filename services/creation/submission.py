@@ -11,6 +11,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from services.creation.domain import MAX_OUTPUTS, MIN_OUTPUTS
 from services.kit.errors import FieldViolation
 
 MIN_SIDE, MAX_SIDE, SIDE_MULTIPLE = 64, 2048, 8
@@ -36,11 +37,13 @@ class SubmitCommand:
     width: int
     height: int
     parameters: dict[str, Any]
+    num_outputs: int = 1
 
     def request_hash(self) -> str:
         """SHA-256 of the canonical request: every field but the idempotency key, as JSON
-        with sorted keys, so equal requests hash equal however they were spelled."""
-        canonical = {
+        with sorted keys, so equal requests hash equal however they were spelled. One
+        output is left out, so requests made before outputs were a list hash as they did."""
+        canonical: dict[str, Any] = {
             "model_id": self.model_id,
             "style_id": self.style_id,
             "input_asset_id": self.input_asset_id,
@@ -50,6 +53,8 @@ class SubmitCommand:
             "height": self.height,
             "parameters": self.parameters,
         }
+        if self.num_outputs != 1:
+            canonical["num_outputs"] = self.num_outputs
         encoded = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(encoded.encode()).hexdigest()
 
@@ -133,6 +138,7 @@ def validate(
     width: int,
     height: int,
     parameters: dict[str, Any],
+    num_outputs: int = 0,
 ) -> tuple[SubmitCommand | None, list[FieldViolation]]:
     problems: list[FieldViolation] = []
     for name, value in (("model_id", model_id), ("style_id", style_id)):
@@ -149,6 +155,11 @@ def validate(
     _check_side("width", width, problems)
     _check_side("height", height, problems)
     _check_parameters(parameters, problems)
+    outputs = num_outputs or MIN_OUTPUTS
+    if not MIN_OUTPUTS <= outputs <= MAX_OUTPUTS:
+        problems.append(
+            FieldViolation("num_outputs", f"must be {MIN_OUTPUTS} to {MAX_OUTPUTS} (0 means 1)")
+        )
     if problems:
         return None, problems
     # Whole numbers are stored as ints so 7 and 7.0 hash the same.
@@ -166,6 +177,7 @@ def validate(
             width=width,
             height=height,
             parameters=normal,
+            num_outputs=outputs,
         ),
         [],
     )

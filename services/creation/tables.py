@@ -13,13 +13,15 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    PrimaryKeyConstraint,
+    SmallInteger,
     Table,
     Text,
     UniqueConstraint,
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
 from services.kit.db import NAMING_CONVENTION
 
@@ -89,29 +91,29 @@ def _quoted(values: tuple[str, ...]) -> str:
 JOB_STATE_RULES = {
     "queued_shape": (
         "status <> 'queued' OR (lease_owner IS NULL AND lease_expires_at IS NULL"
-        " AND completed_at IS NULL AND output_asset_id IS NULL AND NOT cancel_requested)"
+        " AND completed_at IS NULL AND cardinality(outputs) = 0 AND NOT cancel_requested)"
     ),
     "running_shape": (
         "status <> 'running' OR (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL"
-        " AND started_at IS NOT NULL AND completed_at IS NULL AND output_asset_id IS NULL"
+        " AND started_at IS NOT NULL AND completed_at IS NULL AND cardinality(outputs) = 0"
         " AND step IS NOT NULL AND attempt >= 1 AND lease_epoch >= 1)"
     ),
     "succeeded_shape": (
         "status <> 'succeeded' OR (lease_owner IS NULL AND lease_expires_at IS NULL"
         " AND started_at IS NOT NULL AND completed_at IS NOT NULL"
-        " AND output_asset_id IS NOT NULL AND error_code IS NULL AND progress = 100)"
+        " AND cardinality(outputs) = num_outputs AND error_code IS NULL AND progress = 100)"
     ),
     "failed_shape": (
         "status <> 'failed' OR (lease_owner IS NULL AND lease_expires_at IS NULL"
-        " AND completed_at IS NOT NULL AND output_asset_id IS NULL AND error_code IS NOT NULL)"
+        " AND completed_at IS NOT NULL AND cardinality(outputs) = 0 AND error_code IS NOT NULL)"
     ),
     "cancelled_shape": (
         "status <> 'cancelled' OR (lease_owner IS NULL AND lease_expires_at IS NULL"
-        " AND completed_at IS NOT NULL AND output_asset_id IS NULL)"
+        " AND completed_at IS NOT NULL AND cardinality(outputs) = 0)"
     ),
     "attention_shape": (
         "status <> 'needs_attention' OR (lease_owner IS NULL AND lease_expires_at IS NULL"
-        " AND completed_at IS NULL AND output_asset_id IS NULL AND error_code IS NOT NULL)"
+        " AND completed_at IS NULL AND cardinality(outputs) = 0 AND error_code IS NOT NULL)"
     ),
     # A provider request exists only once the worker got past submitting.
     "request_after_submit": (
@@ -122,6 +124,8 @@ JOB_STATE_RULES = {
     "completed_after_created": "completed_at IS NULL OR completed_at >= created_at",
     "started_after_created": "started_at IS NULL OR started_at >= created_at",
     "key_has_hash": "idempotency_key IS NULL OR length(request_hash) = 64",
+    "num_outputs_range": "num_outputs BETWEEN 1 AND 4",
+    "outputs_have_no_null": "array_position(outputs, NULL) IS NULL",
 }
 
 jobs = Table(
@@ -155,7 +159,10 @@ jobs = Table(
     Column("error_code", Text),
     Column("error_message", Text),
     Column("cancel_requested", Boolean, nullable=False, server_default=text("false")),
-    Column("output_asset_id", UUID(as_uuid=False)),
+    # How many images the job makes, and their media asset ids once it succeeded (text,
+    # not uuid[]: asyncpg decodes text[] without a type lookup on each new connection).
+    Column("num_outputs", SmallInteger, nullable=False, server_default=text("1")),
+    Column("outputs", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
     Column("idempotency_key", Text),
     Column("request_hash", Text, nullable=False),
     Column("version", BigInteger, nullable=False, server_default=text("1")),
@@ -201,6 +208,22 @@ Index(
     jobs.c.updated_at,
     jobs.c.job_id,
     postgresql_where=jobs.c.status == "needs_attention",
+)
+
+# Outputs an attempt may have landed in media and that no job will ever show: written by a
+# trigger (migration 0006) when an attempt that reached the provider ends without success
+# (failed, cancelled, retried afresh), in that change's own transaction; the worker (and,
+# after a crash or a cancel of a queued job, the reaper) deletes them through media by
+# their idempotency keys, then the row.
+output_purges = Table(
+    "output_purges",
+    metadata,
+    Column("job_id", UUID(as_uuid=False), ForeignKey("jobs.job_id"), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("user_id", Text, nullable=False),
+    Column("num_outputs", SmallInteger, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    PrimaryKeyConstraint("job_id", "attempt", name="pk_output_purges"),
 )
 
 ACTORS = ("user", "worker", "reaper", "operator")

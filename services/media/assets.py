@@ -12,6 +12,7 @@ The order of steps is what keeps the invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from services.media.errors import (
     AssetNotFound,
     AssetNotReady,
     ContentRejected,
+    IdempotencyKeyReused,
     MediaError,
     ObjectLost,
     ObjectMissing,
@@ -36,7 +38,13 @@ from services.media.errors import (
 from services.media.images import ImageInspector
 from services.media.model import Asset, ContentFacts, Purpose, Status, object_key
 from services.media.spool import Spooled, SpoolLimitExceeded, read_chunks, spool
-from services.media.storage import ObjectNotFound, ObjectStat, ObjectStorage, SignedRequest
+from services.media.storage import (
+    ObjectExists,
+    ObjectNotFound,
+    ObjectStat,
+    ObjectStorage,
+    SignedRequest,
+)
 from services.media.store import AssetStore
 
 log = get_logger(__name__)
@@ -93,6 +101,7 @@ class Assets:
         content_type: str,
         declared_size_bytes: int | None = None,
         declared_sha256: str | None = None,
+        idempotency_key: str | None = None,
     ) -> tuple[Asset, datetime]:
         """A new uploading asset and the time its upload expires. PutAsset's rows expire
         too: if it dies before the asset is ready, housekeeping cleans up."""
@@ -117,6 +126,7 @@ class Assets:
             upload_expires_at=expires_at,
             ready_at=None,
             deleted_at=None,
+            idempotency_key=idempotency_key,
         )
         return asset, expires_at
 
@@ -212,31 +222,24 @@ class Assets:
         purpose: Purpose,
         content_type: str,
         chunks: AsyncIterable[bytes],
+        idempotency_key: str | None = None,
     ) -> Asset:
-        """Measures, checks and stores a stream in one call; the asset is ready or absent."""
+        """Measures, checks and stores a stream in one call; the asset is ready or absent.
+        With ``idempotency_key``, the same key and bytes give the same asset however often
+        the call is repeated (even after a crash half-way), and other bytes are refused."""
         try:
             spooled = await self._spool(chunks, self._limits.max_upload_bytes)
         except SpoolLimitExceeded:
             raise StreamTooLarge(self._limits.max_upload_bytes) from None
         try:
             dimensions = await self._inspector.inspect(spooled.file, content_type)
-            asset, _ = self._new_asset(owner_user_id, purpose, content_type)
-            await self._store.insert_uploading(asset)
-            try:
-                await self._storage.put(
-                    asset.object_key,
-                    read_chunks(spooled.file, self._limits.chunk_bytes),
-                    content_type,
-                )
-            except BaseException:
-                await asyncio.shield(self._discard(asset))
-                raise
             facts = ContentFacts(spooled.size, spooled.sha256, dimensions.width, dimensions.height)
-            ready = await self._store.mark_ready(asset.asset_id, facts, self._clock(), 0)
-            if ready is None:
-                # Housekeeping judged it abandoned (the store took longer than the TTL).
-                await self._storage.delete(asset.object_key)
-                raise StoringTookTooLong()
+            if idempotency_key is None:
+                ready = await self._put_new(owner_user_id, purpose, content_type, spooled, facts)
+            else:
+                ready = await self._put_keyed(
+                    owner_user_id, purpose, content_type, spooled, facts, idempotency_key
+                )
         finally:
             spooled.close()
         log.info(
@@ -246,6 +249,70 @@ class Assets:
             size_bytes=facts.size_bytes,
         )
         return ready
+
+    async def _put_new(
+        self,
+        owner_user_id: str,
+        purpose: Purpose,
+        content_type: str,
+        spooled: Spooled,
+        facts: ContentFacts,
+    ) -> Asset:
+        asset, _ = self._new_asset(owner_user_id, purpose, content_type)
+        await self._store.insert_uploading(asset)
+        try:
+            await self._store_object(asset, spooled)
+        except BaseException:
+            await asyncio.shield(self._discard(asset))
+            raise
+        ready = await self._store.mark_ready(asset.asset_id, facts, self._clock(), 0)
+        if ready is None:
+            # Housekeeping judged it abandoned (the store took longer than the TTL).
+            await self._storage.delete(asset.object_key)
+            raise StoringTookTooLong()
+        return ready
+
+    async def _put_keyed(
+        self,
+        owner_user_id: str,
+        purpose: Purpose,
+        content_type: str,
+        spooled: Spooled,
+        facts: ContentFacts,
+        key: str,
+    ) -> Asset:
+        """The row is claimed under the key first, with the bytes' hash declared: a repeat
+        with the same bytes finds it and returns it (or finishes it, when the first call
+        died before it was ready), a repeat with other bytes is refused. A failure leaves
+        the row uploading for a repeat to finish; housekeeping removes it if none comes."""
+        fresh, _ = self._new_asset(
+            owner_user_id, purpose, content_type, declared_sha256=facts.sha256, idempotency_key=key
+        )
+        asset = await self._store.insert_keyed(fresh)
+        if asset.asset_id != fresh.asset_id:
+            _require_same_put(asset, purpose, content_type, facts.sha256)
+            if asset.status == Status.READY:
+                log.info("asset_put_repeated", asset_id=str(asset.asset_id))
+                return asset
+        # ObjectExists: an earlier put under this key stored its object (the same bytes:
+        # the row declares their hash) and died before the asset was marked ready.
+        with contextlib.suppress(ObjectExists):
+            await self._store_object(asset, spooled)
+        ready = await self._store.mark_ready(asset.asset_id, facts, self._clock(), 0)
+        if ready is not None:
+            return ready
+        # Someone finished it first (a racing repeat), or it was deleted meanwhile.
+        current = await self.info(asset.asset_id)
+        if current.status == Status.READY:
+            return current
+        raise AssetDeleted()
+
+    async def _store_object(self, asset: Asset, spooled: Spooled) -> None:
+        await self._storage.put(
+            asset.object_key,
+            read_chunks(spooled.file, self._limits.chunk_bytes),
+            asset.content_type,
+        )
 
     async def _discard(self, asset: Asset) -> None:
         await self._storage.delete(asset.object_key)
@@ -289,6 +356,17 @@ class Assets:
 
     # -- deleting ------------------------------------------------------------------------
 
+    async def delete_keyed(self, owner_user_id: str, idempotency_keys: list[str]) -> list[Asset]:
+        """Deletes the owner's live assets stored under these keys (marked first, then
+        their objects removed, as :meth:`delete` does); the keys stay taken."""
+        deleted = await self._store.mark_keyed_deleted(
+            owner_user_id, idempotency_keys, self._clock()
+        )
+        for asset in deleted:
+            await self._storage.delete(asset.object_key)
+            log.info("asset_deleted", asset_id=str(asset.asset_id), by="idempotency_key")
+        return deleted
+
     async def delete(self, asset_id: uuid.UUID) -> Asset:
         """Marks the asset deleted, then removes its object. Idempotent: a repeat (say,
         after a crash between the two steps) removes the object again, and housekeeping
@@ -306,6 +384,19 @@ def _require_completable(asset: Asset, now: datetime) -> None:
         raise UploadAlreadyCompleted()
     if asset.upload_expired(now):
         raise UploadExpired()
+    if asset.status == Status.DELETED:
+        raise AssetDeleted()
+
+
+def _require_same_put(asset: Asset, purpose: Purpose, content_type: str, sha256: str) -> None:
+    """The asset a key already made must be this put's: same bytes, purpose and type, and
+    not deleted (a deleted key stays dead)."""
+    if (
+        asset.declared_sha256 != sha256
+        or asset.purpose != purpose
+        or asset.content_type != content_type
+    ):
+        raise IdempotencyKeyReused()
     if asset.status == Status.DELETED:
         raise AssetDeleted()
 

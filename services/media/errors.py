@@ -34,6 +34,10 @@ class Reason:
     ASSET_NOT_READY = "ASSET_NOT_READY"
     # The upload was replaced while it was being checked (ABORTED): complete again.
     UPLOAD_CHANGED = "UPLOAD_CHANGED"
+    # PutAsset's idempotency key already stored other bytes (ALREADY_EXISTS).
+    IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
+    INVALID_IDEMPOTENCY_KEY = "INVALID_IDEMPOTENCY_KEY"
+    INVALID_IDEMPOTENCY_KEYS = "INVALID_IDEMPOTENCY_KEYS"
     # Unknown, or another user's (NOT_FOUND: no enumeration).
     ASSET_NOT_FOUND = "ASSET_NOT_FOUND"
     # A ready asset whose object storage lost (DATA_LOSS): an operator's problem.
@@ -115,6 +119,17 @@ class UploadChanged(MediaError):
             grpc.StatusCode.ABORTED,
             Reason.UPLOAD_CHANGED,
             "the upload changed while it was checked; complete it again",
+        )
+
+
+class IdempotencyKeyReused(MediaError):
+    """A keyed PutAsset whose key already holds different bytes (or purpose, or type)."""
+
+    def to_api_error(self) -> ApiError:
+        return ApiError(
+            grpc.StatusCode.ALREADY_EXISTS,
+            Reason.IDEMPOTENCY_KEY_REUSED,
+            "the idempotency key already stored different content",
         )
 
 

@@ -3,8 +3,10 @@ and a field violation, never a database or storage error."""
 
 from __future__ import annotations
 
+import re
 import unicodedata
 import uuid
+from collections.abc import Sequence
 
 from atelier.media.v1 import asset_pb2
 from atelier.media.v1 import media_internal_service_pb2 as internal_pb2
@@ -95,6 +97,31 @@ def owner_user_id(text: str, field: str) -> str:
             f"must be a user id of 1 to {MAX_OWNER_LENGTH} printable characters",
         )
     return text
+
+
+_IDEMPOTENCY_KEY = re.compile(r"[A-Za-z0-9._:\-]{1,200}")
+MAX_KEYS_PER_DELETE = 100
+_KEY_RULE = "1-200 characters of letters, digits and . _ : -"
+
+
+def idempotency_key(text: str, field: str) -> str | None:
+    """Optional: empty means not given."""
+    if not text:
+        return None
+    if not _IDEMPOTENCY_KEY.fullmatch(text):
+        raise bad_field(Reason.INVALID_IDEMPOTENCY_KEY, field, f"must be {_KEY_RULE}")
+    return text
+
+
+def idempotency_keys(values: Sequence[str], field: str) -> list[str]:
+    """DeleteKeyedAssets' keys: 1 to MAX_KEYS_PER_DELETE valid keys."""
+    if not 1 <= len(values) <= MAX_KEYS_PER_DELETE:
+        raise bad_field(
+            Reason.INVALID_IDEMPOTENCY_KEYS, field, f"must hold 1 to {MAX_KEYS_PER_DELETE} keys"
+        )
+    if any(not _IDEMPOTENCY_KEY.fullmatch(value) for value in values):
+        raise bad_field(Reason.INVALID_IDEMPOTENCY_KEYS, field, f"each must be {_KEY_RULE}")
+    return list(dict.fromkeys(values))
 
 
 def put_header(message: internal_pb2.PutAssetRequest | None) -> internal_pb2.PutAssetHeader:

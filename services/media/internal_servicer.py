@@ -29,12 +29,13 @@ class MediaInternalServicer(media_internal_service_pb2_grpc.MediaInternalService
         owner = fields.owner_user_id(header.owner_user_id, "header.owner_user_id")
         purpose = fields.any_purpose(header.purpose, "header.purpose")
         content_type = fields.content_type(header.content_type, "header.content_type")
+        key = fields.idempotency_key(header.idempotency_key, "header.idempotency_key")
 
         async def chunks() -> AsyncIterator[bytes]:
             async for message in messages:
                 yield fields.put_chunk(message)
 
-        asset = await self._assets.put(owner, purpose, content_type, chunks())
+        asset = await self._assets.put(owner, purpose, content_type, chunks(), key)
         return pb.PutAssetResponse(asset=asset_message(asset))
 
     async def ReadAsset(
@@ -66,3 +67,11 @@ class MediaInternalServicer(media_internal_service_pb2_grpc.MediaInternalService
     ) -> pb.DeleteAssetResponse:
         asset = await self._assets.delete(fields.asset_id(request.asset_id))
         return pb.DeleteAssetResponse(asset=asset_message(asset))
+
+    async def DeleteKeyedAssets(
+        self, request: pb.DeleteKeyedAssetsRequest, context: aio.ServicerContext[Any, Any]
+    ) -> pb.DeleteKeyedAssetsResponse:
+        owner = fields.owner_user_id(request.owner_user_id, "owner_user_id")
+        keys = fields.idempotency_keys(request.idempotency_keys, "idempotency_keys")
+        deleted = await self._assets.delete_keyed(owner, keys)
+        return pb.DeleteKeyedAssetsResponse(assets=[asset_message(a) for a in deleted])

@@ -83,6 +83,8 @@ class Asset:
     upload_expires_at: datetime | None
     ready_at: datetime | None
     deleted_at: datetime | None
+    # A calling service's key that makes its PutAsset repeatable (None for uploads).
+    idempotency_key: str | None = None
 
     def upload_expired(self, now: datetime) -> bool:
         """An upload that was never completed and whose time ran out."""

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
 from sqlalchemy import Row, bindparam, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.kit.db import fetch
@@ -65,6 +66,12 @@ OWNED_ASSET = select(assets).where(
     _c.asset_id == bindparam("asset_id"), _c.owner_user_id == bindparam("owner_user_id")
 )
 STATUS_BY_KEY = select(_c.status).where(_c.object_key == bindparam("object_key"))
+# The asset an owner's idempotency key made (rides uq_assets_owner_idempotency_key).
+ASSET_BY_IDEMPOTENCY_KEY = select(assets).where(
+    _c.owner_user_id == bindparam("owner_user_id"),
+    _c.idempotency_key == bindparam("idempotency_key"),
+    _c.idempotency_key.is_not(None),
+)
 
 
 def _asset(row: Row[Any]) -> Asset:
@@ -87,6 +94,7 @@ def _asset(row: Row[Any]) -> Asset:
         upload_expires_at=values["upload_expires_at"],
         ready_at=values["ready_at"],
         deleted_at=values["deleted_at"],
+        idempotency_key=values["idempotency_key"],
     )
 
 
@@ -171,6 +179,65 @@ class AssetStore:
                     upload_expires_at=asset.upload_expires_at,
                 )
             )
+
+    @_database
+    async def insert_keyed(self, asset: Asset) -> Asset:
+        """A new uploading asset under its idempotency key, or the asset the key already
+        made (whatever its status), unchanged (rides uq_assets_owner_idempotency_key)."""
+        statement = (
+            pg_insert(assets)
+            .values(
+                asset_id=asset.asset_id,
+                owner_user_id=asset.owner_user_id,
+                purpose=asset.purpose.value,
+                status=Status.UPLOADING.value,
+                content_type=asset.content_type,
+                declared_sha256=asset.declared_sha256,
+                object_key=asset.object_key,
+                created_at=asset.created_at,
+                upload_expires_at=asset.upload_expires_at,
+                idempotency_key=asset.idempotency_key,
+            )
+            .on_conflict_do_nothing(
+                index_elements=[_c.owner_user_id, _c.idempotency_key],
+                index_where=_c.idempotency_key.is_not(None),
+            )
+            .returning(*assets.c)
+        )
+        async with self._engine.begin() as connection:
+            row = (await connection.execute(statement)).first()
+            if row is None:
+                row = (
+                    await connection.execute(
+                        ASSET_BY_IDEMPOTENCY_KEY,
+                        {
+                            "owner_user_id": asset.owner_user_id,
+                            "idempotency_key": asset.idempotency_key,
+                        },
+                    )
+                ).one()
+        return _asset(row)
+
+    @_database
+    async def mark_keyed_deleted(
+        self, owner_user_id: str, idempotency_keys: Sequence[str], now: datetime
+    ) -> list[Asset]:
+        """The owner's live assets under any of the keys → deleted; the ones this call
+        changed (rides uq_assets_owner_idempotency_key)."""
+        statement = (
+            update(assets)
+            .where(
+                _c.owner_user_id == owner_user_id,
+                _c.idempotency_key.in_(list(idempotency_keys)),
+                _c.idempotency_key.is_not(None),
+                _c.status != Status.DELETED.value,
+            )
+            .values(status=Status.DELETED.value, deleted_at=now)
+            .returning(*assets.c)
+        )
+        async with self._engine.begin() as connection:
+            rows = (await connection.execute(statement)).all()
+        return [_asset(row) for row in rows]
 
     @_database
     async def get(self, asset_id: uuid.UUID) -> Asset | None:

@@ -62,6 +62,11 @@ CHECKS: dict[str, str] = {
         " AND (declared_sha256 IS NULL OR declared_sha256 = sha256))"
     ),
     "purged_only_when_deleted": "object_purged_at IS NULL OR status = 'deleted'",
+    # Server puts only (they never carry a declared size); printable, bounded.
+    "idempotency_key_shape": (
+        "idempotency_key IS NULL OR (declared_size_bytes IS NULL"
+        " AND idempotency_key ~ '^[A-Za-z0-9._:-]{1,200}$')"
+    ),
 }
 
 assets = Table(
@@ -93,6 +98,8 @@ assets = Table(
     # Set once no object can appear for a deleted asset any more (its object was removed
     # after every upload URL expired); until then housekeeping keeps removing its object.
     Column("object_purged_at", DateTime(timezone=True)),
+    # A calling service's key for a repeatable PutAsset (see the unique index below).
+    Column("idempotency_key", Text),
     *(CheckConstraint(rule, name=name) for name, rule in CHECKS.items()),
 )
 
@@ -108,4 +115,15 @@ Index(
     "ix_assets_unpurged",
     assets.c.asset_id,
     postgresql_where=text("status = 'deleted' AND object_purged_at IS NULL"),
+)
+
+# PutAsset's idempotency: one asset per owner and key, for good. A deleted asset keeps its
+# key, so a key whose asset was removed can never bring a live asset back (a late caller
+# gets ASSET_DELETED instead of leaving an asset nobody will delete).
+Index(
+    "uq_assets_owner_idempotency_key",
+    assets.c.owner_user_id,
+    assets.c.idempotency_key,
+    unique=True,
+    postgresql_where=text("idempotency_key IS NOT NULL"),
 )

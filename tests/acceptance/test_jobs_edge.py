@@ -164,6 +164,8 @@ async def test_someone_elses_job_and_asset_are_404(
         ({"modelId": ""}, "model_id"),
         ({"inputAssetId": "not-a-uuid"}, "input_asset_id"),
         ({"parameters": {"nested": {"a": 1}}}, "parameters.nested"),
+        ({"numOutputs": 5}, "num_outputs"),
+        ({"numOutputs": -1}, "num_outputs"),
     ],
 )
 async def test_invalid_request_is_400_naming_the_field(
@@ -279,7 +281,7 @@ async def test_submit_over_grpc_with_request_id(stack: Stack) -> None:
             creation_service_pb2.GetJobRequest(job_id=first.job.job_id), metadata=bearer(user.token)
         )
         assert fetched.job.price_points == 15
-        assert fetched.job.output_url == ""
+        assert list(fetched.job.outputs) == []
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await stub.GetJob(
                 creation_service_pb2.GetJobRequest(job_id="nope"), metadata=bearer(user.token)
@@ -309,19 +311,20 @@ async def test_a_succeeded_job_links_its_output(
         now = datetime.now(UTC)
         claimed = await leases.claim(engine, "acceptance-worker", 1, timedelta(seconds=30), now)
         assert [c.job_id for c in claimed] == [job["jobId"]]
-        assert await leases.complete(engine, job["jobId"], claimed[0].lease_epoch, output, now)
+        assert await leases.complete(engine, job["jobId"], claimed[0].lease_epoch, [output], now)
     finally:
         await engine.dispose()
 
     fetched = (await http.get(f"{edge_url}/v1/jobs/{job['jobId']}", headers=user.headers)).json()
     done = fetched["job"]
-    assert (done["status"], done["outputAssetId"], done["progressPercent"]) == (
+    assert (done["status"], done["progressPercent"], done["numOutputs"]) == (
         "JOB_STATUS_SUCCEEDED",
-        output,
         100,
+        1,
     )
-    assert done["outputUrl"]
-    download = await http.get(done["outputUrl"])
+    [linked] = done["outputs"]
+    assert linked["assetId"] == output and linked["urlExpireTime"]
+    download = await http.get(linked["url"])
     assert download.status_code == 200
     assert download.content == picture
     balance = (await http.get(f"{edge_url}/v1/balance", headers=user.headers)).json()

@@ -9,12 +9,15 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 from PIL import Image, ImageChops
 
+from atelier.creation.v1 import creation_service_pb2, creation_service_pb2_grpc
 from services.dev.stack import Stack
 from tests.acceptance.test_jobs_edge import User, job_body, png, put_input
+from tests.support.rpc import bad_request, bearer, error_info
 from tests.support.stacks import job_in, stack_of_its_own
 
 HEARTBEAT_SECONDS = 1.0
@@ -56,7 +59,8 @@ async def test_a_submitted_job_runs_to_a_picture_that_downloads(
     done = await job_when(http, url, user, job_id, "JOB_STATUS_SUCCEEDED", within=30)
     assert done["progressPercent"] == 100 and done["attempt"] == 1
 
-    download = await http.get(done["outputUrl"])
+    assert done["numOutputs"] == 1 and len(done["outputs"]) == 1
+    download = await http.get(done["outputs"][0]["url"])
     assert download.status_code == 200
     picture = Image.open(io.BytesIO(download.content)).convert("RGB")
     original = Image.open(io.BytesIO(photo)).convert("RGB")
@@ -83,6 +87,80 @@ async def test_cancelling_a_running_job_takes_one_beat(
     cancelled = await job_when(http, url, user, job_id, "JOB_STATUS_CANCELLED", within=10)
     # Seen on the next beat, then the provider is told and the job acknowledged.
     assert time.monotonic() - asked <= HEARTBEAT_SECONDS + 2.0
-    assert not cancelled.get("outputUrl") and not cancelled.get("outputAssetId")
+    assert not cancelled.get("outputs")
     balance = (await http.get(f"{url}/v1/balance", headers=user.headers)).json()
     assert (balance["availablePoints"], balance["reservedPoints"]) == ("100", "0")  # released
+
+
+async def test_a_job_of_several_outputs_reserves_each_and_makes_each_through_the_edge(
+    running: Stack, http: httpx.AsyncClient
+) -> None:
+    url = f"http://127.0.0.1:{running.ports.envoy}"
+    user = User()
+    asset = await put_input(running, user.user_id)
+    body = job_body(asset, numOutputs=3)
+    submitted = await http.post(f"{url}/v1/jobs", headers=user.headers, json=body)
+    assert submitted.status_code == 200, submitted.text
+    job = submitted.json()["job"]
+    assert (job["numOutputs"], job["pricePoints"]) == (3, "15")  # the model's 5, three times
+    balance = (await http.get(f"{url}/v1/balance", headers=user.headers)).json()
+    assert (balance["availablePoints"], balance["reservedPoints"]) == ("85", "15")
+
+    done = await job_when(http, url, user, job["jobId"], "JOB_STATUS_SUCCEEDED", within=30)
+    assert len(done["outputs"]) == 3
+    assert len({o["assetId"] for o in done["outputs"]}) == 3
+    pictures = []
+    for output in done["outputs"]:
+        assert output["urlExpireTime"]
+        download = await http.get(output["url"])
+        assert download.status_code == 200
+        pictures.append(download.content)
+    assert len(set(pictures)) == 3  # three different images
+    balance = (await http.get(f"{url}/v1/balance", headers=user.headers)).json()
+    assert (balance["availablePoints"], balance["reservedPoints"]) == ("85", "0")  # captured
+
+    # The same key with another count is another request.
+    keyed = {**user.headers, "idempotency-key": "several-1"}
+    first = await http.post(f"{url}/v1/jobs", headers=keyed, json=job_body(asset, numOutputs=2))
+    assert first.status_code == 200, first.text
+    other = await http.post(f"{url}/v1/jobs", headers=keyed, json=job_body(asset, numOutputs=1))
+    assert other.status_code == 409
+    assert other.json()["details"][0]["reason"] == "IDEMPOTENCY_KEY_REUSED"
+
+
+async def test_num_outputs_over_grpc(running: Stack, http: httpx.AsyncClient) -> None:
+    """Native gRPC through the edge's listener: two outputs reserved and made, five
+    refused with a field violation naming num_outputs."""
+    url = f"http://127.0.0.1:{running.ports.envoy}"
+    user = User()
+    asset = await put_input(running, user.user_id)
+    request = creation_service_pb2.SubmitJobRequest(
+        model_id="stub-fast",
+        style_id="watercolor",
+        input_asset_id=asset,
+        width=512,
+        height=512,
+        num_outputs=2,
+    )
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.ports.envoy}") as channel:
+        stub = creation_service_pb2_grpc.CreationServiceStub(channel)
+        reply = await stub.SubmitJob(request, metadata=bearer(user.token))
+        assert (reply.job.num_outputs, reply.job.price_points) == (2, 10)
+
+        request.num_outputs = 5
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.SubmitJob(request, metadata=bearer(user.token))
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_info(caught.value).reason == "INVALID_JOB_REQUEST"
+        violations = bad_request(caught.value)
+        assert violations is not None
+        assert [v.field for v in violations.field_violations] == ["num_outputs"]
+
+        await job_when(http, url, user, reply.job.job_id, "JOB_STATUS_SUCCEEDED", within=30)
+        got = await stub.GetJob(
+            creation_service_pb2.GetJobRequest(job_id=reply.job.job_id),
+            metadata=bearer(user.token),
+        )
+    assert len(got.job.outputs) == 2
+    for output in got.job.outputs:
+        assert (await http.get(output.url)).status_code == 200

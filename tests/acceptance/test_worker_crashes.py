@@ -1,8 +1,9 @@
 """A worker killed with SIGKILL at each point of an attempt, as real processes: the API
 beside media and Envoy, a worker that dies where the stub's crash point says, then a
 second worker that finds the expired lease. Whatever the point, the job ends where
-DESIGN.md says, the provider saw the submits it allows, and the user is charged at most
-once."""
+DESIGN.md says, the provider saw the submits it allows, the user is charged at most once,
+and no output landed in media is left without a job to show it (jobs of two outputs, so a
+kill can fall between them)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from services.creation.providers.stub import read_ledger
 from services.dev.processes import Child, free_port, spawn
 from services.dev.stack import Stack
+from services.kit.db import asyncpg_url
 from tests.acceptance.test_jobs_edge import User, job_body, put_input
 from tests.support.stacks import job_in, stack_of_its_own
 
@@ -73,6 +77,26 @@ async def died(worker: Child, within: float) -> int:
     return int(worker.process.returncode)
 
 
+OUTPUTS = 2  # each job makes two images, at the model's 5 points each
+
+
+async def ai_outputs(api: Stack, owner: str) -> dict[str, str]:
+    """Every ai_output asset media holds for ``owner``, deleted ones too: id → status."""
+    engine = create_async_engine(asyncpg_url(api.database_url))
+    try:
+        async with engine.connect() as connection:
+            rows = await connection.execute(
+                text(
+                    "SELECT asset_id::text, status FROM media.assets"
+                    " WHERE owner_user_id = :o AND purpose = 'ai_output'"
+                ),
+                {"o": owner},
+            )
+            return {row.asset_id: row.status for row in rows}
+    finally:
+        await engine.dispose()
+
+
 @pytest.mark.parametrize(
     ("point", "final", "reserved"),
     [
@@ -80,9 +104,11 @@ async def died(worker: Child, within: float) -> int:
         ("before_submit", "JOB_STATUS_SUCCEEDED", "0"),
         # The provider has the request, but its id was never stored: the outcome is
         # unknown, so an operator decides; no second submit, the points stay held.
-        ("after_submit", "JOB_STATUS_NEEDS_ATTENTION", "5"),
+        ("after_submit", "JOB_STATUS_NEEDS_ATTENTION", "10"),
         # The id was stored: the next worker resumes polling it.
         ("polling", "JOB_STATUS_SUCCEEDED", "0"),
+        # One output (after_output) or both (before_complete) landed: the next worker
+        # resumes the attempt and lands onto the same assets.
         ("after_output", "JOB_STATUS_SUCCEEDED", "0"),
         ("before_complete", "JOB_STATUS_SUCCEEDED", "0"),
     ],
@@ -93,7 +119,8 @@ async def test_a_worker_killed_at_a_point_loses_nothing_and_charges_once(
     url = f"http://127.0.0.1:{api.ports.envoy}"
     user = User()
     asset = await put_input(api, user.user_id)
-    submitted = await http.post(f"{url}/v1/jobs", headers=user.headers, json=job_body(asset))
+    body = job_body(asset, numOutputs=OUTPUTS)
+    submitted = await http.post(f"{url}/v1/jobs", headers=user.headers, json=body)
     job_id = submitted.json()["job"]["jobId"]
     ledger = tmp_path / "ledger"
 
@@ -107,8 +134,51 @@ async def test_a_worker_killed_at_a_point_loses_nothing_and_charges_once(
 
     assert job["status"] == final, job
     assert len(read_ledger(ledger).get(job_id, [])) == 1  # the provider saw one submit
-    # 100 welcome points, a price of 5: captured once on success, held for the operator.
+    # 100 welcome points, a price of 2 x 5: captured once on success, held for the operator.
     balance = (await http.get(f"{url}/v1/balance", headers=user.headers)).json()
-    assert (balance["availablePoints"], balance["reservedPoints"]) == ("95", reserved)
+    assert (balance["availablePoints"], balance["reservedPoints"]) == ("90", reserved)
+    outputs = [output["assetId"] for output in job.get("outputs", [])]
     if final == "JOB_STATUS_SUCCEEDED":
-        assert (await http.get(job["outputUrl"])).status_code == 200
+        assert len(outputs) == OUTPUTS
+        for output in job["outputs"]:
+            assert (await http.get(output["url"])).status_code == 200
+    # Not one ai_output asset beyond the job's own: none orphaned, none landed twice.
+    assert await ai_outputs(api, user.user_id) == dict.fromkeys(outputs, "ready")
+
+
+@pytest.mark.parametrize("point", ["after_output", "before_complete"])
+async def test_a_job_cancelled_after_its_dead_worker_landed_outputs_keeps_none(
+    api: Stack, http: httpx.AsyncClient, tmp_path: Path, point: str
+) -> None:
+    """The worker dies with outputs landed; the owner cancels; the reaper cancels the job
+    (telling the provider) and deletes what the dead worker landed: nothing orphaned, the
+    points released."""
+    url = f"http://127.0.0.1:{api.ports.envoy}"
+    user = User()
+    asset = await put_input(api, user.user_id)
+    body = job_body(asset, numOutputs=OUTPUTS)
+    submitted = await http.post(f"{url}/v1/jobs", headers=user.headers, json=body)
+    job_id = submitted.json()["job"]["jobId"]
+    ledger = tmp_path / "ledger"
+
+    doomed = start_worker(api, f"worker-cancel-{point}", ledger, crash_at=point)
+    assert await died(doomed, within=30) == -9
+    landed = await ai_outputs(api, user.user_id)
+    assert list(landed.values()) == ["ready"] * (1 if point == "after_output" else OUTPUTS)
+    cancel = await http.post(f"{url}/v1/jobs/{job_id}:cancel", headers=user.headers, json={})
+    assert cancel.json()["job"]["cancelRequested"] is True
+
+    survivor = start_worker(api, f"worker-reaps-{point}", ledger)
+    try:
+        job = await job_in(http, url, user.headers, job_id, FINAL, within=40)
+        assert job["status"] == "JOB_STATUS_CANCELLED" and not job.get("outputs")
+        # The reaper's sweep purges right after it cancels.
+        deadline = time.monotonic() + 10
+        while set((await ai_outputs(api, user.user_id)).values()) != {"deleted"}:
+            assert time.monotonic() < deadline, await ai_outputs(api, user.user_id)
+            await asyncio.sleep(0.1)
+    finally:
+        assert survivor.stop() == 0
+    assert set(await ai_outputs(api, user.user_id)) == set(landed)  # nothing new landed
+    balance = (await http.get(f"{url}/v1/balance", headers=user.headers)).json()
+    assert (balance["availablePoints"], balance["reservedPoints"]) == ("100", "0")

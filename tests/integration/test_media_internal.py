@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 
 import grpc
@@ -24,7 +25,7 @@ from atelier.media.v1 import (
 from atelier.media.v1 import media_internal_service_pb2 as pb
 from services.kit.auth import issue_token
 from services.kit.settings import DEV_JWT_SECRET, DEV_SERVICE_TOKEN
-from services.media.model import Purpose
+from services.media.model import Asset, Purpose, Status, object_key
 from services.media.settings import S3Settings
 from services.media.storage.s3 import S3Storage
 from tests.support.media import (
@@ -71,10 +72,18 @@ async def stub(local_media: MediaHarness) -> AsyncIterator[Stub]:
 
 
 def header(
-    owner: str = "alice", purpose: int = OUTPUT, content_type: str = "image/png"
+    owner: str = "alice",
+    purpose: int = OUTPUT,
+    content_type: str = "image/png",
+    idempotency_key: str = "",
 ) -> pb.PutAssetRequest:
     return pb.PutAssetRequest(
-        header=pb.PutAssetHeader(owner_user_id=owner, purpose=purpose, content_type=content_type)
+        header=pb.PutAssetHeader(
+            owner_user_id=owner,
+            purpose=purpose,
+            content_type=content_type,
+            idempotency_key=idempotency_key,
+        )
     )
 
 
@@ -355,3 +364,125 @@ async def test_internal_calls_need_the_service_credential(stub: Stub) -> None:
         grpc.StatusCode.UNAUTHENTICATED,
         "SERVICE_CREDENTIAL_MISSING",
     )
+
+
+# -- PutAsset's idempotency key and DeleteKeyedAssets ---------------------------------------
+
+
+async def test_a_keyed_put_repeated_with_the_same_bytes_returns_the_same_asset(
+    local_media: MediaHarness, stub: Stub
+) -> None:
+    owner = f"owner-{uuid.uuid4()}"
+    first = await put_asset(stub, PNG, owner=owner, idempotency_key="creation:job:1:0")
+    again = await put_asset(stub, PNG, owner=owner, idempotency_key="creation:job:1:0")
+    assert first == again and first.status == asset_pb2.ASSET_STATUS_READY
+    other = await put_asset(stub, PNG, owner=owner, idempotency_key="creation:job:1:1")
+    unkeyed = await put_asset(stub, PNG, owner=owner)
+    assert len({first.asset_id, other.asset_id, unkeyed.asset_id}) == 3
+    # The key is the owner's: another owner's equal key is another asset.
+    elsewhere = await put_asset(stub, PNG, owner=f"{owner}-b", idempotency_key="creation:job:1:0")
+    assert elsewhere.asset_id != first.asset_id
+    assert await owned_rows(local_media, owner) == 3
+
+
+async def test_a_keyed_put_with_other_content_is_refused_with_a_stable_reason(
+    local_media: MediaHarness, stub: Stub
+) -> None:
+    owner = f"owner-{uuid.uuid4()}"
+    first = await put_asset(stub, PNG, owner=owner, idempotency_key="k1")
+    for data, fields in (
+        (image_bytes("PNG", 41, 30), {}),
+        (PNG, {"purpose": asset_pb2.ASSET_PURPOSE_AI_INPUT}),
+    ):
+        call = put_asset(stub, data, owner=owner, idempotency_key="k1", **fields)
+        assert await failure(call) == (grpc.StatusCode.ALREADY_EXISTS, "IDEMPOTENCY_KEY_REUSED")
+    assert await owned_rows(local_media, owner) == 1
+    _, chunks = await read_asset(stub, first.asset_id)
+    assert b"".join(chunks) == PNG
+
+
+@pytest.mark.parametrize("object_stored", [False, True], ids=["before-storing", "after-storing"])
+async def test_a_keyed_put_that_died_half_way_is_finished_by_its_repeat(
+    local_media: MediaHarness, stub: Stub, object_stored: bool
+) -> None:
+    """A put killed after claiming its key (the row uploading, its object stored or not)
+    leaves nothing a repeat cannot finish: the repeat lands onto the same asset."""
+    owner = f"owner-{uuid.uuid4()}"
+    now = local_media.clock()
+    asset_id = uuid.uuid4()
+    claimed = await local_media.store.insert_keyed(
+        Asset(
+            asset_id=asset_id,
+            owner_user_id=owner,
+            purpose=Purpose.AI_OUTPUT,
+            status=Status.UPLOADING,
+            content_type="image/png",
+            declared_size_bytes=None,
+            declared_sha256=hashlib.sha256(PNG).hexdigest(),
+            size_bytes=None,
+            sha256=None,
+            width=None,
+            height=None,
+            rejected_uploads=0,
+            object_key=object_key(Purpose.AI_OUTPUT, asset_id, now),
+            created_at=now,
+            upload_expires_at=now + timedelta(minutes=15),
+            ready_at=None,
+            deleted_at=None,
+            idempotency_key="k2",
+        )
+    )
+    assert claimed.asset_id == asset_id and claimed.status == Status.UPLOADING
+    if object_stored:
+        await local_media.storage.put(claimed.object_key, _once(PNG), "image/png")
+    repeated = await put_asset(stub, PNG, owner=owner, idempotency_key="k2")
+    assert repeated.asset_id == str(asset_id)
+    assert repeated.status == asset_pb2.ASSET_STATUS_READY
+    _, chunks = await read_asset(stub, repeated.asset_id)
+    assert b"".join(chunks) == PNG
+    assert await owned_rows(local_media, owner) == 1
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+async def test_delete_keyed_assets_removes_them_and_their_keys_stay_dead(
+    local_media: MediaHarness, stub: Stub
+) -> None:
+    owner = f"owner-{uuid.uuid4()}"
+    kept = await put_asset(stub, PNG, owner=owner, idempotency_key="keep")
+    gone = await put_asset(stub, PNG, owner=owner, idempotency_key="gone")
+    request = pb.DeleteKeyedAssetsRequest(
+        owner_user_id=owner, idempotency_keys=["gone", "never-used"]
+    )
+    reply = await stub.DeleteKeyedAssets(request, metadata=SERVICE)
+    assert [a.asset_id for a in reply.assets] == [gone.asset_id]
+    assert reply.assets[0].status == asset_pb2.ASSET_STATUS_DELETED
+    assert list((await stub.DeleteKeyedAssets(request, metadata=SERVICE)).assets) == []
+    stored = await local_media.store.get(uuid.UUID(gone.asset_id))
+    assert stored is not None and await local_media.storage.stat(stored.object_key) is None
+    info = await stub.GetAssetInfo(pb.GetAssetInfoRequest(asset_id=kept.asset_id), metadata=SERVICE)
+    assert info.asset.status == asset_pb2.ASSET_STATUS_READY
+    # A late repeat of a deleted put brings nothing back.
+    late = put_asset(stub, PNG, owner=owner, idempotency_key="gone")
+    assert await failure(late) == (grpc.StatusCode.FAILED_PRECONDITION, "ASSET_DELETED")
+    assert await owned_rows(local_media, owner) == 2
+
+
+@pytest.mark.parametrize(
+    ("keys", "bad_key"),
+    [([], ""), (["ok", "bad key"], ""), (["k"] * 101, ""), (["ok"], "has space")],
+    ids=["no-keys", "bad-key", "too-many", "bad-put-key"],
+)
+async def test_bad_idempotency_keys_are_refused(stub: Stub, keys: list[str], bad_key: str) -> None:
+    if bad_key:
+        call: object = put_asset(stub, PNG, idempotency_key=bad_key)
+        expected = "INVALID_IDEMPOTENCY_KEY"
+    else:
+        call = stub.DeleteKeyedAssets(
+            pb.DeleteKeyedAssetsRequest(owner_user_id="alice", idempotency_keys=keys),
+            metadata=SERVICE,
+        )
+        expected = "INVALID_IDEMPOTENCY_KEYS"
+    assert await failure(call) == (grpc.StatusCode.INVALID_ARGUMENT, expected)

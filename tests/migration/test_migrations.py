@@ -153,3 +153,108 @@ def test_constraint_and_index_names_and_definitions_match_the_tables(
         assert catalog_of(scratch_database, schema) == catalog_of(declared, schema)
     finally:
         postgres.drop_database(postgres_admin_url, name)
+
+
+SUCCEEDED_JOB = """
+    INSERT INTO creation.jobs (
+        job_id, user_id, model_id, style_id, provider_code, provider_model, price_points,
+        input_asset_id, prompt, negative_prompt, width, height, status, progress, step,
+        attempt, max_attempts, next_attempt_at, lease_epoch, provider_request_id,
+        output_asset_id, request_hash, created_at, started_at, completed_at, updated_at)
+    SELECT :job_id, 'u1', model_id, 'watercolor', provider_code, provider_model, 5,
+        gen_random_uuid(), '', '', 512, 512, 'succeeded', 100, 'done',
+        1, 3, now(), 1, 'req-1', :output, '', now(), now(), now(), now()
+    FROM creation.models ORDER BY sort_order LIMIT 1
+"""
+
+
+def test_outputs_migrate_from_the_single_output_column_and_back(scratch_database: str) -> None:
+    """0006 turns a job's one output into a list of one (num_outputs 1), and its downgrade
+    turns it back."""
+    migrations.upgrade("creation", scratch_database, "0005")
+    job_id, output = str(uuid.uuid4()), str(uuid.uuid4())
+
+    def insert(connection: Connection) -> None:
+        connection.execute(text(SUCCEEDED_JOB), {"job_id": job_id, "output": output})
+        connection.commit()
+
+    run(scratch_database, insert)
+    migrations.upgrade("creation", scratch_database)
+
+    def listed(connection: Connection) -> object:
+        return connection.execute(
+            text("SELECT num_outputs, outputs FROM creation.jobs WHERE job_id = :j"),
+            {"j": job_id},
+        ).one()
+
+    assert tuple(run(scratch_database, listed)) == (1, [output])  # type: ignore[arg-type]
+    migrations.downgrade("creation", scratch_database, "0005")
+
+    def single(connection: Connection) -> object:
+        return connection.execute(
+            text("SELECT output_asset_id::text FROM creation.jobs WHERE job_id = :j"),
+            {"j": job_id},
+        ).scalar_one()
+
+    assert run(scratch_database, single) == output
+
+
+RUNNING_JOB = """
+    INSERT INTO creation.jobs (
+        job_id, user_id, model_id, style_id, provider_code, provider_model, price_points,
+        input_asset_id, prompt, negative_prompt, width, height, status, progress, step,
+        attempt, max_attempts, next_attempt_at, lease_owner, lease_epoch, lease_expires_at,
+        provider_request_id, request_hash, created_at, started_at, updated_at)
+    SELECT :job_id, 'u1', model_id, 'watercolor', provider_code, provider_model, 5,
+        gen_random_uuid(), '', '', 512, 512, 'running', 50, 'generating',
+        1, 3, now(), 'w1', 1, now(), 'req-1', '', now(), now(), now()
+    FROM creation.models ORDER BY sort_order LIMIT 1
+"""
+
+
+def test_an_attempt_ending_without_success_lists_its_outputs_for_purging(
+    scratch_database: str,
+) -> None:
+    """The trigger of 0006: an attempt with a provider request that fails, is cancelled
+    (running, or queued to resume) or is retried afresh lists (job, attempt) once; one
+    that is handed back (request kept) or succeeds lists nothing."""
+    migrations.upgrade("creation", scratch_database)
+    released = "lease_owner = NULL, lease_expires_at = NULL"
+    handed_back = f"status = 'queued', {released}"
+    cases = {
+        "failed": ([f"status = 'failed', error_code = 'X', completed_at = now(), {released}"], 1),
+        "cancelled": ([f"status = 'cancelled', completed_at = now(), {released}"], 1),
+        "retried afresh": ([f"{handed_back}, provider_request_id = NULL, step = NULL"], 1),
+        "handed back": ([handed_back], 0),
+        "cancelled while queued to resume": (
+            [handed_back, "status = 'cancelled', completed_at = now()"],
+            1,
+        ),
+        "succeeded": (
+            [
+                f"status = 'succeeded', step = 'done', progress = 100, outputs = ARRAY['a'],"
+                f" completed_at = now(), num_outputs = 1, {released}"
+            ],
+            0,
+        ),
+    }
+
+    def play(connection: Connection) -> dict[str, int]:
+        listed = {}
+        for name, (changes, _) in cases.items():
+            job_id = str(uuid.uuid4())
+            connection.execute(text(RUNNING_JOB), {"job_id": job_id})
+            for change in changes:
+                connection.execute(
+                    text(f"UPDATE creation.jobs SET {change} WHERE job_id = :j"), {"j": job_id}
+                )
+            found = connection.execute(
+                text("SELECT attempt, user_id FROM creation.output_purges WHERE job_id = :j"),
+                {"j": job_id},
+            ).all()
+            assert found in ([], [(1, "u1")])
+            listed[name] = len(found)
+        connection.commit()
+        return listed
+
+    assert run(scratch_database, play) == {name: listed for name, (_, listed) in cases.items()}

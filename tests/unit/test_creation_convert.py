@@ -44,7 +44,8 @@ BASE = Job(
     error_code=None,
     error_message=None,
     cancel_requested=False,
-    output_asset_id=None,
+    num_outputs=1,
+    outputs=(),
     idempotency_key=None,
     request_hash="0" * 64,
     version=1,
@@ -65,7 +66,19 @@ VARIANTS = {
         status=Status.SUCCEEDED,
         step=Step.DONE,
         progress=100,
-        output_asset_id="5b1f0a52-3c4d-4e8f-9a0b-1c2d3e4f5a6b",
+        outputs=("5b1f0a52-3c4d-4e8f-9a0b-1c2d3e4f5a6b",),
+    ),
+    "succeeded with several outputs": dataclasses.replace(
+        BASE,
+        status=Status.SUCCEEDED,
+        step=Step.DONE,
+        progress=100,
+        num_outputs=3,
+        outputs=(
+            "5b1f0a52-3c4d-4e8f-9a0b-1c2d3e4f5a6b",
+            "6c2e1b63-4d5e-4f90-8b1c-2d3e4f5a6b7c",
+            "7d3f2c74-5e6f-4a01-9c2d-3e4f5a6b7c8d",
+        ),
     ),
     "failed with message": dataclasses.replace(
         BASE, status=Status.FAILED, error_code="PROVIDER_BUSY", error_message="busy"
@@ -132,3 +145,29 @@ def test_nested_values_and_null_are_kept_for_validation_to_refuse() -> None:
     message = struct_pb2.Struct()
     message.update({"nested": {"a": [1, "b"]}, "nothing": None})
     assert convert.struct_to_dict(message) == {"nested": {"a": [1.0, "b"]}, "nothing": None}
+
+
+@pytest.mark.parametrize(("given", "kept"), [(0, 1), (1, 1), (4, 4)])
+def test_num_outputs_zero_means_one(given: int, kept: int) -> None:
+    built, problems = submission.validate(**VALID, num_outputs=given)
+    assert problems == [] and built is not None and built.num_outputs == kept
+
+
+@pytest.mark.parametrize("given", [-1, 5, 1000])
+def test_num_outputs_out_of_range_is_named(given: int) -> None:
+    built, problems = submission.validate(**VALID, num_outputs=given)
+    assert built is None
+    assert [p.field for p in problems] == ["num_outputs"]
+
+
+VALID: dict[str, object] = {
+    "idempotency_key": None,
+    "model_id": "stub-fast",
+    "style_id": "watercolor",
+    "input_asset_id": "7b0c4e8e-5d6f-4a51-9d1e-0c7f3e2b1a90",
+    "prompt": "",
+    "negative_prompt": "",
+    "width": 512,
+    "height": 512,
+    "parameters": {},
+}

@@ -80,6 +80,11 @@ SEEN = [
     (errors.StreamTooLarge(10), grpc.StatusCode.INVALID_ARGUMENT, Reason.UPLOAD_TOO_LARGE),
     (errors.ObjectLost(), grpc.StatusCode.DATA_LOSS, Reason.OBJECT_LOST),
     (
+        errors.IdempotencyKeyReused(),
+        grpc.StatusCode.ALREADY_EXISTS,
+        Reason.IDEMPOTENCY_KEY_REUSED,
+    ),
+    (
         errors.ContentRejected(Reason.NOT_AN_IMAGE, "no"),
         grpc.StatusCode.INVALID_ARGUMENT,
         Reason.NOT_AN_IMAGE,

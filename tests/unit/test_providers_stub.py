@@ -5,6 +5,8 @@ faults with the failure table's flags, the ledger, and crash points that really 
 from __future__ import annotations
 
 import asyncio
+import io
+import itertools
 import os
 import signal
 import subprocess
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from PIL import Image, ImageChops, ImageStat
 
 from services.creation.providers.base import (
     Done,
@@ -89,6 +92,15 @@ async def test_progress_rises_over_the_duration_then_the_outputs_come(tmp_path: 
     done = await stub.poll(request_id)
     assert isinstance(done, Done) and len(done.outputs) == 3
     assert all((o.content_type, o.width, o.height) == ("image/jpeg", 96, 64) for o in done.outputs)
+    # Visibly different: each pair of outputs differs by a clear mean pixel difference.
+    pictures = [Image.open(io.BytesIO(o.data)).convert("L") for o in done.outputs]
+    for one, other in itertools.combinations(pictures, 2):
+        mean = ImageStat.Stat(ImageChops.difference(one, other)).mean[0]
+        assert mean > 8, mean
+    # The same request gives the same bytes again (a resumed worker lands the same assets).
+    again = await stub.poll(request_id)
+    assert isinstance(again, Done)
+    assert [o.data for o in again.outputs] == [o.data for o in done.outputs]
 
 
 async def test_a_zero_duration_is_done_on_the_first_poll(tmp_path: Path) -> None:

@@ -43,8 +43,8 @@ def outbox_payload(job: Job) -> dict[str, Any]:
         payload["progressPercent"] = job.progress
     if job.cancel_requested:
         payload["cancelRequested"] = True
-    if job.output_asset_id:
-        payload["outputAssetId"] = job.output_asset_id
+    if job.outputs:
+        payload["outputs"] = [{"assetId": asset_id} for asset_id in job.outputs]
     if job.error_code is not None:
         error = {"code": job.error_code}
         if job.error_message:

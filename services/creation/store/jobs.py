@@ -130,6 +130,7 @@ async def submit(
                     "width": command.width,
                     "height": command.height,
                     "parameters": command.parameters,
+                    "num_outputs": command.num_outputs,
                     "max_attempts": limits.max_attempts,
                     "request_hash": command.request_hash(),
                     "day_start": _start_of_day(now),

@@ -161,7 +161,7 @@ async def record_request(
 
 
 async def complete(
-    engine: AsyncEngine, job_id: str, lease_epoch: int, output_asset_id: str, now: datetime
+    engine: AsyncEngine, job_id: str, lease_epoch: int, outputs: Sequence[str], now: datetime
 ) -> Job | None:
     """None also when the owner asked to cancel: an output that lands after a cancel is
     never attached (the worker deletes it and acknowledges the cancel)."""
@@ -170,7 +170,7 @@ async def complete(
         "status": Status.SUCCEEDED.value,
         "step": Step.DONE.value,
         "progress": 100,
-        "output_asset_id": output_asset_id,
+        "outputs": list(outputs),
         "error_code": None,
         "error_message": None,
         "completed_at": now,

@@ -26,9 +26,11 @@ WITH
     SELECT * FROM creation.jobs
     WHERE user_id = :user_id AND idempotency_key = :idempotency_key
   ),
-  -- The enabled model with the kind of the enabled style (primary keys).
+  -- The enabled model with the kind of the enabled style (primary keys); the price is
+  -- the model's for each of the job's outputs.
   catalog AS (
-    SELECT m.media_kind, m.price_points, m.provider_code, m.provider_model,
+    SELECT m.media_kind, m.price_points * CAST(:num_outputs AS integer) AS price_points,
+           m.provider_code, m.provider_model,
            (SELECT s.media_kind FROM creation.styles s
              WHERE s.style_id = :style_id AND s.enabled) AS style_kind
     FROM creation.models m
@@ -87,11 +89,13 @@ WITH
     INSERT INTO creation.jobs (
       job_id, user_id, model_id, style_id, provider_code, provider_model, price_points,
       input_asset_id, prompt, negative_prompt, width, height, parameters, status,
-      max_attempts, next_attempt_at, idempotency_key, request_hash, created_at, updated_at)
+      max_attempts, next_attempt_at, idempotency_key, request_hash, created_at, updated_at,
+      num_outputs)
     SELECT
       :job_id, :user_id, :model_id, :style_id, provider_code, provider_model, price_points,
       :input_asset_id, :prompt, :negative_prompt, :width, :height, :parameters, 'queued',
-      :max_attempts, :now, :idempotency_key, :request_hash, :now, :now
+      :max_attempts, :now, :idempotency_key, :request_hash, :now, :now,
+      CAST(:num_outputs AS integer)
     FROM verdict
     WHERE outcome = 'ok'
     RETURNING *

@@ -6,6 +6,12 @@ request id is already set resumes polling and never submits.
 Every write is fenced by the lease; one that matches nothing ends the attempt without
 another write. Cancel and drain are honoured at safe points: before submitting and
 between polls.
+
+Outputs are landed under idempotency keys of the job, the attempt and the output's index
+(``domain.output_key``): a worker killed after landing leaves assets that the worker
+resuming the attempt lands onto again, and an attempt that ends without success has
+what it may have landed deleted by key (see ``output_purger``). So nothing landed is
+orphaned, whichever point a worker dies at.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from typing import TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.creation.domain import Job, Status, backoff
+from services.creation.domain import Job, Status, backoff, output_key
 from services.creation.errors import MediaUnavailable
 from services.creation.media_client import AssetRefused, AssetUnreadable
 from services.creation.providers.base import (
@@ -32,6 +38,7 @@ from services.creation.providers.base import (
 )
 from services.creation.providers.failures import is_retryable
 from services.creation.store import leases
+from services.creation.worker import output_purger
 from services.creation.worker.context import AttemptContext
 from services.creation.worker.lease_keeper import Lease
 from services.creation.worker.outcomes import AttemptFailed, LeaseLost
@@ -43,8 +50,6 @@ log = get_logger(__name__)
 _OUTAGE_LOG = Throttle()
 T = TypeVar("T")
 
-# The job row holds one output until outputs become a list (issue 9, point 10).
-OUTPUTS_PER_JOB = 1
 # Consecutive poll errors the provider may answer with before the job is handed back
 # (keeping its request) for a later poll.
 POLL_ERRORS_BEFORE_HAND_BACK = 5
@@ -57,7 +62,9 @@ class Attempt:
         self._lease = lease
         self._context = context
         self._settings = context.settings
-        self._landed: list[str] = []
+        # Whether this attempt has a provider request: only then may it have landed
+        # outputs that its end must purge.
+        self._requested = job.provider_request_id is not None
 
     async def run(self) -> str:
         """Runs the attempt; returns how it ended (the log's action for it)."""
@@ -68,10 +75,9 @@ class Attempt:
             except AttemptFailed as failure:
                 outcome = await self._fail(failure)
         except LeaseLost:
+            # Whatever this attempt landed belongs to whoever holds the job now: the
+            # worker resuming the attempt lands onto it, or its end purges it.
             outcome = "lease_lost"
-        except asyncio.CancelledError:
-            await asyncio.shield(self._discard_landed())
-            raise
         except Exception as error:
             # The database gone mid-write, or a bug: stop beating, so the lease expires and
             # the reaper decides by step. An outage is one short line, a bug its trace.
@@ -80,7 +86,6 @@ class Attempt:
                 log.exception("attempt_crashed", job_id=job.job_id, attempt=job.attempt)
             else:
                 log_unavailable(_OUTAGE_LOG, outage.dependency, outage.kind, job_id=job.job_id)
-            await asyncio.shield(self._discard_landed())
             outcome = "crashed" if outage is None else "database_unavailable"
         log.info(
             "attempt_ended",
@@ -156,7 +161,7 @@ class Attempt:
             height=job.height,
             input_image=image,
             parameters=job.parameters,
-            num_outputs=OUTPUTS_PER_JOB,
+            num_outputs=job.num_outputs,
         )
 
     async def _submit(self, provider: Provider, request: GenerationRequest) -> str | None:
@@ -191,6 +196,7 @@ class Attempt:
                 retry_after_seconds=error.retry_after_seconds,
             ) from None
         self._context.on_point("after_submit")
+        self._requested = True
         await self._write(
             leases.record_request(
                 self._engine, job.job_id, job.lease_epoch, request_id, self._now()
@@ -249,30 +255,37 @@ class Attempt:
 
     async def _land_and_complete(self, outputs: Sequence[OutputImage]) -> str:
         job = self._job
-        if not outputs:
-            raise AttemptFailed("NO_OUTPUT", "the provider returned no image", retryable=True)
-        for output in outputs[:OUTPUTS_PER_JOB]:
+        if len(outputs) < job.num_outputs:
+            raise AttemptFailed(
+                "NO_OUTPUT",
+                f"the provider returned {len(outputs)} of {job.num_outputs} images",
+                retryable=True,
+            )
+        landed: list[str] = []
+        for index, output in enumerate(outputs[: job.num_outputs]):
             try:
                 asset_id = await self._context.media.put_asset(
-                    job.user_id, "ai_output", output.content_type, output.data
+                    job.user_id,
+                    "ai_output",
+                    output.content_type,
+                    output.data,
+                    idempotency_key=output_key(job.job_id, job.attempt, index),
                 )
             except AssetRefused as error:
                 raise AttemptFailed("OUTPUT_REJECTED", str(error), retryable=True) from None
             except MediaUnavailable:
-                # The provider keeps the result a while: poll it again later.
-                await self._discard_landed()
+                # The provider keeps the result a while: poll it again later. What landed
+                # stays; the resumed attempt lands onto the same assets.
                 return await self._hand_back(self._backoff(1))
-            self._landed.append(asset_id)
+            landed.append(asset_id)
             self._context.on_point("after_output")
         if self._lease.cancel_requested.is_set():
             return await self._acknowledge_cancel()
         self._context.on_point("before_complete")
         async with self._lease.writing():
             done = await leases.complete(
-                self._engine, job.job_id, job.lease_epoch, self._landed[0], self._now()
+                self._engine, job.job_id, job.lease_epoch, landed, self._now()
             )
-            if done is not None:
-                self._landed = []  # attached: the job's now
         if done is None:
             # Either the owner asked to cancel meanwhile, or the lease is gone.
             return await self._acknowledge_cancel()
@@ -290,10 +303,10 @@ class Attempt:
 
     async def _acknowledge_cancel(self) -> str:
         job = self._job
-        await self._discard_landed()
         await self._write(
             leases.acknowledge_cancel(self._engine, job.job_id, job.lease_epoch, self._now())
         )
+        await self._purge_outputs()
         return "cancelled"
 
     async def _hand_back(self, delay: timedelta) -> str:
@@ -312,7 +325,6 @@ class Attempt:
 
     async def _fail(self, failure: AttemptFailed) -> str:
         job = self._job
-        await asyncio.shield(self._discard_landed())
         if self._lease.cancel_requested.is_set():
             return await self._acknowledge_cancel()
         delay = self._backoff(job.attempt)
@@ -333,6 +345,7 @@ class Attempt:
         log.info(
             "attempt_failed", job_id=job.job_id, code=failure.code, retryable=failure.retryable
         )
+        await self._purge_outputs()
         return "retrying" if after.status is Status.QUEUED else "failed"
 
     # --- helpers ----------------------------------------------------------------------
@@ -366,15 +379,19 @@ class Attempt:
             raise LeaseLost()
         return job
 
-    async def _discard_landed(self) -> None:
-        """Deletes outputs landed but not attached to the job (never orphaned)."""
-        while self._landed:
-            asset_id = self._landed[-1]
-            try:
-                await self._context.media.delete_asset(asset_id)
-            except MediaUnavailable:
-                log.error("output_orphaned", job_id=self._job.job_id, asset_id=asset_id)
-            self._landed.pop()
+    async def _purge_outputs(self) -> None:
+        """Deletes what this attempt may have landed, now that it ended without success
+        (its end listed them). Shielded, so a cancel cannot cut it short; a failure only
+        delays it to the reaper's next sweep."""
+        if not self._requested:
+            return  # nothing reached the provider: nothing can have landed
+        job = self._job
+        try:
+            await asyncio.shield(
+                output_purger.purge(self._engine, self._context.media, job_id=job.job_id)
+            )
+        except Exception as error:
+            log.warning("outputs_purge_deferred", job_id=job.job_id, error=type(error).__name__)
 
     def _backoff(self, attempt: int) -> timedelta:
         return backoff(

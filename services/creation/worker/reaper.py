@@ -2,7 +2,8 @@
 died or froze), by step — retry, resume polling, NEEDS_ATTENTION when a submit's outcome
 is unknown, cancel. Safe with any number of replicas: each batch is taken with SKIP
 LOCKED. A dead worker's job whose owner asked to cancel tells its provider first when the
-provider holds a request. Each decision is an event by ``reaper``."""
+provider holds a request. Each decision is an event by ``reaper``. Each sweep also deletes
+the outputs listed for purging that a crashed worker could not delete itself."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from collections.abc import Mapping
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.domain import Job
+from services.creation.media_client import MediaClient
 from services.creation.providers.base import Provider, ProviderError
 from services.creation.store import leases
+from services.creation.worker import output_purger
 from services.kit.clock import Clock, system_clock
 from services.kit.logging import get_logger
 from services.kit.outages import Throttle, classify
@@ -36,8 +39,10 @@ class Reaper:
         *,
         clock: Clock = system_clock,
         batch: int = BATCH,
+        media: MediaClient | None = None,
     ) -> None:
         self._engine = engine
+        self._media = media
         self._providers = providers
         self._period = period_seconds
         self._clock = clock
@@ -75,8 +80,21 @@ class Reaper:
             reaped.extend(batch)
             if len(batch) < self._batch or self._stopping.is_set():
                 break
+        if self._media is not None:
+            # After the leases: a job this sweep cancelled has its outputs purged at once.
+            await self._purge_outputs(self._media)
         self.sweeps += 1
         return reaped
+
+    async def _purge_outputs(self, media: MediaClient) -> None:
+        try:
+            await output_purger.sweep(self._engine, media, self._batch)
+        except Exception as error:
+            if classify(error) is not None:
+                raise  # the database is away: run() logs it once
+            # media away (or refusing): the list stays for the next sweep.
+            if self._log.admit(f"purge:{type(error).__name__}") is not None:
+                log.warning("outputs_purge_deferred", error=type(error).__name__)
 
     async def _tell_provider(self, job: Job) -> None:
         provider = self._providers.get(job.provider_code)

@@ -16,7 +16,10 @@ from tests.integration.creation.worker_kit import Engine, worker_stack
 from tests.support.databases import migrated_database
 
 # Every table a test's jobs and points touch; the catalog (seeded by migration) stays.
-_JOB_TABLES = "creation.outbox, creation.job_events, creation.points_ledger, creation.jobs"
+_JOB_TABLES = (
+    "creation.outbox, creation.job_events, creation.points_ledger, creation.output_purges,"
+    " creation.jobs"
+)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ LATER = "created_at + interval '1 minute'"
 LEASE = f"lease_owner = 'w', lease_expires_at = {LATER}, lease_epoch = 1"
 RUNNING = f"status = 'running', {LEASE}, attempt = 1, started_at = {LATER}, step = 'preparing'"
 DONE = f"completed_at = {LATER}, started_at = {LATER}"
-OUTPUT = "output_asset_id = gen_random_uuid()"
+OUTPUT = "outputs = ARRAY[gen_random_uuid()::text]"
 
 # What each statement breaks, and the constraint that must catch it.
 ILLEGAL_UPDATES = {

@@ -94,7 +94,7 @@ async def test_a_beat_reads_the_cancel_request_and_skips_finished_jobs(engine: A
     a, b = await claimed(engine, 2)
     await store.cancel(engine, a.user_id, a.job_id, T0)
     requested = await row(engine, a.job_id)
-    await leases.complete(engine, b.job_id, b.lease_epoch, ASSET, T0)
+    await leases.complete(engine, b.job_id, b.lease_epoch, [ASSET], T0)
     result = await leases.beat(
         engine, "w1", [Beat(a.job_id, a.lease_epoch), Beat(b.job_id, b.lease_epoch, 50)], TTL, T0
     )
@@ -160,7 +160,7 @@ async def test_outcome_unknown_needs_attention_and_holds_the_points(engine: Asyn
 async def test_complete_after_a_cancel_request_is_refused(engine: AsyncEngine) -> None:
     (job,) = await claimed(engine, 1)
     await store.cancel(engine, job.user_id, job.job_id, T0)
-    assert await leases.complete(engine, job.job_id, job.lease_epoch, ASSET, T0) is None
+    assert await leases.complete(engine, job.job_id, job.lease_epoch, [ASSET], T0) is None
     done = await leases.acknowledge_cancel(engine, job.job_id, job.lease_epoch, T0)
     assert done is not None
     assert done.status is Status.CANCELLED

@@ -78,7 +78,7 @@ async def test_cancel_finished_job_is_refused_and_others_jobs_are_not_found(
     engine: AsyncEngine,
 ) -> None:
     job = await claim_one(engine, await submitted(engine))
-    await leases.complete(engine, job.job_id, job.lease_epoch, ASSET, T0)
+    await leases.complete(engine, job.job_id, job.lease_epoch, [ASSET], T0)
     with pytest.raises(JobAlreadyFinished):
         await store.cancel(engine, job.user_id, job.job_id, T0)
     with pytest.raises(JobNotFound):
@@ -97,12 +97,12 @@ async def test_claim_runs_the_job_and_success_captures(engine: AsyncEngine) -> N
         1,
     )
     assert job.lease_expires_at == T0 + TTL
-    done = await leases.complete(engine, job.job_id, job.lease_epoch, ASSET, T0)
+    done = await leases.complete(engine, job.job_id, job.lease_epoch, [ASSET], T0)
     assert done is not None
-    assert (done.status, done.progress, done.output_asset_id, done.lease_owner) == (
+    assert (done.status, done.progress, done.outputs, done.lease_owner) == (
         Status.SUCCEEDED,
         100,
-        ASSET,
+        (ASSET,),
         None,
     )
     assert await balance(engine, job.user_id) == (95, 0)
@@ -130,13 +130,13 @@ async def test_a_stale_worker_is_fenced_off(engine: AsyncEngine) -> None:
     await leases.reap(engine, T0 + TTL * 2, 1000)
     second = await claim_one(engine, first, "new", T0 + TTL * 2)
     assert second.lease_epoch == first.lease_epoch + 1
-    assert await leases.complete(engine, first.job_id, first.lease_epoch, ASSET, T0) is None
+    assert await leases.complete(engine, first.job_id, first.lease_epoch, [ASSET], T0) is None
     assert (
         await leases.heartbeat(engine, first.job_id, first.lease_epoch, TTL, T0, progress=50)
         is None
     )
     assert (
-        await leases.complete(engine, second.job_id, second.lease_epoch, ASSET, T0 + TTL * 2)
+        await leases.complete(engine, second.job_id, second.lease_epoch, [ASSET], T0 + TTL * 2)
         is not None
     )
 
@@ -282,7 +282,7 @@ async def test_operator_decisions(engine: AsyncEngine) -> None:
 
 async def test_events_record_every_status_change_with_its_actor(engine: AsyncEngine) -> None:
     job = await claim_one(engine, await submitted(engine))
-    await leases.complete(engine, job.job_id, job.lease_epoch, ASSET, T0)
+    await leases.complete(engine, job.job_id, job.lease_epoch, [ASSET], T0)
     events, cursor = await admin.list_events(engine, job.job_id, 100, None)
     assert cursor is None
     assert [(e.from_status, e.to_status, e.actor.value) for e in events] == [
@@ -313,7 +313,7 @@ async def test_list_pages_newest_first(engine: AsyncEngine) -> None:
 
 async def test_the_store_refuses_a_transition_the_state_machine_lacks(engine: AsyncEngine) -> None:
     job = await claim_one(engine, await submitted(engine))
-    done = await leases.complete(engine, job.job_id, job.lease_epoch, ASSET, T0)
+    done = await leases.complete(engine, job.job_id, job.lease_epoch, [ASSET], T0)
     assert done is not None
     async with engine.begin() as connection:
         with pytest.raises(IllegalTransition):

@@ -87,7 +87,7 @@ def build_machine(database_url: str) -> type[RuleBasedStateMachine]:
                 await connection.execute(
                     text(
                         "TRUNCATE creation.jobs, creation.job_events, creation.outbox,"
-                        " creation.points_ledger"
+                        " creation.points_ledger, creation.output_purges"
                     )
                 )
 
@@ -204,7 +204,7 @@ def build_machine(database_url: str) -> type[RuleBasedStateMachine]:
         @rule(data=st.data())
         def complete(self, data: st.DataObject) -> None:
             job_id, model = self.pick_running(data)
-            done = self.run(leases.complete(self.engine, job_id, model.epoch, ASSET, self.now()))
+            done = self.run(leases.complete(self.engine, job_id, model.epoch, [ASSET], self.now()))
             if model.cancel_requested:
                 # An output that lands after a cancel is never attached.
                 assert done is None
@@ -257,7 +257,9 @@ def build_machine(database_url: str) -> type[RuleBasedStateMachine]:
             job_id = data.draw(st.sampled_from(list(self.jobs)))
             model = self.jobs[job_id]
             stale = model.epoch - 1 if model.status is Status.RUNNING else model.epoch
-            assert self.run(leases.complete(self.engine, job_id, stale, ASSET, self.now())) is None
+            assert (
+                self.run(leases.complete(self.engine, job_id, stale, [ASSET], self.now())) is None
+            )
             assert (
                 self.run(leases.heartbeat(self.engine, job_id, stale, TTL, self.now(), 50)) is None
             )

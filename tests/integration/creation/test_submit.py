@@ -4,6 +4,8 @@ outbox row; idempotency; quotas, in-flight limit and points, also under concurre
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 from datetime import timedelta
 
 import asyncpg
@@ -179,3 +181,32 @@ async def test_a_failed_submit_leaves_nothing_behind(engine: AsyncEngine) -> Non
     assert await count(engine, jobs, user_id=user) == 0
     # The welcome grant rolled back with it; the next try grants it again (once).
     assert await count(engine, points_ledger, user_id=user) == 0
+
+
+async def test_several_outputs_reserve_the_price_of_each(engine: AsyncEngine) -> None:
+    user = new_user()
+    limits = SubmitLimits(daily_quota=100, in_flight_limit=100, max_attempts=3, welcome_points=18)
+    job = (await store.submit(engine, user, command(num_outputs=3), limits, T0)).job
+    assert (job.num_outputs, job.price_points, job.outputs) == (3, 15, ())
+    assert (await side_rows(engine, job.job_id))["ledger"] == [("reserve", 15)]
+    # 3 points left: one more output of 5 does not fit, and the refusal names the total.
+    with pytest.raises(InsufficientPoints) as caught:
+        await store.submit(engine, user, command(num_outputs=2), limits, T0)
+    assert (caught.value.available, caught.value.price) == (3, 10)
+
+
+async def test_the_output_count_is_part_of_the_request(engine: AsyncEngine) -> None:
+    user = new_user()
+    request = command("key-outputs", num_outputs=2)
+    first = await store.submit(engine, user, request, LIMITS, T0)
+    same = command("key-outputs", input_asset_id=request.input_asset_id, num_outputs=2)
+    assert (await store.submit(engine, user, same, LIMITS, T0)).job.job_id == first.job.job_id
+    other = command("key-outputs", input_asset_id=request.input_asset_id, num_outputs=1)
+    with pytest.raises(IdempotencyKeyReused):
+        await store.submit(engine, user, other, LIMITS, T0)
+    # One output hashes as requests made before outputs were a list (no count in it).
+    one = command(num_outputs=1)
+    fields = "model_id style_id input_asset_id prompt negative_prompt width height parameters"
+    before = {name: getattr(one, name) for name in fields.split()}
+    encoded = json.dumps(before, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert one.request_hash() == hashlib.sha256(encoded.encode()).hexdigest()

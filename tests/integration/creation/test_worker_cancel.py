@@ -65,7 +65,7 @@ async def test_an_output_landed_after_a_cancel_is_deleted(rig: Engine) -> None:
     async with running(worker):
         done = await rig.until_job(job.job_id, lambda j: j.status.terminal)
         await until(lambda: job.job_id in worker.context.outcomes)
-    assert (done.status, done.output_asset_id) == (Status.CANCELLED, None)
+    assert (done.status, done.outputs) == (Status.CANCELLED, ())
     # The one output media stored for this user is deleted.
     found = await rig.outputs(job.user_id)
     assert list(found.values()) == ["deleted"]

@@ -52,15 +52,15 @@ async def test_a_job_runs_to_succeeded_with_its_output_in_media(rig: Engine) -> 
         512,
         "image/png",
     )
-    assert done.output_asset_id is not None
-    stored = await rig.media.store.get(uuid.UUID(done.output_asset_id))
+    assert len(done.outputs) == 1
+    stored = await rig.media.store.get(uuid.UUID(done.outputs[0]))
     assert stored is not None
     assert (stored.owner_user_id, stored.purpose.value, stored.status.value) == (
         job.user_id,
         "ai_output",
         "ready",
     )
-    read = await rig.media_client.read_asset(done.output_asset_id, 10_000_000)
+    read = await rig.media_client.read_asset(done.outputs[0], 10_000_000)
     assert read.data == output_png().data
     rows = await side_rows(rig.db, job.job_id)
     assert rows["ledger"] == [("reserve", 5), ("capture", 5)]

@@ -84,10 +84,10 @@ async def test_a_job_submitted_over_grpc_runs_to_succeeded(
                 await asyncio.sleep(0.02)
     finally:
         await running.stop()
-    assert got.job.output_asset_id
+    assert len(got.job.outputs) == 1 and got.job.outputs[0].asset_id
     assert got.job.progress_percent == 100
     async with httpx.AsyncClient() as http:
-        downloaded = await http.get(got.job.output_url)
+        downloaded = await http.get(got.job.outputs[0].url)
     assert downloaded.status_code == 200
     assert downloaded.content == output_png().data
     assert len(provider.submits) == 1

@@ -146,18 +146,19 @@ class Engine:
         )
 
     def reaper(self, clock: Callable[[], Any] = system_clock) -> Reaper:
-        return Reaper(self.db, {"stub": self.provider}, 60, clock=clock)
+        return Reaper(self.db, {"stub": self.provider}, 60, clock=clock, media=self.media_client)
 
     async def input_asset(self, user: str) -> str:
         return await self.media_client.put_asset(user, "ai_input", "image/png", image_bytes("PNG"))
 
-    async def submit(self, max_attempts: int = 3, user: str | None = None) -> Job:
+    async def submit(
+        self, max_attempts: int = 3, user: str | None = None, num_outputs: int = 1
+    ) -> Job:
         user = user or new_user()
         asset = await self.input_asset(user)
         limits = replace(LIMITS, max_attempts=max_attempts)
-        submitted = await store.submit(
-            self.db, user, command(input_asset_id=asset), limits, system_clock()
-        )
+        built = command(input_asset_id=asset, num_outputs=num_outputs)
+        submitted = await store.submit(self.db, user, built, limits, system_clock())
         return submitted.job
 
     async def outputs(self, user: str) -> dict[str, str]:

@@ -88,6 +88,7 @@ class SubmitJobRequest(_message.Message):
     WIDTH_FIELD_NUMBER: _builtins.int
     HEIGHT_FIELD_NUMBER: _builtins.int
     PARAMETERS_FIELD_NUMBER: _builtins.int
+    NUM_OUTPUTS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Idempotency key, unique per user (AIP-155). The Idempotency-Key header is accepted
     too; when both are given they must be equal.
@@ -106,6 +107,8 @@ class SubmitJobRequest(_message.Message):
     """Output width in pixels."""
     height: _builtins.int
     """Output height in pixels."""
+    num_outputs: _builtins.int
+    """How many images to make, 1 to 4 (0 means 1). The model's price is reserved for each."""
     @_builtins.property
     def parameters(self) -> _struct_pb2.Struct:
         """Extra model parameters (a flat JSON object of scalars)."""
@@ -122,10 +125,11 @@ class SubmitJobRequest(_message.Message):
         width: _builtins.int = ...,
         height: _builtins.int = ...,
         parameters: _struct_pb2.Struct | None = ...,
+        num_outputs: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["parameters", b"parameters"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["height", b"height", "input_asset_id", b"input_asset_id", "model_id", b"model_id", "negative_prompt", b"negative_prompt", "parameters", b"parameters", "prompt", b"prompt", "request_id", b"request_id", "style_id", b"style_id", "width", b"width"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["height", b"height", "input_asset_id", b"input_asset_id", "model_id", b"model_id", "negative_prompt", b"negative_prompt", "num_outputs", b"num_outputs", "parameters", b"parameters", "prompt", b"prompt", "request_id", b"request_id", "style_id", b"style_id", "width", b"width"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -88,7 +88,7 @@ class CreationServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetJob(self, request, context):
-        """Returns one of the caller's jobs, with a fresh output URL when it succeeded.
+        """Returns one of the caller's jobs, with fresh output URLs when it succeeded.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -40,7 +40,7 @@ class CreationServiceStub:
     SubmitJob: _grpc.UnaryUnaryMultiCallable[_creation_service_pb2.SubmitJobRequest, _creation_service_pb2.SubmitJobResponse]
     """Submits a generation job. Idempotent by request_id (or the Idempotency-Key header)."""
     GetJob: _grpc.UnaryUnaryMultiCallable[_creation_service_pb2.GetJobRequest, _creation_service_pb2.GetJobResponse]
-    """Returns one of the caller's jobs, with a fresh output URL when it succeeded."""
+    """Returns one of the caller's jobs, with fresh output URLs when it succeeded."""
     ListJobs: _grpc.UnaryUnaryMultiCallable[_creation_service_pb2.ListJobsRequest, _creation_service_pb2.ListJobsResponse]
     """Lists the caller's jobs, newest first."""
     CancelJob: _grpc.UnaryUnaryMultiCallable[_creation_service_pb2.CancelJobRequest, _creation_service_pb2.CancelJobResponse]
@@ -60,7 +60,7 @@ class CreationServiceAsyncStub(CreationServiceStub):
     SubmitJob: _aio.UnaryUnaryMultiCallable[_creation_service_pb2.SubmitJobRequest, _creation_service_pb2.SubmitJobResponse]  # type: ignore[assignment]
     """Submits a generation job. Idempotent by request_id (or the Idempotency-Key header)."""
     GetJob: _aio.UnaryUnaryMultiCallable[_creation_service_pb2.GetJobRequest, _creation_service_pb2.GetJobResponse]  # type: ignore[assignment]
-    """Returns one of the caller's jobs, with a fresh output URL when it succeeded."""
+    """Returns one of the caller's jobs, with fresh output URLs when it succeeded."""
     ListJobs: _aio.UnaryUnaryMultiCallable[_creation_service_pb2.ListJobsRequest, _creation_service_pb2.ListJobsResponse]  # type: ignore[assignment]
     """Lists the caller's jobs, newest first."""
     CancelJob: _aio.UnaryUnaryMultiCallable[_creation_service_pb2.CancelJobRequest, _creation_service_pb2.CancelJobResponse]  # type: ignore[assignment]
@@ -95,7 +95,7 @@ class CreationServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _creation_service_pb2.GetJobRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_creation_service_pb2.GetJobResponse, _abc.Awaitable[_creation_service_pb2.GetJobResponse]]:
-        """Returns one of the caller's jobs, with a fresh output URL when it succeeded."""
+        """Returns one of the caller's jobs, with fresh output URLs when it succeeded."""
 
     @_abc_1.abstractmethod
     def ListJobs(

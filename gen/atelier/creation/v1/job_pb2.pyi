@@ -3,10 +3,12 @@
 isort:skip_file
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
@@ -32,7 +34,7 @@ class _JobStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_JobStatus.V
     JOB_STATUS_RUNNING: _JobStatus.ValueType  # 2
     """Claimed by a worker that holds a lease on it."""
     JOB_STATUS_SUCCEEDED: _JobStatus.ValueType  # 3
-    """Finished with an output asset. Terminal."""
+    """Finished with its output assets. Terminal."""
     JOB_STATUS_FAILED: _JobStatus.ValueType  # 4
     """Finished without an output. Terminal."""
     JOB_STATUS_CANCELLED: _JobStatus.ValueType  # 5
@@ -52,7 +54,7 @@ JOB_STATUS_QUEUED: JobStatus.ValueType  # 1
 JOB_STATUS_RUNNING: JobStatus.ValueType  # 2
 """Claimed by a worker that holds a lease on it."""
 JOB_STATUS_SUCCEEDED: JobStatus.ValueType  # 3
-"""Finished with an output asset. Terminal."""
+"""Finished with its output assets. Terminal."""
 JOB_STATUS_FAILED: JobStatus.ValueType  # 4
 """Finished without an output. Terminal."""
 JOB_STATUS_CANCELLED: JobStatus.ValueType  # 5
@@ -158,8 +160,42 @@ class JobError(_message.Message):
 Global___JobError: _TypeAlias = JobError  # noqa: Y015
 
 @_typing.final
+class JobOutput(_message.Message):
+    """One image a job produced."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ASSET_ID_FIELD_NUMBER: _builtins.int
+    URL_FIELD_NUMBER: _builtins.int
+    URL_EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    asset_id: _builtins.str
+    """The media asset holding the image (purpose ai_output, owned by the job's user)."""
+    url: _builtins.str
+    """A short-lived download URL for the image; set by GetJob (and by notify), empty where
+    a URL is not handed out.
+    """
+    @_builtins.property
+    def url_expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When url stops working."""
+
+    def __init__(
+        self,
+        *,
+        asset_id: _builtins.str = ...,
+        url: _builtins.str = ...,
+        url_expire_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["url_expire_time", b"url_expire_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["asset_id", b"asset_id", "url", b"url", "url_expire_time", b"url_expire_time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobOutput: _TypeAlias = JobOutput  # noqa: Y015
+
+@_typing.final
 class Job(_message.Message):
-    """One generation: an input photo, a model and a style, turned into an output asset."""
+    """One generation: an input photo, a model and a style, turned into output images."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -180,15 +216,14 @@ class Job(_message.Message):
     MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
     CANCEL_REQUESTED_FIELD_NUMBER: _builtins.int
     PRICE_POINTS_FIELD_NUMBER: _builtins.int
-    OUTPUT_ASSET_ID_FIELD_NUMBER: _builtins.int
-    OUTPUT_URL_FIELD_NUMBER: _builtins.int
-    OUTPUT_URL_EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     START_TIME_FIELD_NUMBER: _builtins.int
     COMPLETE_TIME_FIELD_NUMBER: _builtins.int
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
+    NUM_OUTPUTS_FIELD_NUMBER: _builtins.int
+    OUTPUTS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """Server-assigned identifier (UUID)."""
     user_id: _builtins.str
@@ -221,19 +256,13 @@ class Job(_message.Message):
     """The owner asked to cancel a running job; the worker will stop at a safe point."""
     price_points: _builtins.int
     """Points reserved for (and, on success, charged for) this job."""
-    output_asset_id: _builtins.str
-    """The output asset, once SUCCEEDED."""
-    output_url: _builtins.str
-    """A short-lived download URL for the output, once SUCCEEDED (GetJob only)."""
     version: _builtins.int
     """Increases by exactly one with every client-visible change."""
+    num_outputs: _builtins.int
+    """How many images the job makes (1 to 4); price_points covers them all."""
     @_builtins.property
     def parameters(self) -> _struct_pb2.Struct:
         """Extra model parameters as submitted."""
-
-    @_builtins.property
-    def output_url_expire_time(self) -> _timestamp_pb2.Timestamp:
-        """When output_url stops working."""
 
     @_builtins.property
     def error(self) -> Global___JobError:
@@ -255,6 +284,10 @@ class Job(_message.Message):
     def update_time(self) -> _timestamp_pb2.Timestamp:
         """When it last changed."""
 
+    @_builtins.property
+    def outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobOutput]:
+        """The images, in the provider's order, once SUCCEEDED (num_outputs of them)."""
+
     def __init__(
         self,
         *,
@@ -275,19 +308,18 @@ class Job(_message.Message):
         max_attempts: _builtins.int = ...,
         cancel_requested: _builtins.bool = ...,
         price_points: _builtins.int = ...,
-        output_asset_id: _builtins.str = ...,
-        output_url: _builtins.str = ...,
-        output_url_expire_time: _timestamp_pb2.Timestamp | None = ...,
         error: Global___JobError | None = ...,
         version: _builtins.int = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
         start_time: _timestamp_pb2.Timestamp | None = ...,
         complete_time: _timestamp_pb2.Timestamp | None = ...,
         update_time: _timestamp_pb2.Timestamp | None = ...,
+        num_outputs: _builtins.int = ...,
+        outputs: _abc.Iterable[Global___JobOutput] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["complete_time", b"complete_time", "create_time", b"create_time", "error", b"error", "output_url_expire_time", b"output_url_expire_time", "parameters", b"parameters", "start_time", b"start_time", "update_time", b"update_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["complete_time", b"complete_time", "create_time", b"create_time", "error", b"error", "parameters", b"parameters", "start_time", b"start_time", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cancel_requested", b"cancel_requested", "complete_time", b"complete_time", "create_time", b"create_time", "error", b"error", "height", b"height", "input_asset_id", b"input_asset_id", "job_id", b"job_id", "max_attempts", b"max_attempts", "model_id", b"model_id", "negative_prompt", b"negative_prompt", "output_asset_id", b"output_asset_id", "output_url", b"output_url", "output_url_expire_time", b"output_url_expire_time", "parameters", b"parameters", "price_points", b"price_points", "progress_percent", b"progress_percent", "prompt", b"prompt", "start_time", b"start_time", "status", b"status", "step", b"step", "style_id", b"style_id", "update_time", b"update_time", "user_id", b"user_id", "version", b"version", "width", b"width"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cancel_requested", b"cancel_requested", "complete_time", b"complete_time", "create_time", b"create_time", "error", b"error", "height", b"height", "input_asset_id", b"input_asset_id", "job_id", b"job_id", "max_attempts", b"max_attempts", "model_id", b"model_id", "negative_prompt", b"negative_prompt", "num_outputs", b"num_outputs", "outputs", b"outputs", "parameters", b"parameters", "price_points", b"price_points", "progress_percent", b"progress_percent", "prompt", b"prompt", "start_time", b"start_time", "status", b"status", "step", b"step", "style_id", b"style_id", "update_time", b"update_time", "user_id", b"user_id", "version", b"version", "width", b"width"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

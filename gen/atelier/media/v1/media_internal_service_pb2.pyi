@@ -4,9 +4,11 @@ isort:skip_file
 """
 
 from atelier.media.v1 import asset_pb2 as _asset_pb2
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -27,22 +29,29 @@ class PutAssetHeader(_message.Message):
     OWNER_USER_ID_FIELD_NUMBER: _builtins.int
     PURPOSE_FIELD_NUMBER: _builtins.int
     CONTENT_TYPE_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     owner_user_id: _builtins.str
     """The user who will own the asset."""
     purpose: _asset_pb2.AssetPurpose.ValueType
     """What the asset is for (AI_OUTPUT for generated images)."""
     content_type: _builtins.str
     """image/jpeg, image/png or image/webp."""
+    idempotency_key: _builtins.str
+    """Makes the put repeatable: unique per owner among live assets (a deleted asset frees
+    its key). Callers prefix keys with their own name (e.g. "creation:job:..."), so two
+    services never share one. 1-200 characters of letters, digits and . _ : -.
+    """
     def __init__(
         self,
         *,
         owner_user_id: _builtins.str = ...,
         purpose: _asset_pb2.AssetPurpose.ValueType = ...,
         content_type: _builtins.str = ...,
+        idempotency_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content_type", b"content_type", "owner_user_id", b"owner_user_id", "purpose", b"purpose"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content_type", b"content_type", "idempotency_key", b"idempotency_key", "owner_user_id", b"owner_user_id", "purpose", b"purpose"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -301,3 +310,55 @@ class DeleteAssetResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeleteAssetResponse: _TypeAlias = DeleteAssetResponse  # noqa: Y015
+
+@_typing.final
+class DeleteKeyedAssetsRequest(_message.Message):
+    """Request for DeleteKeyedAssets."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OWNER_USER_ID_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEYS_FIELD_NUMBER: _builtins.int
+    owner_user_id: _builtins.str
+    """The owner whose assets the keys name."""
+    @_builtins.property
+    def idempotency_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Idempotency keys given to PutAsset (1 to 100); keys with no live asset are skipped."""
+
+    def __init__(
+        self,
+        *,
+        owner_user_id: _builtins.str = ...,
+        idempotency_keys: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["idempotency_keys", b"idempotency_keys", "owner_user_id", b"owner_user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteKeyedAssetsRequest: _TypeAlias = DeleteKeyedAssetsRequest  # noqa: Y015
+
+@_typing.final
+class DeleteKeyedAssetsResponse(_message.Message):
+    """Response for DeleteKeyedAssets."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ASSETS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def assets(self) -> _containers.RepeatedCompositeFieldContainer[_asset_pb2.Asset]:
+        """The assets this call deleted (none when there was nothing left to delete)."""
+
+    def __init__(
+        self,
+        *,
+        assets: _abc.Iterable[_asset_pb2.Asset] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assets", b"assets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteKeyedAssetsResponse: _TypeAlias = DeleteKeyedAssetsResponse  # noqa: Y015

@@ -61,6 +61,11 @@ class MediaInternalServiceStub:
                 request_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.DeleteAssetRequest.SerializeToString,
                 response_deserializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.DeleteAssetResponse.FromString,
                 _registered_method=True)
+        self.DeleteKeyedAssets = channel.unary_unary(
+                '/atelier.media.v1.MediaInternalService/DeleteKeyedAssets',
+                request_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.DeleteKeyedAssetsRequest.SerializeToString,
+                response_deserializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.DeleteKeyedAssetsResponse.FromString,
+                _registered_method=True)
 
 
 class MediaInternalServiceServicer:
@@ -70,6 +75,8 @@ class MediaInternalServiceServicer:
 
     def PutAsset(self, request_iterator, context):
         """Stores a server-made asset from a stream: a header first, then chunks of bytes.
+        With an idempotency key, the same key and bytes return the same asset (ALREADY_EXISTS
+        with reason IDEMPOTENCY_KEY_REUSED for the same key and other bytes).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -104,6 +111,14 @@ class MediaInternalServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteKeyedAssets(self, request, context):
+        """Deletes an owner's live assets stored under any of the given idempotency keys, so a
+        caller can remove what it may have stored without knowing the ids. Idempotent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MediaInternalServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -131,6 +146,11 @@ def add_MediaInternalServiceServicer_to_server(servicer, server):
                     servicer.DeleteAsset,
                     request_deserializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.DeleteAssetRequest.FromString,
                     response_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.DeleteAssetResponse.SerializeToString,
+            ),
+            'DeleteKeyedAssets': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteKeyedAssets,
+                    request_deserializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.DeleteKeyedAssetsRequest.FromString,
+                    response_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.DeleteKeyedAssetsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -270,6 +290,33 @@ class MediaInternalService:
             '/atelier.media.v1.MediaInternalService/DeleteAsset',
             atelier_dot_media_dot_v1_dot_media__internal__service__pb2.DeleteAssetRequest.SerializeToString,
             atelier_dot_media_dot_v1_dot_media__internal__service__pb2.DeleteAssetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteKeyedAssets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atelier.media.v1.MediaInternalService/DeleteKeyedAssets',
+            atelier_dot_media_dot_v1_dot_media__internal__service__pb2.DeleteKeyedAssetsRequest.SerializeToString,
+            atelier_dot_media_dot_v1_dot_media__internal__service__pb2.DeleteKeyedAssetsResponse.FromString,
             options,
             channel_credentials,
             insecure,

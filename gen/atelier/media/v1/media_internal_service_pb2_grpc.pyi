@@ -36,7 +36,10 @@ class MediaInternalServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> MediaInternalServiceAsyncStub: ...
     PutAsset: _grpc.StreamUnaryMultiCallable[_media_internal_service_pb2.PutAssetRequest, _media_internal_service_pb2.PutAssetResponse]
-    """Stores a server-made asset from a stream: a header first, then chunks of bytes."""
+    """Stores a server-made asset from a stream: a header first, then chunks of bytes.
+    With an idempotency key, the same key and bytes return the same asset (ALREADY_EXISTS
+    with reason IDEMPOTENCY_KEY_REUSED for the same key and other bytes).
+    """
     ReadAsset: _grpc.UnaryStreamMultiCallable[_media_internal_service_pb2.ReadAssetRequest, _media_internal_service_pb2.ReadAssetResponse]
     """Streams an asset's bytes: its metadata first, then chunks."""
     GetAssetUrl: _grpc.UnaryUnaryMultiCallable[_media_internal_service_pb2.GetAssetUrlRequest, _media_internal_service_pb2.GetAssetUrlResponse]
@@ -47,6 +50,10 @@ class MediaInternalServiceStub:
     """
     DeleteAsset: _grpc.UnaryUnaryMultiCallable[_media_internal_service_pb2.DeleteAssetRequest, _media_internal_service_pb2.DeleteAssetResponse]
     """Marks an asset deleted and removes its object. Idempotent."""
+    DeleteKeyedAssets: _grpc.UnaryUnaryMultiCallable[_media_internal_service_pb2.DeleteKeyedAssetsRequest, _media_internal_service_pb2.DeleteKeyedAssetsResponse]
+    """Deletes an owner's live assets stored under any of the given idempotency keys, so a
+    caller can remove what it may have stored without knowing the ids. Idempotent.
+    """
 
 @_typing.type_check_only
 class MediaInternalServiceAsyncStub(MediaInternalServiceStub):
@@ -56,7 +63,10 @@ class MediaInternalServiceAsyncStub(MediaInternalServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     PutAsset: _aio.StreamUnaryMultiCallable[_media_internal_service_pb2.PutAssetRequest, _media_internal_service_pb2.PutAssetResponse]  # type: ignore[assignment]
-    """Stores a server-made asset from a stream: a header first, then chunks of bytes."""
+    """Stores a server-made asset from a stream: a header first, then chunks of bytes.
+    With an idempotency key, the same key and bytes return the same asset (ALREADY_EXISTS
+    with reason IDEMPOTENCY_KEY_REUSED for the same key and other bytes).
+    """
     ReadAsset: _aio.UnaryStreamMultiCallable[_media_internal_service_pb2.ReadAssetRequest, _media_internal_service_pb2.ReadAssetResponse]  # type: ignore[assignment]
     """Streams an asset's bytes: its metadata first, then chunks."""
     GetAssetUrl: _aio.UnaryUnaryMultiCallable[_media_internal_service_pb2.GetAssetUrlRequest, _media_internal_service_pb2.GetAssetUrlResponse]  # type: ignore[assignment]
@@ -67,6 +77,10 @@ class MediaInternalServiceAsyncStub(MediaInternalServiceStub):
     """
     DeleteAsset: _aio.UnaryUnaryMultiCallable[_media_internal_service_pb2.DeleteAssetRequest, _media_internal_service_pb2.DeleteAssetResponse]  # type: ignore[assignment]
     """Marks an asset deleted and removes its object. Idempotent."""
+    DeleteKeyedAssets: _aio.UnaryUnaryMultiCallable[_media_internal_service_pb2.DeleteKeyedAssetsRequest, _media_internal_service_pb2.DeleteKeyedAssetsResponse]  # type: ignore[assignment]
+    """Deletes an owner's live assets stored under any of the given idempotency keys, so a
+    caller can remove what it may have stored without knowing the ids. Idempotent.
+    """
 
 class MediaInternalServiceServicer(metaclass=_abc_1.ABCMeta):
     """Asset access for other services (workers, providers). Served only on media's internal
@@ -79,7 +93,10 @@ class MediaInternalServiceServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_media_internal_service_pb2.PutAssetRequest],
         context: _ServicerContext,
     ) -> _typing.Union[_media_internal_service_pb2.PutAssetResponse, _abc.Awaitable[_media_internal_service_pb2.PutAssetResponse]]:
-        """Stores a server-made asset from a stream: a header first, then chunks of bytes."""
+        """Stores a server-made asset from a stream: a header first, then chunks of bytes.
+        With an idempotency key, the same key and bytes return the same asset (ALREADY_EXISTS
+        with reason IDEMPOTENCY_KEY_REUSED for the same key and other bytes).
+        """
 
     @_abc_1.abstractmethod
     def ReadAsset(
@@ -114,5 +131,15 @@ class MediaInternalServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_media_internal_service_pb2.DeleteAssetResponse, _abc.Awaitable[_media_internal_service_pb2.DeleteAssetResponse]]:
         """Marks an asset deleted and removes its object. Idempotent."""
+
+    @_abc_1.abstractmethod
+    def DeleteKeyedAssets(
+        self,
+        request: _media_internal_service_pb2.DeleteKeyedAssetsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_media_internal_service_pb2.DeleteKeyedAssetsResponse, _abc.Awaitable[_media_internal_service_pb2.DeleteKeyedAssetsResponse]]:
+        """Deletes an owner's live assets stored under any of the given idempotency keys, so a
+        caller can remove what it may have stored without knowing the ids. Idempotent.
+        """
 
 def add_MediaInternalServiceServicer_to_server(servicer: MediaInternalServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -4,9 +4,11 @@ isort:skip_file
 """
 
 from atelier.creation.v1 import job_pb2 as _job_pb2
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -33,9 +35,9 @@ class JobState(_message.Message):
     STEP_FIELD_NUMBER: _builtins.int
     PROGRESS_PERCENT_FIELD_NUMBER: _builtins.int
     CANCEL_REQUESTED_FIELD_NUMBER: _builtins.int
-    OUTPUT_ASSET_ID_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
+    OUTPUTS_FIELD_NUMBER: _builtins.int
     DONE_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
     NEXT_ATTEMPT_TIME_FIELD_NUMBER: _builtins.int
@@ -55,8 +57,6 @@ class JobState(_message.Message):
     """
     cancel_requested: _builtins.bool
     """The owner asked to cancel; the worker has not stopped yet."""
-    output_asset_id: _builtins.str
-    """The output asset, once SUCCEEDED."""
     done: _builtins.bool
     """The status is terminal (SUCCEEDED, FAILED or CANCELLED): no later version follows.
     NEEDS_ATTENTION is not done: an operator may still queue, fail or cancel the job.
@@ -74,6 +74,12 @@ class JobState(_message.Message):
         """When this version was written by creation."""
 
     @_builtins.property
+    def outputs(self) -> _containers.RepeatedCompositeFieldContainer[_job_pb2.JobOutput]:
+        """The images, once SUCCEEDED. creation sets each asset_id; notify adds the download
+        URLs when it hands the state to a client.
+        """
+
+    @_builtins.property
     def next_attempt_time(self) -> _timestamp_pb2.Timestamp:
         """While QUEUED: the earliest time a worker may start the next attempt (after a
         retryable failure it lies in the future: show "retrying at ..."). Unset otherwise.
@@ -89,16 +95,16 @@ class JobState(_message.Message):
         step: _job_pb2.JobStep.ValueType = ...,
         progress_percent: _builtins.int = ...,
         cancel_requested: _builtins.bool = ...,
-        output_asset_id: _builtins.str = ...,
         error: _job_pb2.JobError | None = ...,
         update_time: _timestamp_pb2.Timestamp | None = ...,
+        outputs: _abc.Iterable[_job_pb2.JobOutput] | None = ...,
         done: _builtins.bool = ...,
         attempt: _builtins.int = ...,
         next_attempt_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "next_attempt_time", b"next_attempt_time", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cancel_requested", b"cancel_requested", "done", b"done", "error", b"error", "job_id", b"job_id", "next_attempt_time", b"next_attempt_time", "output_asset_id", b"output_asset_id", "progress_percent", b"progress_percent", "status", b"status", "step", b"step", "update_time", b"update_time", "user_id", b"user_id", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cancel_requested", b"cancel_requested", "done", b"done", "error", b"error", "job_id", b"job_id", "next_attempt_time", b"next_attempt_time", "outputs", b"outputs", "progress_percent", b"progress_percent", "status", b"status", "step", b"step", "update_time", b"update_time", "user_id", b"user_id", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

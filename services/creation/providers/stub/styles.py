@@ -90,10 +90,12 @@ def _neutral(image: Image.Image) -> Image.Image:
 
 
 def _variant(image: Image.Image, index: int) -> Image.Image:
-    """Output ``index`` of several: each a little brighter than the one before."""
+    """Output ``index`` of several, told apart at a glance: each brighter than the one
+    before, and every other one mirrored (same size and orientation)."""
     if index == 0:
         return image
-    return ImageEnhance.Brightness(image).enhance(1 + 0.08 * index)
+    variant = ImageEnhance.Brightness(image).enhance(1 + 0.2 * index)
+    return ImageOps.mirror(variant) if index % 2 else variant
 
 
 def _decode(data: bytes, max_pixels: int) -> tuple[Image.Image, str]:
