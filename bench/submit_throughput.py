@@ -151,8 +151,9 @@ async def bench(stack: Stack, echo_address: str, requests: int) -> None:
             elapsed, latencies = await run_clients(clients, requests // clients, over_grpc)
             submits["grpc", clients] = report("SubmitJob gRPC", clients, elapsed, latencies)
 
-    # aiohttp (C parser, keep-alive): httpx's async client spent ~2 ms of CPU per call
-    # here, more than Envoy and the transcoding together (see docs/benchmarks.md).
+    # aiohttp (C parser, keep-alive), not httpx: httpx's async client spent ~2 ms of CPU
+    # per call here (httpcore 1.0 tries to import the absent sniffio on every request),
+    # more than Envoy and the transcoding together, and only the JSON path paid it.
     connector = aiohttp.TCPConnector(limit=32)
     async with aiohttp.ClientSession(
         f"http://127.0.0.1:{stack.ports.envoy}", connector=connector
