@@ -8,6 +8,7 @@ from grpc import aio
 
 from atelier.creation.v1 import catalog_pb2, creation_service_pb2, creation_service_pb2_grpc
 from services.creation import convert, submission
+from services.creation.catalog import Catalog
 from services.creation.errors import Reason
 from services.creation.jobs import Jobs
 from services.creation.store import catalog as catalog_store
@@ -39,40 +40,59 @@ def _job_id(value: str) -> str:
     return value.lower()
 
 
+def _catalog_response(
+    catalog: Catalog, media_kind: str | None
+) -> creation_service_pb2.ListCatalogResponse:
+    """The enabled entries (of ``media_kind``, when given) in picker order."""
+    return creation_service_pb2.ListCatalogResponse(
+        models=[
+            catalog_pb2.Model(
+                model_id=m.model_id,
+                display_name=m.display_name,
+                description=m.description,
+                media_kind=_KIND_TO_PROTO[m.media_kind],
+                price_points=m.price_points,
+                sort_order=m.sort_order,
+            )
+            for m in catalog.models
+            if media_kind is None or m.media_kind == media_kind
+        ],
+        styles=[
+            catalog_pb2.Style(
+                style_id=s.style_id,
+                display_name=s.display_name,
+                description=s.description,
+                media_kind=_KIND_TO_PROTO[s.media_kind],
+                sort_order=s.sort_order,
+            )
+            for s in catalog.styles
+            if media_kind is None or s.media_kind == media_kind
+        ],
+    )
+
+
 class CreationServicer(creation_service_pb2_grpc.CreationServiceServicer):
     def __init__(self, catalog: catalog_store.CachedCatalog, jobs: Jobs) -> None:
         self._catalog = catalog  # plain reads, no rules
         self._jobs = jobs
+        # ListCatalog's answers by media kind, built from the catalog they were built from.
+        self._responses_from: Catalog | None = None
+        self._responses: dict[str | None, creation_service_pb2.ListCatalogResponse] = {}
 
     async def ListCatalog(
         self, request: creation_service_pb2.ListCatalogRequest, context: Context
     ) -> creation_service_pb2.ListCatalogResponse:
         # An unknown enum number (newer client) filters to nothing rather than failing.
         kind = _KIND_FROM_PROTO.get(request.media_kind, "unknown") if request.media_kind else None
-        catalog = await self._catalog.enabled(kind)
-        return creation_service_pb2.ListCatalogResponse(
-            models=[
-                catalog_pb2.Model(
-                    model_id=m.model_id,
-                    display_name=m.display_name,
-                    description=m.description,
-                    media_kind=_KIND_TO_PROTO[m.media_kind],
-                    price_points=m.price_points,
-                    sort_order=m.sort_order,
-                )
-                for m in catalog.models
-            ],
-            styles=[
-                catalog_pb2.Style(
-                    style_id=s.style_id,
-                    display_name=s.display_name,
-                    description=s.description,
-                    media_kind=_KIND_TO_PROTO[s.media_kind],
-                    sort_order=s.sort_order,
-                )
-                for s in catalog.styles
-            ],
-        )
+        catalog = await self._catalog.enabled(None)
+        # The store hands out the same Catalog until its TTL runs out: until then the
+        # built response is the same too (grpc only reads it to serialize it).
+        if catalog is not self._responses_from:
+            self._responses_from, self._responses = catalog, {}
+        response = self._responses.get(kind)
+        if response is None:
+            response = self._responses[kind] = _catalog_response(catalog, kind)
+        return response
 
     async def SubmitJob(
         self, request: creation_service_pb2.SubmitJobRequest, context: Context

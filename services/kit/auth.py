@@ -8,12 +8,13 @@ import hmac
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import jwt
 
 from services.kit.errors import Reason, unauthenticated
+from services.kit.token_cache import VerifiedTokens
 
 Metadata = Sequence[tuple[str, str | bytes]]
 
@@ -91,12 +92,19 @@ def _bearer(metadata: Metadata) -> str | None:
 class JwtAuthenticator:
     """Checks an HS256 JWT: signature, expiry, issuer, audience, a lifetime no longer than
     ``max_lifetime_seconds`` (a leaked token must not stay valid for years) and a subject
-    that follows the principal-id rule."""
+    that follows the principal-id rule.
+
+    A token that passed is remembered until its ``exp`` (see
+    :class:`~services.kit.token_cache.VerifiedTokens`): clients send the same one on
+    every call."""
 
     secret: str
     issuer: str
     audience: str
     max_lifetime_seconds: float = DEFAULT_MAX_LIFETIME_SECONDS
+    verified: VerifiedTokens[Principal] = field(
+        default_factory=VerifiedTokens, compare=False, repr=False
+    )
 
     def authenticate(self, metadata: Metadata) -> Principal:
         token = _bearer(metadata)
@@ -108,6 +116,14 @@ class JwtAuthenticator:
             raise unauthenticated(
                 Reason.TOKEN_MALFORMED, "the authorization header must be 'Bearer <token>'"
             )
+        principal = self.verified.get(token)
+        if principal is None:
+            principal, expires_at = self._verify(token)
+            self.verified.put(token, principal, expires_at)
+        return principal
+
+    def _verify(self, token: str) -> tuple[Principal, float]:
+        """The token's principal and its ``exp``, or ApiError(UNAUTHENTICATED)."""
         try:
             claims = jwt.decode(
                 token,
@@ -135,7 +151,7 @@ class JwtAuthenticator:
             # The subject itself is not echoed: it may be anything, NUL included.
             raise unauthenticated(Reason.TOKEN_INVALID, f"the token's subject {PRINCIPAL_ID_RULE}")
         self._check_lifetime(claims)
-        return Principal(user_id=subject)
+        return Principal(user_id=subject), float(claims["exp"])
 
     def _check_lifetime(self, claims: dict[str, Any]) -> None:
         # pyjwt checked that exp and iat are numbers and that iat is not in the future.

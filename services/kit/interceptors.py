@@ -1,9 +1,9 @@
-"""Server interceptors. Each wraps the method handler so that it runs inside the RPC's own
-task: errors can be turned into rich statuses, and the caller's identity is visible to the
-handler through a context variable.
+"""What runs around every RPC (:class:`ServerStack`). It wraps each method handler so that
+it runs inside the RPC's own task: errors can be turned into rich statuses, and the
+caller's identity is visible to the handler through a context variable.
 
-Order (outermost first), fixed by :func:`services.kit.server.build_interceptors`:
-ObservabilityInterceptor (metrics, access log, error table) → AuthInterceptor → handler.
+Order (outermost first): observability (metrics, access log, error table) →
+authentication → handler. :func:`services.kit.server.build_stack` builds it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
@@ -38,12 +38,11 @@ if TYPE_CHECKING:
     # the type checker.
     Handler: TypeAlias = grpc.RpcMethodHandler[Any, Any]
     Context: TypeAlias = aio.ServicerContext[Any, Any]
-    Interceptor: TypeAlias = aio.ServerInterceptor[Any, Any]
+    GenericHandler: TypeAlias = grpc.GenericRpcHandler[Any, Any]
 else:
     Handler = grpc.RpcMethodHandler
     Context = aio.ServicerContext
-    Interceptor = aio.ServerInterceptor
-Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[Handler]]
+    GenericHandler = grpc.GenericRpcHandler
 UnaryBehavior = Callable[[Any, Context], Awaitable[Any]]
 # A step that runs around a call: it gets the context and a thunk that runs the rest.
 Around = Callable[[Context, Callable[[], Awaitable[None]]], Awaitable[None]]
@@ -154,30 +153,47 @@ def wrap_handler(handler: Handler, around: Around) -> Handler:
     return grpc.stream_stream_rpc_method_handler(streaming, **kwargs)
 
 
-class ObservabilityInterceptor(Interceptor):
-    """Counts and times every RPC by method and status code, logs it, and maps exceptions
-    to statuses: ApiError to its own status, a dependency outage to UNAVAILABLE naming it
-    (one throttled line per kind, no stack), anything unexpected to INTERNAL with generic
-    text (the stack goes to the log, never to the client)."""
+class ServerStack:
+    """What runs around every RPC, in this order: observability (counts and times it by
+    method and status code, logs it, maps exceptions to statuses), then authentication
+    (every call but health and reflection; the principal reaches the handler through
+    :func:`services.kit.auth.current_principal`), then the handler.
 
-    def __init__(self, service: str, throttle: Throttle | None = None) -> None:
+    Exceptions map to statuses in one place: ApiError to its own status, a dependency
+    outage to UNAVAILABLE naming it (one throttled line per kind, no stack), anything
+    unexpected to INTERNAL with generic text (the stack goes to the log, never to the
+    client).
+
+    The stack is applied once per method, when a servicer is registered (see
+    :class:`StackedServer`), not by grpc.aio interceptors: those rebuild the handler
+    chain on every call, which cost a cheap RPC more than its own work."""
+
+    def __init__(
+        self, service: str, authenticator: Authenticator, throttle: Throttle | None = None
+    ) -> None:
         self._service = service
+        self._authenticator = authenticator
         self._throttle = throttle or Throttle()
 
-    async def intercept_service(
-        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
-    ) -> Handler:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
-        method = handler_call_details.method
+    def wrap(self, method: str, handler: Handler) -> Handler:
+        authenticate = self._authenticator.authenticate
+        public = method.startswith(UNAUTHENTICATED_PREFIXES)
+        service = self._service
 
         async def around(context: Context, call: Callable[[], Awaitable[None]]) -> None:
             started = time.perf_counter()
             code = grpc.StatusCode.OK
             failure: ApiError | None = None
             try:
-                await call()
+                if public:
+                    await call()
+                else:
+                    principal = authenticate(tuple(context.invocation_metadata() or ()))
+                    token = set_principal(principal)
+                    try:
+                        await call()
+                    finally:
+                        reset_principal(token)
                 code = context.code() or grpc.StatusCode.OK
             except aio.AbortError:
                 code = context.code() or grpc.StatusCode.UNKNOWN
@@ -199,8 +215,8 @@ class ObservabilityInterceptor(Interceptor):
                 if failure is not None:
                     code = failure.code
                 elapsed = time.perf_counter() - started
-                metrics.observe_rpc(self._service, method, code.name, elapsed)
-                if not method.startswith(UNAUTHENTICATED_PREFIXES):
+                metrics.observe_rpc(service, method, code.name, elapsed)
+                if not public:
                     log.info(
                         "rpc_finished", method=method, code=code.name, seconds=round(elapsed, 6)
                     )
@@ -219,6 +235,54 @@ class ObservabilityInterceptor(Interceptor):
             self._throttle, outage.dependency, outage.kind, method=method, error=error_name
         )
         return outage.api_error()
+
+
+class _StackedGenericHandler(GenericHandler):
+    """A servicer's generic handler whose method handlers come wrapped in the stack, each
+    wrapped once, the first time its method is called."""
+
+    def __init__(self, inner: GenericHandler, stack: ServerStack) -> None:
+        self._inner = inner
+        self._stack = stack
+        # Only methods the servicer has: an unknown name is not remembered.
+        self._wrapped: dict[str, Handler] = {}
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> Handler | None:
+        method = handler_call_details.method
+        wrapped = self._wrapped.get(method)
+        if wrapped is None:
+            handler = self._inner.service(handler_call_details)
+            if handler is None:
+                return None
+            wrapped = self._wrapped[method] = self._stack.wrap(method, handler)
+        return wrapped
+
+
+class StackedServer:
+    """Stands in for a grpc.aio server while servicers, health and reflection register
+    (``add_XServicer_to_server(servicer, StackedServer(server, stack))``): each method
+    handler they add is wrapped in ``stack``."""
+
+    def __init__(self, server: aio.Server, stack: ServerStack) -> None:
+        self._server = server
+        self._stack = stack
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[GenericHandler]) -> None:
+        self._server.add_generic_rpc_handlers(
+            tuple(_StackedGenericHandler(handler, self._stack) for handler in handlers)
+        )
+
+    def add_registered_method_handlers(
+        self, service_name: str, method_handlers: dict[str, Handler]
+    ) -> None:
+        # grpc-stubs does not know this method yet.
+        self._server.add_registered_method_handlers(  # type: ignore[attr-defined]
+            service_name,
+            {
+                name: self._stack.wrap(f"/{service_name}/{name}", handler)
+                for name, handler in method_handlers.items()
+            },
+        )
 
 
 def _api_form(failure: DomainError, method: str, throttle: Throttle) -> ApiError:
@@ -240,28 +304,3 @@ async def _abort(context: Context, error: ApiError) -> None:
     if headers:
         await context.send_initial_metadata(headers)
     await context.abort(error.code, error.message, trailing_metadata=error.trailing_metadata())
-
-
-class AuthInterceptor(Interceptor):
-    """Authenticates every call except health and reflection, and makes the principal
-    available to the handler through :func:`services.kit.auth.current_principal`."""
-
-    def __init__(self, authenticator: Authenticator) -> None:
-        self._authenticator = authenticator
-
-    async def intercept_service(
-        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
-    ) -> Handler:
-        handler = await continuation(handler_call_details)
-        if handler is None or handler_call_details.method.startswith(UNAUTHENTICATED_PREFIXES):
-            return handler
-
-        async def around(context: Context, call: Callable[[], Awaitable[None]]) -> None:
-            principal = self._authenticator.authenticate(tuple(context.invocation_metadata() or ()))
-            token = set_principal(principal)
-            try:
-                await call()
-            finally:
-                reset_principal(token)
-
-        return wrap_handler(handler, around)

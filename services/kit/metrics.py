@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import Counter, Histogram, start_http_server
 
 from services.kit.ports import PortUnavailable
@@ -17,9 +19,19 @@ RPC_SECONDS = Histogram(
 )
 
 
+# The labelled series of each (service, method, code), looked up once: ``labels()`` takes
+# a lock and builds its key on every call. Bounded by the methods servers register.
+_series: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+
+
 def observe_rpc(service: str, method: str, code: str, seconds: float) -> None:
-    RPC_TOTAL.labels(service, method, code).inc()
-    RPC_SECONDS.labels(service, method, code).observe(seconds)
+    key = (service, method, code)
+    series = _series.get(key)
+    if series is None:
+        series = _series[key] = (RPC_TOTAL.labels(*key), RPC_SECONDS.labels(*key))
+    count, duration = series
+    count.inc()
+    duration.observe(seconds)
 
 
 def serve_metrics(host: str, port: int, variable: str) -> None:

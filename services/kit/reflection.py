@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from google.protobuf import descriptor_pb2, descriptor_pool
 from google.protobuf.descriptor import FileDescriptor
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 DESCRIPTOR_SET = Path(__file__).resolve().parents[2] / "gen" / "atelier.binpb"
 
@@ -106,9 +106,13 @@ def load_documented(path: Path = DESCRIPTOR_SET) -> dict[str, descriptor_pb2.Fil
 
 
 def enable_documented_reflection(service_names: Iterable[str], server: Any) -> None:
-    """``reflection.enable_server_reflection`` serving the proto comments too."""
+    """``reflection.enable_server_reflection`` for a grpc.aio server, serving the proto
+    comments too. ``server`` may be a stand-in that registers on one (the kit's
+    StackedServer), so the asyncio servicer is chosen here rather than by its type."""
     # Duck-typed: the servicer only uses the lookups DocumentedPool answers.
     pool = cast(descriptor_pool.DescriptorPool, DocumentedPool(load_documented()))
-    reflection.enable_server_reflection(
-        [*service_names, reflection.SERVICE_NAME], server, pool=pool
+    # The package's public name for its asyncio servicer (not in its type hints).
+    servicer = reflection.aio.ReflectionServicer(  # type: ignore[attr-defined]
+        [*service_names, reflection.SERVICE_NAME], pool=pool
     )
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, server)

@@ -26,7 +26,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.kit.auth import Authenticator, JwtAuthenticator, ServiceAuthenticator
 from services.kit.components import Component, Supervisor
-from services.kit.interceptors import AuthInterceptor, ObservabilityInterceptor
+from services.kit.interceptors import ServerStack, StackedServer
 from services.kit.logging import configure as configure_logging
 from services.kit.logging import get_logger
 from services.kit.metrics import serve_metrics
@@ -82,25 +82,24 @@ class ServiceApp:
     serve_public: bool = True
 
 
-def build_interceptors(
-    service: str, authenticator: Authenticator
-) -> list[aio.ServerInterceptor[Any, Any]]:
-    # Outermost first: observability must see auth failures and every exception.
-    return [ObservabilityInterceptor(service), AuthInterceptor(authenticator)]
+def build_stack(service: str, authenticator: Authenticator) -> ServerStack:
+    """Observability outermost (it must see auth failures and every exception), then
+    authentication, then the handler."""
+    return ServerStack(service, authenticator)
 
 
 class _Listener:
     def __init__(self, service: str, bindings: Sequence[Binding], authenticator: Authenticator):
-        self.server = aio.server(
-            interceptors=build_interceptors(service, authenticator), options=SERVER_OPTIONS
-        )
+        self.server = aio.server(options=SERVER_OPTIONS)
+        # Everything registers through the stack: each handler is wrapped once, here.
+        stacked: Any = StackedServer(self.server, build_stack(service, authenticator))
         # grpc-stubs predates the asyncio health servicer.
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         self.names = [b.name for b in bindings]
         for binding in bindings:
-            binding.add_to_server(binding.servicer, self.server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        enable_documented_reflection([*self.names, health.SERVICE_NAME], self.server)
+            binding.add_to_server(binding.servicer, stacked)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, stacked)
+        enable_documented_reflection([*self.names, health.SERVICE_NAME], stacked)
 
     async def set_serving(self, serving: bool) -> None:
         status = (
