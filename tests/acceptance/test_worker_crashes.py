@@ -6,16 +6,20 @@ once."""
 
 from __future__ import annotations
 
+import asyncio
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from services.creation.providers.stub import read_ledger
+from services.dev.processes import Child, free_port, spawn
 from services.dev.stack import Stack
 from tests.acceptance.test_jobs_edge import User, job_body, put_input
-from tests.support.stacks import job_in
-from tests.support.workers import WorkerProcess, exited, start_worker
+from tests.support.stacks import job_in, stack_of_its_own
 
 # Short leases and beats, so a dead worker's job is found within seconds.
 ENGINE_ENV = {
@@ -29,9 +33,28 @@ ENGINE_ENV = {
 }
 
 
-def start_crashing_worker(api: Stack, name: str, ledger: Path, crash_at: str = "") -> WorkerProcess:
-    env = {**ENGINE_ENV, "ATELIER_STUB_LEDGER": str(ledger), "ATELIER_STUB_CRASH_AT": crash_at}
-    return start_worker(api, name, env)
+@pytest.fixture(scope="module")
+def api(postgres_admin_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The API alone (jobs wait for the workers each test starts), on its own database."""
+    work = tmp_path_factory.mktemp("crashes")
+    with stack_of_its_own(postgres_admin_url, work, "api", {"ATELIER_ENV": "test"}) as stack:
+        yield stack
+
+
+def start_worker(api: Stack, name: str, ledger: Path, crash_at: str = "") -> Child:
+    env = {
+        **ENGINE_ENV,
+        "ATELIER_DATABASE_URL": api.database_url,
+        "ATELIER_CREATION_PUBLIC_PORT": str(free_port()),
+        "ATELIER_CREATION_INTERNAL_PORT": str(free_port()),
+        "ATELIER_CREATION_METRICS_PORT": str(free_port()),
+        "ATELIER_MEDIA_INTERNAL_ADDRESS": f"127.0.0.1:{api.ports.internal['media']}",
+        "ATELIER_STUB_STATE_DIR": str(api.work_dir / "stub"),
+        "ATELIER_STUB_LEDGER": str(ledger),
+        "ATELIER_STUB_CRASH_AT": crash_at,
+    }
+    argv = [sys.executable, "-m", "services.creation", "--role", "worker"]
+    return spawn(name, argv, env, api.work_dir / "logs")
 
 
 FINAL = {
@@ -40,6 +63,14 @@ FINAL = {
     "JOB_STATUS_CANCELLED",
     "JOB_STATUS_NEEDS_ATTENTION",
 }
+
+
+async def died(worker: Child, within: float) -> int:
+    deadline = time.monotonic() + within
+    while worker.alive():
+        assert time.monotonic() < deadline, f"{worker.name} did not reach its crash point"
+        await asyncio.sleep(0.05)
+    return int(worker.process.returncode)
 
 
 @pytest.mark.parametrize(
@@ -57,14 +88,8 @@ FINAL = {
     ],
 )
 async def test_a_worker_killed_at_a_point_loses_nothing_and_charges_once(
-    api_of_its_own: Stack,
-    http: httpx.AsyncClient,
-    tmp_path: Path,
-    point: str,
-    final: str,
-    reserved: str,
+    api: Stack, http: httpx.AsyncClient, tmp_path: Path, point: str, final: str, reserved: str
 ) -> None:
-    api = api_of_its_own
     url = f"http://127.0.0.1:{api.ports.envoy}"
     user = User()
     asset = await put_input(api, user.user_id)
@@ -72,9 +97,9 @@ async def test_a_worker_killed_at_a_point_loses_nothing_and_charges_once(
     job_id = submitted.json()["job"]["jobId"]
     ledger = tmp_path / "ledger"
 
-    doomed = start_crashing_worker(api, f"worker-crash-{point}", ledger, crash_at=point)
-    assert await exited(doomed, within=30) == -9  # SIGKILL, as a power cut
-    survivor = start_crashing_worker(api, f"worker-after-{point}", ledger)
+    doomed = start_worker(api, f"worker-crash-{point}", ledger, crash_at=point)
+    assert await died(doomed, within=30) == -9  # SIGKILL, as a power cut
+    survivor = start_worker(api, f"worker-after-{point}", ledger)
     try:
         job = await job_in(http, url, user.headers, job_id, FINAL, within=40)
     finally:

@@ -25,6 +25,7 @@ from tests.support.workers import (
     read_events,
     read_jobs,
     read_points,
+    seconds_between,
     serving,
     start_worker,
     until,
@@ -33,6 +34,7 @@ from tests.support.workers import (
 
 DURATION_SECONDS = 10.0
 DRAIN_SECONDS = 8.0
+GRACE_SECONDS = 10.0
 DRAIN_ENV = {
     "ATELIER_STUB_DURATION": str(DURATION_SECONDS),
     # Each poll takes a while, so SIGTERM finds polls in flight.
@@ -40,7 +42,7 @@ DRAIN_ENV = {
     "ATELIER_WORKER_PROVIDER_POLL": "0.2",
     "ATELIER_WORKER_CONCURRENCY": "32",
     "ATELIER_WORKER_DRAIN": str(DRAIN_SECONDS),
-    "ATELIER_DRAIN_GRACE": "10",
+    "ATELIER_DRAIN_GRACE": str(GRACE_SECONDS),
     "ATELIER_LEASE_TTL": "5",
     "ATELIER_HEARTBEAT": "1",
     "ATELIER_REAPER_PERIOD": "0.5",
@@ -111,9 +113,13 @@ async def test_sigterm_during_twenty_running_jobs_finishes_or_hands_back_each(
     finally:
         first.stop()
     assert code == 0
-    # Within the drain timeout (plus the interpreter's own exit).
-    assert took <= DRAIN_SECONDS + 2.0, f"exited {took:.1f} s after SIGTERM"
-    print(f"first worker exited {took:.1f} s after SIGTERM")
+    # The engine stopped within its drain timeout, by its own clock (SIGTERM handled at
+    # once); the whole process within the service's grace, plus its interpreter's exit,
+    # which a busy machine slows by seconds.
+    drained = seconds_between(first, "service_draining", "worker_stopped")
+    assert drained <= DRAIN_SECONDS, f"the worker stopped {drained:.1f} s after SIGTERM"
+    assert took <= GRACE_SECONDS + 5.0, f"exited {took:.1f} s after SIGTERM"
+    print(f"first worker drained in {drained:.1f} s, exited {took:.1f} s after SIGTERM")
 
     after = await read_jobs(db, early | late)
     for job_id, job in after.items():

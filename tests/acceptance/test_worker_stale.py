@@ -24,6 +24,7 @@ from tests.support.workers import (
     log_lines,
     new_user,
     output_assets,
+    output_ids,
     queue_jobs,
     read_events,
     read_jobs,
@@ -132,4 +133,5 @@ async def test_a_worker_woken_after_its_lease_was_taken_over_writes_nothing(
     assert read_ledger(tmp_path / "ledger") == {job_id: [held.provider_request_id]}
     assert (await read_points(db, [job_id]))[job_id] == [("reserve", 5), ("capture", 5)]
     # One output, the second's; the first left none behind (nor landed one at all).
-    assert await output_assets(db, [user]) == {done.output_asset_id: "ready"}
+    (output,) = output_ids(done)
+    assert await output_assets(db, [user]) == {output: "ready"}

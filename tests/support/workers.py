@@ -12,6 +12,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypeVar
 
 from sqlalchemy import select
@@ -120,6 +121,17 @@ def log_lines(worker: WorkerProcess) -> list[dict[str, Any]]:
     return lines
 
 
+def seconds_between(worker: WorkerProcess, first: str, then: str) -> float:
+    """Seconds from the worker's first log line with action ``first`` to its first with
+    action ``then``, by the worker's own clock."""
+    times: dict[str, datetime] = {}
+    for line in log_lines(worker):
+        if line.get("action") in (first, then):
+            times.setdefault(line["action"], datetime.fromisoformat(line["time"]))
+    assert first in times and then in times, f"{worker.name} logged no {first} or {then}"
+    return (times[then] - times[first]).total_seconds()
+
+
 async def worker_id(worker: WorkerProcess, within: float = 10.0) -> str:
     """The id the worker writes as its lease owner, from its start line."""
 
@@ -225,6 +237,11 @@ async def read_points(db: AsyncEngine, job_ids: Iterable[str]) -> dict[str, list
     for r in rows:
         entries[str(r.job_id)].append((r.kind, int(r.amount)))
     return dict(entries)
+
+
+def output_ids(job: Job) -> list[str]:
+    """The job's output asset ids (one until outputs become a list)."""
+    return [job.output_asset_id] if job.output_asset_id else []
 
 
 async def output_assets(db: AsyncEngine, owners: Iterable[str]) -> dict[str, str]:
