@@ -12,6 +12,7 @@ import pytest
 from services.dev.stack import Stack, StackPorts
 from services.kit.auth import issue_token
 from services.kit.settings import DEV_JWT_SECRET
+from tests.support.stacks import stack_of_its_own
 
 
 @pytest.fixture(scope="session")
@@ -29,6 +30,17 @@ def stack(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     running.start()
     yield running
     running.stop()
+
+
+@pytest.fixture(scope="module")
+def api_of_its_own(
+    postgres_admin_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    """The API alone on a database of its own, for a module that starts its own worker
+    processes: its jobs wait for them, and no other stack's worker takes them."""
+    work = tmp_path_factory.mktemp("api")
+    with stack_of_its_own(postgres_admin_url, work, "api", {"ATELIER_ENV": "test"}) as stack:
+        yield stack
 
 
 @pytest.fixture(scope="session")

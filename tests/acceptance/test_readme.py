@@ -1,6 +1,8 @@
 """The README's commands paste and work as is: each ```sh block that talks to a running
-system runs in bash, in order, as one terminal session, against a real stack (its ports in
-place of the defaults the README shows), from a folder laid out like the repository."""
+system runs in bash, in order, as one terminal session, against a real stack as `make dev`
+runs it — the job engine with the stub provider at its default pace — (its ports in place
+of the defaults the README shows), from a folder laid out like the repository. A new user
+following it sees the job's states and downloads a real picture."""
 
 from __future__ import annotations
 
@@ -9,14 +11,16 @@ import os
 import re
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from PIL import Image
+from PIL import Image, ImageChops
 
 from services.dev.processes import free_port
 from services.dev.stack import Stack
 from tests.support.cli import wait_serving
+from tests.support.stacks import stack_of_its_own
 
 ROOT = Path(__file__).resolve().parents[2]
 BLOCK = re.compile(r"^```sh\n(.*?)^```", re.MULTILINE | re.DOTALL)
@@ -69,7 +73,17 @@ def user_env() -> dict[str, str]:
     return {**os.environ, "PATH": path}
 
 
-def test_readme_commands_run_against_a_running_stack(stack: Stack, session_dir: Path) -> None:
+@pytest.fixture(scope="module")
+def dev_stack(postgres_admin_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The stack as `make dev` runs it (creation with its job engine, every setting at its
+    development default), on a database of its own: the README's user "me" starts fresh."""
+    work = tmp_path_factory.mktemp("readme")
+    with stack_of_its_own(postgres_admin_url, work, "all", {}) as stack:
+        yield stack
+
+
+def test_readme_commands_run_against_a_running_stack(dev_stack: Stack, session_dir: Path) -> None:
+    stack = dev_stack
     live = [b for b in readme_blocks() if re.search(r"127\.0\.0\.1:(8080|50051|50061)", b)]
     assert len(live) == 3
     script = "set -euo pipefail\n" + "\n".join(on_stack(b, stack) for b in live)
@@ -93,11 +107,28 @@ def test_readme_commands_run_against_a_running_stack(stack: Stack, session_dir: 
         '"model_id": "stub-fast"',  # grpcurl over reflection (proto field names)
         '"modelId": "stub-fast"',  # grpcurl through the edge with the descriptor set
         '"status":"ASSET_STATUS_READY"',  # the upload, completed
-        '"status":"JOB_STATUS_QUEUED"',  # the job, followed and listed
-        '"status":"JOB_STATUS_CANCELLED"',  # then cancelled
+        '"cancelRequested":true',  # the second job, cancelled
         '"availablePoints"',  # GrantPoints' answer and the balance
     ]:
         assert expected in out, f"{expected!r} not in:\n{out}"
+
+    # The first job, followed: queued, running with its progress, then succeeded.
+    states = re.findall(r'"status":"JOB_STATUS_(\w+)"(?:,"step":"JOB_STEP_(\w+)")?', out)
+    seen = [status for status, _ in states]
+    first_end = seen.index("SUCCEEDED")
+    assert seen[0] == "QUEUED" and "RUNNING" in seen[:first_end], out
+    assert re.search(
+        r'"status":"JOB_STATUS_RUNNING","step":"JOB_STEP_GENERATING","progressPercent":[1-9]', out
+    ), out
+    # The picture downloads: the photo's size, restyled.
+    styled = Image.open(session_dir / "styled.jpg")
+    photo = Image.open(session_dir / "photo.jpg")
+    assert (styled.format, styled.size) == ("JPEG", photo.size)
+    assert ImageChops.difference(styled.convert("RGB"), photo.convert("RGB")).getbbox() is not None
+    # The second job ends cancelled; both show in the list.
+    assert "CANCELLED" in seen[first_end:], out
+    # Captured once for the first job, released for the second: 95 of 100 left, none held.
+    assert out.count('{"availablePoints":"95","reservedPoints":"0"}') >= 2, out
 
 
 def test_readme_serves_one_service_with_real_secrets(database_url: str, session_dir: Path) -> None:

@@ -1,16 +1,18 @@
 """Cancel and takeover while a job runs: the owner's cancel reaches CANCELLED within one
 beat and tells the provider; an output that lands after the cancel is deleted from media;
-a worker whose lease was taken over is stopped and writes nothing more."""
+a worker whose lease was taken over is stopped and writes nothing more, whether a beat
+or its own fenced write finds out first."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
+import pytest
 from sqlalchemy import update
 
 from services.creation.domain import Status, Step
-from services.creation.providers.base import Done, PollResult, Running
+from services.creation.providers.base import Done, Failed, PollResult, Running
 from services.creation.store import jobs as store
 from services.creation.tables import jobs
 from services.kit.clock import system_clock
@@ -112,3 +114,50 @@ async def test_a_worker_whose_lease_was_taken_over_writes_nothing_more(
     assert len(rig.provider.polls) == polls
     assert await rig.outputs(job.user_id) == {}
     assert job.job_id not in worker.context.outcomes  # cancelled, not ended by itself
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        Done([output_png()]),
+        Failed("CONTENT_REJECTED", "refused", retryable=False),
+        Failed("UNAVAILABLE", "busy", retryable=True),
+    ],
+    ids=["complete", "fail", "retry"],
+)
+async def test_a_stale_attempts_own_last_write_is_refused_by_the_fence(
+    rig: Engine, answer: PollResult
+) -> None:
+    """The lease is taken over between two beats: no beat tells the attempt, so it goes
+    on to its last write, which the fence refuses (an output it landed is never attached;
+    what becomes of it is the landing's rule, tested with the outputs)."""
+    job = await rig.submit()
+
+    async def poll(request_id: str) -> PollResult:
+        async with rig.db.begin() as connection:
+            # Another worker takes the lease over just before the provider answers.
+            await connection.execute(
+                update(jobs)
+                .where(jobs.c.job_id == job.job_id)
+                .values(lease_epoch=jobs.c.lease_epoch + 1, lease_owner="other")
+            )
+        return answer
+
+    rig.provider.on_poll = poll
+    # Beats far apart (within the settings' bounds): the fence alone must stop the write.
+    worker = rig.worker(LEASE_TTL="600", HEARTBEAT="300")
+    async with running(worker):
+        await until(lambda: job.job_id in worker.context.outcomes)
+    assert worker.keeper.beats == 0
+    assert worker.context.outcomes[job.job_id] == "lease_lost"
+    after = await rig.job(job.job_id)
+    assert (after.status, after.lease_owner, after.error_code, after.outputs) == (
+        Status.RUNNING,
+        "other",
+        None,
+        (),
+    )
+    rows = await side_rows(rig.db, job.job_id)
+    # Claimed, then nothing but the takeover: no completion, failure, retry or capture.
+    assert [to for _, _, to in rows["events"]] == ["queued", "running"]
+    assert rows["ledger"] == [("reserve", 5)]
