@@ -1,7 +1,12 @@
-"""Assembles the notify service. Streams, devices and ingest answer UNIMPLEMENTED until
-the notify issue."""
+"""Assembles the notify service: the client streams with their fan-out (Redis when
+configured, in process otherwise) and backstop. Devices and ingest answer UNIMPLEMENTED
+until their parts land."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from atelier.notify.v1 import (
     notify_ingest_service_pb2,
@@ -9,33 +14,92 @@ from atelier.notify.v1 import (
     notify_service_pb2,
     notify_service_pb2_grpc,
 )
+from services.kit.components import Component
 from services.kit.db import Database
 from services.kit.server import Binding, ServiceApp, placeholder, run_service
+from services.notify import watch_reads
 from services.notify.settings import NotifySettings
+from services.notify.streams.backstop import Backstop
+from services.notify.streams.change import Change
+from services.notify.streams.drain import StreamDrain
+from services.notify.streams.fanout import LocalFanout, RedisFanout
+from services.notify.streams.registry import StreamRegistry, Watched
+from services.notify.watch_reads import Snapshot
+from services.notify.watch_servicer import WatchServicer
+
+
+class Publisher(Protocol):
+    """What Deliver calls after its commit (services/notify/fanout.py states the same)."""
+
+    async def publish(self, applied: Sequence[Any]) -> None: ...
+
+
+@dataclass
+class Streams:
+    """The streams' parts, for the app and for tests that drive them directly."""
+
+    registry: StreamRegistry
+    publisher: Publisher
+    components: list[Component]
+    redis: RedisFanout | None
+
+
+def build_streams(settings: NotifySettings, database: Database) -> Streams:
+    registry = StreamRegistry()
+    engine = database.engine
+
+    async def read_missed(watched: Watched) -> Sequence[Change]:
+        return await watch_reads.missed(engine, watched)
+
+    backstop = Backstop(registry, read_missed, settings.poll_period_seconds)
+    components: list[Component] = [StreamDrain(registry), backstop]
+    redis: RedisFanout | None = None
+    publisher: Publisher
+    if settings.redis_url:
+        redis = RedisFanout(registry, settings.redis_url)
+        publisher = redis
+        components.append(redis)
+    else:
+        publisher = LocalFanout(registry)
+    return Streams(registry=registry, publisher=publisher, components=components, redis=redis)
 
 
 def build(settings: NotifySettings) -> ServiceApp:
     database = Database(
         settings.common.database_url, "atelier-notify", limits=settings.common.database
     )
+    streams = build_streams(settings, database)
+    engine = database.engine
+
+    async def latest_of_job(job_id: str) -> Change | None:
+        return await watch_reads.latest_of_job(engine, job_id)
+
+    async def user_snapshot(user_id: str, after_seq: int | None, limit: int) -> Snapshot:
+        return await watch_reads.user_snapshot(engine, user_id, after_seq, limit)
+
+    cleanup = [database.close]
+    if streams.redis is not None:
+        cleanup.insert(0, streams.redis.close)
     return ServiceApp(
         name="notify",
         public=[
             Binding(
                 notify_service_pb2.DESCRIPTOR.services_by_name["NotifyService"],
                 notify_service_pb2_grpc.add_NotifyServiceServicer_to_server,
-                placeholder(notify_service_pb2_grpc.NotifyServiceServicer),
+                WatchServicer(streams.registry, settings.streams, latest_of_job, user_snapshot),
             )
         ],
         internal=[
             Binding(
                 notify_ingest_service_pb2.DESCRIPTOR.services_by_name["NotifyIngestService"],
                 notify_ingest_service_pb2_grpc.add_NotifyIngestServiceServicer_to_server,
+                # notify-ingest's Deliver takes streams.publisher (after its commit).
                 placeholder(notify_ingest_service_pb2_grpc.NotifyIngestServiceServicer),
             )
         ],
         readiness=database.answers,
-        cleanup=[database.close],
+        components=streams.components,
+        cleanup=cleanup,
     )
 
 

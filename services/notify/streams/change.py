@@ -1,0 +1,55 @@
+"""One applied job state as the streams see it."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from atelier.notify.v1 import job_state_pb2
+
+# The Redis payload: seq and terminal flag, then the serialized JobState.
+_HEADER = struct.Struct(">qB")
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A job's state at one version, with the projection's per-user cursor (``seq``).
+    ``state`` is shared by every stream that sends it: never mutate it."""
+
+    job_id: str
+    user_id: str
+    version: int
+    seq: int
+    terminal: bool
+    state: job_state_pb2.JobState
+
+    def to_bytes(self) -> bytes:
+        return _HEADER.pack(self.seq, self.terminal) + self.state.SerializeToString()
+
+    @classmethod
+    def from_bytes(cls, payload: bytes) -> Change:
+        seq, terminal = _HEADER.unpack_from(payload)
+        state = job_state_pb2.JobState.FromString(payload[_HEADER.size :])
+        return cls.of(state, seq=seq, terminal=bool(terminal))
+
+    @classmethod
+    def of(cls, state: job_state_pb2.JobState, *, seq: int, terminal: bool) -> Change:
+        return cls(
+            job_id=state.job_id,
+            user_id=state.user_id,
+            version=state.version,
+            seq=seq,
+            terminal=terminal,
+            state=state,
+        )
+
+
+def from_applied(applied: Any) -> Change:
+    """The projection's AppliedState (notify-ingest's services/notify/projection.py) as a
+    Change. Read by attribute so that this module does not import the projection: it
+    needs ``seq``, ``terminal`` and ``state`` (a JobState or its serialized bytes)."""
+    state = applied.state
+    if isinstance(state, bytes | bytearray | memoryview):
+        state = job_state_pb2.JobState.FromString(bytes(state))
+    return Change.of(state, seq=int(applied.seq), terminal=bool(applied.terminal))

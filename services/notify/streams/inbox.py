@@ -1,0 +1,98 @@
+"""A stream's inbox: what is waiting to be sent, bounded by keeping only the latest state
+per job, so a slow reader costs one state per job however many changes it misses."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+
+from services.notify.streams.change import Change
+
+
+class EndReason(enum.Enum):
+    """Why the server ends a stream on purpose (StreamEndReason in the contract)."""
+
+    DRAINING = "draining"
+    MAX_DURATION = "max_duration"
+    SLOW_READER = "slow_reader"
+
+
+class Inbox:
+    """Pending changes of one stream. ``offer`` never blocks and never grows past
+    ``limit`` jobs; a newer version of a pending job replaces the older one (coalescing).
+    A version not above what the stream already has (sent or pending) is dropped, so
+    duplicates and reordered deliveries change nothing."""
+
+    __slots__ = ("_event", "_limit", "_pending", "_seen", "ended", "max_seq", "open_jobs")
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._pending: dict[str, Change] = {}
+        # The highest version per job this stream has taken (sent or pending).
+        self._seen: dict[str, int] = {}
+        # Jobs this stream has seen in a non-terminal state: the backstop watches them.
+        self.open_jobs: set[str] = set()
+        self._event = asyncio.Event()
+        self.ended: EndReason | None = None
+        # The highest cursor (projection seq) taken: the backstop asks for what is above.
+        self.max_seq = 0
+
+    def seen_version(self, job_id: str) -> int:
+        return self._seen.get(job_id, 0)
+
+    def skip_through(self, job_id: str, version: int) -> None:
+        """The client already has ``version`` of ``job_id`` (WatchJob's after_version)."""
+        if version > self._seen.get(job_id, 0):
+            self._seen[job_id] = version
+
+    def offer(self, change: Change) -> bool:
+        """Takes ``change`` if it is newer than what the stream has; True when taken."""
+        if self.ended is not None or change.version <= self._seen.get(change.job_id, 0):
+            return False
+        if change.job_id not in self._pending and len(self._pending) >= self._limit:
+            self.end(EndReason.SLOW_READER)
+            return False
+        self._seen[change.job_id] = change.version
+        self._pending[change.job_id] = change
+        self.max_seq = max(self.max_seq, change.seq)
+        if change.terminal:
+            self.open_jobs.discard(change.job_id)
+        else:
+            self.open_jobs.add(change.job_id)
+        self._event.set()
+        return True
+
+    def end(self, reason: EndReason) -> None:
+        """Asks the stream to end with a StreamEnd (the first reason wins)."""
+        if self.ended is None:
+            self.ended = reason
+        self._event.set()
+
+    def take(self) -> list[Change]:
+        """Everything pending, oldest cursor first (so a cursor handed out after a message
+        never passes a change still waiting in the same batch)."""
+        changes = sorted(self._pending.values(), key=lambda c: c.seq)
+        self._pending.clear()
+        if self.ended is None:
+            self._event.clear()
+        return changes
+
+    def peek(self) -> list[Change]:
+        """What is pending, without taking it."""
+        return list(self._pending.values())
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    async def wait(self, seconds: float) -> bool:
+        """Waits up to ``seconds`` for something to send or an end; False when the
+        time ran out with nothing."""
+        if self._event.is_set():
+            return True
+        try:
+            async with asyncio.timeout(seconds):
+                await self._event.wait()
+        except TimeoutError:
+            return False
+        return True

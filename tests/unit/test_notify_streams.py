@@ -1,0 +1,174 @@
+"""The streams' bounded inboxes, the registry that routes changes to them, and the
+Redis payload: no network."""
+
+import asyncio
+
+from atelier.creation.v1 import job_pb2
+from atelier.notify.v1 import job_state_pb2
+from services.notify.streams.change import Change, from_applied
+from services.notify.streams.inbox import EndReason, Inbox
+from services.notify.streams.registry import StreamRegistry, UserWatch
+
+JOB_A = "00000000-0000-4000-8000-00000000000a"
+JOB_B = "00000000-0000-4000-8000-00000000000b"
+
+
+def change(
+    job_id: str, version: int, seq: int, *, user: str = "u1", terminal: bool = False
+) -> Change:
+    status = job_pb2.JOB_STATUS_SUCCEEDED if terminal else job_pb2.JOB_STATUS_RUNNING
+    state = job_state_pb2.JobState(
+        job_id=job_id, user_id=user, version=version, status=status, progress_percent=version
+    )
+    return Change.of(state, seq=seq, terminal=terminal)
+
+
+def test_a_slow_reader_keeps_only_the_latest_state_per_job() -> None:
+    inbox = Inbox(limit=10)
+    for version in range(1, 1001):
+        inbox.offer(change(JOB_A, version, seq=version))
+    inbox.offer(change(JOB_B, 1, seq=2000))
+    assert inbox.pending == 2
+    taken = inbox.take()
+    assert [(c.job_id, c.version) for c in taken] == [(JOB_A, 1000), (JOB_B, 1)]
+    assert inbox.pending == 0
+
+
+def test_duplicates_and_older_versions_are_refused_even_after_sending() -> None:
+    inbox = Inbox(limit=10)
+    assert inbox.offer(change(JOB_A, 3, seq=3))
+    assert not inbox.offer(change(JOB_A, 3, seq=3))
+    assert not inbox.offer(change(JOB_A, 2, seq=2))
+    inbox.take()
+    assert not inbox.offer(change(JOB_A, 3, seq=3))
+    assert inbox.offer(change(JOB_A, 5, seq=5))
+
+
+def test_after_version_skips_what_the_client_has() -> None:
+    inbox = Inbox(limit=1)
+    inbox.skip_through(JOB_A, 4)
+    assert not inbox.offer(change(JOB_A, 4, seq=4))
+    assert inbox.offer(change(JOB_A, 5, seq=5))
+
+
+def test_take_orders_by_cursor_so_a_handed_out_cursor_never_passes_a_waiting_change() -> None:
+    inbox = Inbox(limit=10)
+    inbox.offer(change(JOB_B, 1, seq=9))
+    inbox.offer(change(JOB_A, 1, seq=4))
+    assert [c.seq for c in inbox.take()] == [4, 9]
+
+
+def test_too_many_pending_jobs_end_the_stream_as_a_slow_reader() -> None:
+    inbox = Inbox(limit=2)
+    inbox.offer(change(JOB_A, 1, seq=1))
+    inbox.offer(change(JOB_B, 1, seq=2))
+    assert not inbox.offer(change("00000000-0000-4000-8000-00000000000c", 1, seq=3))
+    assert inbox.ended is EndReason.SLOW_READER
+    # A newer state of a pending job still replaces it (no growth).
+    assert not inbox.offer(change(JOB_A, 2, seq=4))
+
+
+def test_open_jobs_follow_terminal_states() -> None:
+    inbox = Inbox(limit=10)
+    inbox.offer(change(JOB_A, 1, seq=1))
+    assert inbox.open_jobs == {JOB_A}
+    inbox.offer(change(JOB_A, 2, seq=2, terminal=True))
+    assert inbox.open_jobs == set()
+
+
+async def test_wait_times_out_with_nothing_and_wakes_on_an_offer() -> None:
+    inbox = Inbox(limit=1)
+    assert not await inbox.wait(0.01)
+    waiter = asyncio.create_task(inbox.wait(5))
+    await asyncio.sleep(0)
+    inbox.offer(change(JOB_A, 1, seq=1))
+    assert await waiter
+
+
+async def test_an_end_wakes_the_stream() -> None:
+    inbox = Inbox(limit=1)
+    waiter = asyncio.create_task(inbox.wait(5))
+    await asyncio.sleep(0)
+    inbox.end(EndReason.DRAINING)
+    assert await waiter
+    assert inbox.ended is EndReason.DRAINING
+
+
+class Channels:
+    def __init__(self) -> None:
+        self.added: list[str] = []
+        self.removed: list[str] = []
+
+    def channels_added(self, channels: list[str]) -> None:
+        self.added.extend(channels)
+
+    def channels_removed(self, channels: list[str]) -> None:
+        self.removed.extend(channels)
+
+
+def test_registry_routes_by_job_and_by_user_and_announces_channels_once() -> None:
+    registry = StreamRegistry()
+    channels = Channels()
+    registry.add_listener(channels)
+    job_inbox, other_job_inbox, user_inbox = Inbox(1), Inbox(1), Inbox(10)
+    registry.watch_job(JOB_A, job_inbox)
+    registry.watch_job(JOB_A, other_job_inbox)
+    watch = UserWatch("u1", user_inbox)
+    registry.watch_user(watch)
+    assert channels.added == [f"job:{JOB_A}", "user:u1"]
+    assert registry.stream_count == 3
+
+    assert registry.dispatch([change(JOB_A, 1, seq=1), change(JOB_B, 1, seq=2)]) == 4
+    assert [c.job_id for c in user_inbox.take()] == [JOB_A, JOB_B]
+    # The same change again (Redis after the local dispatch; the backstop) goes nowhere.
+    assert registry.dispatch([change(JOB_A, 1, seq=1)]) == 0
+
+    registry.unwatch_job(JOB_A, job_inbox)
+    assert channels.removed == []
+    registry.unwatch_job(JOB_A, other_job_inbox)
+    registry.unwatch_user(watch)
+    assert channels.removed == [f"job:{JOB_A}", "user:u1"]
+    assert registry.stream_count == 0
+
+
+def test_watched_asks_from_the_lowest_point_of_any_local_stream() -> None:
+    registry = StreamRegistry()
+    ahead, behind = Inbox(1), Inbox(1)
+    registry.watch_job(JOB_A, ahead)
+    registry.watch_job(JOB_A, behind)
+    ahead.offer(change(JOB_A, 7, seq=7))
+    behind.skip_through(JOB_A, 3)
+    user_inbox = Inbox(10)
+    registry.watch_user(UserWatch("u1", user_inbox))
+    user_inbox.offer(change(JOB_B, 2, seq=12))
+    watched = registry.watched()
+    # WatchJobs streams also watch, by id, the jobs they saw unfinished.
+    assert watched.jobs == {JOB_A: 3, JOB_B: 2}
+    assert watched.users == {"u1": 12}
+
+
+def test_end_all_ends_every_stream() -> None:
+    registry = StreamRegistry()
+    a, b = Inbox(1), Inbox(1)
+    registry.watch_job(JOB_A, a)
+    registry.watch_user(UserWatch("u1", b))
+    registry.end_all(EndReason.DRAINING)
+    assert a.ended is EndReason.DRAINING
+    assert b.ended is EndReason.DRAINING
+
+
+def test_the_redis_payload_round_trips() -> None:
+    original = change(JOB_A, 4, seq=99, terminal=True)
+    assert Change.from_bytes(original.to_bytes()) == original
+
+
+def test_applied_states_are_read_by_attribute_whether_state_is_bytes_or_a_message() -> None:
+    class Applied:
+        def __init__(self, state: object) -> None:
+            self.state = state
+            self.seq = 5
+            self.terminal = False
+
+    message = change(JOB_A, 2, seq=5).state
+    assert from_applied(Applied(message)) == change(JOB_A, 2, seq=5)
+    assert from_applied(Applied(message.SerializeToString())) == change(JOB_A, 2, seq=5)
