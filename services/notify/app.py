@@ -42,6 +42,7 @@ class Streams:
     publisher: Publisher
     components: list[Component]
     redis: RedisFanout | None
+    backstop: Backstop
 
 
 def build_streams(settings: NotifySettings, database: Database) -> Streams:
@@ -61,10 +62,21 @@ def build_streams(settings: NotifySettings, database: Database) -> Streams:
         components.append(redis)
     else:
         publisher = LocalFanout(registry)
-    return Streams(registry=registry, publisher=publisher, components=components, redis=redis)
+    return Streams(
+        registry=registry,
+        publisher=publisher,
+        components=components,
+        redis=redis,
+        backstop=backstop,
+    )
 
 
 def build(settings: NotifySettings) -> ServiceApp:
+    return assemble(settings)[0]
+
+
+def assemble(settings: NotifySettings) -> tuple[ServiceApp, Streams]:
+    """The app and its streams' parts (tests publish through ``Streams.publisher``)."""
     database = Database(
         settings.common.database_url, "atelier-notify", limits=settings.common.database
     )
@@ -80,7 +92,7 @@ def build(settings: NotifySettings) -> ServiceApp:
     cleanup = [database.close]
     if streams.redis is not None:
         cleanup.insert(0, streams.redis.close)
-    return ServiceApp(
+    app = ServiceApp(
         name="notify",
         public=[
             Binding(
@@ -101,6 +113,7 @@ def build(settings: NotifySettings) -> ServiceApp:
         components=streams.components,
         cleanup=cleanup,
     )
+    return app, streams
 
 
 def main() -> int:

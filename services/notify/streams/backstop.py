@@ -29,6 +29,8 @@ class Backstop:
         self._period = period
         self._throttle = Throttle()
         self._stopped = asyncio.Event()
+        # Stream deliveries the backstop made (the fast path missed them): tests and logs.
+        self.delivered = 0
 
     async def tick(self) -> int:
         """One pass; returns how many stream deliveries it made."""
@@ -37,6 +39,7 @@ class Backstop:
             return 0
         changes = await self._read_missed(watched)
         taken = self._registry.dispatch(changes)
+        self.delivered += taken
         if taken:
             log.info("backstop_delivered", deliveries=taken)
         return taken
@@ -49,7 +52,7 @@ class Backstop:
                 outage = classify(error)
                 if outage is None:
                     raise
-                log_unavailable(self._throttle, outage.dependency, outage.kind, action="backstop")
+                log_unavailable(self._throttle, outage.dependency, outage.kind, during="backstop")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopped.wait(), self._period)
 

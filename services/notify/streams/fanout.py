@@ -95,7 +95,7 @@ class RedisFanout:
                 await pipe.execute()
         except (RedisError, OSError, TimeoutError) as error:
             self._paused_until = time.monotonic() + PUBLISH_PAUSE_SECONDS
-            log_unavailable(self._throttle, "redis", type(error).__name__, action="publish")
+            log_unavailable(self._throttle, "redis", type(error).__name__, during="publish")
 
     # -- the registry's channels ------------------------------------------------------
 
@@ -125,7 +125,7 @@ class RedisFanout:
                 raise
             except (RedisError, OSError, TimeoutError) as error:
                 self.connected.clear()
-                log_unavailable(self._throttle, "redis", type(error).__name__, action="subscribe")
+                log_unavailable(self._throttle, "redis", type(error).__name__, during="subscribe")
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RECONNECT_MAX_SECONDS)
                 continue
