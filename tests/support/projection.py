@@ -47,11 +47,10 @@ APPLY = text(
 
 @dataclass(frozen=True)
 class Applied:
-    """What the projection's apply returns (the fields the streams read)."""
+    """What the projection's apply returns (AppliedState: the state and its seq)."""
 
     state: job_state_pb2.JobState
     seq: int
-    terminal: bool
 
 
 async def ensure_table(engine: AsyncEngine) -> None:
@@ -92,5 +91,5 @@ async def apply(engine: AsyncEngine, states: list[job_state_pb2.JobState]) -> li
                 )
             ).scalar_one_or_none()
             if seq is not None:
-                applied.append(Applied(state=state, seq=seq, terminal=terminal))
+                applied.append(Applied(state=state, seq=seq))
     return applied

@@ -162,13 +162,14 @@ def test_the_redis_payload_round_trips() -> None:
     assert Change.from_bytes(original.to_bytes()) == original
 
 
-def test_applied_states_are_read_by_attribute_whether_state_is_bytes_or_a_message() -> None:
+def test_applied_states_are_read_by_attribute_and_terminal_comes_from_the_status() -> None:
     class Applied:
         def __init__(self, state: object) -> None:
             self.state = state
             self.seq = 5
-            self.terminal = False
 
     message = change(JOB_A, 2, seq=5).state
     assert from_applied(Applied(message)) == change(JOB_A, 2, seq=5)
     assert from_applied(Applied(message.SerializeToString())) == change(JOB_A, 2, seq=5)
+    finished = change(JOB_A, 3, seq=5, terminal=True)
+    assert from_applied(Applied(finished.state)).terminal

@@ -6,7 +6,12 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from atelier.creation.v1 import job_pb2
 from atelier.notify.v1 import job_state_pb2
+
+_TERMINAL = frozenset(
+    {job_pb2.JOB_STATUS_SUCCEEDED, job_pb2.JOB_STATUS_FAILED, job_pb2.JOB_STATUS_CANCELLED}
+)
 
 # The Redis payload: seq and terminal flag, then the serialized JobState.
 _HEADER = struct.Struct(">qB")
@@ -45,11 +50,15 @@ class Change:
         )
 
 
+def is_terminal(state: job_state_pb2.JobState) -> bool:
+    return state.status in _TERMINAL
+
+
 def from_applied(applied: Any) -> Change:
-    """The projection's AppliedState (notify-ingest's services/notify/projection.py) as a
-    Change. Read by attribute so that this module does not import the projection: it
-    needs ``seq``, ``terminal`` and ``state`` (a JobState or its serialized bytes)."""
+    """The projection's AppliedState (services/notify/projection.py) as a Change. Read by
+    attribute so that the streams do not depend on the projection's module: it needs
+    ``state`` (a JobState or its serialized bytes) and ``seq``."""
     state = applied.state
     if isinstance(state, bytes | bytearray | memoryview):
         state = job_state_pb2.JobState.FromString(bytes(state))
-    return Change.of(state, seq=int(applied.seq), terminal=bool(applied.terminal))
+    return Change.of(state, seq=int(applied.seq), terminal=is_terminal(state))
