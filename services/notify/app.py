@@ -18,6 +18,7 @@ from services.kit.components import Component
 from services.kit.db import Database
 from services.kit.server import Binding, ServiceApp, placeholder, run_service
 from services.notify import watch_reads
+from services.notify.output_urls import MediaSigner, OutputUrls
 from services.notify.settings import NotifySettings
 from services.notify.streams.backstop import Backstop
 from services.notify.streams.change import Change
@@ -89,7 +90,8 @@ def assemble(settings: NotifySettings) -> tuple[ServiceApp, Streams]:
     async def user_snapshot(user_id: str, after_seq: int | None, limit: int) -> Snapshot:
         return await watch_reads.user_snapshot(engine, user_id, after_seq, limit)
 
-    cleanup = [database.close]
+    signer = MediaSigner(settings.media_internal_address, settings.common.service_token)
+    cleanup = [signer.close, database.close]
     if streams.redis is not None:
         cleanup.insert(0, streams.redis.close)
     app = ServiceApp(
@@ -98,7 +100,13 @@ def assemble(settings: NotifySettings) -> tuple[ServiceApp, Streams]:
             Binding(
                 notify_service_pb2.DESCRIPTOR.services_by_name["NotifyService"],
                 notify_service_pb2_grpc.add_NotifyServiceServicer_to_server,
-                WatchServicer(streams.registry, settings.streams, latest_of_job, user_snapshot),
+                WatchServicer(
+                    streams.registry,
+                    settings.streams,
+                    latest_of_job,
+                    user_snapshot,
+                    OutputUrls(signer),
+                ),
             )
         ],
         internal=[

@@ -35,6 +35,8 @@ class NotifySettings:
     # The backstop's period: how late an update may arrive when Redis lost it.
     poll_period_seconds: float
     streams: StreamSettings
+    # Signs the download URLs of a succeeded job's outputs as streams send it.
+    media_internal_address: str = f"127.0.0.1:{DEFAULT_PORTS['media'].internal_port}"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> NotifySettings:
@@ -60,6 +62,10 @@ class NotifySettings:
                 first_state_wait_seconds=reader.seconds(
                     "STREAM_FIRST_STATE_WAIT", 3.0, minimum=0, maximum=60
                 ),
+            ),
+            media_internal_address=reader.string(
+                "MEDIA_INTERNAL_ADDRESS",
+                f"127.0.0.1:{DEFAULT_PORTS['media'].internal_port}",
             ),
         )
         reader.finish()

@@ -25,6 +25,7 @@ from services.kit.errors import (
     unimplemented,
 )
 from services.kit.logging import get_logger
+from services.notify.output_urls import OutputUrls
 from services.notify.settings import StreamSettings
 from services.notify.streams.change import Change
 from services.notify.streams.inbox import EndReason, Inbox
@@ -132,7 +133,9 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
         settings: StreamSettings,
         latest_of_job: LatestOfJob,
         user_snapshot: UserSnapshot,
+        output_urls: OutputUrls,
     ) -> None:
+        self._output_urls = output_urls
         self._registry = registry
         self._settings = settings
         self._latest_of_job = latest_of_job
@@ -186,7 +189,8 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
         try:
             while True:
                 for change in inbox.take():
-                    yield pb.WatchJobResponse(job=change.state)
+                    state = await self._output_urls.fill(change.state)
+                    yield pb.WatchJobResponse(job=state)
                     if change.terminal:
                         return
                 if inbox.ended is not None:
@@ -237,7 +241,8 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
             while True:
                 for change in inbox.take():
                     cursor = max(cursor, change.seq)
-                    yield pb.WatchJobsResponse(job=change.state, cursor=encode_cursor(cursor))
+                    state = await self._output_urls.fill(change.state)
+                    yield pb.WatchJobsResponse(job=state, cursor=encode_cursor(cursor))
                 if not snapshot_sent:
                     snapshot_sent = True
                     cursor = max(cursor, snapshot_cursor)

@@ -2,9 +2,13 @@
 Redis payload: no network."""
 
 import asyncio
+import time
+
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from atelier.creation.v1 import job_pb2
 from atelier.notify.v1 import job_state_pb2
+from services.notify.output_urls import OutputUrls, SignedUrl
 from services.notify.streams.change import Change, from_applied
 from services.notify.streams.inbox import EndReason, Inbox
 from services.notify.streams.registry import StreamRegistry, UserWatch
@@ -173,3 +177,47 @@ def test_applied_states_are_read_by_attribute_and_terminal_comes_from_the_status
     assert from_applied(Applied(message.SerializeToString())) == change(JOB_A, 2, seq=5)
     finished = change(JOB_A, 3, seq=5, terminal=True)
     assert from_applied(Applied(finished.state)).terminal
+
+
+class CountingSigner:
+    def __init__(self, seconds_to_live: float) -> None:
+        self.calls = 0
+        self.seconds_to_live = seconds_to_live
+        self.release = asyncio.Event()
+
+    async def __call__(self, asset_id: str) -> SignedUrl | None:
+        self.calls += 1
+        await self.release.wait()
+        expire = Timestamp()
+        expire.FromMicroseconds(int((time.time() + self.seconds_to_live) * 1e6))
+        return SignedUrl(f"https://media.example/{asset_id}?n={self.calls}", expire)
+
+
+async def test_output_urls_sign_once_for_many_streams_at_once_and_reuse_while_fresh() -> None:
+    signer = CountingSigner(seconds_to_live=3600)
+    urls = OutputUrls(signer)
+    waiting = [asyncio.create_task(urls.url("asset-1")) for _ in range(50)]
+    await asyncio.sleep(0)
+    signer.release.set()
+    signed = await asyncio.gather(*waiting)
+    assert signer.calls == 1
+    assert {s.url for s in signed if s is not None} == {"https://media.example/asset-1?n=1"}
+    assert (await urls.url("asset-1")) == signed[0]
+    assert signer.calls == 1
+
+
+async def test_output_urls_sign_again_when_the_cached_one_is_about_to_expire() -> None:
+    signer = CountingSigner(seconds_to_live=30)  # under FRESH_FOR_SECONDS
+    signer.release.set()
+    urls = OutputUrls(signer)
+    await urls.url("asset-1")
+    await urls.url("asset-1")
+    assert signer.calls == 2
+
+
+async def test_output_urls_leave_states_other_than_succeeded_alone() -> None:
+    signer = CountingSigner(seconds_to_live=3600)
+    urls = OutputUrls(signer)
+    running = change(JOB_A, 2, seq=2).state
+    assert await urls.fill(running) is running
+    assert signer.calls == 0
