@@ -63,6 +63,7 @@ LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 USERS = 100
 # Streams per client connection (notify's server allows 1,000 per connection).
 STREAMS_PER_CHANNEL = 500
+IDLE_SAMPLE_SECONDS = 4.0
 
 
 def token(user: str) -> tuple[tuple[str, str], ...]:
@@ -152,6 +153,7 @@ class Streams:
         # (job, version) -> arrival times, one per stream that got it.
         self.arrivals: dict[tuple[str, int], list[float]] = {}
         self.waiters: dict[tuple[str, int], tuple[int, asyncio.Event]] = {}
+        self.retries = 0
 
     def _channel(self) -> grpc.aio.Channel:
         if not self.channels or len(self.calls) >= len(self.channels) * STREAMS_PER_CHANNEL:
@@ -163,41 +165,52 @@ class Streams:
         return self.channels[-1]
 
     async def open(self, jobs: list[tuple[str, str]]) -> None:
-        """One stream per (job, user), opened in waves so gRPC is never flooded; returns
-        once every stream has its first message."""
-        wave = 250
+        """One stream per (job, user), opened in waves as clients would; a stream whose
+        open fails (UNAVAILABLE under load) retries after a jittered delay. Returns once
+        every stream has its first message."""
+        wave = 500
         for start in range(0, len(jobs), wave):
-            firsts = []
-            for job, user in jobs[start : start + wave]:
-                stub = notify_service_pb2_grpc.NotifyServiceStub(self._channel())
-                call = stub.WatchJob(pb.WatchJobRequest(job_id=job), metadata=token(user))
-                self.calls.append(call)
-                first = asyncio.get_running_loop().create_future()
-                firsts.append(first)
-                self.readers.append(asyncio.create_task(self._read(job, call, first)))
-            await asyncio.wait_for(asyncio.gather(*firsts), 120)
+            opened = await asyncio.gather(
+                *(self._open_one(job, user) for job, user in jobs[start : start + wave])
+            )
+            if not all(opened):
+                raise RuntimeError("a stream failed to open after retries")
+
+    async def _open_one(self, job: str, user: str) -> bool:
+        delay = 0.1
+        for _ in range(10):
+            stub = notify_service_pb2_grpc.NotifyServiceStub(self._channel())
+            call = stub.WatchJob(pb.WatchJobRequest(job_id=job), metadata=token(user))
+            try:
+                first = await call.read()
+            except grpc.aio.AioRpcError:
+                self.retries += 1
+                await asyncio.sleep(random.uniform(0, delay))  # noqa: S311
+                delay = min(delay * 2, 5.0)
+                continue
+            self.calls.append(call)
+            self._arrived(job, first, time.perf_counter())
+            self.readers.append(asyncio.create_task(self._read(job, call)))
+            return True
+        return False
+
+    def _arrived(self, job: str, message: pb.WatchJobResponse, now: float) -> None:
+        if message.WhichOneof("event") != "job":
+            return
+        key = (job, message.job.version)
+        self.arrivals.setdefault(key, []).append(now)
+        waiter = self.waiters.get(key)
+        if waiter is not None and len(self.arrivals[key]) >= waiter[0]:
+            waiter[1].set()
 
     async def _read(
-        self,
-        job: str,
-        call: grpc.aio.UnaryStreamCall[pb.WatchJobRequest, pb.WatchJobResponse],
-        first: asyncio.Future[None],
+        self, job: str, call: grpc.aio.UnaryStreamCall[pb.WatchJobRequest, pb.WatchJobResponse]
     ) -> None:
         try:
             async for message in call:
-                if message.WhichOneof("event") != "job":
-                    continue
-                now = time.perf_counter()
-                if not first.done():
-                    first.set_result(None)
-                key = (job, message.job.version)
-                self.arrivals.setdefault(key, []).append(now)
-                waiter = self.waiters.get(key)
-                if waiter is not None and len(self.arrivals[key]) >= waiter[0]:
-                    waiter[1].set()
+                self._arrived(job, message, time.perf_counter())
         except grpc.aio.AioRpcError:
-            if not first.done():
-                first.set_exception(RuntimeError("a stream failed to open"))
+            pass  # cancelled at the end of the phase
 
     async def arrived(self, job: str, version: int, count: int, within: float = 30) -> list[float]:
         key = (job, version)
@@ -251,9 +264,16 @@ async def measure(
     await asyncio.sleep(1)  # let the subscriptions settle before measuring memory
     rss = rss_mib(pid)
 
+    # notify's background CPU with the streams open (keep-alives, the backstop's reads),
+    # subtracted from the per-update figures below.
+    idle_cpu = cpu_seconds(pid)
+    await asyncio.sleep(IDLE_SAMPLE_SECONDS)
+    idle_rate = (cpu_seconds(pid) - idle_cpu) / IDLE_SAMPLE_SECONDS
+
     latencies = []
     commit_ms = []
     cpu_before = cpu_seconds(pid)
+    phase_started = time.perf_counter()
     for _ in range(updates):
         job, user = random.choice(jobs)  # noqa: S311
         started = time.perf_counter()
@@ -261,7 +281,8 @@ async def measure(
         commit_ms.append((committed - started) * 1000)
         arrivals = await streams.arrived(job, deliverer.versions[job], 1)
         latencies.append((arrivals[0] - committed) * 1000)
-    cpu_one = (cpu_seconds(pid) - cpu_before) / updates
+    phase = time.perf_counter() - phase_started
+    cpu_one = max(0.0, cpu_seconds(pid) - cpu_before - idle_rate * phase) / updates
     await streams.close()
 
     # Broadcast: N streams on one job.
@@ -272,13 +293,15 @@ async def measure(
     await asyncio.sleep(0.5)
     spans, per_stream = [], []
     cpu_before = cpu_seconds(pid)
+    phase_started = time.perf_counter()
     rounds = 5
     for _ in range(rounds):
         committed = await deliverer.deliver(job, user)
         arrivals = await broadcast.arrived(job, deliverer.versions[job], count, within=60)
         per_stream.extend((t - committed) * 1000 for t in arrivals)
         spans.append((max(arrivals) - committed) * 1000)
-    cpu_broadcast = (cpu_seconds(pid) - cpu_before) / (rounds * count)
+    phase = time.perf_counter() - phase_started
+    cpu_broadcast = max(0.0, cpu_seconds(pid) - cpu_before - idle_rate * phase) / (rounds * count)
     await broadcast.close()
 
     print(
@@ -293,12 +316,62 @@ async def measure(
     print(
         f"{'':>6}         | memory: {rss:6.1f} MiB resident with the streams open"
         f" (+{rss - idle_rss:.1f} MiB over idle, {(rss - idle_rss) * 1024 / count:.1f} KiB"
-        f" per stream); opened in {open_seconds:.1f} s",
+        f" per stream); opened in {open_seconds:.1f} s ({streams.retries} retried opens);"
+        f" idle CPU {idle_rate * 100:.1f}%",
         flush=True,
     )
 
 
-async def run(stream_counts: list[int], updates: int, url: str, own_redis: OwnRedis) -> None:
+async def storm(count: int, port: int, pid: int, deliverer: Deliverer) -> None:
+    """``count`` clients open their streams in one burst (as after a replica restarts);
+    a client whose open fails retries after a jittered, growing delay."""
+    job, user = str(uuid.uuid4()), "bench-storm"
+    await deliverer.deliver(job, user)
+    channels = [
+        grpc.aio.insecure_channel(
+            f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]
+        )
+        for _ in range(max(1, count // STREAMS_PER_CHANNEL))
+    ]
+    stubs = [notify_service_pb2_grpc.NotifyServiceStub(c) for c in channels]
+    retries = 0
+    calls: list[grpc.aio.UnaryStreamCall[pb.WatchJobRequest, pb.WatchJobResponse]] = []
+
+    async def client(number: int) -> bool:
+        nonlocal retries
+        delay = 0.1
+        for _ in range(10):
+            call = stubs[number % len(stubs)].WatchJob(
+                pb.WatchJobRequest(job_id=job), metadata=token(user)
+            )
+            try:
+                await call.read()
+                calls.append(call)
+                return True
+            except grpc.aio.AioRpcError:
+                retries += 1
+                await asyncio.sleep(random.uniform(0, delay))  # noqa: S311
+                delay = min(delay * 2, 5.0)
+        return False
+
+    started = time.perf_counter()
+    opened = await asyncio.gather(*(client(n) for n in range(count)))
+    elapsed = time.perf_counter() - started
+    print(
+        f"storm | {count} clients at once: {sum(opened)} streams open, {count - sum(opened)}"
+        f" gave up, {retries} retries, all open after {elapsed:.1f} s;"
+        f" notify {rss_mib(pid):.1f} MiB resident",
+        flush=True,
+    )
+    for call in calls:
+        call.cancel()
+    for channel in channels:
+        await channel.close()
+
+
+async def run(
+    stream_counts: list[int], updates: int, url: str, own_redis: OwnRedis, storm_size: int
+) -> None:
     engine = create_async_engine(asyncpg_url(url), pool_size=4)
     await ensure_table(engine)
     deliverer = Deliverer(engine, own_redis.url)
@@ -310,6 +383,8 @@ async def run(stream_counts: list[int], updates: int, url: str, own_redis: OwnRe
         print(f"notify idle: {idle:.1f} MiB resident", flush=True)
         for count in stream_counts:
             await measure(count, port, process.pid, deliverer, updates, idle)
+        if storm_size:
+            await storm(storm_size, port, process.pid, deliverer)
     await deliverer.redis.aclose()
     await engine.dispose()
 
@@ -318,6 +393,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, nargs="*", default=[1, 100, 2000, 10000])
     parser.add_argument("--updates", type=int, default=300)
+    parser.add_argument(
+        "--storm", type=int, default=5000, help="clients reconnecting at once (0: skip)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-notify-") as work:
         admin = os.environ.get("ATELIER_BENCH_POSTGRES_URL", LOCAL_POSTGRES)
@@ -329,7 +407,7 @@ def main() -> None:
         own_redis.start()
         try:
             migrations.upgrade("notify", url)
-            asyncio.run(run(args.streams, args.updates, url, own_redis))
+            asyncio.run(run(args.streams, args.updates, url, own_redis, args.storm))
         finally:
             own_redis.stop()
             postgres.drop_database(admin, name)

@@ -24,6 +24,7 @@ from services.notify.streams.backstop import Backstop
 from services.notify.streams.change import Change
 from services.notify.streams.drain import StreamDrain
 from services.notify.streams.fanout import LocalFanout, RedisFanout
+from services.notify.streams.first_states import FirstStates
 from services.notify.streams.registry import StreamRegistry, Watched
 from services.notify.watch_reads import Snapshot
 from services.notify.watch_servicer import WatchServicer
@@ -84,8 +85,8 @@ def assemble(settings: NotifySettings) -> tuple[ServiceApp, Streams]:
     streams = build_streams(settings, database)
     engine = database.engine
 
-    async def latest_of_job(job_id: str) -> Change | None:
-        return await watch_reads.latest_of_job(engine, job_id)
+    async def latest_of_jobs(job_ids: list[str]) -> dict[str, Change]:
+        return await watch_reads.latest_of_jobs(engine, job_ids)
 
     async def user_snapshot(user_id: str, after_seq: int | None, limit: int) -> Snapshot:
         return await watch_reads.user_snapshot(engine, user_id, after_seq, limit)
@@ -103,7 +104,7 @@ def assemble(settings: NotifySettings) -> tuple[ServiceApp, Streams]:
                 WatchServicer(
                     streams.registry,
                     settings.streams,
-                    latest_of_job,
+                    FirstStates(latest_of_jobs).get,
                     user_snapshot,
                     OutputUrls(signer),
                 ),

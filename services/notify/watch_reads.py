@@ -15,10 +15,10 @@ from services.kit.db import fetch, read
 from services.notify.streams.change import Change
 from services.notify.streams.registry import Watched
 
-# WatchJob's first state. Primary key.
-LATEST_OF_JOB = text(
+# The first state of the WatchJob streams that opened together. Primary key.
+LATEST_OF_JOBS = text(
     "SELECT s.job_id::text AS job_id, s.seq, s.terminal, s.state"
-    " FROM notify.job_states s WHERE s.job_id = :job_id"
+    " FROM notify.job_states s WHERE s.job_id = ANY(CAST(:job_ids AS uuid[]))"
 )
 
 # A WatchJobs snapshot: the user's unfinished jobs plus every job changed after the cursor,
@@ -54,9 +54,9 @@ def _change(row: Row[Any]) -> Change:
     return Change.of(state, seq=row.seq, terminal=row.terminal)
 
 
-async def latest_of_job(engine: AsyncEngine, job_id: str) -> Change | None:
-    rows = await fetch(engine, LATEST_OF_JOB, {"job_id": job_id})
-    return _change(rows[0]) if rows else None
+async def latest_of_jobs(engine: AsyncEngine, job_ids: list[str]) -> dict[str, Change]:
+    rows = await fetch(engine, LATEST_OF_JOBS, {"job_ids": job_ids})
+    return {row.job_id: _change(row) for row in rows}
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from atelier.creation.v1 import job_pb2
 from atelier.notify.v1 import job_state_pb2
 from services.notify.output_urls import OutputUrls, SignedUrl
 from services.notify.streams.change import Change, from_applied
+from services.notify.streams.first_states import FirstStates
 from services.notify.streams.inbox import EndReason, Inbox
 from services.notify.streams.registry import StreamRegistry, UserWatch
 
@@ -221,3 +222,36 @@ async def test_output_urls_leave_states_other_than_succeeded_alone() -> None:
     running = change(JOB_A, 2, seq=2).state
     assert await urls.fill(running) is running
     assert signer.calls == 0
+
+
+async def test_first_states_of_streams_opening_together_share_queries() -> None:
+    queries: list[list[str]] = []
+    gate = asyncio.Event()
+
+    async def read_many(job_ids: list[str]) -> dict[str, Change]:
+        queries.append(job_ids)
+        await gate.wait()
+        return {j: change(j, 1, seq=1) for j in job_ids if j != JOB_B}
+
+    first_states = FirstStates(read_many)
+    first = asyncio.create_task(first_states.get(JOB_A))
+    await asyncio.sleep(0)  # the first query is under way
+    others = [asyncio.create_task(first_states.get(j)) for j in [JOB_A, JOB_B] * 100]
+    await asyncio.sleep(0)
+    gate.set()
+    assert (await first) == change(JOB_A, 1, seq=1)
+    results = await asyncio.gather(*others)
+    assert queries == [[JOB_A], [JOB_A, JOB_B]]
+    assert results[0] == change(JOB_A, 1, seq=1)
+    assert results[1] is None
+
+
+async def test_a_failed_batch_fails_each_of_its_streams() -> None:
+    async def read_many(job_ids: list[str]) -> dict[str, Change]:
+        raise ConnectionError("database down")
+
+    first_states = FirstStates(read_many)
+    outcomes = await asyncio.gather(
+        first_states.get(JOB_A), first_states.get(JOB_B), return_exceptions=True
+    )
+    assert all(isinstance(o, ConnectionError) for o in outcomes)

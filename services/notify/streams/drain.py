@@ -10,25 +10,20 @@ from services.notify.streams.registry import StreamRegistry
 
 
 class StreamDrain:
-    """A component that does nothing until the process stops; then it sends every stream
-    a StreamEnd (DRAINING) and waits, up to the deadline, for them to close."""
+    """A component that waits for the process to stop; then every stream gets a StreamEnd
+    (DRAINING), and ``run`` returns once they have all closed (the supervisor cancels it
+    at the deadline, and the servers' own stop(grace) ends what is left)."""
 
     name = "stream-drain"
 
     def __init__(self, registry: StreamRegistry) -> None:
         self._registry = registry
-        self._stopped = asyncio.Event()
+        self._stopping = asyncio.Event()
 
     async def run(self) -> None:
-        await self._stopped.wait()
+        await self._stopping.wait()
+        await self._registry.wait_empty()
 
     async def stop(self, deadline: float) -> None:
         self._registry.end_all(EndReason.DRAINING)
-        remaining = deadline - asyncio.get_running_loop().time()
-        try:
-            async with asyncio.timeout(max(0.0, remaining)):
-                await self._registry.wait_empty()
-        except TimeoutError:
-            pass  # the server's own stop(grace) cancels what is left
-        finally:
-            self._stopped.set()
+        self._stopping.set()
