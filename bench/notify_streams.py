@@ -207,9 +207,9 @@ class Streams:
         self, job: str, call: grpc.aio.UnaryStreamCall[pb.WatchJobRequest, pb.WatchJobResponse]
     ) -> None:
         try:
-            async for message in call:
+            while (message := await call.read()) is not grpc.aio.EOF:
                 self._arrived(job, message, time.perf_counter())
-        except grpc.aio.AioRpcError:
+        except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass  # cancelled at the end of the phase
 
     async def arrived(self, job: str, version: int, count: int, within: float = 30) -> list[float]:
@@ -226,7 +226,7 @@ class Streams:
             call.cancel()
         await asyncio.gather(*self.readers, return_exceptions=True)
         for channel in self.channels:
-            await channel.close()
+            await channel.close(grace=None)
 
 
 async def redis_anchor(redis_url: str, rounds: int) -> list[float]:
@@ -291,7 +291,8 @@ async def measure(
     broadcast = Streams(port)
     await broadcast.open([(job, user)] * count)
     await asyncio.sleep(0.5)
-    spans, per_stream = [], []
+    spans: list[float] = []
+    per_stream: list[float] = []
     cpu_before = cpu_seconds(pid)
     phase_started = time.perf_counter()
     rounds = 5
@@ -366,7 +367,7 @@ async def storm(count: int, port: int, pid: int, deliverer: Deliverer) -> None:
     for call in calls:
         call.cancel()
     for channel in channels:
-        await channel.close()
+        await channel.close(grace=None)
 
 
 async def run(

@@ -240,7 +240,7 @@ async def test_more_streams_than_the_default_circuit_breaker_allows_are_all_serv
         for call in calls:
             call.cancel()
         for channel in channels:
-            await channel.close()
+            await channel.close(grace=None)
     stats = _edge_stats(the_edge.admin_port)
     assert stats.get("cluster.notify_streams.upstream_rq_active_overflow", 0) == 0
     assert stats.get("cluster.notify_streams.upstream_rq_pending_overflow", 0) == 0

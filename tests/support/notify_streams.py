@@ -124,7 +124,7 @@ async def replica(notify_settings: NotifySettings) -> AsyncIterator[Replica]:
             notify_settings,
         )
     finally:
-        await channel.close()
+        await channel.close(grace=None)
         await running.stop()
 
 
