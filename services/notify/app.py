@@ -22,6 +22,7 @@ from services.notify.output_urls import MediaSigner, OutputUrls
 from services.notify.settings import NotifySettings
 from services.notify.streams.backstop import Backstop
 from services.notify.streams.change import Change
+from services.notify.streams.clock import StreamClock
 from services.notify.streams.drain import StreamDrain
 from services.notify.streams.fanout import LocalFanout, RedisFanout
 from services.notify.streams.first_states import FirstStates
@@ -55,7 +56,8 @@ def build_streams(settings: NotifySettings, database: Database) -> Streams:
         return await watch_reads.missed(engine, watched)
 
     backstop = Backstop(registry, read_missed, settings.poll_period_seconds)
-    components: list[Component] = [StreamDrain(registry), backstop]
+    clock = StreamClock(registry, settings.streams.keep_alive_seconds)
+    components: list[Component] = [StreamDrain(registry), clock, backstop]
     redis: RedisFanout | None = None
     publisher: Publisher
     if settings.redis_url:

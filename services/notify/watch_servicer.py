@@ -108,22 +108,12 @@ def _error_status(error: Exception) -> tuple[ApiError, status_pb2.Status]:
     return api, api.to_status()
 
 
-class _Clock:
-    """When a stream must end by itself (its maximum duration, jittered)."""
-
-    def __init__(self, settings: StreamSettings) -> None:
-        loop = asyncio.get_running_loop()
-        jitter = random.uniform(0.9, 1.0)  # noqa: S311 (spreads reconnects, not security)
-        self._deadline = loop.time() + settings.max_duration_seconds * jitter
-        self._keep_alive = settings.keep_alive_seconds
-        self._loop = loop
-
-    def next_wait(self) -> float | None:
-        """Seconds to wait for news before a keep-alive; None when the time is up."""
-        remaining = self._deadline - self._loop.time()
-        if remaining <= 0:
-            return None
-        return min(self._keep_alive, remaining)
+def _inbox(settings: StreamSettings, limit: int) -> Inbox:
+    """A stream's inbox, with the moment it ends by itself (its maximum duration,
+    jittered so that streams opened together do not all reconnect together)."""
+    now = asyncio.get_running_loop().time()
+    jitter = random.uniform(0.9, 1.0)  # noqa: S311 (spreads reconnects, not security)
+    return Inbox(limit, now=now, deadline=now + settings.max_duration_seconds * jitter)
 
 
 class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
@@ -151,9 +141,8 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
                 Reason.INVALID_AFTER_VERSION,
                 [FieldViolation("after_version", "must be 0 or more")],
             )
-        inbox = Inbox(limit=1)
+        inbox = _inbox(self._settings, limit=1)
         inbox.skip_through(job_id, request.after_version)
-        clock = _Clock(self._settings)
         # Registered before the first read: nothing applied after it can slip between.
         self._registry.watch_job(job_id, inbox)
         try:
@@ -163,7 +152,7 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
             if first.terminal and first.version <= request.after_version:
                 return  # the client already has the end
             inbox.offer(first)
-            async for message in self._job_messages(inbox, clock, user_id):
+            async for message in self._job_messages(inbox):
                 yield message
         finally:
             self._registry.unwatch_job(job_id, inbox)
@@ -177,30 +166,40 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._settings.first_state_wait_seconds
         while (remaining := deadline - loop.time()) > 0:
-            if await inbox.wait(remaining):
-                if inbox.peek():
-                    return inbox.peek()[-1]
-                break  # ended (draining) before the job appeared
+            if not await inbox.wait(remaining):
+                break
+            pending = inbox.peek()
+            if pending:
+                return pending[-1]
+            if inbox.ended is not None:
+                break  # draining before the job appeared
+            # A keep-alive owed: none is sent before the job is known to be the caller's.
+            inbox.keep_alive_due = False
+            inbox.take()
         return await self._latest_of_job(job_id)
 
-    async def _job_messages(
-        self, inbox: Inbox, clock: _Clock, user_id: str
-    ) -> AsyncIterator[pb.WatchJobResponse]:
+    async def _job_messages(self, inbox: Inbox) -> AsyncIterator[pb.WatchJobResponse]:
+        loop = asyncio.get_running_loop()
         try:
             while True:
                 for change in inbox.take():
                     state = await self._output_urls.fill(change.state)
-                    yield pb.WatchJobResponse(job=state)
+                    yield (
+                        change.job_response()
+                        if state is change.state
+                        else (pb.WatchJobResponse(job=state))
+                    )
+                    inbox.last_sent = loop.time()
                     if change.terminal:
                         return
                 if inbox.ended is not None:
                     yield pb.WatchJobResponse(end=stream_end(inbox.ended))
                     return
-                wait = clock.next_wait()
-                if wait is None:
-                    inbox.end(EndReason.MAX_DURATION)
-                elif not await inbox.wait(wait):
+                if inbox.keep_alive_due:
+                    inbox.keep_alive_due = False
                     yield pb.WatchJobResponse(keep_alive=_keep_alive())
+                    inbox.last_sent = loop.time()
+                await inbox.wait()
         except Exception as error:
             api, status = _error_status(error)
             log.exception("stream_failed", rpc="WatchJob")
@@ -212,9 +211,8 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
     ) -> AsyncIterator[pb.WatchJobsResponse]:
         user_id = current_principal().user_id
         after_seq = decode_cursor(request.cursor)
-        inbox = Inbox(limit=self._settings.pending_limit)
+        inbox = _inbox(self._settings, limit=self._settings.pending_limit)
         watch = UserWatch(user_id, inbox)
-        clock = _Clock(self._settings)
         self._registry.watch_user(watch)
         try:
             snapshot = await self._user_snapshot(user_id, after_seq, self._settings.snapshot_limit)
@@ -227,14 +225,15 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
             for change in snapshot.changes:
                 inbox.offer(change)
             inbox.max_seq = max(inbox.max_seq, snapshot.cursor)
-            async for message in self._jobs_messages(inbox, clock, snapshot.cursor):
+            async for message in self._jobs_messages(inbox, snapshot.cursor):
                 yield message
         finally:
             self._registry.unwatch_user(watch)
 
     async def _jobs_messages(
-        self, inbox: Inbox, clock: _Clock, snapshot_cursor: int
+        self, inbox: Inbox, snapshot_cursor: int
     ) -> AsyncIterator[pb.WatchJobsResponse]:
+        loop = asyncio.get_running_loop()
         cursor = 0
         snapshot_sent = False
         try:
@@ -243,20 +242,22 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
                     cursor = max(cursor, change.seq)
                     state = await self._output_urls.fill(change.state)
                     yield pb.WatchJobsResponse(job=state, cursor=encode_cursor(cursor))
+                    inbox.last_sent = loop.time()
                 if not snapshot_sent:
                     snapshot_sent = True
                     cursor = max(cursor, snapshot_cursor)
                     yield pb.WatchJobsResponse(
                         snapshot_end=pb.SnapshotEnd(), cursor=encode_cursor(cursor)
                     )
+                    inbox.last_sent = loop.time()
                 if inbox.ended is not None:
                     yield pb.WatchJobsResponse(end=stream_end(inbox.ended))
                     return
-                wait = clock.next_wait()
-                if wait is None:
-                    inbox.end(EndReason.MAX_DURATION)
-                elif not await inbox.wait(wait):
+                if inbox.keep_alive_due:
+                    inbox.keep_alive_due = False
                     yield pb.WatchJobsResponse(keep_alive=_keep_alive())
+                    inbox.last_sent = loop.time()
+                await inbox.wait()
         except Exception as error:
             api, status = _error_status(error)
             log.exception("stream_failed", rpc="WatchJobs")

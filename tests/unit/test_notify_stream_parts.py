@@ -10,6 +10,7 @@ from atelier.creation.v1 import job_pb2
 from atelier.notify.v1 import job_state_pb2
 from services.notify.output_urls import OutputUrls, SignedUrl
 from services.notify.streams.change import Change, from_applied
+from services.notify.streams.clock import StreamClock
 from services.notify.streams.first_states import FirstStates
 from services.notify.streams.inbox import EndReason, Inbox
 from services.notify.streams.registry import StreamRegistry, UserWatch
@@ -255,3 +256,19 @@ async def test_a_failed_batch_fails_each_of_its_streams() -> None:
         first_states.get(JOB_A), first_states.get(JOB_B), return_exceptions=True
     )
     assert all(isinstance(o, ConnectionError) for o in outcomes)
+
+
+def test_the_stream_clock_owes_silent_streams_a_keep_alive_and_ends_late_ones() -> None:
+    registry = StreamRegistry()
+    clock = StreamClock(registry, keep_alive=15)
+    silent = Inbox(1, now=100.0)
+    recent = Inbox(1, now=110.0)
+    old = Inbox(1, now=0.0, deadline=114.0)
+    for job_id, inbox in ((JOB_A, silent), (JOB_B, recent)):
+        registry.watch_job(job_id, inbox)
+    registry.watch_user(UserWatch("u1", old))
+    clock.sweep(now=115.0)
+    assert silent.keep_alive_due
+    assert not recent.keep_alive_due
+    assert old.ended is EndReason.MAX_DURATION
+    assert recent.ended is None

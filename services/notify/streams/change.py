@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from atelier.creation.v1 import job_pb2
-from atelier.notify.v1 import job_state_pb2
+from atelier.notify.v1 import job_state_pb2, notify_service_pb2
 
 _TERMINAL = frozenset(
     {job_pb2.JOB_STATUS_SUCCEEDED, job_pb2.JOB_STATUS_FAILED, job_pb2.JOB_STATUS_CANCELLED}
@@ -28,6 +28,15 @@ class Change:
     seq: int
     terminal: bool
     state: job_state_pb2.JobState
+    # The WatchJob message for this state, built once however many streams send it.
+    _response: list[notify_service_pb2.WatchJobResponse] = field(
+        default_factory=list, compare=False, repr=False
+    )
+
+    def job_response(self) -> notify_service_pb2.WatchJobResponse:
+        if not self._response:
+            self._response.append(notify_service_pb2.WatchJobResponse(job=self.state))
+        return self._response[0]
 
     def to_bytes(self) -> bytes:
         return _HEADER.pack(self.seq, self.terminal) + self.state.SerializeToString()

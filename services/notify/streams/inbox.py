@@ -23,10 +23,26 @@ class Inbox:
     A version not above what the stream already has (sent or pending) is dropped, so
     duplicates and reordered deliveries change nothing."""
 
-    __slots__ = ("_event", "_limit", "_pending", "_seen", "ended", "max_seq", "open_jobs")
+    __slots__ = (
+        "_event",
+        "_limit",
+        "_pending",
+        "_seen",
+        "deadline",
+        "ended",
+        "keep_alive_due",
+        "last_sent",
+        "max_seq",
+        "open_jobs",
+    )
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, *, now: float = 0.0, deadline: float = float("inf")) -> None:
         self._limit = limit
+        # The stream clock's view (event loop time): when the stream last sent anything,
+        # when it must end by itself, and whether a keep-alive is owed.
+        self.last_sent = now
+        self.deadline = deadline
+        self.keep_alive_due = False
         self._pending: dict[str, Change] = {}
         # The highest version per job this stream has taken (sent or pending).
         self._seen: dict[str, int] = {}
@@ -62,6 +78,11 @@ class Inbox:
         self._event.set()
         return True
 
+    def nudge(self) -> None:
+        """The stream has been silent too long: it owes the client a keep-alive."""
+        self.keep_alive_due = True
+        self._event.set()
+
     def end(self, reason: EndReason) -> None:
         """Asks the stream to end with a StreamEnd (the first reason wins)."""
         if self.ended is None:
@@ -71,7 +92,10 @@ class Inbox:
     def take(self) -> list[Change]:
         """Everything pending, oldest cursor first (so a cursor handed out after a message
         never passes a change still waiting in the same batch)."""
-        changes = sorted(self._pending.values(), key=lambda c: c.seq)
+        if len(self._pending) == 1:
+            changes = list(self._pending.values())
+        else:
+            changes = sorted(self._pending.values(), key=lambda c: c.seq)
         self._pending.clear()
         if self.ended is None:
             self._event.clear()
@@ -85,10 +109,13 @@ class Inbox:
     def pending(self) -> int:
         return len(self._pending)
 
-    async def wait(self, seconds: float) -> bool:
-        """Waits up to ``seconds`` for something to send or an end; False when the
-        time ran out with nothing."""
+    async def wait(self, seconds: float | None = None) -> bool:
+        """Waits (up to ``seconds``, if given) for something to send, a keep-alive owed or
+        an end; False when the time ran out with nothing."""
         if self._event.is_set():
+            return True
+        if seconds is None:
+            await self._event.wait()
             return True
         try:
             async with asyncio.timeout(seconds):

@@ -4,7 +4,7 @@ to the inboxes that want it, and tells the fan-out which channels to listen on."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -143,6 +143,13 @@ class StreamRegistry:
                     seen = watch.inbox.seen_version(job_id)
                     jobs[job_id] = min(jobs.get(job_id, seen), seen)
         return Watched(jobs=jobs, users=users)
+
+    def inboxes(self) -> Iterator[Inbox]:
+        for inboxes in self._by_job.values():
+            yield from inboxes
+        for watches in self._by_user.values():
+            for watch in watches:
+                yield watch.inbox
 
     def end_all(self, reason: EndReason) -> None:
         for inboxes in self._by_job.values():
