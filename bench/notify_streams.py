@@ -64,6 +64,7 @@ USERS = 100
 # Streams per client connection (notify's server allows 1,000 per connection).
 STREAMS_PER_CHANNEL = 500
 IDLE_SAMPLE_SECONDS = 4.0
+KEEP_ALIVE_SECONDS = 300
 
 
 def token(user: str) -> tuple[tuple[str, str], ...]:
@@ -103,6 +104,10 @@ def notify_process(
         "ATELIER_NOTIFY_METRICS_PORT": str(free_port()),
         "ATELIER_LOG_LEVEL": "WARNING",
         "ATELIER_DRAIN_GRACE": "1",
+        # Keep-alives of streams opened together fall due together, 15 s after opening, in
+        # the middle of a measurement. Kept out: a keep-alive costs what one stream's share
+        # of a broadcast costs (the "µs/stream message" figure), N/15 of them a second.
+        "ATELIER_STREAM_KEEP_ALIVE": str(KEEP_ALIVE_SECONDS),
     }
     process = subprocess.Popen([sys.executable, "-m", "services.notify"], env=env)
     try:
