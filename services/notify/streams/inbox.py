@@ -24,10 +24,11 @@ class Inbox:
     duplicates and reordered deliveries change nothing."""
 
     __slots__ = (
-        "_event",
         "_limit",
         "_pending",
         "_seen",
+        "_signalled",
+        "_waiter",
         "deadline",
         "ended",
         "keep_alive_due",
@@ -48,7 +49,10 @@ class Inbox:
         self._seen: dict[str, int] = {}
         # Jobs this stream has seen in a non-terminal state: the backstop watches them.
         self.open_jobs: set[str] = set()
-        self._event = asyncio.Event()
+        # A wake-up is owed (something to send, a keep-alive, an end); a bare future
+        # rather than an asyncio.Event: ten thousand streams each hold one.
+        self._signalled = False
+        self._waiter: asyncio.Future[None] | None = None
         self.ended: EndReason | None = None
         # The highest cursor (projection seq) taken: the backstop asks for what is above.
         self.max_seq = 0
@@ -75,19 +79,19 @@ class Inbox:
             self.open_jobs.discard(change.job_id)
         else:
             self.open_jobs.add(change.job_id)
-        self._event.set()
+        self._wake()
         return True
 
     def nudge(self) -> None:
         """The stream has been silent too long: it owes the client a keep-alive."""
         self.keep_alive_due = True
-        self._event.set()
+        self._wake()
 
     def end(self, reason: EndReason) -> None:
         """Asks the stream to end with a StreamEnd (the first reason wins)."""
         if self.ended is None:
             self.ended = reason
-        self._event.set()
+        self._wake()
 
     def take(self) -> list[Change]:
         """Everything pending, oldest cursor first (so a cursor handed out after a message
@@ -98,8 +102,14 @@ class Inbox:
             changes = sorted(self._pending.values(), key=lambda c: c.seq)
         self._pending.clear()
         if self.ended is None:
-            self._event.clear()
+            self._signalled = False
         return changes
+
+    def _wake(self) -> None:
+        self._signalled = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def peek(self) -> list[Change]:
         """What is pending, without taking it."""
@@ -112,14 +122,17 @@ class Inbox:
     async def wait(self, seconds: float | None = None) -> bool:
         """Waits (up to ``seconds``, if given) for something to send, a keep-alive owed or
         an end; False when the time ran out with nothing."""
-        if self._event.is_set():
+        if self._signalled:
             return True
-        if seconds is None:
-            await self._event.wait()
-            return True
+        self._waiter = asyncio.get_running_loop().create_future()
         try:
-            async with asyncio.timeout(seconds):
-                await self._event.wait()
+            if seconds is None:
+                await self._waiter
+            else:
+                async with asyncio.timeout(seconds):
+                    await self._waiter
         except TimeoutError:
             return False
+        finally:
+            self._waiter = None
         return True
