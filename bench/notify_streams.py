@@ -91,7 +91,7 @@ def cpu_seconds(pid: int) -> float:
 
 @contextmanager
 def notify_process(
-    database_url: str, redis_url: str
+    database_url: str, redis_url: str, profile: str = ""
 ) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     public, internal = free_port(), free_port()
     env = {
@@ -109,7 +109,9 @@ def notify_process(
         # of a broadcast costs (the "µs/stream message" figure), N/15 of them a second.
         "ATELIER_STREAM_KEEP_ALIVE": str(KEEP_ALIVE_SECONDS),
     }
-    process = subprocess.Popen([sys.executable, "-m", "services.notify"], env=env)
+    # With --profile, notify runs under cProfile (written when it stops on SIGTERM).
+    profiler = ["-m", "cProfile", "-o", profile] if profile else []
+    process = subprocess.Popen([sys.executable, *profiler, "-m", "services.notify"], env=env)
     try:
         deadline = time.monotonic() + 60
         while not grpc_serving(f"127.0.0.1:{public}")():
@@ -385,14 +387,19 @@ async def storm(count: int, port: int, pid: int, deliverer: Deliverer) -> None:
 
 
 async def run(
-    stream_counts: list[int], updates: int, url: str, own_redis: OwnRedis, storm_size: int
+    stream_counts: list[int],
+    updates: int,
+    url: str,
+    own_redis: OwnRedis,
+    storm_size: int,
+    profile: str,
 ) -> None:
     engine = create_async_engine(asyncpg_url(url), pool_size=4)
     await ensure_table(engine)
     deliverer = Deliverer(engine, own_redis.url)
     anchor = await redis_anchor(own_redis.url, 200)
     print(f"anchor | bare Redis publish → subscribe round trip: {summary(anchor)}")
-    with notify_process(url, own_redis.url) as (process, port):
+    with notify_process(url, own_redis.url, profile) as (process, port):
         await asyncio.sleep(1)
         idle = rss_mib(process.pid)
         print(f"notify idle: {idle:.1f} MiB resident", flush=True)
@@ -408,6 +415,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, nargs="*", default=[1, 100, 2000, 10000])
     parser.add_argument("--updates", type=int, default=300)
+    parser.add_argument("--profile", default="", help="run notify under cProfile, into this file")
     parser.add_argument(
         "--storm", type=int, default=5000, help="clients reconnecting at once (0: skip)"
     )
@@ -422,7 +430,7 @@ def main() -> None:
         own_redis.start()
         try:
             migrations.upgrade("notify", url)
-            asyncio.run(run(args.streams, args.updates, url, own_redis, args.storm))
+            asyncio.run(run(args.streams, args.updates, url, own_redis, args.storm, args.profile))
         finally:
             own_redis.stop()
             postgres.drop_database(admin, name)
