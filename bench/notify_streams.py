@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
 import statistics
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,8 +50,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from atelier.creation.v1 import job_pb2
 from atelier.notify.v1 import notify_service_pb2 as pb
 from atelier.notify.v1 import notify_service_pb2_grpc
-from services.dev import postgres
-from services.dev.processes import free_port, grpc_serving
+from services.dev import edge, postgres
+from services.dev.processes import (
+    free_port,
+    grpc_serving,
+    http_ok,
+    spawn,
+    venv_binary,
+    wait_until,
+)
 from services.kit import migrations
 from services.kit.auth import issue_token
 from services.kit.db import asyncpg_url
@@ -122,6 +131,46 @@ def notify_process(
     finally:
         process.terminate()
         process.wait(30)
+
+
+@contextmanager
+def edge_in_front(notify_port: int, work: Path) -> Iterator[tuple[int, int]]:
+    """The real edge (deploy/envoy/envoy.yaml) in front of notify; yields its gRPC port
+    and its admin port."""
+    listen, admin, nowhere = free_port(), free_port(), free_port()
+    config = edge.render(
+        listen_port=listen,
+        admin_port=admin,
+        upstream_ports={
+            "creation": nowhere,
+            "media": nowhere,
+            "media_http": nowhere,
+            "notify": notify_port,
+        },
+    )
+    path = edge.write(work / "envoy.yaml", config)
+    envoy = spawn(
+        "envoy",
+        [venv_binary("envoy"), "-c", str(path), "--disable-hot-restart", "--log-level", "warn"],
+        {},
+        work,
+    )
+    try:
+        wait_until(envoy, http_ok(f"http://127.0.0.1:{admin}/ready"), 30)
+        yield listen, admin
+    finally:
+        envoy.stop()
+
+
+def edge_overflows(admin: int) -> dict[str, int]:
+    url = f"http://127.0.0.1:{admin}/stats?filter=notify_streams.upstream_rq_.*overflow"
+    with urllib.request.urlopen(url) as response:
+        text = response.read().decode()
+    return {
+        name.strip(): int(value)
+        for name, _, value in (line.partition(": ") for line in text.splitlines())
+        if value.strip().isdigit()
+    }
 
 
 class Deliverer:
@@ -393,13 +442,20 @@ async def run(
     own_redis: OwnRedis,
     storm_size: int,
     profile: str,
+    through_edge: bool,
+    work: Path,
 ) -> None:
     engine = create_async_engine(asyncpg_url(url), pool_size=4)
     await ensure_table(engine)
     deliverer = Deliverer(engine, own_redis.url)
     anchor = await redis_anchor(own_redis.url, 200)
     print(f"anchor | bare Redis publish → subscribe round trip: {summary(anchor)}")
-    with notify_process(url, own_redis.url, profile) as (process, port):
+    with contextlib.ExitStack() as stack:
+        process, port = stack.enter_context(notify_process(url, own_redis.url, profile))
+        admin = 0
+        if through_edge:
+            port, admin = stack.enter_context(edge_in_front(port, work))
+            print("clients connect through the edge (Envoy)", flush=True)
         await asyncio.sleep(1)
         idle = rss_mib(process.pid)
         print(f"notify idle: {idle:.1f} MiB resident", flush=True)
@@ -407,6 +463,8 @@ async def run(
             await measure(count, port, process.pid, deliverer, updates, idle)
         if storm_size:
             await storm(storm_size, port, process.pid, deliverer)
+        if through_edge:
+            print(f"edge | stream cluster overflows: {edge_overflows(admin)}", flush=True)
     await deliverer.redis.aclose()
     await engine.dispose()
 
@@ -415,6 +473,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, nargs="*", default=[1, 100, 2000, 10000])
     parser.add_argument("--updates", type=int, default=300)
+    parser.add_argument("--edge", action="store_true", help="clients connect through Envoy (gRPC)")
     parser.add_argument("--profile", default="", help="run notify under cProfile, into this file")
     parser.add_argument(
         "--storm", type=int, default=5000, help="clients reconnecting at once (0: skip)"
@@ -430,7 +489,18 @@ def main() -> None:
         own_redis.start()
         try:
             migrations.upgrade("notify", url)
-            asyncio.run(run(args.streams, args.updates, url, own_redis, args.storm, args.profile))
+            asyncio.run(
+                run(
+                    args.streams,
+                    args.updates,
+                    url,
+                    own_redis,
+                    args.storm,
+                    args.profile,
+                    args.edge,
+                    Path(work),
+                )
+            )
         finally:
             own_redis.stop()
             postgres.drop_database(admin, name)
