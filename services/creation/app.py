@@ -1,8 +1,11 @@
 """Assembles the creation service: servicers, database, media client, readiness.
 
-One program, three roles: ``api`` serves the public and admin RPCs and runs no background
-components; ``worker`` runs the background components and listens only internally (health
-and reflection, for probes); ``all`` does both (development, small deployments).
+One program, three roles: ``api`` serves the public and admin RPCs; ``worker`` runs the
+job engine and listens only internally (health and reflection, for probes); ``all`` does
+both (development, small deployments). Every role runs the outbox relay: each writes
+outbox rows (submits and cancels in ``api``, every step of a job in ``worker``), so no
+role's changes may wait for another role to be deployed, and replicas share the queue
+(``SKIP LOCKED``) without stepping on each other.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from services.creation.operators import Operators
 from services.creation.providers.base import Provider
 from services.creation.providers.registry import ProviderRegistry, RegistryError, build_registry
 from services.creation.providers.stub import crash_point
+from services.creation.relay.notify_client import NotifyClient
+from services.creation.relay.relay import OutboxRelay
 from services.creation.servicer import CreationServicer
 from services.creation.settings import CreationSettings
 from services.creation.store.catalog import CachedCatalog
@@ -52,8 +57,7 @@ def components(
 ) -> list[Component]:
     """The background work of a worker process: the job worker (which owns its lease
     keeper) and the reaper. ``providers`` maps a catalog provider code to its adapter;
-    ``on_point`` is called at each named point of an attempt (the stub's crash points).
-    The outbox relay lands here too."""
+    ``on_point`` is called at each named point of an attempt (the stub's crash points)."""
     return [
         Worker(database.engine, media, providers, settings, clock=clock, on_point=on_point),
         Reaper(database.engine, providers, settings.reaper_period_seconds, clock=clock),
@@ -95,13 +99,24 @@ def build(
         settings.common.database_url, "atelier-creation", limits=settings.common.database
     )
     media = MediaClient(settings.media_internal_address, settings.common.service_token)
-    engine = (
-        _engine_components(settings, database, media, providers, clock, on_point)
-        if role in ("worker", "all")
-        else []
+    notify = NotifyClient(
+        settings.notify_internal_address,
+        settings.common.service_token,
+        settings.relay.deliver_timeout_seconds,
     )
-    cleanup = [media.close, database.close]
-    if engine and providers is not None:
+    relay = OutboxRelay(
+        database.engine, notify, settings.relay, settings.common.database_url, clock=clock
+    )
+    background = [
+        *(
+            _engine_components(settings, database, media, providers, clock, on_point)
+            if role in ("worker", "all")
+            else []
+        ),
+        relay,
+    ]
+    cleanup = [media.close, notify.close, database.close]
+    if role in ("worker", "all") and providers is not None:
         cleanup.append(functools.partial(_close_providers, providers))
     if role == "worker":
         return ServiceApp(
@@ -110,7 +125,7 @@ def build(
             internal=[],
             serve_public=False,
             readiness=database.answers,
-            components=engine,
+            components=background,
             cleanup=cleanup,
         )
     limits = SubmitLimits(
@@ -139,7 +154,7 @@ def build(
             )
         ],
         readiness=database.answers,
-        components=engine,
+        components=background,
         cleanup=cleanup,
     )
 

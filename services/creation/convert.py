@@ -118,6 +118,9 @@ def job_state(job: Job) -> job_state_pb2.JobState:
         output_asset_id=job.output_asset_id or "",
         error=_error(job),
         update_time=timestamp(job.updated_at),
+        done=job.status.terminal,
+        attempt=job.attempt,
+        next_attempt_time=timestamp(job.next_attempt_at) if job.status is Status.QUEUED else None,
     )
 
 

@@ -100,6 +100,52 @@ class WorkerSettings:
         )
 
 
+RELAY_FAULTS = ("duplicate_reversed",)
+
+
+@dataclass(frozen=True)
+class RelaySettings:
+    """The outbox relay's knobs (ATELIER_RELAY_*)."""
+
+    batch: int = 200
+    poll_seconds: float = 1.0
+    backoff_base_seconds: float = 0.1
+    backoff_max_seconds: float = 2.0
+    deliver_timeout_seconds: float = 5.0
+    retention_seconds: float = 86400.0
+    prune_period_seconds: float = 60.0
+    fault: str | None = None
+
+    @classmethod
+    def read(cls, reader: EnvReader) -> RelaySettings:
+        fault = reader.string("RELAY_FAULT", "", choices=RELAY_FAULTS)
+        return cls(
+            # Outbox rows delivered per Deliver call.
+            batch=reader.integer("RELAY_BATCH", 200, minimum=1, maximum=1000),
+            # The fallback look for rows when no NOTIFY came (one lost while the LISTEN
+            # connection was down).
+            poll_seconds=reader.seconds("RELAY_POLL", 1, minimum=0.05, maximum=300),
+            # While notify is down: the first retry's ceiling, doubling up to the maximum
+            # (full jitter). The maximum bounds how long notify waits, once back, for news.
+            backoff_base_seconds=reader.seconds(
+                "RELAY_BACKOFF_BASE", 0.1, minimum=0.01, maximum=60
+            ),
+            backoff_max_seconds=reader.seconds("RELAY_BACKOFF_MAX", 2, minimum=0.05, maximum=300),
+            deliver_timeout_seconds=reader.seconds(
+                "RELAY_DELIVER_TIMEOUT", 5, minimum=0.1, maximum=60
+            ),
+            # How long delivered rows stay (for operators and replays) before pruning.
+            retention_seconds=reader.seconds(
+                "RELAY_RETENTION", 86400, minimum=0, maximum=90 * 86400
+            ),
+            prune_period_seconds=reader.seconds(
+                "RELAY_PRUNE_PERIOD", 60, minimum=0.05, maximum=86400
+            ),
+            # Tests only: deliver every batch twice, reversed and late (see relay/faults.py).
+            fault=fault or None,
+        )
+
+
 @dataclass(frozen=True)
 class CreationSettings:
     common: CommonSettings
@@ -118,6 +164,7 @@ class CreationSettings:
     catalog_ttl_seconds: float
     worker: WorkerSettings
     stub: StubSettings = StubSettings()
+    relay: RelaySettings = RelaySettings()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> CreationSettings:
@@ -148,6 +195,7 @@ class CreationSettings:
             catalog_ttl_seconds=reader.seconds("CATALOG_TTL", 5, minimum=0, maximum=3600),
             worker=WorkerSettings.read(reader),
             stub=StubSettings.read(reader),
+            relay=RelaySettings.read(reader),
         )
         # A heartbeat must come well inside the lease, or live jobs would be reaped.
         reader.require(
@@ -159,6 +207,11 @@ class CreationSettings:
             settings.backoff_base_seconds <= settings.backoff_max_seconds,
             "BACKOFF_BASE",
             "must not exceed ATELIER_BACKOFF_MAX",
+        )
+        reader.require(
+            settings.relay.backoff_base_seconds <= settings.relay.backoff_max_seconds,
+            "RELAY_BACKOFF_BASE",
+            "must not exceed ATELIER_RELAY_BACKOFF_MAX",
         )
         reader.finish()
         return settings

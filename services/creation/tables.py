@@ -239,6 +239,12 @@ outbox = Table(
 )
 # The relay's queue: undelivered rows in order.
 Index("ix_outbox_undelivered", outbox.c.outbox_id, postgresql_where=outbox.c.delivered_at.is_(None))
+# The relay's pruning: delivered rows, oldest delivery first.
+Index(
+    "ix_outbox_delivered",
+    outbox.c.delivered_at,
+    postgresql_where=outbox.c.delivered_at.is_not(None),
+)
 
 LEDGER_KINDS = ("reserve", "capture", "release", "grant")
 

@@ -92,14 +92,15 @@ class Child:
 
 
 def spawn(name: str, argv: list[str], env: Mapping[str, str], log_dir: Path | None) -> Child:
-    """Starts a child. With ``log_dir`` its output goes to ``<log_dir>/<name>.log``;
-    without, it shares this terminal."""
+    """Starts a child. With ``log_dir`` its output goes to ``<log_dir>/<name>.log``
+    (appended: a service started again keeps its earlier lines); without, it shares this
+    terminal."""
     output: IO[bytes] | None = None
     log_path = None
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"{name}.log"
-        output = log_path.open("wb")
+        output = log_path.open("ab")
     # A new session: Ctrl-C in the terminal reaches the launcher only, which then stops
     # the children in order.
     process = subprocess.Popen(

@@ -139,26 +139,11 @@ class Stack:
         internal health say SERVING, media's object listener takes connections and Envoy
         is ready."""
         self.ports.ensure_free()
-        env = {
-            # Said explicitly: a process without ATELIER_ENV is a production one.
-            "ATELIER_ENV": "dev",
-            "ATELIER_DATABASE_URL": self.database_url,
-            **self.ports.service_env(),
-            **self.state_env(),
-            **self.extra_env,
-        }
         try:
             for name in SERVICES:
-                role = ["--role", self.creation_role] if name == "creation" else []
-                child = spawn(
-                    name, [sys.executable, "-m", f"services.{name}", *role], env, self.log_dir
-                )
-                self.children.append(child)
+                self.children.append(self._spawn_service(name))
             for child in self.children:
-                for listener in (self.ports.public, self.ports.internal):
-                    wait_until(child, grpc_serving(f"127.0.0.1:{listener[child.name]}"), timeout)
-                if child.name == "media":
-                    wait_until(child, accepting(self.ports.media_http), timeout)
+                self._wait_ready(child, timeout)
             config = edge.write(
                 self.work_dir / "envoy.yaml",
                 edge.render(
@@ -186,6 +171,44 @@ class Stack:
         except BaseException:
             self.stop()
             raise
+
+    def _service_env(self) -> dict[str, str]:
+        return {
+            # Said explicitly: a process without ATELIER_ENV is a production one.
+            "ATELIER_ENV": "dev",
+            "ATELIER_DATABASE_URL": self.database_url,
+            **self.ports.service_env(),
+            **self.state_env(),
+            **self.extra_env,
+        }
+
+    def _spawn_service(self, name: str) -> Child:
+        role = ["--role", self.creation_role] if name == "creation" else []
+        argv = [sys.executable, "-m", f"services.{name}", *role]
+        return spawn(name, argv, self._service_env(), self.log_dir)
+
+    def _wait_ready(self, child: Child, timeout: float) -> None:
+        for listener in (self.ports.public, self.ports.internal):
+            wait_until(child, grpc_serving(f"127.0.0.1:{listener[child.name]}"), timeout)
+        if child.name == "media":
+            wait_until(child, accepting(self.ports.media_http), timeout)
+
+    def child(self, name: str) -> Child:
+        return next(c for c in self.children if c.name == name)
+
+    def stop_service(self, name: str) -> int:
+        """Stops one service (SIGTERM, as an orchestrator would); the rest keep running."""
+        child = self.child(name)
+        self.children.remove(child)
+        return child.stop()
+
+    def start_service(self, name: str, timeout: float = 60.0) -> Child:
+        """Starts a stopped service again on its ports; returns once it is SERVING."""
+        child = self._spawn_service(name)
+        # Before the edge, so that stop() still stops the edge first.
+        self.children.insert(0, child)
+        self._wait_ready(child, timeout)
+        return child
 
     def stop(self) -> dict[str, int]:
         """Stops the edge first, then the services; returns each child's exit code."""

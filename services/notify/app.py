@@ -1,12 +1,12 @@
-"""Assembles the notify service: the client streams with their fan-out (Redis when
-configured, in process otherwise) and backstop. Devices and ingest answer UNIMPLEMENTED
-until their parts land."""
+"""Assembles the notify service: the ingest listener (creation's relay delivers job states
+to the projection; what moved goes to the streams' fan-out: Redis when configured, in
+process otherwise) and the client streams with their backstop. Devices answer
+UNIMPLEMENTED until they are built."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 from atelier.notify.v1 import (
     notify_ingest_service_pb2,
@@ -16,8 +16,10 @@ from atelier.notify.v1 import (
 )
 from services.kit.components import Component
 from services.kit.db import Database
-from services.kit.server import Binding, ServiceApp, placeholder, run_service
+from services.kit.server import Binding, ServiceApp, run_service
 from services.notify import watch_reads
+from services.notify.fanout import Publisher
+from services.notify.ingest_servicer import NotifyIngestServicer
 from services.notify.output_urls import MediaSigner, OutputUrls
 from services.notify.settings import NotifySettings
 from services.notify.streams.backstop import Backstop
@@ -29,12 +31,6 @@ from services.notify.streams.first_states import FirstStates
 from services.notify.streams.registry import StreamRegistry, Watched
 from services.notify.watch_reads import Snapshot
 from services.notify.watch_servicer import WatchServicer
-
-
-class Publisher(Protocol):
-    """What Deliver calls after its commit (services/notify/fanout.py states the same)."""
-
-    async def publish(self, applied: Sequence[Any]) -> None: ...
 
 
 @dataclass
@@ -75,11 +71,15 @@ def build_streams(settings: NotifySettings, database: Database) -> Streams:
     )
 
 
-def build(settings: NotifySettings) -> ServiceApp:
-    return assemble(settings)[0]
+def build(settings: NotifySettings, publisher: Publisher | None = None) -> ServiceApp:
+    """``publisher``, when given, is what Deliver announces to instead of the streams'
+    fan-out (tests that record what moved)."""
+    return assemble(settings, publisher)[0]
 
 
-def assemble(settings: NotifySettings) -> tuple[ServiceApp, Streams]:
+def assemble(
+    settings: NotifySettings, publisher: Publisher | None = None
+) -> tuple[ServiceApp, Streams]:
     """The app and its streams' parts (tests publish through ``Streams.publisher``)."""
     database = Database(
         settings.common.database_url, "atelier-notify", limits=settings.common.database
@@ -116,8 +116,7 @@ def assemble(settings: NotifySettings) -> tuple[ServiceApp, Streams]:
             Binding(
                 notify_ingest_service_pb2.DESCRIPTOR.services_by_name["NotifyIngestService"],
                 notify_ingest_service_pb2_grpc.add_NotifyIngestServiceServicer_to_server,
-                # notify-ingest's Deliver takes streams.publisher (after its commit).
-                placeholder(notify_ingest_service_pb2_grpc.NotifyIngestServiceServicer),
+                NotifyIngestServicer(database.engine, publisher or streams.publisher),
             )
         ],
         readiness=database.answers,

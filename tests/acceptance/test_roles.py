@@ -95,7 +95,8 @@ def test_roles_split_rpcs_from_components() -> None:
     api = build(settings, "api")
     worker = build(settings, "worker")
     everything = build(settings, "all")
-    assert api.serve_public and api.public and api.internal and not api.components
+    assert api.serve_public and api.public and api.internal
+    assert [c.name for c in api.components] == ["outbox-relay"]
     assert not worker.serve_public and not worker.public and not worker.internal
     assert [c.name for c in worker.components] == [c.name for c in everything.components]
     assert everything.public and everything.internal

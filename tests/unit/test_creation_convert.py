@@ -81,6 +81,16 @@ VARIANTS = {
         updated_at=datetime(2026, 11, 30, 23, 0, 1, 123456, tzinfo=timezone(timedelta(hours=-3))),
     ),
     "large version": dataclasses.replace(BASE, version=2**40),
+    "queued for a retry": dataclasses.replace(
+        BASE,
+        attempt=2,
+        version=7,
+        next_attempt_at=datetime(2026, 11, 30, 12, 0, 30, 500000, tzinfo=UTC),
+    ),
+    "second attempt running": dataclasses.replace(
+        BASE, status=Status.RUNNING, attempt=2, step=Step.GENERATING, progress=10
+    ),
+    "cancelled": dataclasses.replace(BASE, status=Status.CANCELLED, attempt=1),
 }
 
 
@@ -89,6 +99,19 @@ def test_the_outbox_payload_is_the_job_state_json(job: Job) -> None:
     assert outbox_payload(job) == json_format.MessageToDict(convert.job_state(job))
     parsed = json_format.ParseDict(outbox_payload(job), job_state_pb2.JobState())
     assert parsed == convert.job_state(job)
+
+
+def test_a_job_state_says_done_attempt_and_next_attempt_time() -> None:
+    retry = convert.job_state(VARIANTS["queued for a retry"])
+    assert (retry.done, retry.attempt) == (False, 2)
+    assert retry.next_attempt_time.ToDatetime(tzinfo=UTC) == datetime(
+        2026, 11, 30, 12, 0, 30, 500000, tzinfo=UTC
+    )
+    running = convert.job_state(VARIANTS["second attempt running"])
+    assert not running.HasField("next_attempt_time") and not running.done
+    assert convert.job_state(VARIANTS["succeeded"]).done
+    assert convert.job_state(VARIANTS["cancelled"]).done
+    assert not convert.job_state(VARIANTS["needs attention, no message"]).done
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])

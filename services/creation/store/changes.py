@@ -50,13 +50,20 @@ def outbox_payload(job: Job) -> dict[str, Any]:
         if job.error_message:
             error["message"] = job.error_message
         payload["error"] = error
+    if job.status.terminal:
+        payload["done"] = True
+    if job.attempt:
+        payload["attempt"] = job.attempt
+    if job.status is Status.QUEUED:
+        payload["nextAttemptTime"] = _json_time(job.next_attempt_at)
     return payload
 
 
 def submitted_payload(job_id: str, user_id: str, now: datetime) -> dict[str, Any]:
     """The payload of a job's first version, known before its row is written (nothing but
     its identity, status and time is set yet): equal to ``outbox_payload`` of that row."""
-    return _state(job_id, user_id, 1, Status.QUEUED, now)
+    # A new job may start at once: its next attempt is due when it was submitted.
+    return {**_state(job_id, user_id, 1, Status.QUEUED, now), "nextAttemptTime": _json_time(now)}
 
 
 def _state(

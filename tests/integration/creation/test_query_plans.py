@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from services.creation.store import admin, leases
+from services.creation.store import admin, leases, outbox
 from services.creation.store import jobs as store
 from services.kit.db import asyncpg_url
 from tests.integration.creation.helpers import LIMITS, T0, command, new_user
@@ -108,3 +108,22 @@ async def test_operators_queue_rides_the_needs_attention_index(
     await admin.list_attention(engine, 10, None)
     statement, parameters = one_statement(sent, lambda s: "needs_attention" in s)
     assert "ix_jobs_needs_attention" in await generic_plan(engine, statement, parameters)
+
+
+async def test_the_relay_takes_its_batches_from_the_undelivered_index(
+    capturing: tuple[AsyncEngine, list[tuple[str, Any]]],
+) -> None:
+    engine, sent = capturing
+    async with engine.begin() as connection:
+        await outbox.take(connection, 200)
+    statement, parameters = one_statement(sent, lambda s: "SKIP LOCKED" in s and "outbox" in s)
+    assert "ix_outbox_undelivered" in await generic_plan(engine, statement, parameters)
+
+
+async def test_the_relay_prunes_through_the_delivered_index(
+    capturing: tuple[AsyncEngine, list[tuple[str, Any]]],
+) -> None:
+    engine, sent = capturing
+    await outbox.prune(engine, T0 - timedelta(days=3650), 1000)
+    statement, parameters = one_statement(sent, lambda s: "DELETE FROM creation.outbox" in s)
+    assert "ix_outbox_delivered" in await generic_plan(engine, statement, parameters)

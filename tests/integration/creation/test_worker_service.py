@@ -38,10 +38,11 @@ def test_roles_worker_and_all_run_the_engine_given_a_registry(creation_url: str)
     def names(role: str, given: dict[str, Provider] | None) -> list[str]:
         return [c.name for c in build(settings, role, providers=given).components]
 
-    assert names("worker", providers) == ["worker", "reaper"]
-    assert names("all", providers) == ["worker", "reaper"]
-    assert names("api", providers) == []
-    assert names("all", None) == []  # no registry wired in: jobs wait
+    assert names("worker", providers) == ["worker", "reaper", "outbox-relay"]
+    assert names("all", providers) == ["worker", "reaper", "outbox-relay"]
+    # Every role writes job changes, so every role relays them to notify.
+    assert names("api", providers) == ["outbox-relay"]
+    assert names("all", None) == ["outbox-relay"]  # no registry wired in: jobs wait
 
 
 async def test_a_job_submitted_over_grpc_runs_to_succeeded(

@@ -36,6 +36,9 @@ class JobState(_message.Message):
     OUTPUT_ASSET_ID_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    NEXT_ATTEMPT_TIME_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job."""
     user_id: _builtins.str
@@ -47,11 +50,21 @@ class JobState(_message.Message):
     step: _job_pb2.JobStep.ValueType
     """The worker's position inside the current attempt."""
     progress_percent: _builtins.int
-    """Progress of the current attempt, 0 to 100."""
+    """Progress of the current attempt, 0 to 100. It restarts at 0 with every attempt: a
+    retry after a failure starts again from the beginning.
+    """
     cancel_requested: _builtins.bool
     """The owner asked to cancel; the worker has not stopped yet."""
     output_asset_id: _builtins.str
     """The output asset, once SUCCEEDED."""
+    done: _builtins.bool
+    """The status is terminal (SUCCEEDED, FAILED or CANCELLED): no later version follows.
+    NEEDS_ATTENTION is not done: an operator may still queue, fail or cancel the job.
+    """
+    attempt: _builtins.int
+    """Which attempt the job is on, from 1 once a worker first claimed it (0 before). A new
+    attempt restarts progress_percent.
+    """
     @_builtins.property
     def error(self) -> _job_pb2.JobError:
         """Why the job failed or needs attention."""
@@ -59,6 +72,12 @@ class JobState(_message.Message):
     @_builtins.property
     def update_time(self) -> _timestamp_pb2.Timestamp:
         """When this version was written by creation."""
+
+    @_builtins.property
+    def next_attempt_time(self) -> _timestamp_pb2.Timestamp:
+        """While QUEUED: the earliest time a worker may start the next attempt (after a
+        retryable failure it lies in the future: show "retrying at ..."). Unset otherwise.
+        """
 
     def __init__(
         self,
@@ -73,10 +92,13 @@ class JobState(_message.Message):
         output_asset_id: _builtins.str = ...,
         error: _job_pb2.JobError | None = ...,
         update_time: _timestamp_pb2.Timestamp | None = ...,
+        done: _builtins.bool = ...,
+        attempt: _builtins.int = ...,
+        next_attempt_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "update_time", b"update_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "next_attempt_time", b"next_attempt_time", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_requested", b"cancel_requested", "error", b"error", "job_id", b"job_id", "output_asset_id", b"output_asset_id", "progress_percent", b"progress_percent", "status", b"status", "step", b"step", "update_time", b"update_time", "user_id", b"user_id", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cancel_requested", b"cancel_requested", "done", b"done", "error", b"error", "job_id", b"job_id", "next_attempt_time", b"next_attempt_time", "output_asset_id", b"output_asset_id", "progress_percent", b"progress_percent", "status", b"status", "step", b"step", "update_time", b"update_time", "user_id", b"user_id", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,1 @@
+"""The outbox relay: creation's job changes, delivered to notify at least once."""

@@ -1,0 +1,221 @@
+"""The outbox relay, a component any number of creation processes run.
+
+Each round takes a batch of undelivered rows with ``FOR UPDATE SKIP LOCKED`` (replicas
+take different rows and never wait on each other), delivers it to notify's ``Deliver``
+and marks it delivered in the same transaction, so a row is marked only once notify has
+committed it, and a relay that dies mid-batch leaves its rows for the next. Delivery is
+therefore at least once; notify's version gate makes duplicates harmless.
+
+A NOTIFY on ``creation_outbox`` (a trigger sends it at the commit of every outbox insert)
+wakes the relay; a poll is the fallback. While notify (or the database) is away the relay
+retries with exponential backoff and full jitter, logging one throttled line per kind of
+failure, and says once when deliveries flow again. Now and then it prunes delivered rows
+older than the retention period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from datetime import timedelta
+from typing import Any, Protocol
+
+from google.protobuf import json_format
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from atelier.notify.v1 import notify_ingest_service_pb2 as pb
+from services.creation.domain import backoff
+from services.creation.relay.notify_client import DeliveryFailed
+from services.creation.settings import RelaySettings
+from services.creation.store import outbox
+from services.creation.store.changes import OUTBOX_CHANNEL
+from services.kit.clock import Clock, system_clock
+from services.kit.listen import Listener
+from services.kit.logging import get_logger
+from services.kit.outages import Throttle, classify, log_unavailable
+
+log = get_logger(__name__)
+
+# Delivered rows deleted per prune statement (short transactions, however much is due).
+PRUNE_BATCH = 1000
+
+
+class Notify(Protocol):
+    async def deliver(self, messages: list[pb.OutboxMessage]) -> int: ...
+
+
+class OutboxRelay:
+    name = "outbox-relay"
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        notify: Notify,
+        settings: RelaySettings,
+        database_url: str,
+        *,
+        clock: Clock = system_clock,
+        throttle: Throttle | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._engine = engine
+        self._notify = notify
+        self._settings = settings
+        self._clock = clock
+        self._log = throttle or Throttle()
+        self._rng = rng
+        self.listener = Listener(database_url, OUTBOX_CHANNEL)
+        self._stopping = asyncio.Event()
+        self._failures = 0  # consecutive failed rounds
+        self._next_prune = 0.0
+        # Fault injection (tests): the previous batch, to be delivered once more, late.
+        self._late: list[pb.OutboxMessage] = []
+        # For tests and metrics: rows this replica marked delivered, Deliver calls made.
+        self.delivered = 0
+        self.calls = 0
+
+    async def run(self) -> None:
+        listening = asyncio.create_task(self.listener.run(), name=self.listener.name)
+        log.info("relay_started", batch=self._settings.batch, fault=self._settings.fault)
+        try:
+            while not self._stopping.is_set():
+                if listening.done():
+                    listening.result()
+                    raise RuntimeError("the outbox listener ended on its own")
+                if await self._round():
+                    await self._prune_if_due()
+                    await self._wait_for_rows(listening)
+                else:
+                    await self._sleep(self._retry_delay())
+        finally:
+            await self.listener.stop(0)
+            await asyncio.gather(listening, return_exceptions=True)
+            log.info("relay_stopped", delivered=self.delivered)
+
+    @property
+    def failed_rounds(self) -> int:
+        """Rounds that failed in a row (0 while deliveries flow)."""
+        return self._failures
+
+    async def stop(self, deadline: float) -> None:
+        # A batch in flight finishes (its Deliver has a deadline); none starts after.
+        self._stopping.set()
+
+    # --- one round: batches until the queue is empty ------------------------------------
+
+    async def _round(self) -> bool:
+        """Delivers batches until one comes back short; False after a failure."""
+        try:
+            while not self._stopping.is_set():
+                taken = await self._deliver_batch()
+                if taken < self._settings.batch:
+                    break
+            await self._deliver_late()
+        except DeliveryFailed as failed:
+            self._failed("notify", failed.failure.reason, failed.failure.transient)
+            return False
+        except Exception as error:
+            outage = classify(error)
+            if outage is None:
+                raise
+            self._failed(outage.dependency, outage.kind, transient=True)
+            return False
+        if self._failures:
+            log.info("relay_delivering_again", failed_rounds=self._failures)
+            self._failures = 0
+        return True
+
+    async def _deliver_batch(self) -> int:
+        async with self._engine.begin() as connection:
+            rows = await outbox.take(connection, self._settings.batch)
+            if not rows:
+                return 0
+            messages = [m for m in map(_message, rows) if m is not None]
+            if messages:
+                await self._send(messages)
+            await outbox.mark_delivered(connection, [r.outbox_id for r in rows], self._clock())
+        self.delivered += len(rows)
+        return len(rows)
+
+    async def _send(self, messages: list[pb.OutboxMessage]) -> None:
+        if self._settings.fault != "duplicate_reversed":
+            await self._call(messages)
+            return
+        # Every batch twice and out of order: reversed now, and once more after the next
+        # batch went out, so older versions reach notify after newer ones.
+        await self._call(list(reversed(messages)))
+        await self._deliver_late()
+        self._late = messages
+
+    async def _deliver_late(self) -> None:
+        if self._late:
+            await self._call(self._late)
+            self._late = []
+
+    async def _call(self, messages: list[pb.OutboxMessage]) -> None:
+        self.calls += 1
+        await self._notify.deliver(messages)
+
+    # --- failures -----------------------------------------------------------------------
+
+    def _failed(self, dependency: str, kind: str, transient: bool) -> None:
+        self._failures += 1
+        if transient:
+            log_unavailable(self._log, dependency, kind, component=self.name)
+        elif self._log.admit(f"refused:{kind}") is not None:
+            # Not an outage: notify refuses what we send (a bad credential, a bug). The
+            # rows stay queued and are tried again; an operator must look.
+            log.error("relay_delivery_refused", reason=kind)
+
+    def _retry_delay(self) -> float:
+        settings = self._settings
+        delay = backoff(
+            self._failures, settings.backoff_base_seconds, settings.backoff_max_seconds, self._rng
+        )
+        return delay.total_seconds()
+
+    # --- waiting and pruning ------------------------------------------------------------
+
+    async def _wait_for_rows(self, listening: asyncio.Task[None]) -> None:
+        waiters: list[asyncio.Future[Any]] = [
+            asyncio.ensure_future(self._stopping.wait()),
+            asyncio.ensure_future(self.listener.woken(self._settings.poll_seconds)),
+        ]
+        try:
+            await asyncio.wait([*waiters, listening], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+
+    async def _prune_if_due(self) -> None:
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._next_prune:
+            return
+        self._next_prune = loop.time() + self._settings.prune_period_seconds
+        before = self._clock() - timedelta(seconds=self._settings.retention_seconds)
+        try:
+            while not self._stopping.is_set():
+                if await outbox.prune(self._engine, before, PRUNE_BATCH) < PRUNE_BATCH:
+                    break
+        except Exception as error:
+            outage = classify(error)
+            if outage is None:
+                raise
+            log_unavailable(self._log, outage.dependency, outage.kind, component=self.name)
+
+
+def _message(row: outbox.OutboxRow) -> pb.OutboxMessage | None:
+    """The row as notify takes it; None (logged) for a payload that is no JobState: it
+    can never be delivered, so it is marked delivered rather than block the queue."""
+    message = pb.OutboxMessage(outbox_id=row.outbox_id)
+    try:
+        json_format.ParseDict(row.payload, message.state, ignore_unknown_fields=True)
+    except json_format.ParseError:
+        log.error("outbox_row_unreadable", outbox_id=row.outbox_id)
+        return None
+    return message
