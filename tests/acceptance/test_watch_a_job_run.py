@@ -17,8 +17,12 @@ from tests.acceptance.test_jobs_edge import User, job_body, put_input
 from tests.support.stacks import stack_of_its_own
 
 
-@pytest.fixture(scope="module")
-def running(postgres_admin_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+@pytest.fixture(scope="module", params=["", "duplicate_reversed"], ids=["relay", "faulty-relay"])
+def running(
+    postgres_admin_url: str, tmp_path_factory: pytest.TempPathFactory, request: Any
+) -> Iterator[Stack]:
+    """The whole stack; once with a relay that delivers every batch twice and out of
+    order (the streams must still show each version once, in increasing order)."""
     work = tmp_path_factory.mktemp("watched")
     engine_env = {
         "ATELIER_STUB_DURATION": "4",
@@ -26,6 +30,8 @@ def running(postgres_admin_url: str, tmp_path_factory: pytest.TempPathFactory) -
         # Progress reaches notify with each heartbeat.
         "ATELIER_HEARTBEAT": "0.5",
     }
+    if request.param:
+        engine_env["ATELIER_RELAY_FAULT"] = request.param
     with stack_of_its_own(postgres_admin_url, work, "all", engine_env) as stack:
         yield stack
 
@@ -62,7 +68,7 @@ async def test_watch_job_with_curl_from_queued_to_succeeded_then_the_stream_clos
     assert "JOB_STATUS_RUNNING" in statuses
     assert statuses[-1] == "JOB_STATUS_SUCCEEDED"
     versions = [int(s["version"]) for s in states]
-    assert versions == sorted(set(versions))
+    assert versions == sorted(set(versions))  # each version at most once, increasing
     progress = [s["progressPercent"] for s in states if s["status"] == "JOB_STATUS_RUNNING"]
     assert progress == sorted(progress)
     assert progress[-1] > 0  # rising progress was streamed, not only the end
