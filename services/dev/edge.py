@@ -15,6 +15,8 @@ ENVOY_TEMPLATE = ROOT / "deploy" / "envoy" / "envoy.yaml"
 DESCRIPTOR = ROOT / "gen" / "atelier.binpb"
 TRANSCODER = "envoy.filters.http.grpc_json_transcoder"
 BUFFER = "envoy.filters.http.buffer"
+# Clusters that reach the same service as another (its client streams, own limits).
+STREAM_CLUSTERS = {"notify_streams": "notify"}
 # The largest JSON request body the edge accepts (deploy/envoy/envoy.yaml says the same).
 DEFAULT_MAX_JSON_BODY = 64 * 1024
 
@@ -46,7 +48,7 @@ def render(
             if http_filter["name"] == BUFFER:
                 http_filter["typed_config"]["max_request_bytes"] = max_json_body
     for cluster in config["static_resources"]["clusters"]:
-        port = upstream_ports[cluster["name"]]
+        port = upstream_ports[STREAM_CLUSTERS.get(cluster["name"], cluster["name"])]
         for group in cluster["load_assignment"]["endpoints"]:
             for endpoint in group["lb_endpoints"]:
                 endpoint["endpoint"]["address"]["socket_address"] = {

@@ -41,6 +41,11 @@ log = get_logger(__name__)
 # its pending-call limit, so raise it; keepalives detect dead clients behind NATs.
 SERVER_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_concurrent_streams", 1000),
+    # Calls that arrived but the application has not picked up yet: past the soft limit
+    # (1,000 by default) gRPC cancels new ones (CANCELLED, no details), which a burst of
+    # stream opens through one edge reaches at once.
+    ("grpc.server.max_pending_requests", 20_000),
+    ("grpc.server.max_pending_requests_hard_limit", 40_000),
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),

@@ -1,8 +1,12 @@
 """Assembles the notify service: the ingest listener (creation's relay delivers job states
-to the projection, and what moved goes to the publisher). Streams and devices answer
+to the projection; what moved goes to the streams' fan-out: Redis when configured, in
+process otherwise) and the client streams with their backstop. Devices answer
 UNIMPLEMENTED until they are built."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from atelier.notify.v1 import (
     notify_ingest_service_pb2,
@@ -10,39 +14,116 @@ from atelier.notify.v1 import (
     notify_service_pb2,
     notify_service_pb2_grpc,
 )
+from services.kit.components import Component
 from services.kit.db import Database
-from services.kit.server import Binding, ServiceApp, placeholder, run_service
-from services.notify.fanout import InProcessPublisher, Publisher
+from services.kit.server import Binding, ServiceApp, run_service
+from services.notify import watch_reads
+from services.notify.fanout import Publisher
 from services.notify.ingest_servicer import NotifyIngestServicer
+from services.notify.output_urls import MediaSigner, OutputUrls
 from services.notify.settings import NotifySettings
+from services.notify.streams.backstop import Backstop
+from services.notify.streams.change import Change
+from services.notify.streams.clock import StreamClock
+from services.notify.streams.drain import StreamDrain
+from services.notify.streams.fanout import LocalFanout, RedisFanout
+from services.notify.streams.first_states import FirstStates
+from services.notify.streams.registry import StreamRegistry, Watched
+from services.notify.watch_reads import Snapshot
+from services.notify.watch_servicer import WatchServicer
+
+
+@dataclass
+class Streams:
+    """The streams' parts, for the app and for tests that drive them directly."""
+
+    registry: StreamRegistry
+    publisher: Publisher
+    components: list[Component]
+    redis: RedisFanout | None
+    backstop: Backstop
+
+
+def build_streams(settings: NotifySettings, database: Database) -> Streams:
+    registry = StreamRegistry()
+    engine = database.engine
+
+    async def read_missed(watched: Watched) -> Sequence[Change]:
+        return await watch_reads.missed(engine, watched)
+
+    backstop = Backstop(registry, read_missed, settings.poll_period_seconds)
+    clock = StreamClock(registry, settings.streams.keep_alive_seconds)
+    components: list[Component] = [StreamDrain(registry), clock, backstop]
+    redis: RedisFanout | None = None
+    publisher: Publisher
+    if settings.redis_url:
+        redis = RedisFanout(registry, settings.redis_url)
+        publisher = redis
+        components.append(redis)
+    else:
+        publisher = LocalFanout(registry)
+    return Streams(
+        registry=registry,
+        publisher=publisher,
+        components=components,
+        redis=redis,
+        backstop=backstop,
+    )
 
 
 def build(settings: NotifySettings, publisher: Publisher | None = None) -> ServiceApp:
-    """``publisher`` receives what each Deliver moved; by default this process's own
-    subscribers."""
-    publisher = publisher if publisher is not None else InProcessPublisher()
+    """``publisher``, when given, is what Deliver announces to instead of the streams'
+    fan-out (tests that record what moved)."""
+    return assemble(settings, publisher)[0]
+
+
+def assemble(
+    settings: NotifySettings, publisher: Publisher | None = None
+) -> tuple[ServiceApp, Streams]:
+    """The app and its streams' parts (tests publish through ``Streams.publisher``)."""
     database = Database(
         settings.common.database_url, "atelier-notify", limits=settings.common.database
     )
-    return ServiceApp(
+    streams = build_streams(settings, database)
+    engine = database.engine
+
+    async def latest_of_jobs(job_ids: list[str]) -> dict[str, Change]:
+        return await watch_reads.latest_of_jobs(engine, job_ids)
+
+    async def user_snapshot(user_id: str, after_seq: int | None, limit: int) -> Snapshot:
+        return await watch_reads.user_snapshot(engine, user_id, after_seq, limit)
+
+    signer = MediaSigner(settings.media_internal_address, settings.common.service_token)
+    cleanup = [signer.close, database.close]
+    if streams.redis is not None:
+        cleanup.insert(0, streams.redis.close)
+    app = ServiceApp(
         name="notify",
         public=[
             Binding(
                 notify_service_pb2.DESCRIPTOR.services_by_name["NotifyService"],
                 notify_service_pb2_grpc.add_NotifyServiceServicer_to_server,
-                placeholder(notify_service_pb2_grpc.NotifyServiceServicer),
+                WatchServicer(
+                    streams.registry,
+                    settings.streams,
+                    FirstStates(latest_of_jobs).get,
+                    user_snapshot,
+                    OutputUrls(signer),
+                ),
             )
         ],
         internal=[
             Binding(
                 notify_ingest_service_pb2.DESCRIPTOR.services_by_name["NotifyIngestService"],
                 notify_ingest_service_pb2_grpc.add_NotifyIngestServiceServicer_to_server,
-                NotifyIngestServicer(database.engine, publisher),
+                NotifyIngestServicer(database.engine, publisher or streams.publisher),
             )
         ],
         readiness=database.answers,
-        cleanup=[database.close],
+        components=streams.components,
+        cleanup=cleanup,
     )
+    return app, streams
 
 
 def main() -> int:

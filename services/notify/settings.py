@@ -9,11 +9,34 @@ from services.kit.settings import DEFAULT_PORTS, CommonSettings, EnvReader, List
 
 
 @dataclass(frozen=True)
+class StreamSettings:
+    """How the client streams behave (the contract in notify_service.proto states the
+    defaults: keep the two in step)."""
+
+    # A KeepAlive after this long without any other message.
+    keep_alive_seconds: float = 15.0
+    # A stream ends itself (StreamEnd MAX_DURATION) after about this long, jittered.
+    max_duration_seconds: float = 1800.0
+    # The most jobs a WatchJobs snapshot holds; a cursor with more changes since is expired.
+    snapshot_limit: int = 500
+    # The most jobs a slow stream keeps pending (latest state each) before it is ended.
+    pending_limit: int = 1000
+    # How long WatchJob waits for a job the projection does not hold yet (just submitted).
+    first_state_wait_seconds: float = 3.0
+
+
+@dataclass(frozen=True)
 class NotifySettings:
     common: CommonSettings
     listen: ListenSettings
+    # Empty: one replica, fan-out in process. Set: every replica publishes to and
+    # subscribes from this Redis.
     redis_url: str
+    # The backstop's period: how late an update may arrive when Redis lost it.
     poll_period_seconds: float
+    streams: StreamSettings
+    # Signs the download URLs of a succeeded job's outputs as streams send it.
+    media_internal_address: str = f"127.0.0.1:{DEFAULT_PORTS['media'].internal_port}"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> NotifySettings:
@@ -23,6 +46,27 @@ class NotifySettings:
             listen=ListenSettings.read(reader, "notify", DEFAULT_PORTS["notify"]),
             redis_url=reader.string("REDIS_URL", ""),
             poll_period_seconds=reader.seconds("POLL_PERIOD", 2.0, minimum=0.1, maximum=60),
+            streams=StreamSettings(
+                keep_alive_seconds=reader.seconds(
+                    "STREAM_KEEP_ALIVE", 15.0, minimum=0.05, maximum=300
+                ),
+                max_duration_seconds=reader.seconds(
+                    "STREAM_MAX_DURATION", 1800.0, minimum=1, maximum=24 * 3600
+                ),
+                snapshot_limit=reader.integer(
+                    "STREAM_SNAPSHOT_LIMIT", 500, minimum=1, maximum=10_000
+                ),
+                pending_limit=reader.integer(
+                    "STREAM_PENDING_LIMIT", 1000, minimum=1, maximum=100_000
+                ),
+                first_state_wait_seconds=reader.seconds(
+                    "STREAM_FIRST_STATE_WAIT", 3.0, minimum=0, maximum=60
+                ),
+            ),
+            media_internal_address=reader.string(
+                "MEDIA_INTERNAL_ADDRESS",
+                f"127.0.0.1:{DEFAULT_PORTS['media'].internal_port}",
+            ),
         )
         reader.finish()
         return settings

@@ -6,10 +6,12 @@ isort:skip_file
 from atelier.notify.v1 import job_state_pb2 as _job_state_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.rpc import status_pb2 as _status_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -20,6 +22,38 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _StreamEndReason:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _StreamEndReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_StreamEndReason.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    STREAM_END_REASON_UNSPECIFIED: _StreamEndReason.ValueType  # 0
+    """Not set; never sent."""
+    STREAM_END_REASON_DRAINING: _StreamEndReason.ValueType  # 1
+    """The server is shutting down or restarting: reconnect (another replica answers)."""
+    STREAM_END_REASON_MAX_DURATION: _StreamEndReason.ValueType  # 2
+    """The stream reached its maximum duration (about 30 minutes, jittered), so that load
+    spreads across replicas: reconnect.
+    """
+    STREAM_END_REASON_SLOW_READER: _StreamEndReason.ValueType  # 3
+    """The reader fell too far behind: reconnect (WatchJobs: with the last cursor)."""
+
+class StreamEndReason(_StreamEndReason, metaclass=_StreamEndReasonEnumTypeWrapper):
+    """Why the server ended a stream on purpose."""
+
+STREAM_END_REASON_UNSPECIFIED: StreamEndReason.ValueType  # 0
+"""Not set; never sent."""
+STREAM_END_REASON_DRAINING: StreamEndReason.ValueType  # 1
+"""The server is shutting down or restarting: reconnect (another replica answers)."""
+STREAM_END_REASON_MAX_DURATION: StreamEndReason.ValueType  # 2
+"""The stream reached its maximum duration (about 30 minutes, jittered), so that load
+spreads across replicas: reconnect.
+"""
+STREAM_END_REASON_SLOW_READER: StreamEndReason.ValueType  # 3
+"""The reader fell too far behind: reconnect (WatchJobs: with the last cursor)."""
+Global___StreamEndReason: _TypeAlias = StreamEndReason  # noqa: Y015
 
 class _ApnsEnvironment:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -56,7 +90,9 @@ class WatchJobRequest(_message.Message):
     job_id: _builtins.str
     """The job to watch."""
     after_version: _builtins.int
-    """Only send versions greater than this; 0 sends the current state first."""
+    """Only send versions greater than this; 0 sends the current state first. After a
+    reconnect, pass the highest version received.
+    """
     def __init__(
         self,
         *,
@@ -73,7 +109,9 @@ Global___WatchJobRequest: _TypeAlias = WatchJobRequest  # noqa: Y015
 
 @_typing.final
 class KeepAlive(_message.Message):
-    """Sent periodically so proxies keep an idle stream open; carries no state."""
+    """Sent after 15 seconds without any other message, so proxies keep an idle stream open;
+    carries no state.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -96,36 +134,34 @@ class KeepAlive(_message.Message):
 Global___KeepAlive: _TypeAlias = KeepAlive  # noqa: Y015
 
 @_typing.final
-class StreamError(_message.Message):
-    """A failure after the stream started, carried in-band because the HTTP status is already
-    sent. The stream ends after it.
+class StreamEnd(_message.Message):
+    """The server ends the stream on purpose; the stream closes with OK right after. Not an
+    error: reconnect after `retry_delay`.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    CODE_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
-    MESSAGE_FIELD_NUMBER: _builtins.int
-    code: _builtins.int
-    """A google.rpc.Code value."""
-    reason: _builtins.str
-    """Stable ErrorInfo reason, e.g. "STREAM_OVERLOADED"."""
-    message: _builtins.str
-    """Human-readable explanation."""
+    RETRY_DELAY_FIELD_NUMBER: _builtins.int
+    reason: Global___StreamEndReason.ValueType
+    """Why the stream ends."""
+    @_builtins.property
+    def retry_delay(self) -> _duration_pb2.Duration:
+        """Wait this long before reconnecting (jittered by the server so clients spread out)."""
+
     def __init__(
         self,
         *,
-        code: _builtins.int = ...,
-        reason: _builtins.str = ...,
-        message: _builtins.str = ...,
+        reason: Global___StreamEndReason.ValueType = ...,
+        retry_delay: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["retry_delay", b"retry_delay"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "retry_delay", b"retry_delay"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___StreamError: _TypeAlias = StreamError  # noqa: Y015
+Global___StreamEnd: _TypeAlias = StreamEnd  # noqa: Y015
 
 @_typing.final
 class WatchJobResponse(_message.Message):
@@ -136,6 +172,7 @@ class WatchJobResponse(_message.Message):
     JOB_FIELD_NUMBER: _builtins.int
     KEEP_ALIVE_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    END_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def job(self) -> _job_state_pb2.JobState:
         """A newer state of the job."""
@@ -145,21 +182,28 @@ class WatchJobResponse(_message.Message):
         """Nothing changed; the stream is alive."""
 
     @_builtins.property
-    def error(self) -> Global___StreamError:
-        """The stream failed and ends now."""
+    def error(self) -> _status_pb2.Status:
+        """The stream failed and ends now: code, message and details (ErrorInfo with a stable
+        reason, RetryInfo when a retry may help).
+        """
+
+    @_builtins.property
+    def end(self) -> Global___StreamEnd:
+        """The server ends the stream on purpose; reconnect with after_version."""
 
     def __init__(
         self,
         *,
         job: _job_state_pb2.JobState | None = ...,
         keep_alive: Global___KeepAlive | None = ...,
-        error: Global___StreamError | None = ...,
+        error: _status_pb2.Status | None = ...,
+        end: Global___StreamEnd | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "event", b"event", "job", b"job", "keep_alive", b"keep_alive"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["end", b"end", "error", b"error", "event", b"event", "job", b"job", "keep_alive", b"keep_alive"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "event", b"event", "job", b"job", "keep_alive", b"keep_alive"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end", b"end", "error", b"error", "event", b"event", "job", b"job", "keep_alive", b"keep_alive"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["job", "keep_alive", "error"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["job", "keep_alive", "error", "end"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
@@ -168,6 +212,32 @@ Global___WatchJobResponse: _TypeAlias = WatchJobResponse  # noqa: Y015
 @_typing.final
 class WatchJobsRequest(_message.Message):
     """Request for WatchJobs."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CURSOR_FIELD_NUMBER: _builtins.int
+    cursor: _builtins.str
+    """Resume after this point: the `cursor` of the last message received on an earlier
+    stream. Empty starts afresh. Opaque; a cursor too old to resume from (more changes
+    since than one snapshot holds) is refused with FAILED_PRECONDITION, reason
+    CURSOR_EXPIRED: start afresh and list the jobs.
+    """
+    def __init__(
+        self,
+        *,
+        cursor: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cursor", b"cursor"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchJobsRequest: _TypeAlias = WatchJobsRequest  # noqa: Y015
+
+@_typing.final
+class SnapshotEnd(_message.Message):
+    """Marks the end of the snapshot: what follows are live changes."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -180,7 +250,7 @@ class WatchJobsRequest(_message.Message):
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___WatchJobsRequest: _TypeAlias = WatchJobsRequest  # noqa: Y015
+Global___SnapshotEnd: _TypeAlias = SnapshotEnd  # noqa: Y015
 
 @_typing.final
 class WatchJobsResponse(_message.Message):
@@ -191,6 +261,13 @@ class WatchJobsResponse(_message.Message):
     JOB_FIELD_NUMBER: _builtins.int
     KEEP_ALIVE_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_END_FIELD_NUMBER: _builtins.int
+    END_FIELD_NUMBER: _builtins.int
+    CURSOR_FIELD_NUMBER: _builtins.int
+    cursor: _builtins.str
+    """Resume from here: set on `job` and `snapshot_end` messages (per user, monotonic;
+    pass it as WatchJobsRequest.cursor on a reconnect). Empty on other messages.
+    """
     @_builtins.property
     def job(self) -> _job_state_pb2.JobState:
         """A newer state of one of the caller's jobs."""
@@ -200,21 +277,34 @@ class WatchJobsResponse(_message.Message):
         """Nothing changed; the stream is alive."""
 
     @_builtins.property
-    def error(self) -> Global___StreamError:
-        """The stream failed and ends now."""
+    def error(self) -> _status_pb2.Status:
+        """The stream failed and ends now: code, message and details (ErrorInfo with a stable
+        reason, RetryInfo when a retry may help).
+        """
+
+    @_builtins.property
+    def snapshot_end(self) -> Global___SnapshotEnd:
+        """The snapshot is complete; live changes follow."""
+
+    @_builtins.property
+    def end(self) -> Global___StreamEnd:
+        """The server ends the stream on purpose; reconnect with the last cursor."""
 
     def __init__(
         self,
         *,
         job: _job_state_pb2.JobState | None = ...,
         keep_alive: Global___KeepAlive | None = ...,
-        error: Global___StreamError | None = ...,
+        error: _status_pb2.Status | None = ...,
+        snapshot_end: Global___SnapshotEnd | None = ...,
+        end: Global___StreamEnd | None = ...,
+        cursor: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "event", b"event", "job", b"job", "keep_alive", b"keep_alive"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["end", b"end", "error", b"error", "event", b"event", "job", b"job", "keep_alive", b"keep_alive", "snapshot_end", b"snapshot_end"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "event", b"event", "job", b"job", "keep_alive", b"keep_alive"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cursor", b"cursor", "end", b"end", "error", b"error", "event", b"event", "job", b"job", "keep_alive", b"keep_alive", "snapshot_end", b"snapshot_end"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["job", "keep_alive", "error"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["job", "keep_alive", "error", "snapshot_end", "end"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 

@@ -28,6 +28,25 @@ if _version_not_supported:
 class NotifyServiceStub:
     """The public face of notify: live job updates as streams, and the iOS tokens APNs pushes
     to. Every call needs a bearer token; a user only ever sees their own jobs and devices.
+
+    How the streams behave (both RPCs):
+    - Ordering: per job, versions strictly increase on a stream and never repeat. Gaps are
+    normal: intermediate states (mostly progress) may be coalesced, and a slow reader is
+    sent only the latest state of each job it has fallen behind on. Across jobs, no order
+    is promised.
+    - Checks first: authentication, the request and ownership are checked before the first
+    message, so a refusal is a plain error status (an HTTP status through the edge).
+    Another user's job is NOT_FOUND.
+    - Keep-alive: a KeepAlive is sent after 15 seconds without any other message, so that
+    proxies keep an idle stream open; a client may treat 45 seconds of silence as a dead
+    connection and reconnect.
+    - Server-initiated end: the server ends a stream on purpose with a StreamEnd message
+    (draining for a restart, the maximum stream duration of about 30 minutes, or a reader
+    too slow to keep up) and then closes it with OK. That is not an error: reconnect
+    after StreamEnd.retry_delay, resuming from what you have (after_version, cursor).
+    - A failure after the first message travels as a final `error` message (a
+    google.rpc.Status with ErrorInfo and, when worth a retry, RetryInfo), then the stream
+    ends; the gRPC status carries the same error.
     """
 
     def __init__(self, channel):
@@ -71,18 +90,42 @@ class NotifyServiceStub:
 class NotifyServiceServicer:
     """The public face of notify: live job updates as streams, and the iOS tokens APNs pushes
     to. Every call needs a bearer token; a user only ever sees their own jobs and devices.
+
+    How the streams behave (both RPCs):
+    - Ordering: per job, versions strictly increase on a stream and never repeat. Gaps are
+    normal: intermediate states (mostly progress) may be coalesced, and a slow reader is
+    sent only the latest state of each job it has fallen behind on. Across jobs, no order
+    is promised.
+    - Checks first: authentication, the request and ownership are checked before the first
+    message, so a refusal is a plain error status (an HTTP status through the edge).
+    Another user's job is NOT_FOUND.
+    - Keep-alive: a KeepAlive is sent after 15 seconds without any other message, so that
+    proxies keep an idle stream open; a client may treat 45 seconds of silence as a dead
+    connection and reconnect.
+    - Server-initiated end: the server ends a stream on purpose with a StreamEnd message
+    (draining for a restart, the maximum stream duration of about 30 minutes, or a reader
+    too slow to keep up) and then closes it with OK. That is not an error: reconnect
+    after StreamEnd.retry_delay, resuming from what you have (after_version, cursor).
+    - A failure after the first message travels as a final `error` message (a
+    google.rpc.Status with ErrorInfo and, when worth a retry, RetryInfo), then the stream
+    ends; the gRPC status carries the same error.
     """
 
     def WatchJob(self, request, context):
-        """Streams one job: its current state first, then every newer state, ending after a
-        terminal state. Versions strictly increase.
+        """Streams one job: its current state first (when newer than after_version), then newer
+        states only, ending (status OK) after the terminal state is sent. A job the projection
+        does not hold yet (just submitted) is waited for a few seconds before NOT_FOUND.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def WatchJobs(self, request, context):
-        """Streams all of the caller's jobs: their current states first, then every change.
+        """Streams the caller's jobs, resumably. First a bounded snapshot: the caller's
+        non-terminal jobs plus every job changed since `cursor` (without a cursor: the
+        non-terminal jobs only), then a `snapshot_end` marker, then live changes. Every
+        message that carries a job also carries the cursor to resume from after it. It never
+        ends by itself except through a StreamEnd.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -160,6 +203,25 @@ def add_NotifyServiceServicer_to_server(servicer, server):
 class NotifyService:
     """The public face of notify: live job updates as streams, and the iOS tokens APNs pushes
     to. Every call needs a bearer token; a user only ever sees their own jobs and devices.
+
+    How the streams behave (both RPCs):
+    - Ordering: per job, versions strictly increase on a stream and never repeat. Gaps are
+    normal: intermediate states (mostly progress) may be coalesced, and a slow reader is
+    sent only the latest state of each job it has fallen behind on. Across jobs, no order
+    is promised.
+    - Checks first: authentication, the request and ownership are checked before the first
+    message, so a refusal is a plain error status (an HTTP status through the edge).
+    Another user's job is NOT_FOUND.
+    - Keep-alive: a KeepAlive is sent after 15 seconds without any other message, so that
+    proxies keep an idle stream open; a client may treat 45 seconds of silence as a dead
+    connection and reconnect.
+    - Server-initiated end: the server ends a stream on purpose with a StreamEnd message
+    (draining for a restart, the maximum stream duration of about 30 minutes, or a reader
+    too slow to keep up) and then closes it with OK. That is not an error: reconnect
+    after StreamEnd.retry_delay, resuming from what you have (after_version, cursor).
+    - A failure after the first message travels as a final `error` message (a
+    google.rpc.Status with ErrorInfo and, when worth a retry, RetryInfo), then the stream
+    ends; the gRPC status carries the same error.
     """
 
     @staticmethod

@@ -29,6 +29,25 @@ GRPC_VERSION: str
 class NotifyServiceStub:
     """The public face of notify: live job updates as streams, and the iOS tokens APNs pushes
     to. Every call needs a bearer token; a user only ever sees their own jobs and devices.
+
+    How the streams behave (both RPCs):
+    - Ordering: per job, versions strictly increase on a stream and never repeat. Gaps are
+      normal: intermediate states (mostly progress) may be coalesced, and a slow reader is
+      sent only the latest state of each job it has fallen behind on. Across jobs, no order
+      is promised.
+    - Checks first: authentication, the request and ownership are checked before the first
+      message, so a refusal is a plain error status (an HTTP status through the edge).
+      Another user's job is NOT_FOUND.
+    - Keep-alive: a KeepAlive is sent after 15 seconds without any other message, so that
+      proxies keep an idle stream open; a client may treat 45 seconds of silence as a dead
+      connection and reconnect.
+    - Server-initiated end: the server ends a stream on purpose with a StreamEnd message
+      (draining for a restart, the maximum stream duration of about 30 minutes, or a reader
+      too slow to keep up) and then closes it with OK. That is not an error: reconnect
+      after StreamEnd.retry_delay, resuming from what you have (after_version, cursor).
+    - A failure after the first message travels as a final `error` message (a
+      google.rpc.Status with ErrorInfo and, when worth a retry, RetryInfo), then the stream
+      ends; the gRPC status carries the same error.
     """
 
     @_typing.overload
@@ -36,11 +55,17 @@ class NotifyServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> NotifyServiceAsyncStub: ...
     WatchJob: _grpc.UnaryStreamMultiCallable[_notify_service_pb2.WatchJobRequest, _notify_service_pb2.WatchJobResponse]
-    """Streams one job: its current state first, then every newer state, ending after a
-    terminal state. Versions strictly increase.
+    """Streams one job: its current state first (when newer than after_version), then newer
+    states only, ending (status OK) after the terminal state is sent. A job the projection
+    does not hold yet (just submitted) is waited for a few seconds before NOT_FOUND.
     """
     WatchJobs: _grpc.UnaryStreamMultiCallable[_notify_service_pb2.WatchJobsRequest, _notify_service_pb2.WatchJobsResponse]
-    """Streams all of the caller's jobs: their current states first, then every change."""
+    """Streams the caller's jobs, resumably. First a bounded snapshot: the caller's
+    non-terminal jobs plus every job changed since `cursor` (without a cursor: the
+    non-terminal jobs only), then a `snapshot_end` marker, then live changes. Every
+    message that carries a job also carries the cursor to resume from after it. It never
+    ends by itself except through a StreamEnd.
+    """
     RegisterDevice: _grpc.UnaryUnaryMultiCallable[_notify_service_pb2.RegisterDeviceRequest, _notify_service_pb2.RegisterDeviceResponse]
     """Registers (or refreshes) an iOS device's APNs token for alert pushes."""
     ListDevices: _grpc.UnaryUnaryMultiCallable[_notify_service_pb2.ListDevicesRequest, _notify_service_pb2.ListDevicesResponse]
@@ -54,15 +79,40 @@ class NotifyServiceStub:
 class NotifyServiceAsyncStub(NotifyServiceStub):
     """The public face of notify: live job updates as streams, and the iOS tokens APNs pushes
     to. Every call needs a bearer token; a user only ever sees their own jobs and devices.
+
+    How the streams behave (both RPCs):
+    - Ordering: per job, versions strictly increase on a stream and never repeat. Gaps are
+      normal: intermediate states (mostly progress) may be coalesced, and a slow reader is
+      sent only the latest state of each job it has fallen behind on. Across jobs, no order
+      is promised.
+    - Checks first: authentication, the request and ownership are checked before the first
+      message, so a refusal is a plain error status (an HTTP status through the edge).
+      Another user's job is NOT_FOUND.
+    - Keep-alive: a KeepAlive is sent after 15 seconds without any other message, so that
+      proxies keep an idle stream open; a client may treat 45 seconds of silence as a dead
+      connection and reconnect.
+    - Server-initiated end: the server ends a stream on purpose with a StreamEnd message
+      (draining for a restart, the maximum stream duration of about 30 minutes, or a reader
+      too slow to keep up) and then closes it with OK. That is not an error: reconnect
+      after StreamEnd.retry_delay, resuming from what you have (after_version, cursor).
+    - A failure after the first message travels as a final `error` message (a
+      google.rpc.Status with ErrorInfo and, when worth a retry, RetryInfo), then the stream
+      ends; the gRPC status carries the same error.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     WatchJob: _aio.UnaryStreamMultiCallable[_notify_service_pb2.WatchJobRequest, _notify_service_pb2.WatchJobResponse]  # type: ignore[assignment]
-    """Streams one job: its current state first, then every newer state, ending after a
-    terminal state. Versions strictly increase.
+    """Streams one job: its current state first (when newer than after_version), then newer
+    states only, ending (status OK) after the terminal state is sent. A job the projection
+    does not hold yet (just submitted) is waited for a few seconds before NOT_FOUND.
     """
     WatchJobs: _aio.UnaryStreamMultiCallable[_notify_service_pb2.WatchJobsRequest, _notify_service_pb2.WatchJobsResponse]  # type: ignore[assignment]
-    """Streams all of the caller's jobs: their current states first, then every change."""
+    """Streams the caller's jobs, resumably. First a bounded snapshot: the caller's
+    non-terminal jobs plus every job changed since `cursor` (without a cursor: the
+    non-terminal jobs only), then a `snapshot_end` marker, then live changes. Every
+    message that carries a job also carries the cursor to resume from after it. It never
+    ends by itself except through a StreamEnd.
+    """
     RegisterDevice: _aio.UnaryUnaryMultiCallable[_notify_service_pb2.RegisterDeviceRequest, _notify_service_pb2.RegisterDeviceResponse]  # type: ignore[assignment]
     """Registers (or refreshes) an iOS device's APNs token for alert pushes."""
     ListDevices: _aio.UnaryUnaryMultiCallable[_notify_service_pb2.ListDevicesRequest, _notify_service_pb2.ListDevicesResponse]  # type: ignore[assignment]
@@ -75,6 +125,25 @@ class NotifyServiceAsyncStub(NotifyServiceStub):
 class NotifyServiceServicer(metaclass=_abc_1.ABCMeta):
     """The public face of notify: live job updates as streams, and the iOS tokens APNs pushes
     to. Every call needs a bearer token; a user only ever sees their own jobs and devices.
+
+    How the streams behave (both RPCs):
+    - Ordering: per job, versions strictly increase on a stream and never repeat. Gaps are
+      normal: intermediate states (mostly progress) may be coalesced, and a slow reader is
+      sent only the latest state of each job it has fallen behind on. Across jobs, no order
+      is promised.
+    - Checks first: authentication, the request and ownership are checked before the first
+      message, so a refusal is a plain error status (an HTTP status through the edge).
+      Another user's job is NOT_FOUND.
+    - Keep-alive: a KeepAlive is sent after 15 seconds without any other message, so that
+      proxies keep an idle stream open; a client may treat 45 seconds of silence as a dead
+      connection and reconnect.
+    - Server-initiated end: the server ends a stream on purpose with a StreamEnd message
+      (draining for a restart, the maximum stream duration of about 30 minutes, or a reader
+      too slow to keep up) and then closes it with OK. That is not an error: reconnect
+      after StreamEnd.retry_delay, resuming from what you have (after_version, cursor).
+    - A failure after the first message travels as a final `error` message (a
+      google.rpc.Status with ErrorInfo and, when worth a retry, RetryInfo), then the stream
+      ends; the gRPC status carries the same error.
     """
 
     @_abc_1.abstractmethod
@@ -83,8 +152,9 @@ class NotifyServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _notify_service_pb2.WatchJobRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_notify_service_pb2.WatchJobResponse], _abc.AsyncIterator[_notify_service_pb2.WatchJobResponse]]:
-        """Streams one job: its current state first, then every newer state, ending after a
-        terminal state. Versions strictly increase.
+        """Streams one job: its current state first (when newer than after_version), then newer
+        states only, ending (status OK) after the terminal state is sent. A job the projection
+        does not hold yet (just submitted) is waited for a few seconds before NOT_FOUND.
         """
 
     @_abc_1.abstractmethod
@@ -93,7 +163,12 @@ class NotifyServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _notify_service_pb2.WatchJobsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_notify_service_pb2.WatchJobsResponse], _abc.AsyncIterator[_notify_service_pb2.WatchJobsResponse]]:
-        """Streams all of the caller's jobs: their current states first, then every change."""
+        """Streams the caller's jobs, resumably. First a bounded snapshot: the caller's
+        non-terminal jobs plus every job changed since `cursor` (without a cursor: the
+        non-terminal jobs only), then a `snapshot_end` marker, then live changes. Every
+        message that carries a job also carries the cursor to resume from after it. It never
+        ends by itself except through a StreamEnd.
+        """
 
     @_abc_1.abstractmethod
     def RegisterDevice(

@@ -1,0 +1,285 @@
+"""NotifyService's streams: WatchJob and WatchJobs (the contract's rules are in
+notify_service.proto). Devices and Live Activities answer UNIMPLEMENTED here."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf import duration_pb2, timestamp_pb2
+from google.rpc import status_pb2
+from grpc import aio
+
+from atelier.notify.v1 import notify_service_pb2 as pb
+from atelier.notify.v1 import notify_service_pb2_grpc
+from services.kit.auth import current_principal
+from services.kit.errors import (
+    ApiError,
+    FieldViolation,
+    internal,
+    invalid_argument,
+    unimplemented,
+)
+from services.kit.logging import get_logger
+from services.notify.output_urls import OutputUrls
+from services.notify.settings import StreamSettings
+from services.notify.streams.change import Change
+from services.notify.streams.inbox import EndReason, Inbox
+from services.notify.streams.registry import StreamRegistry, UserWatch
+from services.notify.watch_reads import Snapshot
+
+log = get_logger(__name__)
+Context = aio.ServicerContext[Any, Any]
+LatestOfJob = Callable[[str], Awaitable[Change | None]]
+UserSnapshot = Callable[[str, int | None, int], Awaitable[Snapshot]]
+
+
+class Reason:
+    INVALID_JOB_ID = "INVALID_JOB_ID"
+    INVALID_AFTER_VERSION = "INVALID_AFTER_VERSION"
+    INVALID_CURSOR = "INVALID_CURSOR"
+    JOB_NOT_FOUND = "JOB_NOT_FOUND"
+    CURSOR_EXPIRED = "CURSOR_EXPIRED"
+
+
+_END_REASONS = {
+    EndReason.DRAINING: pb.STREAM_END_REASON_DRAINING,
+    EndReason.MAX_DURATION: pb.STREAM_END_REASON_MAX_DURATION,
+    EndReason.SLOW_READER: pb.STREAM_END_REASON_SLOW_READER,
+}
+# Reconnect delays per reason, jittered so that clients ended together spread out.
+_RETRY_DELAY_SECONDS = {
+    EndReason.DRAINING: (0.5, 3.0),
+    EndReason.MAX_DURATION: (0.0, 1.0),
+    EndReason.SLOW_READER: (1.0, 2.0),
+}
+# A cursor is opaque to clients; this prefix lets the format change later.
+_CURSOR_PREFIX = "s"
+
+
+def encode_cursor(seq: int) -> str:
+    return f"{_CURSOR_PREFIX}{seq}"
+
+
+def decode_cursor(value: str) -> int | None:
+    if not value:
+        return None
+    digits = value[len(_CURSOR_PREFIX) :]
+    if not value.startswith(_CURSOR_PREFIX) or not digits.isdigit() or len(digits) > 18:
+        raise invalid_argument(
+            Reason.INVALID_CURSOR,
+            [FieldViolation("cursor", "must be a cursor this server handed out")],
+        )
+    return int(digits)
+
+
+def _job_id(value: str) -> str:
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise invalid_argument(
+            Reason.INVALID_JOB_ID, [FieldViolation("job_id", "must be a UUID")]
+        ) from None
+
+
+def _not_found() -> ApiError:
+    return ApiError(grpc.StatusCode.NOT_FOUND, Reason.JOB_NOT_FOUND, "no such job")
+
+
+def stream_end(reason: EndReason) -> pb.StreamEnd:
+    low, high = _RETRY_DELAY_SECONDS[reason]
+    delay = duration_pb2.Duration()
+    delay.FromMilliseconds(int(random.uniform(low, high) * 1000))  # noqa: S311 (jitter)
+    return pb.StreamEnd(reason=_END_REASONS[reason], retry_delay=delay)
+
+
+def _keep_alive() -> pb.KeepAlive:
+    now = timestamp_pb2.Timestamp()
+    now.GetCurrentTime()
+    return pb.KeepAlive(send_time=now)
+
+
+def _error_status(error: Exception) -> tuple[ApiError, status_pb2.Status]:
+    api = error if isinstance(error, ApiError) else internal()
+    return api, api.to_status()
+
+
+def _inbox(settings: StreamSettings, limit: int) -> Inbox:
+    """A stream's inbox, with the moment it ends by itself (its maximum duration,
+    jittered so that streams opened together do not all reconnect together)."""
+    now = asyncio.get_running_loop().time()
+    jitter = random.uniform(0.9, 1.0)  # noqa: S311 (spreads reconnects, not security)
+    return Inbox(limit, now=now, deadline=now + settings.max_duration_seconds * jitter)
+
+
+class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
+    def __init__(
+        self,
+        registry: StreamRegistry,
+        settings: StreamSettings,
+        latest_of_job: LatestOfJob,
+        user_snapshot: UserSnapshot,
+        output_urls: OutputUrls,
+    ) -> None:
+        self._output_urls = output_urls
+        self._registry = registry
+        self._settings = settings
+        self._latest_of_job = latest_of_job
+        self._user_snapshot = user_snapshot
+
+    async def WatchJob(
+        self, request: pb.WatchJobRequest, context: Context
+    ) -> AsyncIterator[pb.WatchJobResponse]:
+        user_id = current_principal().user_id
+        job_id = _job_id(request.job_id)
+        if request.after_version < 0:
+            raise invalid_argument(
+                Reason.INVALID_AFTER_VERSION,
+                [FieldViolation("after_version", "must be 0 or more")],
+            )
+        inbox = _inbox(self._settings, limit=1)
+        inbox.skip_through(job_id, request.after_version)
+        # Registered before the first read: nothing applied after it can slip between.
+        self._registry.watch_job(job_id, inbox)
+        try:
+            first = await self._first_state(job_id, inbox)
+            if first is None or first.user_id != user_id:
+                raise _not_found()
+            if first.terminal and first.version <= request.after_version:
+                return  # the client already has the end
+            inbox.offer(first)
+            # The sending loop lives here rather than in a helper generator: one frame
+            # less per open stream, and there may be ten thousand.
+            loop = asyncio.get_running_loop()
+            try:
+                while True:
+                    for change in inbox.take():
+                        state = await self._output_urls.fill(change.state)
+                        yield (
+                            change.job_response()
+                            if state is change.state
+                            else (pb.WatchJobResponse(job=state))
+                        )
+                        inbox.last_sent = loop.time()
+                        if change.terminal:
+                            return
+                    if inbox.ended is not None:
+                        yield pb.WatchJobResponse(end=stream_end(inbox.ended))
+                        return
+                    if inbox.keep_alive_due:
+                        inbox.keep_alive_due = False
+                        yield pb.WatchJobResponse(keep_alive=_keep_alive())
+                        inbox.last_sent = loop.time()
+                    await inbox.wait()
+            except Exception as error:
+                api, status = _error_status(error)
+                log.exception("stream_failed", rpc="WatchJob")
+                yield pb.WatchJobResponse(error=status)
+                raise api from error
+        finally:
+            self._registry.unwatch_job(job_id, inbox)
+
+    async def _first_state(self, job_id: str, inbox: Inbox) -> Change | None:
+        """The job's state now; a job the projection does not hold yet (just submitted,
+        its first state still on the way) is waited for a little."""
+        state = await self._latest_of_job(job_id)
+        if state is not None:
+            return state
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._settings.first_state_wait_seconds
+        while (remaining := deadline - loop.time()) > 0:
+            if not await inbox.wait(remaining):
+                break
+            pending = inbox.peek()
+            if pending:
+                return pending[-1]
+            if inbox.ended is not None:
+                break  # draining before the job appeared
+            # A keep-alive owed: none is sent before the job is known to be the caller's.
+            inbox.keep_alive_due = False
+            inbox.take()
+        return await self._latest_of_job(job_id)
+
+    async def WatchJobs(
+        self, request: pb.WatchJobsRequest, context: Context
+    ) -> AsyncIterator[pb.WatchJobsResponse]:
+        user_id = current_principal().user_id
+        after_seq = decode_cursor(request.cursor)
+        inbox = _inbox(self._settings, limit=self._settings.pending_limit)
+        watch = UserWatch(user_id, inbox)
+        self._registry.watch_user(watch)
+        try:
+            snapshot = await self._user_snapshot(user_id, after_seq, self._settings.snapshot_limit)
+            if snapshot.expired:
+                raise ApiError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    Reason.CURSOR_EXPIRED,
+                    "too much changed since this cursor: watch afresh and list the jobs",
+                )
+            for change in snapshot.changes:
+                inbox.offer(change)
+            inbox.max_seq = max(inbox.max_seq, snapshot.cursor)
+            async for message in self._jobs_messages(inbox, snapshot.cursor):
+                yield message
+        finally:
+            self._registry.unwatch_user(watch)
+
+    async def _jobs_messages(
+        self, inbox: Inbox, snapshot_cursor: int
+    ) -> AsyncIterator[pb.WatchJobsResponse]:
+        loop = asyncio.get_running_loop()
+        cursor = 0
+        snapshot_sent = False
+        try:
+            while True:
+                for change in inbox.take():
+                    cursor = max(cursor, change.seq)
+                    state = await self._output_urls.fill(change.state)
+                    yield pb.WatchJobsResponse(job=state, cursor=encode_cursor(cursor))
+                    inbox.last_sent = loop.time()
+                if not snapshot_sent:
+                    snapshot_sent = True
+                    cursor = max(cursor, snapshot_cursor)
+                    yield pb.WatchJobsResponse(
+                        snapshot_end=pb.SnapshotEnd(), cursor=encode_cursor(cursor)
+                    )
+                    inbox.last_sent = loop.time()
+                if inbox.ended is not None:
+                    yield pb.WatchJobsResponse(end=stream_end(inbox.ended))
+                    return
+                if inbox.keep_alive_due:
+                    inbox.keep_alive_due = False
+                    yield pb.WatchJobsResponse(keep_alive=_keep_alive())
+                    inbox.last_sent = loop.time()
+                await inbox.wait()
+        except Exception as error:
+            api, status = _error_status(error)
+            log.exception("stream_failed", rpc="WatchJobs")
+            yield pb.WatchJobsResponse(error=status)
+            raise api from error
+
+    # Devices and Live Activities belong to the APNs part of notify, not built yet.
+
+    async def RegisterDevice(
+        self, request: pb.RegisterDeviceRequest, context: Context
+    ) -> pb.RegisterDeviceResponse:
+        raise unimplemented()
+
+    async def ListDevices(
+        self, request: pb.ListDevicesRequest, context: Context
+    ) -> pb.ListDevicesResponse:
+        raise unimplemented()
+
+    async def DeleteDevice(
+        self, request: pb.DeleteDeviceRequest, context: Context
+    ) -> pb.DeleteDeviceResponse:
+        raise unimplemented()
+
+    async def RegisterLiveActivity(
+        self, request: pb.RegisterLiveActivityRequest, context: Context
+    ) -> pb.RegisterLiveActivityResponse:
+        raise unimplemented()

@@ -1,0 +1,274 @@
+"""The streams' bounded inboxes, the registry that routes changes to them, and the
+Redis payload: no network."""
+
+import asyncio
+import time
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from atelier.creation.v1 import job_pb2
+from atelier.notify.v1 import job_state_pb2
+from services.notify.output_urls import OutputUrls, SignedUrl
+from services.notify.streams.change import Change, from_applied
+from services.notify.streams.clock import StreamClock
+from services.notify.streams.first_states import FirstStates
+from services.notify.streams.inbox import EndReason, Inbox
+from services.notify.streams.registry import StreamRegistry, UserWatch
+
+JOB_A = "00000000-0000-4000-8000-00000000000a"
+JOB_B = "00000000-0000-4000-8000-00000000000b"
+
+
+def change(
+    job_id: str, version: int, seq: int, *, user: str = "u1", terminal: bool = False
+) -> Change:
+    status = job_pb2.JOB_STATUS_SUCCEEDED if terminal else job_pb2.JOB_STATUS_RUNNING
+    state = job_state_pb2.JobState(
+        job_id=job_id, user_id=user, version=version, status=status, progress_percent=version
+    )
+    return Change.of(state, seq=seq, terminal=terminal)
+
+
+def test_a_slow_reader_keeps_only_the_latest_state_per_job() -> None:
+    inbox = Inbox(limit=10)
+    for version in range(1, 1001):
+        inbox.offer(change(JOB_A, version, seq=version))
+    inbox.offer(change(JOB_B, 1, seq=2000))
+    assert inbox.pending == 2
+    taken = inbox.take()
+    assert [(c.job_id, c.version) for c in taken] == [(JOB_A, 1000), (JOB_B, 1)]
+    assert inbox.pending == 0
+
+
+def test_duplicates_and_older_versions_are_refused_even_after_sending() -> None:
+    inbox = Inbox(limit=10)
+    assert inbox.offer(change(JOB_A, 3, seq=3))
+    assert not inbox.offer(change(JOB_A, 3, seq=3))
+    assert not inbox.offer(change(JOB_A, 2, seq=2))
+    inbox.take()
+    assert not inbox.offer(change(JOB_A, 3, seq=3))
+    assert inbox.offer(change(JOB_A, 5, seq=5))
+
+
+def test_after_version_skips_what_the_client_has() -> None:
+    inbox = Inbox(limit=1)
+    inbox.skip_through(JOB_A, 4)
+    assert not inbox.offer(change(JOB_A, 4, seq=4))
+    assert inbox.offer(change(JOB_A, 5, seq=5))
+
+
+def test_take_orders_by_cursor_so_a_handed_out_cursor_never_passes_a_waiting_change() -> None:
+    inbox = Inbox(limit=10)
+    inbox.offer(change(JOB_B, 1, seq=9))
+    inbox.offer(change(JOB_A, 1, seq=4))
+    assert [c.seq for c in inbox.take()] == [4, 9]
+
+
+def test_too_many_pending_jobs_end_the_stream_as_a_slow_reader() -> None:
+    inbox = Inbox(limit=2)
+    inbox.offer(change(JOB_A, 1, seq=1))
+    inbox.offer(change(JOB_B, 1, seq=2))
+    assert not inbox.offer(change("00000000-0000-4000-8000-00000000000c", 1, seq=3))
+    assert inbox.ended is EndReason.SLOW_READER
+    # A newer state of a pending job still replaces it (no growth).
+    assert not inbox.offer(change(JOB_A, 2, seq=4))
+
+
+def test_open_jobs_follow_terminal_states() -> None:
+    inbox = Inbox(limit=10)
+    inbox.offer(change(JOB_A, 1, seq=1))
+    assert inbox.open_jobs == {JOB_A}
+    inbox.offer(change(JOB_A, 2, seq=2, terminal=True))
+    assert inbox.open_jobs == set()
+
+
+async def test_wait_times_out_with_nothing_and_wakes_on_an_offer() -> None:
+    inbox = Inbox(limit=1)
+    assert not await inbox.wait(0.01)
+    waiter = asyncio.create_task(inbox.wait(5))
+    await asyncio.sleep(0)
+    inbox.offer(change(JOB_A, 1, seq=1))
+    assert await waiter
+
+
+async def test_an_end_wakes_the_stream() -> None:
+    inbox = Inbox(limit=1)
+    waiter = asyncio.create_task(inbox.wait(5))
+    await asyncio.sleep(0)
+    inbox.end(EndReason.DRAINING)
+    assert await waiter
+    assert inbox.ended is EndReason.DRAINING
+
+
+class Channels:
+    def __init__(self) -> None:
+        self.added: list[str] = []
+        self.removed: list[str] = []
+
+    def channels_added(self, channels: list[str]) -> None:
+        self.added.extend(channels)
+
+    def channels_removed(self, channels: list[str]) -> None:
+        self.removed.extend(channels)
+
+
+def test_registry_routes_by_job_and_by_user_and_announces_channels_once() -> None:
+    registry = StreamRegistry()
+    channels = Channels()
+    registry.add_listener(channels)
+    job_inbox, other_job_inbox, user_inbox = Inbox(1), Inbox(1), Inbox(10)
+    registry.watch_job(JOB_A, job_inbox)
+    registry.watch_job(JOB_A, other_job_inbox)
+    watch = UserWatch("u1", user_inbox)
+    registry.watch_user(watch)
+    assert channels.added == [f"job:{JOB_A}", "user:u1"]
+    assert registry.stream_count == 3
+
+    assert registry.dispatch([change(JOB_A, 1, seq=1), change(JOB_B, 1, seq=2)]) == 4
+    assert [c.job_id for c in user_inbox.take()] == [JOB_A, JOB_B]
+    # The same change again (Redis after the local dispatch; the backstop) goes nowhere.
+    assert registry.dispatch([change(JOB_A, 1, seq=1)]) == 0
+
+    registry.unwatch_job(JOB_A, job_inbox)
+    assert channels.removed == []
+    registry.unwatch_job(JOB_A, other_job_inbox)
+    registry.unwatch_user(watch)
+    assert channels.removed == [f"job:{JOB_A}", "user:u1"]
+    assert registry.stream_count == 0
+
+
+def test_watched_asks_from_the_lowest_point_of_any_local_stream() -> None:
+    registry = StreamRegistry()
+    ahead, behind = Inbox(1), Inbox(1)
+    registry.watch_job(JOB_A, ahead)
+    registry.watch_job(JOB_A, behind)
+    ahead.offer(change(JOB_A, 7, seq=7))
+    behind.skip_through(JOB_A, 3)
+    user_inbox = Inbox(10)
+    registry.watch_user(UserWatch("u1", user_inbox))
+    user_inbox.offer(change(JOB_B, 2, seq=12))
+    watched = registry.watched()
+    # WatchJobs streams also watch, by id, the jobs they saw unfinished.
+    assert watched.jobs == {JOB_A: 3, JOB_B: 2}
+    assert watched.users == {"u1": 12}
+
+
+def test_end_all_ends_every_stream() -> None:
+    registry = StreamRegistry()
+    a, b = Inbox(1), Inbox(1)
+    registry.watch_job(JOB_A, a)
+    registry.watch_user(UserWatch("u1", b))
+    registry.end_all(EndReason.DRAINING)
+    assert a.ended is EndReason.DRAINING
+    assert b.ended is EndReason.DRAINING
+
+
+def test_the_redis_payload_round_trips() -> None:
+    original = change(JOB_A, 4, seq=99, terminal=True)
+    assert Change.from_bytes(original.to_bytes()) == original
+
+
+def test_applied_states_are_read_by_attribute_and_terminal_comes_from_the_status() -> None:
+    class Applied:
+        def __init__(self, state: object) -> None:
+            self.state = state
+            self.seq = 5
+
+    message = change(JOB_A, 2, seq=5).state
+    assert from_applied(Applied(message)) == change(JOB_A, 2, seq=5)
+    assert from_applied(Applied(message.SerializeToString())) == change(JOB_A, 2, seq=5)
+    finished = change(JOB_A, 3, seq=5, terminal=True)
+    assert from_applied(Applied(finished.state)).terminal
+
+
+class CountingSigner:
+    def __init__(self, seconds_to_live: float) -> None:
+        self.calls = 0
+        self.seconds_to_live = seconds_to_live
+        self.release = asyncio.Event()
+
+    async def __call__(self, asset_id: str) -> SignedUrl | None:
+        self.calls += 1
+        await self.release.wait()
+        expire = Timestamp()
+        expire.FromMicroseconds(int((time.time() + self.seconds_to_live) * 1e6))
+        return SignedUrl(f"https://media.example/{asset_id}?n={self.calls}", expire)
+
+
+async def test_output_urls_sign_once_for_many_streams_at_once_and_reuse_while_fresh() -> None:
+    signer = CountingSigner(seconds_to_live=3600)
+    urls = OutputUrls(signer)
+    waiting = [asyncio.create_task(urls.url("asset-1")) for _ in range(50)]
+    await asyncio.sleep(0)
+    signer.release.set()
+    signed = await asyncio.gather(*waiting)
+    assert signer.calls == 1
+    assert {s.url for s in signed if s is not None} == {"https://media.example/asset-1?n=1"}
+    assert (await urls.url("asset-1")) == signed[0]
+    assert signer.calls == 1
+
+
+async def test_output_urls_sign_again_when_the_cached_one_is_about_to_expire() -> None:
+    signer = CountingSigner(seconds_to_live=30)  # under FRESH_FOR_SECONDS
+    signer.release.set()
+    urls = OutputUrls(signer)
+    await urls.url("asset-1")
+    await urls.url("asset-1")
+    assert signer.calls == 2
+
+
+async def test_output_urls_leave_states_other_than_succeeded_alone() -> None:
+    signer = CountingSigner(seconds_to_live=3600)
+    urls = OutputUrls(signer)
+    running = change(JOB_A, 2, seq=2).state
+    assert await urls.fill(running) is running
+    assert signer.calls == 0
+
+
+async def test_first_states_of_streams_opening_together_share_queries() -> None:
+    queries: list[list[str]] = []
+    gate = asyncio.Event()
+
+    async def read_many(job_ids: list[str]) -> dict[str, Change]:
+        queries.append(job_ids)
+        await gate.wait()
+        return {j: change(j, 1, seq=1) for j in job_ids if j != JOB_B}
+
+    first_states = FirstStates(read_many)
+    first = asyncio.create_task(first_states.get(JOB_A))
+    await asyncio.sleep(0)  # the first query is under way
+    others = [asyncio.create_task(first_states.get(j)) for j in [JOB_A, JOB_B] * 100]
+    await asyncio.sleep(0)
+    gate.set()
+    assert (await first) == change(JOB_A, 1, seq=1)
+    results = await asyncio.gather(*others)
+    assert queries == [[JOB_A], [JOB_A, JOB_B]]
+    assert results[0] == change(JOB_A, 1, seq=1)
+    assert results[1] is None
+
+
+async def test_a_failed_batch_fails_each_of_its_streams() -> None:
+    async def read_many(job_ids: list[str]) -> dict[str, Change]:
+        raise ConnectionError("database down")
+
+    first_states = FirstStates(read_many)
+    outcomes = await asyncio.gather(
+        first_states.get(JOB_A), first_states.get(JOB_B), return_exceptions=True
+    )
+    assert all(isinstance(o, ConnectionError) for o in outcomes)
+
+
+def test_the_stream_clock_owes_silent_streams_a_keep_alive_and_ends_late_ones() -> None:
+    registry = StreamRegistry()
+    clock = StreamClock(registry, keep_alive=15)
+    silent = Inbox(1, now=100.0)
+    recent = Inbox(1, now=110.0)
+    old = Inbox(1, now=0.0, deadline=114.0)
+    for job_id, inbox in ((JOB_A, silent), (JOB_B, recent)):
+        registry.watch_job(job_id, inbox)
+    registry.watch_user(UserWatch("u1", old))
+    clock.sweep(now=115.0)
+    assert silent.keep_alive_due
+    assert not recent.keep_alive_due
+    assert old.ended is EndReason.MAX_DURATION
+    assert recent.ended is None
