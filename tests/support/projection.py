@@ -34,9 +34,9 @@ TERMINAL = {
 # Version-gated upsert: an older or equal version changes nothing (returns no row).
 APPLY = text(
     "INSERT INTO notify.job_states AS s"
-    " (job_id, user_id, version, status, terminal, state, seq)"
+    " (job_id, user_id, version, status, terminal, state, seq, updated_at)"
     " VALUES (:job_id, :user_id, :version, :status, :terminal, :state,"
-    " nextval('notify.change_seq'))"
+    " nextval('notify.change_seq'), now())"
     " ON CONFLICT (job_id) DO UPDATE SET version = excluded.version,"
     " status = excluded.status, terminal = excluded.terminal, state = excluded.state,"
     " seq = nextval('notify.change_seq'), updated_at = now()"
@@ -84,7 +84,10 @@ async def apply(engine: AsyncEngine, states: list[job_state_pb2.JobState]) -> li
                         "job_id": state.job_id,
                         "user_id": state.user_id,
                         "version": state.version,
-                        "status": job_pb2.JobStatus.Name(state.status),
+                        # creation's name for it, as the projection stores it.
+                        "status": job_pb2.JobStatus.Name(state.status)
+                        .removeprefix("JOB_STATUS_")
+                        .lower(),
                         "terminal": terminal,
                         "state": state.SerializeToString(),
                     },
