@@ -72,3 +72,10 @@ async def test_watch_job_with_curl_from_queued_to_succeeded_then_the_stream_clos
     progress = [s["progressPercent"] for s in states if s["status"] == "JOB_STATUS_RUNNING"]
     assert progress == sorted(progress)
     assert progress[-1] > 0  # rising progress was streamed, not only the end
+    # The last state carries what the client needs without a second call: the output's
+    # download URL, which serves the picture.
+    outputs = states[-1]["outputs"]
+    assert len(outputs) == 1 and outputs[0]["assetId"]
+    picture = await http.get(outputs[0]["url"])
+    assert picture.status_code == 200
+    assert picture.content[:3] == b"\xff\xd8\xff"  # a JPEG, as the stub styles the photo
