@@ -145,13 +145,14 @@ async def submit(
         payload=json.dumps(submitted_payload(job_id, user_id, now)),
         now=now,
     )
-    async with user_turn(user_id), driver_connection(engine) as connection:
-        try:
+    try:
+        async with user_turn(user_id), driver_connection(engine) as connection:
             row = await connection.fetchrow(SUBMIT_CALL, *arguments)
-        except Exception as error:
-            if user_lock_timed_out(error):
-                raise UserBusy() from None
-            raise
+    except Exception as error:
+        # Outside the connection's block: the connection answered, and goes back to the pool.
+        if user_lock_timed_out(error):
+            raise UserBusy() from None
+        raise
     outcome = row["submit_outcome"]
     if outcome == "replay":
         return _replay(job_from_row(row["job"]), command)
