@@ -65,12 +65,18 @@ async def user_turn(user_id: str) -> AsyncIterator[None]:
         queue = _queues[user_id] = _Queue()
     if queue.members >= MAX_QUEUED_PER_USER:
         raise UserBusy()
+    alone = queue.members == 0
     queue.members += 1
     try:
-        try:
-            await asyncio.wait_for(queue.turn.acquire(), QUEUE_WAIT_SECONDS)
-        except TimeoutError:
-            raise UserBusy() from None
+        if alone:
+            # Nobody holds or waits for the turn: it is taken at once (and without the
+            # task wait_for would start for it, on every submit).
+            await queue.turn.acquire()
+        else:
+            try:
+                await asyncio.wait_for(queue.turn.acquire(), QUEUE_WAIT_SECONDS)
+            except TimeoutError:
+                raise UserBusy() from None
         try:
             yield
         finally:
