@@ -61,10 +61,12 @@ def upgrade() -> None:
           END;
           RETURN QUERY
           WITH
+          -- The job this idempotency key already made (uq_jobs_user_idempotency_key).
           existing AS (
             SELECT * FROM creation.jobs
             WHERE user_id = p_user_id AND idempotency_key = p_idempotency_key
           ),
+          -- The enabled model with the kind of the enabled style (primary keys).
           catalog AS (
             SELECT m.media_kind, m.price_points, m.provider_code, m.provider_model,
                    (SELECT s.media_kind FROM creation.styles s
@@ -72,6 +74,8 @@ def upgrade() -> None:
             FROM creation.models m
             WHERE m.model_id = p_model_id AND m.enabled
           ),
+          -- Today's jobs (ix_jobs_user_newest) and jobs in flight (ix_jobs_user_in_flight;
+          -- the statuses are literals, so even a generic plan can use it).
           counts AS (
             SELECT
               (SELECT count(*) FROM creation.jobs
@@ -79,6 +83,7 @@ def upgrade() -> None:
               (SELECT count(*) FROM creation.jobs
                 WHERE user_id = p_user_id AND status IN ('queued', 'running')) AS in_flight
           ),
+          -- The balance, and whether the welcome grant was ever made (ix_points_ledger_user).
           balance AS (
             SELECT
               coalesce(sum(amount) FILTER (WHERE kind = 'grant'), 0)
@@ -111,6 +116,7 @@ def upgrade() -> None:
             ) w
             LEFT JOIN catalog c ON true
           ),
+          -- A user's first submit brings their welcome points, once, whatever came before.
           welcome AS (
             INSERT INTO creation.points_ledger (user_id, kind, amount, grant_key, reason, created_at)
             SELECT p_user_id, 'grant', welcome_points, 'welcome', 'welcome', p_now
@@ -140,6 +146,7 @@ def upgrade() -> None:
             INSERT INTO creation.points_ledger (user_id, job_id, kind, amount, reason, created_at)
             SELECT p_user_id, job_id, 'reserve', price_points, 'submitted', p_now FROM job
           ),
+          -- The outbox's statement trigger sends NOTIFY at commit.
           message AS (
             INSERT INTO creation.outbox (job_id, user_id, version, payload, created_at)
             SELECT job_id, user_id, version, p_payload, p_now FROM job
