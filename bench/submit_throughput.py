@@ -3,8 +3,10 @@
 Starts the real stack (three services and Envoy) on free ports against a throwaway
 database, stores one input photo per simulated user through media, then submits jobs with
 1 and 16 concurrent clients (each client its own user, as on a phone) and prints jobs/s
-and p50/p99 latency. In the same run it measures the anchor (a bare grpc.aio echo server
-in its own process) and the read RPCs at one client, and prints the ratios.
+and p50/p99 latency. In the same run it measures the anchors (a bare grpc.aio echo server
+in its own process; plain asyncpg running the very call the store sends for a submit, from
+this process, on a pool of its own) and the read RPCs at one client, and prints the
+ratios and the CPU spent per operation by creation, media, PostgreSQL and this client.
 
     .venv/bin/python bench/submit_throughput.py [--requests 2000] [--database-url URL]
 """
@@ -14,6 +16,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
+import json
+import os
 import statistics
 import sys
 import tempfile
@@ -21,9 +25,11 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
+import asyncpg  # type: ignore[import-untyped]
 import grpc
 from PIL import Image
 
@@ -36,6 +42,8 @@ from atelier.media.v1 import (
     media_internal_service_pb2_grpc,
 )
 from bench.anchors import echo_call, echo_server
+from bench.cpu import CpuMeter, format_per_op
+from services.creation.store.submit_statement import SUBMIT_CALL, submit_arguments
 from services.dev import postgres
 from services.dev.stack import Stack, StackPorts
 from services.kit.auth import issue_token
@@ -123,12 +131,90 @@ async def echo_anchor(address: str, requests: int) -> dict[int, Figure]:
     return figures
 
 
+def postgres_backends(database: str) -> list[int]:
+    """The PostgreSQL backends serving ``database`` (by their process titles)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                title = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if title.startswith("postgres: ") and f" {database} " in title:
+            pids.append(int(entry))
+    return pids
+
+
+def cpu_meter(stack: Stack, database: str) -> CpuMeter:
+    pids = {child.name: child.process.pid for child in stack.children}
+    return CpuMeter(
+        {
+            "creation": lambda: [pids["creation"]],
+            "media": lambda: [pids["media"]],
+            "postgres": lambda: postgres_backends(database),
+            "client": lambda: [os.getpid()],
+        }
+    )
+
+
+async def submit_sql_anchor(database_url: str, requests: int) -> dict[int, Figure]:
+    """Plain asyncpg sending the store's own submit call (one round trip per job) from
+    this process, a pool of 16, each client its own user: the floor under SubmitJob's
+    database work."""
+    figures = {}
+    pool = await asyncpg.create_pool(database_url, min_size=16, max_size=16)
+    users: list[str] = []
+    try:
+        for clients in (1, 16):
+            users[:] = [f"anchor-{uuid.uuid4().hex[:8]}-{i}" for i in range(clients)]
+
+            async def submit(client: int, _: int) -> None:
+                job_id = str(uuid.uuid4())
+                now = datetime.now(UTC)
+                arguments = submit_arguments(
+                    job_id=job_id,
+                    user_id=users[client],
+                    idempotency_key=None,
+                    model_id="stub-fast",
+                    style_id="natural",
+                    input_asset_id=str(uuid.uuid4()),
+                    prompt="bench",
+                    negative_prompt="",
+                    width=512,
+                    height=512,
+                    parameters="{}",
+                    max_attempts=3,
+                    request_hash="0" * 64,
+                    day_start=now.replace(hour=0, minute=0, second=0, microsecond=0),
+                    # Limits lifted, as for the service below (every job stays queued).
+                    daily_quota=10**9,
+                    in_flight_limit=10**9,
+                    welcome_points=10**9,
+                    payload=json.dumps({"jobId": job_id}),
+                    now=now,
+                )
+                row = await pool.fetchrow(SUBMIT_CALL, *arguments)
+                assert row["submit_outcome"] == "ok", row["submit_outcome"]
+
+            await run_clients(clients, 50 // clients or 1, submit)  # warm-up
+            elapsed, latencies = await run_clients(clients, requests // clients, submit)
+            figures[clients] = report("submit SQL (asyncpg)", clients, elapsed, latencies)
+    finally:
+        await pool.close()
+    return figures
+
+
 async def bench(stack: Stack, echo_address: str, requests: int) -> None:
     tokens: list[str] = []
     assets: list[str] = []
     submits: dict[tuple[str, int], Figure] = {}
     print(f"{'path':<22} {'clients':>7} {'calls':>8} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
     echo = await echo_anchor(echo_address, requests)
+    sql = await submit_sql_anchor(stack.database_url, requests)
+    meter = cpu_meter(stack, stack.database_url.rsplit("/", 1)[1])
+    cpu: dict[str, dict[str, float]] = {}
 
     async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.ports.public['creation']}") as channel:
         stub = creation_service_pb2_grpc.CreationServiceStub(channel)
@@ -148,7 +234,9 @@ async def bench(stack: Stack, echo_address: str, requests: int) -> None:
 
         for clients in (1, 16):
             tokens[:], assets[:] = await new_users(stack)
+            meter.start()
             elapsed, latencies = await run_clients(clients, requests // clients, over_grpc)
+            cpu[f"SubmitJob gRPC x{clients}"] = meter.per_op(len(latencies))
             submits["grpc", clients] = report("SubmitJob gRPC", clients, elapsed, latencies)
 
     # aiohttp (C parser, keep-alive), not httpx: httpx's async client spent ~2 ms of CPU
@@ -180,7 +268,7 @@ async def bench(stack: Stack, echo_address: str, requests: int) -> None:
             elapsed, latencies = await run_clients(clients, requests // clients, over_envoy)
             submits["json", clients] = report("SubmitJob via Envoy", clients, elapsed, latencies)
 
-    reads = await read_latencies(stack, tokens[0], assets[0], requests)
+    reads = await read_latencies(stack, tokens[0], assets[0], requests, meter, cpu)
     print()
     print(
         "ratios: SubmitJob gRPC / echo at 16 clients "
@@ -188,12 +276,26 @@ async def bench(stack: Stack, echo_address: str, requests: int) -> None:
         "Envoy / gRPC p50 at 1 client "
         f"{submits['json', 1].p50_ms / submits['grpc', 1].p50_ms:.2f}"
     )
+    for clients in (1, 16):
+        print(
+            f"ratios: SubmitJob gRPC / submit SQL (asyncpg) at {clients} client(s) "
+            f"{submits['grpc', clients].per_second / sql[clients].per_second:.3f} (throughput),"
+            f" p50 {submits['grpc', clients].p50_ms / sql[clients].p50_ms:.2f}x"
+        )
     for name, figure in reads.items():
         print(f"ratios: {name} p50 / echo p50 at 1 client {figure.p50_ms / echo[1].p50_ms:.2f}")
+    print()
+    for phase, spent in cpu.items():
+        print(f"{phase:<22} {format_per_op(spent)}")
 
 
 async def read_latencies(
-    stack: Stack, token: str, asset_id: str, requests: int
+    stack: Stack,
+    token: str,
+    asset_id: str,
+    requests: int,
+    meter: CpuMeter,
+    cpu: dict[str, dict[str, float]],
 ) -> dict[str, Figure]:
     """The read RPCs at one client, each on a job and an asset that exist."""
     user = (("authorization", f"Bearer {token}"),)
@@ -231,7 +333,9 @@ async def read_latencies(
                 await call(client, n)
 
             await run_clients(1, 20, once)  # warm-up
+            meter.start()
             elapsed, latencies = await run_clients(1, requests, once)
+            cpu[name] = meter.per_op(len(latencies))
             figures[name] = report(name, 1, elapsed, latencies)
     return figures
 

@@ -28,6 +28,7 @@ from services.creation.operators import Operators
 from services.creation.providers.base import Provider
 from services.creation.providers.registry import ProviderRegistry, RegistryError, build_registry
 from services.creation.providers.stub import crash_point
+from services.creation.ready_inputs import ReadyInputs
 from services.creation.relay.notify_client import NotifyClient
 from services.creation.relay.relay import OutboxRelay
 from services.creation.servicer import CreationServicer
@@ -144,7 +145,13 @@ def build(
                 creation_service_pb2_grpc.add_CreationServiceServicer_to_server,
                 CreationServicer(
                     CachedCatalog(database.engine, settings.catalog_ttl_seconds),
-                    Jobs(database.engine, media, limits, clock),
+                    Jobs(
+                        database.engine,
+                        media,
+                        limits,
+                        clock,
+                        ReadyInputs(settings.asset_cache_ttl_seconds, settings.asset_cache_size),
+                    ),
                 ),
             )
         ],

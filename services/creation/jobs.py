@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.creation.domain import Job, Status
 from services.creation.errors import InputAssetNotFound, InputAssetNotReady, InvalidRequest, Reason
 from services.creation.media_client import DownloadUrl, MediaClient
+from services.creation.ready_inputs import ReadyInputs
 from services.creation.store import jobs as job_store
 from services.creation.store import ledger
 from services.creation.store.jobs import Cursor, SubmitLimits
@@ -38,18 +39,27 @@ class Jobs:
         media: MediaClient,
         limits: SubmitLimits,
         clock: Clock = system_clock,
+        ready_inputs: ReadyInputs | None = None,
     ) -> None:
         self._engine = engine
         self._media = media
         self._limits = limits
         self._clock = clock
+        # None: media is asked on every submit.
+        self._ready_inputs = (
+            ReadyInputs(ttl_seconds=0, max_entries=0) if ready_inputs is None else ready_inputs
+        )
 
     async def submit(self, user_id: str, command: SubmitCommand) -> Job:
         """A new job, or the one an earlier submit with the same key made (a replay asks
         media nothing: the input was checked when the job was made)."""
-        submitted = await job_store.find_replay(self._engine, user_id, command)
+        # With the input vouched for, there is nothing to ask media, so no replay to look
+        # for first: the submit's one call answers a replay itself.
+        vouched = self._ready_inputs.vouched(user_id, command.input_asset_id)
+        submitted = None if vouched else await job_store.find_replay(self._engine, user_id, command)
         if submitted is None:
-            await self._check_input_asset(user_id, command.input_asset_id)
+            if not vouched:
+                await self.check_input_asset(user_id, command.input_asset_id)
             submitted = await job_store.submit(
                 self._engine, user_id, command, self._limits, self._clock()
             )
@@ -67,9 +77,12 @@ class Jobs:
             )
         return job
 
-    async def _check_input_asset(self, user_id: str, asset_id: str) -> None:
+    async def check_input_asset(self, user_id: str, asset_id: str) -> None:
         """The input must be the caller's own, uploaded as an input photo, and complete.
-        Unknown, someone else's and deleted all look the same."""
+        Unknown, someone else's and deleted all look the same. An input media vouched
+        for recently is not asked about again (see ready_inputs)."""
+        if self._ready_inputs.vouched(user_id, asset_id):
+            return
         info = await self._media.asset_info(asset_id)
         if info is None or info.owner_user_id != user_id or info.status == "deleted":
             raise InputAssetNotFound()
@@ -79,6 +92,7 @@ class Jobs:
             )
         if info.status != "ready":
             raise InputAssetNotReady()
+        self._ready_inputs.remember(user_id, asset_id)
 
     async def get(self, user_id: str, job_id: str) -> JobView:
         job = await job_store.get(self._engine, user_id, job_id)

@@ -162,6 +162,8 @@ class CreationSettings:
     in_flight_limit: int
     welcome_points: int
     catalog_ttl_seconds: float
+    asset_cache_ttl_seconds: float
+    asset_cache_size: int
     worker: WorkerSettings
     stub: StubSettings = StubSettings()
     relay: RelaySettings = RelaySettings()
@@ -193,6 +195,13 @@ class CreationSettings:
             # How long ListCatalog may serve its in-process copy; a catalog edit shows
             # within this long. 0 reads the database every time.
             catalog_ttl_seconds=reader.seconds("CATALOG_TTL", 5, minimum=0, maximum=3600),
+            # How long an input asset media called ready and the user's own is trusted
+            # without asking media again; a deletion within it fails the job at the worker
+            # (INPUT_UNREADABLE). 0 asks media on every submit.
+            asset_cache_ttl_seconds=reader.seconds("ASSET_CACHE_TTL", 30, minimum=0, maximum=3600),
+            asset_cache_size=reader.integer(
+                "ASSET_CACHE_SIZE", 10_000, minimum=0, maximum=10_000_000
+            ),
             worker=WorkerSettings.read(reader),
             stub=StubSettings.read(reader),
             relay=RelaySettings.read(reader),

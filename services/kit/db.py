@@ -10,18 +10,28 @@ per burst would each prepare their statements again) and never pings on checkout
 is three messages per checkout). A connection the server closed is noticed by asyncpg
 when the socket closes and discarded at checkout, for free; a read that still lands on a
 dead connection is run once more on a fresh one.
+
+The hottest statements skip SQLAlchemy's per-statement work and run on the pooled asyncpg
+connection itself (:func:`driver_connection`, :func:`driver_fetch`): same pool, same
+checkout deadline and server-side timeouts, and asyncpg prepares each statement text once
+per connection (its statement cache) so a hot statement is one Bind/Execute/Sync.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy import Executable, Row, event, text
+import asyncpg  # type: ignore[import-untyped]
+from sqlalchemy import ClauseElement, Executable, Row, event, text
+from sqlalchemy.dialects.postgresql.asyncpg import PGDialect_asyncpg
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.util import greenlet_spawn
 
 from services.kit.settings import DatabaseSettings
 
@@ -145,3 +155,69 @@ async def fetch(
         return (await connection.execute(statement, parameters)).all()
 
     return await read(engine, run)
+
+
+# -- the hot path: asyncpg on the pool's own connections ------------------------------------
+
+_DRIVER_DIALECT = PGDialect_asyncpg(paramstyle="numeric_dollar")  # type: ignore[no-untyped-call]
+
+
+@dataclass(frozen=True)
+class DriverStatement:
+    """A SQLAlchemy statement compiled once into asyncpg's SQL (``$1``, ``$2``, ...), so
+    the tables stay the one definition of names. Values are passed as asyncpg takes them
+    (no SQLAlchemy type processing: JSON goes in as text)."""
+
+    sql: str
+    names: tuple[str, ...]
+
+    @classmethod
+    def of(cls, statement: ClauseElement) -> DriverStatement:
+        compiled = statement.compile(dialect=_DRIVER_DIALECT)
+        assert isinstance(compiled, SQLCompiler)  # a positional paramstyle: names in order
+        return cls(str(compiled), tuple(compiled.positiontup or ()))
+
+    def args(self, **values: Any) -> list[Any]:
+        return [values[name] for name in self.names]
+
+
+@asynccontextmanager
+async def driver_connection(engine: AsyncEngine) -> AsyncIterator[Any]:
+    """The asyncpg connection of a connection checked out of ``engine``'s pool (its
+    checkout deadline and hooks apply), for statements run in autocommit mode. A failure
+    that is not the server's answer to a statement (a dropped socket, a client timeout)
+    may have left the connection unusable: it is discarded, not put back."""
+    pooled = await engine.raw_connection()
+    connection: Any = pooled.driver_connection
+    try:
+        yield connection
+    except BaseException as error:
+        if not isinstance(error, asyncpg.PostgresError) or connection.is_closed():
+            # Outside a greenlet SQLAlchemy terminates at once (no graceful close to wait on).
+            pooled.invalidate(error)
+        raise
+    finally:
+        # Checking in is synchronous SQLAlchemy code (it may reset the connection).
+        await greenlet_spawn(pooled.close)
+
+
+def _dropped(error: BaseException, connection: Any) -> bool:
+    """The server or the network closed the connection under the statement. Not a client
+    timeout: a server that does not answer would be waited for twice."""
+    return not isinstance(error, TimeoutError) and bool(connection.is_closed())
+
+
+async def driver_fetch(engine: AsyncEngine, statement: DriverStatement, **values: Any) -> list[Any]:
+    """The rows (asyncpg Records) of one read statement in one round trip; run once more
+    on a fresh connection if the server had dropped the first one (see :func:`read`)."""
+    args = statement.args(**values)
+    used: Any = None
+    try:
+        async with driver_connection(engine) as connection:
+            used = connection
+            return list(await connection.fetch(statement.sql, *args))
+    except Exception as error:
+        if used is None or not _dropped(error, used):
+            raise
+    async with driver_connection(engine) as connection:
+        return list(await connection.fetch(statement.sql, *args))

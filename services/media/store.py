@@ -20,7 +20,7 @@ from sqlalchemy import Row, bindparam, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from services.kit.db import fetch
+from services.kit.db import DriverStatement, driver_fetch
 from services.kit.outages import classify
 from services.media.errors import DatabaseUnavailable
 from services.media.model import Asset, ContentFacts, Purpose, Status
@@ -60,12 +60,17 @@ def _database(
     return answering
 
 
-# The hot reads, built once; each is one autocommit statement (kit.db.fetch).
-ASSET_BY_ID = select(assets).where(_c.asset_id == bindparam("asset_id"))
-OWNED_ASSET = select(assets).where(
-    _c.asset_id == bindparam("asset_id"), _c.owner_user_id == bindparam("owner_user_id")
+# The hot reads, compiled once for asyncpg (kit.db.driver_fetch): one autocommit
+# statement each, prepared once per connection.
+ASSET_BY_ID = DriverStatement.of(select(assets).where(_c.asset_id == bindparam("asset_id")))
+OWNED_ASSET = DriverStatement.of(
+    select(assets).where(
+        _c.asset_id == bindparam("asset_id"), _c.owner_user_id == bindparam("owner_user_id")
+    )
 )
-STATUS_BY_KEY = select(_c.status).where(_c.object_key == bindparam("object_key"))
+STATUS_BY_KEY = DriverStatement.of(
+    select(_c.status).where(_c.object_key == bindparam("object_key"))
+)
 # The asset an owner's idempotency key made (rides uq_assets_owner_idempotency_key).
 ASSET_BY_IDEMPOTENCY_KEY = select(assets).where(
     _c.owner_user_id == bindparam("owner_user_id"),
@@ -74,8 +79,9 @@ ASSET_BY_IDEMPOTENCY_KEY = select(assets).where(
 )
 
 
-def _asset(row: Row[Any]) -> Asset:
-    values = row._mapping
+def _asset(row: Row[Any] | Any) -> Asset:
+    """An asset from a SQLAlchemy row or an asyncpg record."""
+    values = row._mapping if isinstance(row, Row) else row
     return Asset(
         asset_id=values["asset_id"],
         owner_user_id=values["owner_user_id"],
@@ -242,15 +248,15 @@ class AssetStore:
     @_database
     async def get(self, asset_id: uuid.UUID) -> Asset | None:
         """Any asset by id (rides pk_assets)."""
-        rows = await fetch(self._engine, ASSET_BY_ID, {"asset_id": asset_id})
+        rows = await driver_fetch(self._engine, ASSET_BY_ID, asset_id=asset_id)
         return _asset(rows[0]) if rows else None
 
     @_database
     async def get_owned(self, asset_id: uuid.UUID, owner_user_id: str) -> Asset | None:
         """The asset if this user owns it; another user's asset is simply not found
         (rides pk_assets)."""
-        rows = await fetch(
-            self._engine, OWNED_ASSET, {"asset_id": asset_id, "owner_user_id": owner_user_id}
+        rows = await driver_fetch(
+            self._engine, OWNED_ASSET, asset_id=asset_id, owner_user_id=owner_user_id
         )
         return _asset(rows[0]) if rows else None
 
@@ -321,8 +327,8 @@ class AssetStore:
     async def status_by_key(self, object_key: str) -> Status | None:
         """The status of the asset an object key belongs to; None when no asset has it
         (rides uq_assets_object_key)."""
-        rows = await fetch(self._engine, STATUS_BY_KEY, {"object_key": object_key})
-        return Status(rows[0].status) if rows else None
+        rows = await driver_fetch(self._engine, STATUS_BY_KEY, object_key=object_key)
+        return Status(rows[0]["status"]) if rows else None
 
     @asynccontextmanager
     async def _locking(self) -> AsyncIterator[AsyncConnection]:

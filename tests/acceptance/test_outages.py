@@ -139,6 +139,9 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
         "ATELIER_IN_FLIGHT_LIMIT": "1000",
         "ATELIER_DAILY_QUOTA": "100000",
         "ATELIER_WELCOME_POINTS": "1000000",
+        # Every submit asks media about its input, so each one meets media's outage (an
+        # input media vouched for within the cache's TTL would not need media at all).
+        "ATELIER_ASSET_CACHE_TTL": "0",
     }
     for name, (public, internal, metrics) in ports.items():
         key = name.upper()

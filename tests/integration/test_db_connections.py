@@ -8,12 +8,20 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import asyncpg
 import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from services.kit.db import create_engine, fetch, read
+from services.kit.db import (
+    DriverStatement,
+    create_engine,
+    driver_connection,
+    driver_fetch,
+    fetch,
+    read,
+)
 from services.kit.settings import DatabaseSettings
 
 BACKEND_PID = text("SELECT pg_backend_pid()")
@@ -103,3 +111,59 @@ async def test_a_failing_read_is_not_repeated(kit_engine: AsyncEngine) -> None:
     with pytest.raises(DBAPIError):
         await read(kit_engine, broken)
     assert attempts == 1
+
+
+# -- the driver helpers: asyncpg on the pool's connections ---------------------------------
+
+DRIVER_PID = DriverStatement.of(text("SELECT pg_backend_pid() AS pid"))
+
+
+async def test_a_driver_read_is_one_statement_on_the_pools_connection(
+    kit_engine: AsyncEngine,
+) -> None:
+    sent: list[str] = []
+    driver = await _driver(kit_engine)
+    driver.add_query_logger(lambda record: sent.append(record.query))
+    for _ in range(3):
+        await driver_fetch(kit_engine, DRIVER_PID)
+    await asyncio.sleep(0)  # asyncpg calls its loggers with call_soon: one turn runs them
+    assert sent == [DRIVER_PID.sql] * 3  # no BEGIN, ping or ROLLBACK around them
+    assert await _driver(kit_engine) is driver  # back in the pool, not replaced
+
+
+async def test_a_driver_read_on_a_connection_dropped_unnoticed_runs_once_more(
+    kit_engine: AsyncEngine, engine: AsyncEngine
+) -> None:
+    driver = await _driver(kit_engine)
+    (before,) = await driver_fetch(kit_engine, DRIVER_PID)
+    driver._transport.pause_reading()
+    await _terminate(engine, before["pid"])
+    driver._transport.resume_reading()
+    (after,) = await driver_fetch(kit_engine, DRIVER_PID)
+    assert after["pid"] != before["pid"]
+    assert await _driver(kit_engine) is not driver  # the dead one was discarded
+
+
+async def test_a_failing_driver_read_is_not_repeated_and_keeps_its_connection(
+    kit_engine: AsyncEngine,
+) -> None:
+    sent: list[str] = []
+    driver = await _driver(kit_engine)
+    driver.add_query_logger(lambda record: sent.append(record.query))
+    broken = DriverStatement.of(text("SELECT 1 / 0"))
+    with pytest.raises(asyncpg.exceptions.DivisionByZeroError):
+        await driver_fetch(kit_engine, broken)
+    await asyncio.sleep(0)
+    assert sent == [broken.sql]
+    assert await _driver(kit_engine) is driver  # the server answered: the connection is fine
+
+
+async def test_a_driver_statement_past_its_client_timeout_discards_the_connection(
+    kit_engine: AsyncEngine,
+) -> None:
+    driver = await _driver(kit_engine)
+    with pytest.raises(TimeoutError):
+        async with driver_connection(kit_engine) as connection:
+            await connection.fetch("SELECT pg_sleep(5)", timeout=0.1)
+    # Possibly mid-protocol: never handed to the next caller.
+    assert await _driver(kit_engine) is not driver

@@ -266,4 +266,5 @@ async def test_hot_reads_are_one_statement_without_a_transaction(media_url: str)
         ):
             wire.clear()
             assert await read is not None
+            await wire.caught_up()
             assert (len(wire.statements), wire.commands) == (1, [])

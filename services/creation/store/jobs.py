@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Row, and_, bindparam, or_, select
+from sqlalchemy import and_, bindparam, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.domain import Actor, Job, Status
@@ -20,15 +21,20 @@ from services.creation.errors import (
     JobAlreadyFinished,
     JobNotFound,
     Reason,
+    UserBusy,
 )
 from services.creation.store.changes import submitted_payload
 from services.creation.store.rows import job_from_row
-from services.creation.store.submit_statement import SUBMIT
-from services.creation.store.users import user_transaction
+from services.creation.store.submit_statement import (
+    SUBMIT_CALL,
+    submit_arguments,
+    user_lock_timed_out,
+)
+from services.creation.store.users import user_turn
 from services.creation.store.writes import lock_job, write
 from services.creation.submission import SubmitCommand
 from services.creation.tables import jobs
-from services.kit.db import fetch
+from services.kit.db import DriverStatement, driver_connection, driver_fetch, fetch
 
 
 @dataclass(frozen=True)
@@ -55,17 +61,19 @@ def _start_of_day(now: datetime) -> datetime:
     return now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 
 
-# Statements of the submit path, built once (they are hot).
+# Hot statements, compiled once for asyncpg (kit.db.driver_fetch).
 
 # The job an idempotency key made (rides uq_jobs_user_idempotency_key).
-JOB_BY_KEY = select(jobs).where(
-    jobs.c.user_id == bindparam("user_id"), jobs.c.idempotency_key == bindparam("key")
+JOB_BY_KEY = DriverStatement.of(
+    select(jobs).where(
+        jobs.c.user_id == bindparam("user_id"), jobs.c.idempotency_key == bindparam("key")
+    )
 )
 
 
 # One job of one user (primary key; another user's job is not found).
-JOB_OF_USER = select(jobs).where(
-    jobs.c.job_id == bindparam("job_id"), jobs.c.user_id == bindparam("user_id")
+JOB_OF_USER = DriverStatement.of(
+    select(jobs).where(jobs.c.job_id == bindparam("job_id"), jobs.c.user_id == bindparam("user_id"))
 )
 
 
@@ -82,20 +90,21 @@ async def find_replay(
     user's lock by :func:`submit`)."""
     if command.idempotency_key is None:
         return None
-    rows = await fetch(engine, JOB_BY_KEY, {"user_id": user_id, "key": command.idempotency_key})
-    return _replay(job_from_row(rows[0]._mapping), command) if rows else None
+    rows = await driver_fetch(engine, JOB_BY_KEY, user_id=user_id, key=command.idempotency_key)
+    return _replay(job_from_row(rows[0]), command) if rows else None
 
 
-def _refusal(row: Row[Any], limits: SubmitLimits, now: datetime) -> Exception:
-    """The error a submit verdict other than ``ok`` or ``replay`` stands for."""
-    outcome = row.submit_outcome
+def _refusal(row: Any, limits: SubmitLimits, now: datetime) -> Exception:
+    """The error a submit verdict (an asyncpg record) other than ``ok`` or ``replay``
+    stands for."""
+    outcome = row["submit_outcome"]
     if outcome == "model_not_available":
         return InvalidRequest(Reason.MODEL_NOT_AVAILABLE, "model_id", "is not an available model")
     if outcome == "style_not_available":
         return InvalidRequest(Reason.STYLE_NOT_AVAILABLE, "style_id", "is not an available style")
     if outcome == "style_model_mismatch":
         return InvalidRequest(
-            Reason.STYLE_MODEL_MISMATCH, "style_id", f"does not apply to {row.model_kind} models"
+            Reason.STYLE_MODEL_MISMATCH, "style_id", f"does not apply to {row['model_kind']} models"
         )
     if outcome == "daily_quota_exceeded":
         reset = _start_of_day(now) + timedelta(days=1)
@@ -103,7 +112,7 @@ def _refusal(row: Row[Any], limits: SubmitLimits, now: datetime) -> Exception:
     if outcome == "in_flight_limit_reached":
         return InFlightLimitReached(limits.in_flight_limit)
     if outcome == "insufficient_points":
-        return InsufficientPoints(int(row.available_points), int(row.model_price))
+        return InsufficientPoints(int(row["available_points"]), int(row["model_price"]))
     raise AssertionError(f"unknown submit verdict {outcome!r}")
 
 
@@ -112,48 +121,52 @@ async def submit(
 ) -> Submitted:
     """Creates the job, its submit event, its points reservation and its first outbox row
     in one transaction, serialised per user so limits and idempotency hold under races:
-    the user's lock, then one statement (see submit_statement)."""
+    one call that takes the user's lock, then decides and writes (see submit_statement).
+    Not retried on a dropped connection: the job may have been made."""
     job_id = str(uuid.uuid4())
-    async with user_transaction(engine, user_id) as connection:
-        row = (
-            await connection.execute(
-                SUBMIT,
-                {
-                    "job_id": job_id,
-                    "user_id": user_id,
-                    "idempotency_key": command.idempotency_key,
-                    "model_id": command.model_id,
-                    "style_id": command.style_id,
-                    "input_asset_id": command.input_asset_id,
-                    "prompt": command.prompt,
-                    "negative_prompt": command.negative_prompt,
-                    "width": command.width,
-                    "height": command.height,
-                    "parameters": command.parameters,
-                    "num_outputs": command.num_outputs,
-                    "max_attempts": limits.max_attempts,
-                    "request_hash": command.request_hash(),
-                    "day_start": _start_of_day(now),
-                    "daily_quota": limits.daily_quota,
-                    "in_flight_limit": limits.in_flight_limit,
-                    "welcome_points": limits.welcome_points,
-                    "payload": submitted_payload(job_id, user_id, now),
-                    "now": now,
-                },
-            )
-        ).one()
-        if row.submit_outcome == "replay":
-            return _replay(job_from_row(row._mapping), command)
-        if row.submit_outcome != "ok":
-            raise _refusal(row, limits, now)
-        return Submitted(job_from_row(row._mapping), replayed=False)
+    arguments = submit_arguments(
+        job_id=job_id,
+        user_id=user_id,
+        idempotency_key=command.idempotency_key,
+        model_id=command.model_id,
+        style_id=command.style_id,
+        input_asset_id=command.input_asset_id,
+        prompt=command.prompt,
+        negative_prompt=command.negative_prompt,
+        width=command.width,
+        height=command.height,
+        parameters=json.dumps(command.parameters),
+        max_attempts=limits.max_attempts,
+        request_hash=command.request_hash(),
+        day_start=_start_of_day(now),
+        daily_quota=limits.daily_quota,
+        in_flight_limit=limits.in_flight_limit,
+        welcome_points=limits.welcome_points,
+        payload=json.dumps(submitted_payload(job_id, user_id, now)),
+        now=now,
+        num_outputs=command.num_outputs,
+    )
+    try:
+        async with user_turn(user_id), driver_connection(engine) as connection:
+            row = await connection.fetchrow(SUBMIT_CALL, *arguments)
+    except Exception as error:
+        # Outside the connection's block: the connection answered, and goes back to the pool.
+        if user_lock_timed_out(error):
+            raise UserBusy() from None
+        raise
+    outcome = row["submit_outcome"]
+    if outcome == "replay":
+        return _replay(job_from_row(row["job"]), command)
+    if outcome != "ok":
+        raise _refusal(row, limits, now)
+    return Submitted(job_from_row(row["job"]), replayed=False)
 
 
 async def get(engine: AsyncEngine, user_id: str, job_id: str) -> Job:
-    rows = await fetch(engine, JOB_OF_USER, {"job_id": job_id, "user_id": user_id})
+    rows = await driver_fetch(engine, JOB_OF_USER, job_id=job_id, user_id=user_id)
     if not rows:
         raise JobNotFound()
-    return job_from_row(rows[0]._mapping)
+    return job_from_row(rows[0])
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from services.creation.errors import IdempotencyKeyReused
 from services.creation.store.users import user_transaction
 from services.creation.tables import points_ledger
-from services.kit.db import fetch
+from services.kit.db import DriverStatement, driver_fetch
 
 # The welcome grant's key. Operators' keys carry a prefix, so none can take this one.
 WELCOME_GRANT_KEY = "welcome"
@@ -126,8 +126,9 @@ async def grant_points(
 # The balance, granting the welcome points first if this user never had them; one
 # statement that needs no transaction around it (the unique grant key makes the welcome
 # race-free against a concurrent submit's own welcome).
-BALANCE_AFTER_WELCOME = text(
-    """
+BALANCE_AFTER_WELCOME = DriverStatement.of(
+    text(
+        """
 WITH settings AS (SELECT CAST(:welcome_points AS bigint) AS welcome_points),
 welcome AS (
   INSERT INTO creation.points_ledger (user_id, kind, amount, grant_key, reason, created_at)
@@ -147,6 +148,7 @@ SELECT
 FROM creation.points_ledger
 WHERE user_id = :user_id
 """
+    )
 )
 
 
@@ -155,12 +157,10 @@ async def read_balance(
 ) -> Balance:
     """The user's balance, with their welcome points if they never had them."""
     # Safe to send twice: the welcome is granted once whatever happens.
-    (row,) = await fetch(
-        engine,
-        BALANCE_AFTER_WELCOME,
-        {"user_id": user_id, "welcome_points": welcome_points, "now": now},
+    (row,) = await driver_fetch(
+        engine, BALANCE_AFTER_WELCOME, user_id=user_id, welcome_points=welcome_points, now=now
     )
     return Balance(
-        available=int(row.granted - row.reserved + row.released + row.welcomed),
-        reserved=int(row.reserved - row.captured - row.released),
+        available=int(row["granted"] - row["reserved"] + row["released"] + row["welcomed"]),
+        reserved=int(row["reserved"] - row["captured"] - row["released"]),
     )

@@ -57,26 +57,39 @@ async def lock_user(connection: AsyncConnection, user_id: str) -> None:
 
 
 @asynccontextmanager
-async def user_transaction(engine: AsyncEngine, user_id: str) -> AsyncIterator[AsyncConnection]:
-    """A transaction that holds the user's lock, entered in the user's turn."""
+async def user_turn(user_id: str) -> AsyncIterator[None]:
+    """The user's turn in this process: one request of a user at a time holds a
+    connection and the user's lock; the others wait here, bounded, without one."""
     queue = _queues.get(user_id)
     if queue is None:
         queue = _queues[user_id] = _Queue()
     if queue.members >= MAX_QUEUED_PER_USER:
         raise UserBusy()
+    alone = queue.members == 0
     queue.members += 1
     try:
+        if alone:
+            # Nobody holds or waits for the turn: it is taken at once (and without the
+            # task wait_for would start for it, on every submit).
+            await queue.turn.acquire()
+        else:
+            try:
+                await asyncio.wait_for(queue.turn.acquire(), QUEUE_WAIT_SECONDS)
+            except TimeoutError:
+                raise UserBusy() from None
         try:
-            await asyncio.wait_for(queue.turn.acquire(), QUEUE_WAIT_SECONDS)
-        except TimeoutError:
-            raise UserBusy() from None
-        try:
-            async with engine.begin() as connection:
-                await lock_user(connection, user_id)
-                yield connection
+            yield
         finally:
             queue.turn.release()
     finally:
         queue.members -= 1
         if queue.members == 0:
             del _queues[user_id]
+
+
+@asynccontextmanager
+async def user_transaction(engine: AsyncEngine, user_id: str) -> AsyncIterator[AsyncConnection]:
+    """A transaction that holds the user's lock, entered in the user's turn."""
+    async with user_turn(user_id), engine.begin() as connection:
+        await lock_user(connection, user_id)
+        yield connection

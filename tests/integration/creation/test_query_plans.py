@@ -9,6 +9,7 @@ scans are switched off so the verdict does not depend on how many rows the table
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import date, datetime, timedelta
@@ -19,9 +20,9 @@ from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from services.creation.store import admin, leases, outbox
-from services.creation.store import jobs as store
+from services.creation.store.submit_statement import submit_arguments
 from services.kit.db import asyncpg_url
-from tests.integration.creation.helpers import LIMITS, T0, command, new_user
+from tests.integration.creation.helpers import LIMITS, T0, new_user
 
 
 @pytest.fixture
@@ -59,7 +60,9 @@ async def generic_plan(engine: AsyncEngine, statement: str, parameters: Any) -> 
         raw = await connection.get_raw_connection()
         driver = raw.driver_connection
         assert driver is not None
-        await driver.execute(f"PREPARE {name} AS {statement}")
+        # A statement may start with its parameter types: "(uuid, text) AS SELECT ...".
+        typed = statement.startswith("(")
+        await driver.execute(f"PREPARE {name}{'' if typed else ' AS'} {statement}")
         arguments = ", ".join(_literal(v) for v in parameters or ())
         call = f"EXECUTE {name}({arguments})" if arguments else f"EXECUTE {name}"
         rows = await driver.fetch(f"EXPLAIN {call}")
@@ -92,13 +95,56 @@ async def test_reaper_rides_the_lease_expiry_index(
     assert "ix_jobs_lease_expiry" in await generic_plan(engine, statement, parameters)
 
 
+async def _submit_statement(engine: AsyncEngine) -> str:
+    """The statement creation.submit_job runs after taking the user's lock, as PL/pgSQL
+    prepares it (each argument a parameter), led by those parameters' types."""
+    async with engine.connect() as connection:
+        found = (
+            await connection.execute(
+                text(
+                    "SELECT p.prosrc, p.proargnames[1:p.pronargs] AS names,"
+                    " ARRAY(SELECT format_type(t.oid, NULL) FROM unnest(p.proargtypes)"
+                    "  WITH ORDINALITY AS t(oid, n) ORDER BY t.n) AS types"
+                    " FROM pg_proc p WHERE p.oid = 'creation.submit_job'::regproc"
+                )
+            )
+        ).one()
+    body = found.prosrc.split("RETURN QUERY", 1)[1].rsplit(";", 1)[0]
+    for position, name in enumerate(found.names, start=1):
+        body = re.sub(rf"\b{name}\b", f"${position}", body)
+    return f"({', '.join(found.types)}) AS {body}"
+
+
 async def test_in_flight_count_rides_the_in_flight_index(
     capturing: tuple[AsyncEngine, list[tuple[str, Any]]],
 ) -> None:
-    engine, sent = capturing
-    await store.submit(engine, new_user(), command(), LIMITS, T0)
-    statement, parameters = one_statement(sent, lambda s: "AS in_flight" in s)
-    assert "ix_jobs_user_in_flight" in await generic_plan(engine, statement, parameters)
+    engine, _ = capturing
+    job_id = str(uuid.uuid4())
+    arguments = submit_arguments(
+        job_id=job_id,
+        user_id=new_user(),
+        idempotency_key=None,
+        model_id="stub-fast",
+        style_id="watercolor",
+        input_asset_id=str(uuid.uuid4()),
+        prompt="p",
+        negative_prompt="",
+        width=512,
+        height=512,
+        parameters="{}",
+        max_attempts=3,
+        request_hash="h",
+        day_start=T0,
+        daily_quota=LIMITS.daily_quota,
+        in_flight_limit=LIMITS.in_flight_limit,
+        welcome_points=LIMITS.welcome_points,
+        payload="{}",
+        now=T0,
+        num_outputs=1,
+    )
+    statement = await _submit_statement(engine)
+    assert "AS in_flight" in statement
+    assert "ix_jobs_user_in_flight" in await generic_plan(engine, statement, arguments)
 
 
 async def test_operators_queue_rides_the_needs_attention_index(

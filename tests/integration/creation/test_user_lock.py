@@ -78,3 +78,23 @@ def test_user_busy_is_aborted_with_a_retry_hint() -> None:
     assert error.code == grpc.StatusCode.ABORTED
     assert error.reason == "USER_BUSY"
     assert error.retry_after_seconds is not None and error.retry_after_seconds > 0
+
+
+async def test_a_busy_users_lock_timeout_keeps_the_connection(database_url: str) -> None:
+    # The server answered (lock_timeout): the connection is fine and goes back to the pool.
+    limits = DatabaseSettings(statement_timeout_seconds=5, lock_timeout_seconds=0.2, pool_size=1)
+    db = Database(database_url, "user-lock-test", limits=limits)
+    user = new_user()
+    try:
+        async with db.engine.connect() as connection:
+            before = (await connection.get_raw_connection()).driver_connection
+        holder = await _hold_user_lock(database_url, user)
+        try:
+            with pytest.raises(UserBusy):
+                await store.submit(db.engine, user, command(), LIMITS, T0)
+        finally:
+            await holder.close()
+        async with db.engine.connect() as connection:
+            assert (await connection.get_raw_connection()).driver_connection is before
+    finally:
+        await db.close()
