@@ -67,11 +67,11 @@ def _state(
         "userId": user_id,
         "version": str(version),  # int64 is a string in protobuf's JSON
         "status": f"JOB_STATUS_{status.name}",
-        "updateTime": _json_time(updated_at),
+        "updateTime": json_time(updated_at),
     }
 
 
-def _json_time(value: datetime) -> str:
+def json_time(value: datetime) -> str:
     """RFC 3339 in UTC with 0, 3 or 6 fractional digits, as protobuf writes a Timestamp."""
     utc = value.astimezone(UTC)
     micros = utc.microsecond

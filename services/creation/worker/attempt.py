@@ -32,6 +32,7 @@ from services.creation.providers.base import (
 )
 from services.creation.providers.failures import is_retryable
 from services.creation.store import leases
+from services.creation.store.fenced import FencedWrite
 from services.creation.worker.context import AttemptContext
 from services.creation.worker.lease_keeper import Lease
 from services.creation.worker.outcomes import AttemptFailed, LeaseLost
@@ -164,9 +165,7 @@ class Attempt:
         then waits for an operator)."""
         job = self._job
         self._context.on_point("before_submit")
-        await self._write(
-            leases.mark_submitting(self._engine, job.job_id, job.lease_epoch, self._now())
-        )
+        await self._write(self._fenced(FencedWrite.MARK_SUBMITTING))
         try:
             request_id = await self._provider_call(
                 provider.submit(request, f"{job.job_id}:{job.attempt}"), "submit"
@@ -175,12 +174,9 @@ class Attempt:
             if error.outcome_unknown and not provider.supports_idempotent_submit:
                 log.warning("submit_outcome_unknown", job_id=job.job_id, code=error.code)
                 await self._write(
-                    leases.mark_outcome_unknown(
-                        self._engine,
-                        job.job_id,
-                        job.lease_epoch,
+                    self._fenced(
+                        FencedWrite.OUTCOME_UNKNOWN,
                         f"the provider's answer to the submit was lost ({error.code})",
-                        self._now(),
                     )
                 )
                 return None
@@ -191,11 +187,7 @@ class Attempt:
                 retry_after_seconds=error.retry_after_seconds,
             ) from None
         self._context.on_point("after_submit")
-        await self._write(
-            leases.record_request(
-                self._engine, job.job_id, job.lease_epoch, request_id, self._now()
-            )
-        )
+        await self._write(self._fenced(FencedWrite.RECORD_REQUEST, request_id))
         return request_id
 
     # --- while the provider works -----------------------------------------------------
@@ -268,9 +260,7 @@ class Attempt:
             return await self._acknowledge_cancel()
         self._context.on_point("before_complete")
         async with self._lease.writing():
-            done = await leases.complete(
-                self._engine, job.job_id, job.lease_epoch, self._landed[0], self._now()
-            )
+            done = await self._fenced(FencedWrite.COMPLETE, self._landed[0])
             if done is not None:
                 self._landed = []  # attached: the job's now
         if done is None:
@@ -289,11 +279,8 @@ class Attempt:
         return await self._acknowledge_cancel()
 
     async def _acknowledge_cancel(self) -> str:
-        job = self._job
         await self._discard_landed()
-        await self._write(
-            leases.acknowledge_cancel(self._engine, job.job_id, job.lease_epoch, self._now())
-        )
+        await self._write(self._fenced(FencedWrite.ACKNOWLEDGE_CANCEL))
         return "cancelled"
 
     async def _hand_back(self, delay: timedelta) -> str:
@@ -365,6 +352,12 @@ class Attempt:
             # in time, but the job is another worker's now.
             raise LeaseLost()
         return job
+
+    def _fenced(self, write: FencedWrite, value: str | None = None) -> Awaitable[Job | None]:
+        """One of this attempt's fenced writes, sent with whatever the process's other
+        attempts write at the same moment."""
+        job = self._job
+        return self._context.writer.write(write, job.job_id, job.lease_epoch, value)
 
     async def _discard_landed(self) -> None:
         """Deletes outputs landed but not attached to the job (never orphaned)."""
