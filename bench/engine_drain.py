@@ -51,6 +51,9 @@ from services.kit.listen import asyncpg_dsn
 LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 OUTPUT_ASSET = "5f0c1b8e-0000-4000-8000-000000000001"
 TICKS = os.sysconf("SC_CLK_TCK")
+UNFINISHED = """
+    SELECT EXISTS (SELECT 1 FROM creation.jobs WHERE status = 'queued')
+        OR EXISTS (SELECT 1 FROM creation.jobs WHERE status = 'running')"""
 JOB_TABLES = "creation.outbox, creation.job_events, creation.points_ledger, creation.jobs"
 
 
@@ -271,11 +274,10 @@ async def drain_with(url: str, count: int, children: list[subprocess.Popen[str]]
             assert child.stdin is not None
             child.stdin.write("go\n")
             child.stdin.flush()
-        # Only the database knows when the queue is empty.
-        while await watcher.fetchval(  # noqa: ASYNC110
-            "SELECT count(*) FROM creation.jobs WHERE status IN ('queued', 'running')"
-        ):
-            await asyncio.sleep(0.02)
+        # Only the database knows when the queue is empty (asked cheaply: the first
+        # unfinished job, through the partial indexes).
+        while await watcher.fetchval(UNFINISHED):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
         elapsed = time.perf_counter() - began
         workers = sum(cpu_seconds(c.pid) for c in children) - workers_before
         backends = await _backends(watcher)

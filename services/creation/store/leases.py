@@ -15,9 +15,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from services.creation.domain import Actor, Job, ReapDecision, Status, reap_decision
 from services.creation.store.changes import Change, json_time, record
 from services.creation.store.driver import driver_connection
-from services.creation.store.fenced import CLAIM_SQL, FencedItem, FencedWrite
+from services.creation.store.fenced import CLAIM_SQL, FencedItem, FencedWrite, Written, brief
 from services.creation.store.predicates import status_is
-from services.creation.store.rows import job_from_row
+from services.creation.store.rows import STATUSES, job_from_row
 from services.creation.store.writes import lock_job, write
 from services.creation.tables import jobs
 
@@ -81,6 +81,27 @@ async def apply(
             [i.value for i in items],
         )
     return {str(r["job_id"]): job_from_row(r) for r in rows}
+
+
+async def apply_briefly(
+    engine: AsyncEngine, write: FencedWrite, items: Sequence[FencedItem], now: datetime
+) -> dict[str, Written]:
+    """``apply``, answering each written job's status and version only."""
+    if not items:
+        return {}
+    async with driver_connection(engine) as connection:
+        rows = await connection.fetch(
+            brief(write),
+            now,
+            json_time(now),
+            [i.job_id for i in items],
+            [i.lease_epoch for i in items],
+            [i.value for i in items],
+        )
+    return {
+        str(r["job_id"]): Written(str(r["job_id"]), STATUSES[r["status"]], r["version"])
+        for r in rows
+    }
 
 
 async def _apply_one(

@@ -8,7 +8,7 @@ from typing import Any
 from services.creation.domain import Job, Status, Step
 
 # Plain lookups: a worker turns every row it writes back into a Job, thousands a second.
-_STATUSES = {status.value: status for status in Status}
+STATUSES = {status.value: status for status in Status}
 _STEPS = {step.value: step for step in Step}
 
 
@@ -27,7 +27,7 @@ def job_from_row(row: Mapping[Any, Any]) -> Job:
         width=row["width"],
         height=row["height"],
         parameters=dict(row["parameters"]),
-        status=_STATUSES[row["status"]],
+        status=STATUSES[row["status"]],
         progress=row["progress"],
         step=_STEPS[row["step"]] if row["step"] else None,
         priority=row["priority"],

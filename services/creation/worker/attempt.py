@@ -32,7 +32,7 @@ from services.creation.providers.base import (
 )
 from services.creation.providers.failures import is_retryable
 from services.creation.store import leases
-from services.creation.store.fenced import FencedWrite
+from services.creation.store.fenced import FencedWrite, Written
 from services.creation.worker.context import AttemptContext
 from services.creation.worker.lease_keeper import Lease
 from services.creation.worker.outcomes import AttemptFailed, LeaseLost
@@ -43,6 +43,8 @@ log = get_logger(__name__)
 # One line per outage kind per window, however many attempts it stops.
 _OUTAGE_LOG = Throttle()
 T = TypeVar("T")
+# What a fenced write answers: the whole job, or (batched writes) its status and version.
+W = TypeVar("W", Job, Written)
 
 # The job row holds one output until outputs become a list (issue 9, point 10).
 OUTPUTS_PER_JOB = 1
@@ -341,7 +343,7 @@ class Attempt:
                 outcome_unknown=name == "submit",
             ) from error
 
-    async def _write(self, write: Awaitable[Job | None]) -> Job:
+    async def _write(self, write: Awaitable[W | None]) -> W:
         """A fenced write: the job as written, or LeaseLost when it matched nothing."""
         async with self._lease.writing():
             job = await write
@@ -353,7 +355,7 @@ class Attempt:
             raise LeaseLost()
         return job
 
-    def _fenced(self, write: FencedWrite, value: str | None = None) -> Awaitable[Job | None]:
+    def _fenced(self, write: FencedWrite, value: str | None = None) -> Awaitable[Written | None]:
         """One of this attempt's fenced writes, sent with whatever the process's other
         attempts write at the same moment."""
         job = self._job

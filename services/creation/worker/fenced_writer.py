@@ -16,15 +16,17 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.creation.domain import Job
 from services.creation.store import leases
-from services.creation.store.fenced import FencedItem, FencedWrite
+from services.creation.store.fenced import FencedItem, FencedWrite, Written
 from services.kit.clock import Clock
+
+# Writes waiting for their statement, by job id.
+_Waiting = dict[str, tuple[FencedItem, "asyncio.Future[Written | None]"]]
 
 
 @dataclass
 class _Queue:
-    waiting: dict[str, tuple[FencedItem, asyncio.Future[Job | None]]] = field(default_factory=dict)
+    waiting: _Waiting = field(default_factory=dict)
     sending: asyncio.Task[None] | None = None
 
 
@@ -40,20 +42,21 @@ class FencedWriter:
 
     async def write(
         self, write: FencedWrite, job_id: str, lease_epoch: int, value: str | None = None
-    ) -> Job | None:
-        """The job as written, or None when its lease (or cancel request) refused it."""
+    ) -> Written | None:
+        """The job's status and version as written, or None when its lease (or cancel
+        request) refused it."""
         queue = self._queues[write]
         if job_id in queue.waiting:
             # One attempt per job, and an attempt awaits each write: a bug, never load.
             raise RuntimeError(f"two {write.name} writes waiting for job {job_id}")
-        future: asyncio.Future[Job | None] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Written | None] = asyncio.get_running_loop().create_future()
         queue.waiting[job_id] = (FencedItem(job_id, lease_epoch, value), future)
         if queue.sending is None:
             queue.sending = asyncio.create_task(self._send(write, queue))
         return await future
 
     async def _send(self, write: FencedWrite, queue: _Queue) -> None:
-        batch: dict[str, tuple[FencedItem, asyncio.Future[Job | None]]] = {}
+        batch: _Waiting = {}
         try:
             while queue.waiting:
                 # Let every attempt that runs in this turn of the loop join the batch.
@@ -61,7 +64,7 @@ class FencedWriter:
                 batch, queue.waiting = queue.waiting, {}
                 self.statements += 1
                 try:
-                    written = await leases.apply(
+                    written = await leases.apply_briefly(
                         self._engine, write, [item for item, _ in batch.values()], self._clock()
                     )
                 except Exception as error:
@@ -76,9 +79,9 @@ class FencedWriter:
 
 
 def _settle(
-    batch: dict[str, tuple[FencedItem, asyncio.Future[Job | None]]],
+    batch: _Waiting,
     *,
-    written: dict[str, Job] | None = None,
+    written: dict[str, Written] | None = None,
     error: BaseException | None = None,
 ) -> None:
     for job_id, (_, future) in batch.items():

@@ -13,7 +13,7 @@ from datetime import timedelta
 from sqlalchemy import select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.creation.domain import Job, Status
+from services.creation.domain import Job, Status, Step
 from services.creation.store import jobs as store
 from services.creation.store import leases
 from services.creation.store.changes import outbox_payload
@@ -144,9 +144,11 @@ async def test_concurrent_writes_go_out_as_one_statement(engine: AsyncEngine) ->
         *(writer.write(FencedWrite.MARK_SUBMITTING, j.job_id, j.lease_epoch) for j in many)
     )
     assert writer.statements == 1
-    assert all(
-        m is not None and m.step is not None and m.step.value == "submitting" for m in marked
-    )
+    assert [(m.job_id, m.status, m.version) for m in marked if m is not None] == [
+        (j.job_id, Status.RUNNING, j.version + 1) for j in many
+    ]
+    for job in many:
+        assert (await row(engine, job.job_id)).step is Step.SUBMITTING
     # A stale one among them is refused alone.
     stale = many[0]
     results = await asyncio.gather(
@@ -155,7 +157,25 @@ async def test_concurrent_writes_go_out_as_one_statement(engine: AsyncEngine) ->
     )
     assert writer.statements == 2
     assert results[0] is None
-    assert all(r is not None and r.provider_request_id == "r" for r in results[1:])
+    assert all(r is not None for r in results[1:])
+    assert (await row(engine, stale.job_id)).provider_request_id is None
+    for job in many[1:]:
+        assert (await row(engine, job.job_id)).provider_request_id == "r"
+
+
+async def test_writes_asked_while_a_statement_is_out_go_in_the_next_one(
+    engine: AsyncEngine,
+) -> None:
+    many = await claimed(engine, 6)
+    writer = FencedWriter(engine, lambda: T0)
+    first = asyncio.create_task(
+        writer.write(FencedWrite.MARK_SUBMITTING, many[0].job_id, many[0].lease_epoch)
+    )
+    await asyncio.sleep(0)  # the statement of the first is on its way
+    await asyncio.sleep(0)
+    rest = [writer.write(FencedWrite.MARK_SUBMITTING, j.job_id, j.lease_epoch) for j in many[1:]]
+    assert all(w is not None for w in await asyncio.gather(first, *rest))
+    assert writer.statements == 2
 
 
 async def test_a_beat_and_a_batch_over_the_same_jobs_never_deadlock(engine: AsyncEngine) -> None:
