@@ -143,15 +143,19 @@ def run(admin_url: str, jobs: int, rate: float) -> None:
         )
         assert child.stdout is not None
         assert child.stdin is not None
-        if child.stdout.readline().strip() != "ready":
+        for line in child.stdout:
+            if line.strip() == "ready":
+                break
+        else:
             raise RuntimeError("the worker did not start")
         claimed: dict[str, float] = {}
 
         def read_claims() -> None:
             assert child.stdout is not None
             for line in child.stdout:
-                _, job_id, at = line.split()
-                claimed[job_id] = float(at)
+                kind, job_id, at = line.split()
+                if kind == "claimed":
+                    claimed[job_id] = float(at)
 
         reader = threading.Thread(target=read_claims, daemon=True)
         reader.start()

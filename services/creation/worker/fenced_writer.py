@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.creation.store import leases
 from services.creation.store.fenced import FencedItem, FencedWrite, Written
 from services.kit.clock import Clock
+from services.kit.outages import classify
 
 # Writes waiting for their statement, by job id.
 _Waiting = dict[str, tuple[FencedItem, "asyncio.Future[Written | None]"]]
@@ -62,20 +63,30 @@ class FencedWriter:
                 # Let every attempt that runs in this turn of the loop join the batch.
                 await asyncio.sleep(0)
                 batch, queue.waiting = queue.waiting, {}
-                self.statements += 1
-                try:
-                    written = await leases.apply_briefly(
-                        self._engine, write, [item for item, _ in batch.values()], self._clock()
-                    )
-                except Exception as error:
-                    _settle(batch, error=error)
-                else:
-                    _settle(batch, written=written)
+                await self._apply(write, batch)
         finally:
             # Cancelled with the worker: nobody waits forever.
             for _, future in [*batch.values(), *queue.waiting.values()]:
                 future.cancel()
             queue.sending = None
+
+    async def _apply(self, write: FencedWrite, batch: _Waiting) -> None:
+        self.statements += 1
+        try:
+            written = await leases.apply_briefly(
+                self._engine, write, [item for item, _ in batch.values()], self._clock()
+            )
+        except Exception as error:
+            outage = classify(error)
+            if len(batch) > 1 and outage is not None and outage.kind == "lock_timeout":
+                # One row held too long by someone else (an owner's cancel, a reaper)
+                # must not fail the whole batch: each job alone, so only that one waits.
+                for job_id, waiting in batch.items():
+                    await self._apply(write, {job_id: waiting})
+                return
+            _settle(batch, error=error)
+        else:
+            _settle(batch, written=written)
 
 
 def _settle(

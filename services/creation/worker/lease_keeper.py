@@ -108,7 +108,8 @@ class LeaseKeeper:
         self._stopping = asyncio.Event()
         self._last_held: datetime | None = None
         self._log = Throttle()
-        self.beats = 0  # completed beats, for tests and metrics
+        self.beats = 0  # completed full beats, for tests and metrics
+        self.progress_beats = 0  # completed beats of new progress only
 
     def hold(self, job: Job) -> Lease:
         lease = Lease(job)
@@ -160,7 +161,9 @@ class LeaseKeeper:
                 lease.restore_progress(sent.progress)
             self._failed(type(error).__name__, now)
             return
-        if not progress_only:
+        if progress_only:
+            self.progress_beats += 1
+        else:
             self._last_held = now
             self.beats += 1
         for lease in held:

@@ -17,10 +17,13 @@ from services.creation.domain import Job, Status, Step
 from services.creation.store import jobs as store
 from services.creation.store import leases
 from services.creation.store.changes import outbox_payload
-from services.creation.store.fenced import FencedItem, FencedWrite
+from services.creation.store.fenced import FencedItem, FencedWrite, Written
 from services.creation.store.leases import Beat
 from services.creation.tables import jobs, outbox
 from services.creation.worker.fenced_writer import FencedWriter
+from services.kit.db import Database
+from services.kit.outages import classify
+from services.kit.settings import DatabaseSettings
 from tests.integration.creation.helpers import LIMITS, T0, command, new_user, side_rows
 from tests.integration.creation.test_leases import ASSET, TTL, claimed, row
 
@@ -204,3 +207,38 @@ async def test_a_lone_submit_is_claimed_with_its_side_rows(engine: AsyncEngine) 
     rows = await side_rows(engine, job.job_id)
     assert rows["events"] == [(1, None, "queued"), (2, "queued", "running")]
     assert rows["outbox_versions"] == [1, 2]
+
+
+async def test_a_row_held_past_the_lock_timeout_fails_its_own_write_only(
+    engine: AsyncEngine, creation_url: str
+) -> None:
+    held, free_a, free_b = await claimed(engine, 3)
+    database = Database(
+        creation_url, "fenced-lock-test", limits=DatabaseSettings(lock_timeout_seconds=0.2)
+    )
+    writer = FencedWriter(database.engine, lambda: T0)
+    try:
+        async with engine.connect() as other:
+            transaction = await other.begin()
+            # Someone holds one row (say, a reaper talking to the provider).
+            await other.execute(
+                select(jobs.c.job_id).where(jobs.c.job_id == held.job_id).with_for_update()
+            )
+            results = await asyncio.gather(
+                *(
+                    writer.write(FencedWrite.MARK_SUBMITTING, j.job_id, j.lease_epoch)
+                    for j in (held, free_a, free_b)
+                ),
+                return_exceptions=True,
+            )
+            await transaction.rollback()
+    finally:
+        await database.close()
+    refused, *written = results
+    assert isinstance(refused, Exception)
+    outage = classify(refused)
+    assert outage is not None
+    assert outage.kind == "lock_timeout"
+    assert all(isinstance(w, Written) for w in written)
+    assert (await row(engine, held.job_id)).step is Step.PREPARING
+    assert (await row(engine, free_a.job_id)).step is Step.SUBMITTING
