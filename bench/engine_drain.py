@@ -106,6 +106,9 @@ async def engine_worker(url: str, concurrency: int, claim_batch: int) -> None:
             "ATELIER_WORKER_CONCURRENCY": str(concurrency),
             "ATELIER_WORKER_CLAIM_BATCH": str(claim_batch),
             "ATELIER_WORKER_POLL": "0.2",
+            # A claim, a beat and one statement per kind of write at a time: plenty, and
+            # 4 processes stay well inside a shared server's connection limit.
+            "ATELIER_DB_POOL_SIZE": "10",
         }
     )
     database = Database(url, "bench-engine", limits=settings.common.database)
