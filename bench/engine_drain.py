@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import logging
 import os
 import subprocess
 import sys
@@ -239,12 +241,13 @@ class Figure:
 
 
 def start(processes: int, command: Sequence[str]) -> list[subprocess.Popen[str]]:
+    """Started children, each ready; a child's errors (never its INFO lines, which the
+    engine sends to /dev/null itself) reach this terminal."""
     children = [
         subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), *command],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
             text=True,
         )
         for _ in range(processes)
@@ -252,15 +255,17 @@ def start(processes: int, command: Sequence[str]) -> list[subprocess.Popen[str]]
     for child in children:
         assert child.stdout is not None
         if child.stdout.readline().strip() != "ready":
-            raise RuntimeError("a worker did not start")
+            stop(children)
+            raise RuntimeError("a worker did not start (its error is above)")
     return children
 
 
 def stop(children: list[subprocess.Popen[str]]) -> None:
     for child in children:
         if child.stdin is not None and not child.stdin.closed:
-            child.stdin.write("stop\n")
-            child.stdin.close()
+            with contextlib.suppress(BrokenPipeError):
+                child.stdin.write("stop\n")
+                child.stdin.close()
     for child in children:
         child.wait(timeout=60)
 
@@ -322,6 +327,20 @@ def report(name: str, processes: int, figure: Figure) -> None:
     )
 
 
+def quiet_logging() -> None:
+    """The engine's log lines, formatted as in production (their cost is the engine's),
+    written to /dev/null; errors also reach this terminal."""
+    kit_logging.configure("INFO", "creation")
+    root = logging.getLogger()
+    formatter = root.handlers[0].formatter
+    nowhere = logging.StreamHandler(open(os.devnull, "w"))  # noqa: SIM115 - for the process
+    nowhere.setFormatter(formatter)
+    errors = logging.StreamHandler(sys.stderr)
+    errors.setLevel(logging.ERROR)
+    errors.setFormatter(formatter)
+    root.handlers[:] = [nowhere, errors]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("role", nargs="?", default="bench", choices=["bench", "engine", "anchor"])
@@ -332,7 +351,7 @@ def main() -> None:
     parser.add_argument("--claim-batch", type=int, default=64)
     args = parser.parse_args()
     if args.role == "engine":
-        kit_logging.configure("INFO", "creation")
+        quiet_logging()
         asyncio.run(engine_worker(args.database_url, args.concurrency, args.claim_batch))
         return
     if args.role == "anchor":

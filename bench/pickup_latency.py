@@ -30,7 +30,7 @@ import asyncpg  # type: ignore[import-untyped]
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.engine_drain import ExistingOutputMedia, InstantProvider
+from bench.engine_drain import ExistingOutputMedia, InstantProvider, quiet_logging
 from services.creation.domain import Job
 from services.creation.media_client import MediaClient
 from services.creation.providers.base import Provider
@@ -40,7 +40,6 @@ from services.creation.store.jobs import SubmitLimits
 from services.creation.submission import SubmitCommand
 from services.creation.worker.loop import Worker
 from services.dev import postgres
-from services.kit import logging as kit_logging
 from services.kit import migrations
 from services.kit.db import Database
 from services.kit.listen import asyncpg_dsn
@@ -138,7 +137,6 @@ def run(admin_url: str, jobs: int, rate: float) -> None:
             [sys.executable, str(Path(__file__).resolve()), "worker", "--database-url", url],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
             text=True,
         )
         assert child.stdout is not None
@@ -187,7 +185,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=20.0)
     args = parser.parse_args()
     if args.role == "worker":
-        kit_logging.configure("INFO", "creation")
+        quiet_logging()
         asyncio.run(worker(args.database_url))
         return
     run(args.database_url, args.jobs, args.rate)
