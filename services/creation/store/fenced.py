@@ -55,19 +55,19 @@ _RELEASE_LEASE = "lease_owner = NULL, lease_expires_at = NULL"
 
 def side_rows_sql(changed: str, from_status: str, reason: str) -> str:
     """The CTEs that write the side rows of the rows ``changed`` returned (with the
-    lease's owner as ``held_by``)."""
+    lease's owner as ``held_by``); ``reason`` is an SQL expression."""
     # Built only from this module's constants, at import; every value is a parameter.
     return f"""
   event AS (
     INSERT INTO creation.job_events (
       job_id, version, from_status, to_status, actor_kind, actor_id, reason, created_at)
-    SELECT r.job_id, r.version, {from_status}, r.status, 'worker', r.held_by, '{reason}', $1
+    SELECT r.job_id, r.version, {from_status}, r.status, 'worker', r.held_by, {reason}, $1
     FROM {changed} AS r
     WHERE r.status <> {from_status}
   ),
   entry AS (
     INSERT INTO creation.points_ledger (user_id, job_id, kind, amount, reason, created_at)
-    SELECT r.user_id, r.job_id, {_LEDGER_KIND_SQL}, r.price_points, '{reason}', $1
+    SELECT r.user_id, r.job_id, {_LEDGER_KIND_SQL}, r.price_points, {reason}, $1
     FROM {changed} AS r
     WHERE r.status IN ({", ".join(f"'{s}'" for s in _TERMINAL_LEDGER)})
   ),
@@ -101,7 +101,7 @@ WITH
     FROM held AS h
     WHERE j.job_id = h.job_id
     RETURNING j.*, h.held_by
-  ),{side_rows_sql("changed", "'running'", reason)}
+  ),{side_rows_sql("changed", "'running'", f"'{reason}'")}
 SELECT * FROM changed
 """  # noqa: S608
 
@@ -205,6 +205,66 @@ WITH
     FROM due
     WHERE j.job_id = due.job_id
     RETURNING j.*, j.lease_owner AS held_by
-  ),{side_rows_sql("claimed", "'queued'", "claimed")}
+  ),{side_rows_sql("claimed", "'queued'", "'claimed'")}
 SELECT * FROM claimed ORDER BY priority DESC, next_attempt_at, created_at
+"""  # noqa: S608
+
+
+# A failed attempt, fenced like the rest ($3 job id, $4 lease epoch): a retryable failure
+# ($7) with attempts left and no cancel request queues a fresh attempt at $8; anything
+# else fails the job. The error ($5 code, $6 message) is kept either way; the event's
+# reason is the code.
+FAIL_SQL = f"""
+WITH
+  held AS (
+    SELECT j.job_id, j.lease_owner AS held_by,
+           ($7::boolean AND j.attempt < j.max_attempts AND NOT j.cancel_requested) AS again
+    FROM creation.jobs AS j
+    WHERE j.job_id = $3::uuid AND j.lease_epoch = $4::bigint AND j.status = 'running'
+    FOR UPDATE OF j
+  ),
+  changed AS (
+    UPDATE creation.jobs AS j
+    SET status = CASE WHEN h.again THEN 'queued' ELSE 'failed' END,
+        step = CASE WHEN h.again THEN NULL ELSE j.step END,
+        provider_request_id = CASE WHEN h.again THEN NULL ELSE j.provider_request_id END,
+        next_attempt_at = CASE WHEN h.again THEN $8 ELSE j.next_attempt_at END,
+        completed_at = CASE WHEN h.again THEN j.completed_at ELSE $1 END,
+        error_code = $5::text, error_message = $6::text, {_RELEASE_LEASE},
+        version = j.version + 1, updated_at = $1
+    FROM held AS h
+    WHERE j.job_id = h.job_id
+    RETURNING j.*, h.held_by
+  ),{side_rows_sql("changed", "'running'", "$5::text")}
+SELECT * FROM changed
+"""  # noqa: S608
+
+# A job this worker will not finish, queued again at $5 ($3 job id, $4 lease epoch): with
+# a provider request it keeps it (and its step), so the next worker resumes polling;
+# without one it never reached the provider, so the attempt it started does not count. A
+# job whose owner asked to cancel comes back unchanged (still running): the caller
+# cancels it instead.
+HAND_BACK_SQL = f"""
+WITH
+  held AS (
+    SELECT j.*
+    FROM creation.jobs AS j
+    WHERE j.job_id = $3::uuid AND j.lease_epoch = $4::bigint AND j.status = 'running'
+    FOR UPDATE OF j
+  ),
+  changed AS (
+    UPDATE creation.jobs AS j
+    SET status = 'queued', next_attempt_at = $5, {_RELEASE_LEASE},
+        step = CASE WHEN j.provider_request_id IS NULL THEN NULL ELSE j.step END,
+        progress = CASE WHEN j.provider_request_id IS NULL THEN 0 ELSE j.progress END,
+        attempt = CASE WHEN j.provider_request_id IS NULL THEN j.attempt - 1
+                       ELSE j.attempt END,
+        version = j.version + 1, updated_at = $1
+    FROM held AS h
+    WHERE j.job_id = h.job_id AND NOT h.cancel_requested
+    RETURNING j.*, h.lease_owner AS held_by
+  ),{side_rows_sql("changed", "'running'", "'handed back'")}
+SELECT * FROM changed
+UNION ALL
+SELECT h.*, h.lease_owner AS held_by FROM held AS h WHERE h.cancel_requested
 """  # noqa: S608

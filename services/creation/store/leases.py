@@ -15,7 +15,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from services.creation.domain import Actor, Job, ReapDecision, Status, reap_decision
 from services.creation.store.changes import Change, json_time, record
 from services.creation.store.driver import driver_connection
-from services.creation.store.fenced import CLAIM_SQL, FencedItem, FencedWrite, Written, brief
+from services.creation.store.fenced import (
+    CLAIM_SQL,
+    FAIL_SQL,
+    HAND_BACK_SQL,
+    FencedItem,
+    FencedWrite,
+    Written,
+    brief,
+)
 from services.creation.store.predicates import status_is
 from services.creation.store.rows import STATUSES, job_from_row
 from services.creation.store.writes import lock_job, write
@@ -179,23 +187,20 @@ async def fail(
     now: datetime,
 ) -> Job | None:
     """A retryable failure with attempts left queues a fresh attempt after ``retry_delay``;
-    anything else fails the job."""
-    async with engine.begin() as connection:
-        job = await _lock_leased(connection, job_id, lease_epoch)
-        if job is None:
-            return None
-        error = {"error_code": code, "error_message": message, **_RELEASE_LEASE}
-        if retryable and job.attempt < job.max_attempts and not job.cancel_requested:
-            values = {
-                **error,
-                "status": Status.QUEUED.value,
-                "step": None,
-                "provider_request_id": None,
-                "next_attempt_at": now + retry_delay,
-            }
-        else:
-            values = {**error, "status": Status.FAILED.value, "completed_at": now}
-        return await _write_as_worker(connection, job, values, code, now)
+    anything else fails the job (see ``fenced.FAIL_SQL``)."""
+    async with driver_connection(engine) as connection:
+        row = await connection.fetchrow(
+            FAIL_SQL,
+            now,
+            json_time(now),
+            job_id,
+            lease_epoch,
+            code,
+            message,
+            retryable,
+            now + retry_delay,
+        )
+    return job_from_row(row) if row is not None else None
 
 
 async def acknowledge_cancel(
@@ -209,22 +214,13 @@ async def hand_back(
     engine: AsyncEngine, job_id: str, lease_epoch: int, delay: timedelta, now: datetime
 ) -> Job | None:
     """Queues a job this worker will not finish (a drain, media out while landing) with
-    what it has: a job with a provider request keeps it (and its step), so the next worker
-    resumes polling; a job without one never reached the provider, so the attempt it
-    started does not count. A job whose owner asked to cancel is returned unchanged (still
-    RUNNING): the caller cancels it instead."""
-    async with engine.begin() as connection:
-        job = await _lock_leased(connection, job_id, lease_epoch)
-        if job is None or job.cancel_requested:
-            return job
-        values: dict[str, Any] = {
-            **_RELEASE_LEASE,
-            "status": Status.QUEUED.value,
-            "next_attempt_at": now + delay,
-        }
-        if job.provider_request_id is None:
-            values.update(step=None, progress=0, attempt=job.attempt - 1)
-        return await _write_as_worker(connection, job, values, "handed back", now)
+    what it has (see ``fenced.HAND_BACK_SQL``). A job whose owner asked to cancel is
+    returned unchanged (still RUNNING): the caller cancels it instead."""
+    async with driver_connection(engine) as connection:
+        row = await connection.fetchrow(
+            HAND_BACK_SQL, now, json_time(now), job_id, lease_epoch, now + delay
+        )
+    return job_from_row(row) if row is not None else None
 
 
 _OUTCOME_UNKNOWN = {

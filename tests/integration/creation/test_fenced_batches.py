@@ -127,6 +127,18 @@ async def test_every_outbox_payload_written_in_sql_is_the_python_payload(
     )
     await store.cancel(engine, c.user_id, c.job_id, times[0])
     written.append(await leases.acknowledge_cancel(engine, c.job_id, c.lease_epoch, times[2]))
+    retried, failed, handed = await claimed(engine, 3)
+    written += [retried, failed, handed]
+    retry = {"retryable": True, "retry_delay": timedelta(seconds=4), "now": times[1]}
+    written.append(
+        await leases.fail(engine, retried.job_id, retried.lease_epoch, "E", "m", **retry)
+    )
+    final = {**retry, "retryable": False, "now": times[2]}
+    written.append(await leases.fail(engine, failed.job_id, failed.lease_epoch, "F", "", **final))
+    back = timedelta(seconds=1)
+    written.append(
+        await leases.hand_back(engine, handed.job_id, handed.lease_epoch, back, times[0])
+    )
     async with engine.connect() as connection:
         stored = {
             (str(r.job_id), r.version): r.payload
@@ -134,7 +146,12 @@ async def test_every_outbox_payload_written_in_sql_is_the_python_payload(
                 select(outbox.c.job_id, outbox.c.version, outbox.c.payload)
             )
         }
-    assert len(written) == 10
+    assert len(written) == 16
+    assert [j.status for j in written[-3:] if j is not None] == [
+        Status.QUEUED,
+        Status.FAILED,
+        Status.QUEUED,
+    ]
     for job in written:
         assert job is not None
         assert stored[(job.job_id, job.version)] == outbox_payload(job)

@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from services.creation.store import admin, leases
 from services.creation.store import jobs as store
 from services.creation.store.changes import json_time
-from services.creation.store.fenced import CLAIM_SQL, FencedWrite
+from services.creation.store.fenced import CLAIM_SQL, FAIL_SQL, HAND_BACK_SQL, FencedWrite
 from services.kit.db import asyncpg_url
 from tests.integration.creation.helpers import LIMITS, T0, command, new_user
 
@@ -93,6 +93,14 @@ async def test_every_fenced_write_rides_the_primary_key(engine: AsyncEngine) -> 
     for write in FencedWrite:
         plan = await generic_plan(engine, write.value, parameters)
         assert "pk_jobs" in plan, (write.name, plan)
+    one = (T0, json_time(T0), job_id, 1)
+    fail = (*one, "CODE", "message", True, T0)
+    for name, statement, arguments in (
+        ("fail", FAIL_SQL, fail),
+        ("hand back", HAND_BACK_SQL, (*one, T0)),
+    ):
+        plan = await generic_plan(engine, statement, arguments)
+        assert "pk_jobs" in plan, (name, plan)
 
 
 async def test_reaper_rides_the_lease_expiry_index(
