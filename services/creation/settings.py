@@ -154,6 +154,7 @@ class CreationSettings:
     notify_internal_address: str
     lease_ttl_seconds: float
     heartbeat_seconds: float
+    progress_seconds: float
     reaper_period_seconds: float
     backoff_base_seconds: float
     backoff_max_seconds: float
@@ -184,6 +185,9 @@ class CreationSettings:
             ),
             lease_ttl_seconds=reader.seconds("LEASE_TTL", 60, minimum=5, maximum=3600),
             heartbeat_seconds=reader.seconds("HEARTBEAT", 10, minimum=0.5, maximum=600),
+            # How often a running job's changed progress is written (a version and an
+            # update to watchers each); never less often than the heartbeat.
+            progress_seconds=reader.seconds("PROGRESS_INTERVAL", 1, minimum=0.1, maximum=600),
             reaper_period_seconds=reader.seconds("REAPER_PERIOD", 15, minimum=0.5, maximum=600),
             backoff_base_seconds=reader.seconds("BACKOFF_BASE", 2, minimum=0.1, maximum=600),
             backoff_max_seconds=reader.seconds("BACKOFF_MAX", 300, minimum=1, maximum=86400),

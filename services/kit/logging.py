@@ -3,6 +3,7 @@ fields. Values under secret-looking keys are replaced before they are written.""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import sys
@@ -12,7 +13,9 @@ from typing import Any
 _SECRET_MARKERS = ("token", "secret", "password", "authorization", "credential", "key_pem")
 
 
+@functools.lru_cache(maxsize=1024)
 def _is_secret(key: str) -> bool:
+    # Field names are few and fixed in code: decided once each, not on every line.
     lowered = key.lower()
     return any(marker in lowered for marker in _SECRET_MARKERS)
 

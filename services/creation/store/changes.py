@@ -55,7 +55,7 @@ def outbox_payload(job: Job) -> dict[str, Any]:
     if job.attempt:
         payload["attempt"] = job.attempt
     if job.status is Status.QUEUED:
-        payload["nextAttemptTime"] = _json_time(job.next_attempt_at)
+        payload["nextAttemptTime"] = json_time(job.next_attempt_at)
     return payload
 
 
@@ -63,7 +63,7 @@ def submitted_payload(job_id: str, user_id: str, now: datetime) -> dict[str, Any
     """The payload of a job's first version, known before its row is written (nothing but
     its identity, status and time is set yet): equal to ``outbox_payload`` of that row."""
     # A new job may start at once: its next attempt is due when it was submitted.
-    return {**_state(job_id, user_id, 1, Status.QUEUED, now), "nextAttemptTime": _json_time(now)}
+    return {**_state(job_id, user_id, 1, Status.QUEUED, now), "nextAttemptTime": json_time(now)}
 
 
 def _state(
@@ -74,11 +74,11 @@ def _state(
         "userId": user_id,
         "version": str(version),  # int64 is a string in protobuf's JSON
         "status": f"JOB_STATUS_{status.name}",
-        "updateTime": _json_time(updated_at),
+        "updateTime": json_time(updated_at),
     }
 
 
-def _json_time(value: datetime) -> str:
+def json_time(value: datetime) -> str:
     """RFC 3339 in UTC with 0, 3 or 6 fractional digits, as protobuf writes a Timestamp."""
     utc = value.astimezone(UTC)
     micros = utc.microsecond

@@ -9,15 +9,26 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Boolean, case, column, select, text, update
+from sqlalchemy import Boolean, column, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from services.creation.domain import Actor, Job, ReapDecision, Status, Step, reap_decision
-from services.creation.store.changes import Change, record
+from services.creation.domain import Actor, Job, ReapDecision, Status, reap_decision
+from services.creation.store.changes import Change, json_time, record
+from services.creation.store.fenced import (
+    CLAIM_SQL,
+    FAIL_SQL,
+    HAND_BACK_SQL,
+    FencedItem,
+    FencedWrite,
+    Written,
+    brief,
+    outputs_value,
+)
 from services.creation.store.predicates import status_is
-from services.creation.store.rows import job_from_row
+from services.creation.store.rows import STATUSES, job_from_row
 from services.creation.store.writes import lock_job, write
 from services.creation.tables import jobs
+from services.kit.db import driver_connection
 
 # A trigger (migration 0004) NOTIFYs this channel whenever a job becomes queued.
 QUEUED_CHANNEL = "creation_jobs"
@@ -52,68 +63,66 @@ async def _write_as_worker(
 async def claim(
     engine: AsyncEngine, worker_id: str, limit: int, lease_ttl: timedelta, now: datetime
 ) -> list[Job]:
-    """Claims up to ``limit`` due jobs in one statement (rides ix_jobs_claim_queue, skipping
-    rows other workers hold). A job that already has a provider request resumes polling
-    in the same attempt; any other starts a new attempt."""
-    due = (
-        select(jobs.c.job_id)
-        .where(status_is(Status.QUEUED), jobs.c.next_attempt_at <= now)
-        .order_by(jobs.c.priority.desc(), jobs.c.next_attempt_at, jobs.c.created_at)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-    )
-    fresh = jobs.c.provider_request_id.is_(None)
-    async with engine.begin() as connection:
-        rows = (
-            await connection.execute(
-                update(jobs)
-                .where(jobs.c.job_id.in_(due.scalar_subquery()))
-                .values(
-                    status=Status.RUNNING.value,
-                    attempt=case((fresh, jobs.c.attempt + 1), else_=jobs.c.attempt),
-                    step=case((fresh, Step.PREPARING.value), else_=jobs.c.step),
-                    progress=case((fresh, 0), else_=jobs.c.progress),
-                    lease_owner=worker_id,
-                    lease_epoch=jobs.c.lease_epoch + 1,
-                    lease_expires_at=now + lease_ttl,
-                    started_at=case((jobs.c.started_at.is_(None), now), else_=jobs.c.started_at),
-                    version=jobs.c.version + 1,
-                    updated_at=now,
-                )
-                .returning(jobs)
-            )
-        ).all()
-        claimed = [job_from_row(r._mapping) for r in rows]
-        await record(
-            connection,
-            [Change(Status.QUEUED, job, Actor.WORKER, worker_id, "claimed") for job in claimed],
-            now,
+    """Claims up to ``limit`` due jobs in one statement, in priority, next attempt, age
+    order (see ``fenced.CLAIM_SQL``)."""
+    async with driver_connection(engine) as connection:
+        rows = await connection.fetch(
+            CLAIM_SQL, now, json_time(now), worker_id, limit, now + lease_ttl
         )
-    return claimed
+    return [job_from_row(r) for r in rows]
 
 
-async def _fenced(
+async def apply(
+    engine: AsyncEngine, write: FencedWrite, items: Sequence[FencedItem], now: datetime
+) -> dict[str, Job]:
+    """Applies ``write`` to every job of ``items`` whose lease the item still holds, in
+    one statement; the jobs as written, by id. A job missing from the answer was not
+    written (its lease is gone, or its cancel request says otherwise)."""
+    if not items:
+        return {}
+    async with driver_connection(engine) as connection:
+        rows = await connection.fetch(
+            write.value,
+            now,
+            json_time(now),
+            [i.job_id for i in items],
+            [i.lease_epoch for i in items],
+            [i.value for i in items],
+        )
+    return {str(r["job_id"]): job_from_row(r) for r in rows}
+
+
+async def apply_briefly(
+    engine: AsyncEngine, write: FencedWrite, items: Sequence[FencedItem], now: datetime
+) -> dict[str, Written]:
+    """``apply``, answering each written job's status and version only."""
+    if not items:
+        return {}
+    async with driver_connection(engine) as connection:
+        rows = await connection.fetch(
+            brief(write),
+            now,
+            json_time(now),
+            [i.job_id for i in items],
+            [i.lease_epoch for i in items],
+            [i.value for i in items],
+        )
+    return {
+        str(r["job_id"]): Written(str(r["job_id"]), STATUSES[r["status"]], r["version"])
+        for r in rows
+    }
+
+
+async def _apply_one(
     engine: AsyncEngine,
+    write: FencedWrite,
     job_id: str,
     lease_epoch: int,
-    values: dict[str, Any] | None,
-    reason: str,
     now: datetime,
-    *,
-    cancel_requested: bool | None = None,
+    value: str | None = None,
 ) -> Job | None:
-    """Applies ``values`` if the caller still holds the lease (and, when
-    ``cancel_requested`` is given, the owner's cancel request is in that state); None if
-    not."""
-    async with engine.begin() as connection:
-        job = await _lock_leased(connection, job_id, lease_epoch)
-        if job is None:
-            return None
-        if cancel_requested is not None and job.cancel_requested is not cancel_requested:
-            return None
-        if values is None:
-            return job
-        return await _write_as_worker(connection, job, values, reason, now)
+    written = await apply(engine, write, [FencedItem(job_id, lease_epoch, value)], now)
+    return written.get(job_id)
 
 
 async def heartbeat(
@@ -147,17 +156,16 @@ async def mark_submitting(
     engine: AsyncEngine, job_id: str, lease_epoch: int, now: datetime
 ) -> Job | None:
     """Committed before the provider is called, so a crash during the call is visible."""
-    return await _fenced(
-        engine, job_id, lease_epoch, {"step": Step.SUBMITTING.value}, "submitting", now
-    )
+    return await _apply_one(engine, FencedWrite.MARK_SUBMITTING, job_id, lease_epoch, now)
 
 
 async def record_request(
     engine: AsyncEngine, job_id: str, lease_epoch: int, request_id: str, now: datetime
 ) -> Job | None:
     """Committed as soon as the provider accepted, so no later crash submits again."""
-    values = {"provider_request_id": request_id, "step": Step.GENERATING.value}
-    return await _fenced(engine, job_id, lease_epoch, values, "provider accepted", now)
+    return await _apply_one(
+        engine, FencedWrite.RECORD_REQUEST, job_id, lease_epoch, now, request_id
+    )
 
 
 async def complete(
@@ -165,18 +173,8 @@ async def complete(
 ) -> Job | None:
     """None also when the owner asked to cancel: an output that lands after a cancel is
     never attached (the worker deletes it and acknowledges the cancel)."""
-    values = {
-        **_RELEASE_LEASE,
-        "status": Status.SUCCEEDED.value,
-        "step": Step.DONE.value,
-        "progress": 100,
-        "outputs": list(outputs),
-        "error_code": None,
-        "error_message": None,
-        "completed_at": now,
-    }
-    return await _fenced(
-        engine, job_id, lease_epoch, values, "completed", now, cancel_requested=False
+    return await _apply_one(
+        engine, FencedWrite.COMPLETE, job_id, lease_epoch, now, outputs_value(outputs)
     )
 
 
@@ -192,55 +190,40 @@ async def fail(
     now: datetime,
 ) -> Job | None:
     """A retryable failure with attempts left queues a fresh attempt after ``retry_delay``;
-    anything else fails the job."""
-    async with engine.begin() as connection:
-        job = await _lock_leased(connection, job_id, lease_epoch)
-        if job is None:
-            return None
-        error = {"error_code": code, "error_message": message, **_RELEASE_LEASE}
-        if retryable and job.attempt < job.max_attempts and not job.cancel_requested:
-            values = {
-                **error,
-                "status": Status.QUEUED.value,
-                "step": None,
-                "provider_request_id": None,
-                "next_attempt_at": now + retry_delay,
-            }
-        else:
-            values = {**error, "status": Status.FAILED.value, "completed_at": now}
-        return await _write_as_worker(connection, job, values, code, now)
+    anything else fails the job (see ``fenced.FAIL_SQL``)."""
+    async with driver_connection(engine) as connection:
+        row = await connection.fetchrow(
+            FAIL_SQL,
+            now,
+            json_time(now),
+            job_id,
+            lease_epoch,
+            code,
+            message,
+            retryable,
+            now + retry_delay,
+        )
+    return job_from_row(row) if row is not None else None
 
 
 async def acknowledge_cancel(
     engine: AsyncEngine, job_id: str, lease_epoch: int, now: datetime
 ) -> Job | None:
     """The worker stopped at a safe point after the owner asked to cancel."""
-    values = {**_RELEASE_LEASE, "status": Status.CANCELLED.value, "completed_at": now}
-    return await _fenced(
-        engine, job_id, lease_epoch, values, "cancelled", now, cancel_requested=True
-    )
+    return await _apply_one(engine, FencedWrite.ACKNOWLEDGE_CANCEL, job_id, lease_epoch, now)
 
 
 async def hand_back(
     engine: AsyncEngine, job_id: str, lease_epoch: int, delay: timedelta, now: datetime
 ) -> Job | None:
     """Queues a job this worker will not finish (a drain, media out while landing) with
-    what it has: a job with a provider request keeps it (and its step), so the next worker
-    resumes polling; a job without one never reached the provider, so the attempt it
-    started does not count. A job whose owner asked to cancel is returned unchanged (still
-    RUNNING): the caller cancels it instead."""
-    async with engine.begin() as connection:
-        job = await _lock_leased(connection, job_id, lease_epoch)
-        if job is None or job.cancel_requested:
-            return job
-        values: dict[str, Any] = {
-            **_RELEASE_LEASE,
-            "status": Status.QUEUED.value,
-            "next_attempt_at": now + delay,
-        }
-        if job.provider_request_id is None:
-            values.update(step=None, progress=0, attempt=job.attempt - 1)
-        return await _write_as_worker(connection, job, values, "handed back", now)
+    what it has (see ``fenced.HAND_BACK_SQL``). A job whose owner asked to cancel is
+    returned unchanged (still RUNNING): the caller cancels it instead."""
+    async with driver_connection(engine) as connection:
+        row = await connection.fetchrow(
+            HAND_BACK_SQL, now, json_time(now), job_id, lease_epoch, now + delay
+        )
+    return job_from_row(row) if row is not None else None
 
 
 _OUTCOME_UNKNOWN = {
@@ -255,8 +238,7 @@ async def mark_outcome_unknown(
 ) -> Job | None:
     """A submit that may have reached the provider without telling us its request id:
     never submitted again; an operator decides (the points stay reserved)."""
-    values = {**_OUTCOME_UNKNOWN, "error_message": message}
-    return await _fenced(engine, job_id, lease_epoch, values, "OUTCOME_UNKNOWN", now)
+    return await _apply_one(engine, FencedWrite.OUTCOME_UNKNOWN, job_id, lease_epoch, now, message)
 
 
 def _reap_values(decision: ReapDecision, job: Job, now: datetime) -> dict[str, Any]:
@@ -357,9 +339,10 @@ class BeatResult:
 
 
 # One statement per beat for every attempt of the process. `held` is the fence: rows
-# still leased at the epoch the attempt holds, locked so progress is compared with the
-# row as it is now; only a changed progress bumps the version. Rides pk_jobs (one lookup
-# per beaten job id); the statuses are literals, like status_is.
+# still leased at the epoch the attempt holds, locked (in job id order, as the fenced
+# writes lock them) so progress is compared with the row as it is now; only a changed
+# progress bumps the version. Rides pk_jobs (one lookup per beaten job id); the statuses
+# are literals, like status_is.
 BEAT_SQL = """
     WITH beat AS (
         SELECT *
@@ -373,6 +356,7 @@ BEAT_SQL = """
         FROM creation.jobs AS j
         JOIN beat AS b ON b.job_id = j.job_id AND b.lease_epoch = j.lease_epoch
         WHERE j.status = 'running'
+        ORDER BY j.job_id
         FOR UPDATE OF j
     )
     UPDATE creation.jobs AS j

@@ -7,6 +7,10 @@ from typing import Any
 
 from services.creation.domain import Job, Status, Step
 
+# Plain lookups: a worker turns every row it writes back into a Job, thousands a second.
+STATUSES = {status.value: status for status in Status}
+_STEPS = {step.value: step for step in Step}
+
 
 def job_from_row(row: Mapping[Any, Any]) -> Job:
     return Job(
@@ -23,9 +27,9 @@ def job_from_row(row: Mapping[Any, Any]) -> Job:
         width=row["width"],
         height=row["height"],
         parameters=dict(row["parameters"]),
-        status=Status(row["status"]),
+        status=STATUSES[row["status"]],
         progress=row["progress"],
-        step=Step(row["step"]) if row["step"] else None,
+        step=_STEPS[row["step"]] if row["step"] else None,
         priority=row["priority"],
         attempt=row["attempt"],
         max_attempts=row["max_attempts"],

@@ -38,6 +38,7 @@ from services.creation.providers.base import (
 )
 from services.creation.providers.failures import is_retryable
 from services.creation.store import leases
+from services.creation.store.fenced import FencedWrite, Written, outputs_value
 from services.creation.worker import output_purger
 from services.creation.worker.context import AttemptContext
 from services.creation.worker.lease_keeper import Lease
@@ -49,6 +50,8 @@ log = get_logger(__name__)
 # One line per outage kind per window, however many attempts it stops.
 _OUTAGE_LOG = Throttle()
 T = TypeVar("T")
+# What a fenced write answers: the whole job, or (batched writes) its status and version.
+W = TypeVar("W", Job, Written)
 
 # Consecutive poll errors the provider may answer with before the job is handed back
 # (keeping its request) for a later poll.
@@ -169,9 +172,7 @@ class Attempt:
         then waits for an operator)."""
         job = self._job
         self._context.on_point("before_submit")
-        await self._write(
-            leases.mark_submitting(self._engine, job.job_id, job.lease_epoch, self._now())
-        )
+        await self._write(self._fenced(FencedWrite.MARK_SUBMITTING))
         try:
             request_id = await self._provider_call(
                 provider.submit(request, f"{job.job_id}:{job.attempt}"), "submit"
@@ -180,12 +181,9 @@ class Attempt:
             if error.outcome_unknown and not provider.supports_idempotent_submit:
                 log.warning("submit_outcome_unknown", job_id=job.job_id, code=error.code)
                 await self._write(
-                    leases.mark_outcome_unknown(
-                        self._engine,
-                        job.job_id,
-                        job.lease_epoch,
+                    self._fenced(
+                        FencedWrite.OUTCOME_UNKNOWN,
                         f"the provider's answer to the submit was lost ({error.code})",
-                        self._now(),
                     )
                 )
                 return None
@@ -197,11 +195,7 @@ class Attempt:
             ) from None
         self._context.on_point("after_submit")
         self._requested = True
-        await self._write(
-            leases.record_request(
-                self._engine, job.job_id, job.lease_epoch, request_id, self._now()
-            )
-        )
+        await self._write(self._fenced(FencedWrite.RECORD_REQUEST, request_id))
         return request_id
 
     # --- while the provider works -----------------------------------------------------
@@ -283,9 +277,7 @@ class Attempt:
             return await self._acknowledge_cancel()
         self._context.on_point("before_complete")
         async with self._lease.writing():
-            done = await leases.complete(
-                self._engine, job.job_id, job.lease_epoch, landed, self._now()
-            )
+            done = await self._fenced(FencedWrite.COMPLETE, outputs_value(landed))
         if done is None:
             # Either the owner asked to cancel meanwhile, or the lease is gone.
             return await self._acknowledge_cancel()
@@ -302,10 +294,7 @@ class Attempt:
         return await self._acknowledge_cancel()
 
     async def _acknowledge_cancel(self) -> str:
-        job = self._job
-        await self._write(
-            leases.acknowledge_cancel(self._engine, job.job_id, job.lease_epoch, self._now())
-        )
+        await self._write(self._fenced(FencedWrite.ACKNOWLEDGE_CANCEL))
         await self._purge_outputs()
         return "cancelled"
 
@@ -367,7 +356,7 @@ class Attempt:
                 outcome_unknown=name == "submit",
             ) from error
 
-    async def _write(self, write: Awaitable[Job | None]) -> Job:
+    async def _write(self, write: Awaitable[W | None]) -> W:
         """A fenced write: the job as written, or LeaseLost when it matched nothing."""
         async with self._lease.writing():
             job = await write
@@ -378,6 +367,12 @@ class Attempt:
             # in time, but the job is another worker's now.
             raise LeaseLost()
         return job
+
+    def _fenced(self, write: FencedWrite, value: str | None = None) -> Awaitable[Written | None]:
+        """One of this attempt's fenced writes, sent with whatever the process's other
+        attempts write at the same moment."""
+        job = self._job
+        return self._context.writer.write(write, job.job_id, job.lease_epoch, value)
 
     async def _purge_outputs(self) -> None:
         """Deletes what this attempt may have landed, now that it ended without success

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.creation.media_client import MediaClient
 from services.creation.providers.base import Provider
 from services.creation.settings import CreationSettings
+from services.creation.worker.fenced_writer import FencedWriter
 from services.kit.clock import Clock
 
 # Called at each named point of an attempt (before_submit, after_submit, polling,
@@ -70,5 +71,8 @@ class AttemptContext:
     settings: CreationSettings
     clock: Clock
     drain: Drain
+    # Every fenced write of an attempt goes through it, so concurrent ones share one
+    # statement.
+    writer: FencedWriter
     on_point: PointHook = no_point
     outcomes: RecentOutcomes = field(default_factory=RecentOutcomes)

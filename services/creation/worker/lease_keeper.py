@@ -2,6 +2,11 @@
 them (never one per job), carrying only the newest progress of each, and reading the
 owners' cancel requests.
 
+Progress has its own, shorter interval (a screen wants it every second or two, a lease
+only every few): between full beats, a progress beat sends only the attempts whose
+progress changed, still in one statement. Either way a job gets at most one progress
+version per progress interval, and only when its progress changed.
+
 Fails closed: a job the beat no longer matches was taken over, so its attempt is cancelled
 at once and writes nothing more; and when beats keep failing for as long as a lease lasts,
 every lease may have been reaped, so every attempt is cancelled.
@@ -45,6 +50,10 @@ class Lease:
         """Coalesced: only the newest value reaches the next beat."""
         self._progress = max(0, min(100, progress))
 
+    @property
+    def has_progress(self) -> bool:
+        return self._progress is not None
+
     def take_progress(self) -> int | None:
         progress, self._progress = self._progress, None
         return progress
@@ -87,17 +96,20 @@ class LeaseKeeper:
         lease_ttl: timedelta,
         beat_seconds: float,
         clock: Clock,
+        progress_seconds: float | None = None,
     ) -> None:
         self._engine = engine
         self._worker_id = worker_id
         self._ttl = lease_ttl
         self._beat_seconds = beat_seconds
+        self._progress_seconds = min(progress_seconds or beat_seconds, beat_seconds)
         self._clock = clock
         self._leases: dict[str, Lease] = {}
         self._stopping = asyncio.Event()
         self._last_held: datetime | None = None
         self._log = Throttle()
-        self.beats = 0  # completed beats, for tests and metrics
+        self.beats = 0  # completed full beats, for tests and metrics
+        self.progress_beats = 0  # completed beats of new progress only
 
     def hold(self, job: Job) -> Lease:
         lease = Lease(job)
@@ -115,17 +127,27 @@ class LeaseKeeper:
         return len(self._leases)
 
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_beat = loop.time() + self._beat_seconds
         while not self._stopping.is_set():
+            wait = min(self._progress_seconds, max(0.0, next_beat - loop.time()))
             try:
-                await asyncio.wait_for(self._stopping.wait(), self._beat_seconds)
+                await asyncio.wait_for(self._stopping.wait(), wait)
             except TimeoutError:
-                await self.beat()
+                if loop.time() >= next_beat:
+                    next_beat = loop.time() + self._beat_seconds
+                    await self.beat()
+                else:
+                    await self.beat(progress_only=True)
 
     def stop(self) -> None:
         self._stopping.set()
 
-    async def beat(self) -> None:
+    async def beat(self, *, progress_only: bool = False) -> None:
+        """Beats every held lease, or with ``progress_only`` those with new progress."""
         held = list(self._leases.values())
+        if progress_only:
+            held = [lease for lease in held if lease.has_progress]
         if not held:
             return
         beats = [Beat(h.job_id, h.lease_epoch, h.take_progress()) for h in held]
@@ -139,8 +161,11 @@ class LeaseKeeper:
                 lease.restore_progress(sent.progress)
             self._failed(type(error).__name__, now)
             return
-        self._last_held = now
-        self.beats += 1
+        if progress_only:
+            self.progress_beats += 1
+        else:
+            self._last_held = now
+            self.beats += 1
         for lease in held:
             if self._leases.get(lease.job_id) is not lease:
                 continue  # the attempt ended while the beat was on its way

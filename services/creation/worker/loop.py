@@ -29,6 +29,7 @@ from services.creation.store import leases
 from services.creation.store.leases import QUEUED_CHANNEL
 from services.creation.worker.attempt import Attempt
 from services.creation.worker.context import AttemptContext, Drain, PointHook, no_point
+from services.creation.worker.fenced_writer import FencedWriter
 from services.creation.worker.lease_keeper import LeaseKeeper
 from services.kit.clock import Clock, system_clock
 from services.kit.listen import Listener
@@ -71,7 +72,12 @@ class Worker:
         self._clock = clock
         self._ttl = timedelta(seconds=settings.lease_ttl_seconds)
         self.keeper = LeaseKeeper(
-            engine, self.worker_id, self._ttl, settings.heartbeat_seconds, clock
+            engine,
+            self.worker_id,
+            self._ttl,
+            settings.heartbeat_seconds,
+            clock,
+            progress_seconds=settings.progress_seconds,
         )
         self.listener = Listener(settings.common.database_url, QUEUED_CHANNEL)
         self._drain = Drain()
@@ -82,6 +88,7 @@ class Worker:
             settings=settings,
             clock=clock,
             drain=self._drain,
+            writer=FencedWriter(engine, clock),
             on_point=on_point,
         )
         self._attempts: set[asyncio.Task[str]] = set()
@@ -154,6 +161,13 @@ class Worker:
             return []
         for job in claimed:
             self._start(job)
+        if claimed:
+            # One line per claim, not per job: attempt_ended tells each job's story.
+            log.info(
+                "jobs_claimed",
+                worker_id=self.worker_id,
+                job_ids=[job.job_id for job in claimed],
+            )
         return claimed
 
     def _start(self, job: Job) -> None:
@@ -162,7 +176,6 @@ class Worker:
         task = asyncio.create_task(attempt.run(), name=f"attempt:{job.job_id}")
         lease.task = task
         self._attempts.add(task)
-        log.info("job_claimed", job_id=job.job_id, attempt=job.attempt, lease_epoch=job.lease_epoch)
 
         def ended(done: asyncio.Task[str]) -> None:
             self._attempts.discard(done)

@@ -20,6 +20,8 @@ from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from services.creation.store import admin, leases, outbox
+from services.creation.store.changes import json_time
+from services.creation.store.fenced import CLAIM_SQL, FAIL_SQL, HAND_BACK_SQL, FencedWrite
 from services.creation.store.submit_statement import submit_arguments
 from services.kit.db import asyncpg_url
 from tests.integration.creation.helpers import LIMITS, T0, new_user
@@ -46,6 +48,9 @@ def _literal(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, int | float):
         return repr(value)
+    if isinstance(value, list):
+        # An array as its text form; the statement's cast gives it its type.
+        return "'{" + ",".join(f'"{v}"' for v in value) + "}'"
     if isinstance(value, datetime | date | uuid.UUID | str):
         return "'" + str(value).replace("'", "''") + "'"
     raise TypeError(f"no literal for {type(value).__name__}")
@@ -77,13 +82,28 @@ def one_statement(sent: list[tuple[str, Any]], wanted: Callable[[str], bool]) ->
     return found[0]
 
 
-async def test_claim_rides_the_claim_queue_index(
-    capturing: tuple[AsyncEngine, list[tuple[str, Any]]],
-) -> None:
-    engine, sent = capturing
-    await leases.claim(engine, "plan-worker", 8, timedelta(seconds=30), T0 - timedelta(days=3650))
-    statement, parameters = one_statement(sent, lambda s: "SKIP LOCKED" in s and "UPDATE" in s)
-    assert "ix_jobs_claim_queue" in await generic_plan(engine, statement, parameters)
+async def test_claim_rides_the_claim_queue_index(engine: AsyncEngine) -> None:
+    # Sent straight through asyncpg (as leases.claim sends it), with its parameters.
+    now = T0 - timedelta(days=3650)
+    parameters = (now, json_time(now), "plan-worker", 8, now + timedelta(seconds=30))
+    plan = await generic_plan(engine, CLAIM_SQL, parameters)
+    assert "ix_jobs_claim_queue" in plan
+
+
+async def test_every_fenced_write_rides_the_primary_key(engine: AsyncEngine) -> None:
+    job_id = str(uuid.uuid4())
+    parameters = (T0, json_time(T0), [job_id], [1], ["value"])
+    for write in FencedWrite:
+        plan = await generic_plan(engine, write.value, parameters)
+        assert "pk_jobs" in plan, (write.name, plan)
+    one = (T0, json_time(T0), job_id, 1)
+    fail = (*one, "CODE", "message", True, T0)
+    for name, statement, arguments in (
+        ("fail", FAIL_SQL, fail),
+        ("hand back", HAND_BACK_SQL, (*one, T0)),
+    ):
+        plan = await generic_plan(engine, statement, arguments)
+        assert "pk_jobs" in plan, (name, plan)
 
 
 async def test_reaper_rides_the_lease_expiry_index(

@@ -1,0 +1,225 @@
+"""Jobs end to end: SubmitJob over gRPC until SUCCEEDED, with real outputs through media.
+
+Starts the real stack with creation's API alone (``--role api``), plus 2 creation worker
+processes (``--role worker``) on the same throwaway database, with the stub provider at
+zero latency and zero duration (done on the first poll; it still transforms the input
+with Pillow and returns real bytes, which media stores through PutAsset). 16 clients (one
+user each, limits lifted) submit ``--jobs`` jobs as fast as they are answered; the clock
+stops when the last job is SUCCEEDED. Printed: jobs/s end to end, the submit rate alone,
+CPU per job of each process and of PostgreSQL, and, as the anchor measured in the same
+run, a bare grpc.aio echo server's calls/s at 16 clients.
+
+    .venv/bin/python bench/end_to_end.py [--jobs 3000] [--workers 2] [--database-url URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import asyncpg  # type: ignore[import-untyped]
+import grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from atelier.creation.v1 import creation_service_pb2, creation_service_pb2_grpc
+from bench.anchors import echo_call, echo_server
+from bench.engine_drain import cpu_seconds
+from bench.submit_throughput import store_input
+from services.dev import postgres
+from services.dev.processes import Child, free_port, spawn
+from services.dev.stack import Stack, StackPorts
+from services.kit.auth import issue_token
+from services.kit.listen import asyncpg_dsn
+from services.kit.settings import DEV_JWT_SECRET
+
+LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
+CLIENTS = 16
+UNFINISHED = """
+    SELECT EXISTS (SELECT 1 FROM creation.jobs WHERE status = 'queued')
+        OR EXISTS (SELECT 1 FROM creation.jobs WHERE status = 'running')"""
+LIMITS_LIFTED = {
+    "ATELIER_DAILY_QUOTA": "100000",
+    "ATELIER_IN_FLIGHT_LIMIT": "1000",
+    "ATELIER_WELCOME_POINTS": "1000000",
+    "ATELIER_LOG_LEVEL": "WARNING",
+}
+
+
+def start_worker(stack: Stack, index: int) -> Child:
+    env = {
+        **LIMITS_LIFTED,
+        "ATELIER_ENV": "dev",
+        "ATELIER_DATABASE_URL": stack.database_url,
+        "ATELIER_CREATION_PUBLIC_PORT": str(free_port()),
+        "ATELIER_CREATION_INTERNAL_PORT": str(free_port()),
+        "ATELIER_CREATION_METRICS_PORT": str(free_port()),
+        "ATELIER_MEDIA_INTERNAL_ADDRESS": f"127.0.0.1:{stack.ports.internal['media']}",
+        "ATELIER_STUB_STATE_DIR": str(stack.work_dir / "stub"),
+        "ATELIER_STUB_DURATION": "0",
+        "ATELIER_STUB_LATENCY": "0",
+        "ATELIER_WORKER_CONCURRENCY": "128",
+        "ATELIER_WORKER_CLAIM_BATCH": "64",
+        "ATELIER_WORKER_PROVIDER_POLL": "0.01",
+        "ATELIER_DB_POOL_SIZE": "10",
+    }
+    argv = [sys.executable, "-m", "services.creation", "--role", "worker"]
+    return spawn(f"creation-worker-{index}", argv, env, stack.work_dir / "logs")
+
+
+async def echo_anchor(address: str, calls: int) -> float:
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = echo_call(channel)
+
+        async def client() -> None:
+            for _ in range(calls // CLIENTS):
+                await call(b"x" * 64)
+
+        await asyncio.gather(*(client() for _ in range(CLIENTS)))  # warm-up
+        began = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(CLIENTS)))
+        return calls / (time.perf_counter() - began)
+
+
+async def bench(stack: Stack, workers: list[Child], jobs: int) -> None:
+    users = [f"e2e-{uuid.uuid4().hex[:8]}-{i}" for i in range(CLIENTS)]
+    tokens = [issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", u, 3600) for u in users]
+    assets = [await store_input(stack.ports.internal["media"], u) for u in users]
+    watcher = await asyncpg.connect(asyncpg_dsn(stack.database_url))
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{stack.ports.public['creation']}")
+    stub = creation_service_pb2_grpc.CreationServiceStub(channel)
+
+    retried = 0
+
+    async def submit(client: int) -> None:
+        nonlocal retried
+        # As a real client does: an UNAVAILABLE (a dependency's deadline on a machine
+        # this busy) is tried again.
+        while True:
+            try:
+                await submit_once(client)
+                return
+            except grpc.aio.AioRpcError as error:
+                if error.code() is not grpc.StatusCode.UNAVAILABLE:
+                    raise
+                retried += 1
+                await asyncio.sleep(0.1)
+
+    async def submit_once(client: int) -> None:
+        await stub.SubmitJob(
+            creation_service_pb2.SubmitJobRequest(
+                model_id="stub-fast",
+                style_id="watercolor",
+                input_asset_id=assets[client],
+                prompt="bench",
+                width=512,
+                height=512,
+            ),
+            metadata=(("authorization", f"Bearer {tokens[client]}"),),
+        )
+
+    async def until_done() -> None:
+        while await watcher.fetchval(UNFINISHED):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+
+    async def client(index: int, count: int) -> None:
+        for _ in range(count):
+            await submit(index)
+
+    try:
+        # Warm-up: every worker connected and every path taken once.
+        await asyncio.gather(*(client(i, 4) for i in range(CLIENTS)))
+        await until_done()
+        processes = {child.name: child.process.pid for child in [*stack.children, *workers]}
+        backends = [
+            r["pid"]
+            for r in await watcher.fetch(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid()"
+            )
+        ]
+        before = {name: cpu_seconds(pid) for name, pid in processes.items()}
+        database_before = {pid: cpu_seconds(pid) for pid in backends}
+        began = time.perf_counter()
+        await asyncio.gather(*(client(i, jobs // CLIENTS) for i in range(CLIENTS)))
+        submitted = time.perf_counter() - began
+        await until_done()
+        elapsed = time.perf_counter() - began
+        total = jobs // CLIENTS * CLIENTS
+        succeeded = await watcher.fetchval(
+            "SELECT count(*) FROM creation.jobs WHERE status = 'succeeded'"
+        )
+        backends = [
+            r["pid"]
+            for r in await watcher.fetch(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid()"
+            )
+        ]
+        database = sum(cpu_seconds(pid) - database_before.get(pid, 0.0) for pid in backends)
+    finally:
+        await channel.close(None)
+        await watcher.close()
+    print(f"{total} jobs, {CLIENTS} clients, {len(workers)} worker processes")
+    print(f"end to end: {total / elapsed:.0f} jobs/s (submits alone {total / submitted:.0f}/s)")
+    print(f"succeeded: {succeeded} of {total + CLIENTS * 4} (with the warm-up)")
+    print(f"submits answered UNAVAILABLE and tried again: {retried}")
+    for name, pid in processes.items():
+        spent = cpu_seconds(pid) - before[name]
+        print(f"  CPU {name:<18} {spent / total * 1000:6.3f} ms/job")
+    print(f"  CPU {'postgresql':<18} {database / total * 1000:6.3f} ms/job")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=3000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--database-url", help="an admin URL; default: local or embedded")
+    parser.add_argument(
+        "--embedded",
+        action="store_true",
+        help="a PostgreSQL of the bench's own (a shared server may run out of connections)",
+    )
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="atelier-e2e-"))
+    if args.embedded:
+        admin = postgres.start_embedded(work / "pg")
+    else:
+        admin = args.database_url or (
+            LOCAL_POSTGRES
+            if postgres.server_answers(LOCAL_POSTGRES)
+            else postgres.start_embedded(work / "pg")
+        )
+    name = f"atelier_e2e_{uuid.uuid4().hex[:8]}"
+    url = postgres.ensure_database(admin, name)
+    stack = Stack(
+        database_url=url,
+        ports=StackPorts.free(),
+        work_dir=work,
+        log_dir=work / "logs",
+        creation_role="api",
+        extra_env=LIMITS_LIFTED,
+    )
+    stack.migrate()
+    stack.start()
+    workers: list[Child] = []
+    try:
+        workers = [start_worker(stack, i) for i in range(args.workers)]
+        with echo_server() as echo_address:
+            echo = asyncio.run(echo_anchor(echo_address, 3200))
+        asyncio.run(bench(stack, workers, args.jobs))
+        print(f"anchor: bare grpc.aio echo at {CLIENTS} clients {echo:.0f} calls/s")
+    finally:
+        for worker in workers:
+            worker.stop()
+        stack.stop()
+        postgres.drop_database(admin, name)
+
+
+if __name__ == "__main__":
+    main()
