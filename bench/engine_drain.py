@@ -56,7 +56,10 @@ TICKS = os.sysconf("SC_CLK_TCK")
 UNFINISHED = """
     SELECT EXISTS (SELECT 1 FROM creation.jobs WHERE status = 'queued')
         OR EXISTS (SELECT 1 FROM creation.jobs WHERE status = 'running')"""
-JOB_TABLES = "creation.outbox, creation.job_events, creation.points_ledger, creation.jobs"
+JOB_TABLES = (
+    "creation.outbox, creation.job_events, creation.points_ledger, creation.output_purges,"
+    " creation.jobs"
+)
 
 
 # --- the stand-ins ------------------------------------------------------------------------
