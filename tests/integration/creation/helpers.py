@@ -113,12 +113,15 @@ async def running_creation(
     database_url: str, media_address: str | None = None, **extra: str
 ) -> AsyncIterator[CreationHarness]:
     """The creation service as `atelier serve creation` builds it; media is wherever
-    ``media_address`` says (by default a port where nothing listens)."""
+    ``media_address`` says (by default a port where nothing listens, as for notify)."""
     settings = CreationSettings.from_env(
         {
             "ATELIER_DATABASE_URL": database_url,
             "ATELIER_DRAIN_GRACE": "0",
             "ATELIER_MEDIA_INTERNAL_ADDRESS": media_address or f"127.0.0.1:{free_port()}",
+            # The relay runs in every role: aimed where nothing listens, never at a default
+            # port some other stack may hold.
+            "ATELIER_NOTIFY_INTERNAL_ADDRESS": f"127.0.0.1:{free_port()}",
             **{f"ATELIER_{name}": value for name, value in extra.items()},
         }
     )

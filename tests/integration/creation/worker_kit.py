@@ -33,6 +33,7 @@ from services.creation.store.rows import job_from_row
 from services.creation.tables import jobs
 from services.creation.worker.loop import Worker
 from services.creation.worker.reaper import Reaper
+from services.dev.processes import free_port
 from services.kit.clock import system_clock
 from services.kit.settings import DEV_SERVICE_TOKEN
 from services.media.tables import assets
@@ -114,6 +115,7 @@ def engine_settings(database_url: str, media_address: str, **extra: str) -> Crea
         {
             "ATELIER_DATABASE_URL": database_url,
             "ATELIER_MEDIA_INTERNAL_ADDRESS": media_address,
+            "ATELIER_NOTIFY_INTERNAL_ADDRESS": f"127.0.0.1:{free_port()}",  # nothing listens
             **ENGINE_ENV,
             **{f"ATELIER_{k}": v for k, v in extra.items()},
         }
