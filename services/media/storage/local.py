@@ -182,9 +182,13 @@ def _flush_to_disk(file: BinaryIO) -> None:
 
 def _publish(temporary: Path, final: Path) -> None:
     """Links the finished file under its key; fails if the key is taken (no overwrite)."""
-    final.parent.mkdir(parents=True, exist_ok=True)
     try:
-        os.link(temporary, final)
+        try:
+            os.link(temporary, final)
+        except FileNotFoundError:
+            # The key's directory (a month's) is made by its first object.
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.link(temporary, final)
     except FileExistsError:
         raise ObjectExists(final.name) from None
     with contextlib.suppress(OSError):
