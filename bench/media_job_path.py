@@ -6,7 +6,9 @@ starts media as its own process (local storage, or S3 on an in-process moto serv
 ``--storage s3``) on a throwaway database, runs each operation ``--ops`` times with
 ``--concurrency`` calls in flight, and prints the CPU milliseconds media spent per
 operation (from /proc, see bench/cpu.py) beside a bare grpc.aio echo server's per call
-with the same payload (bench/anchors.py), measured in the same run:
+with the same payload (bench/anchors.py), measured in the same run, and the CPU the
+calling process (this bench) spent per call. The "worker" rows make the calls through
+creation's media client, as a worker does:
 
     .venv/bin/python -m bench.media_job_path [--ops 2000] [--storage local|s3]
 
@@ -38,6 +40,7 @@ from atelier.media.v1 import media_internal_service_pb2 as pb
 from bench.anchors import echo_call, echo_server
 from bench.cpu import CpuMeter
 from bench.media_throughput import LOCAL_POSTGRES, big_jpeg, start_moto
+from services.creation.media_client import MediaClient
 from services.dev import postgres
 from services.dev.processes import free_port, grpc_serving, spawn, wait_until
 from services.kit import migrations
@@ -97,7 +100,8 @@ async def measure(internal: str, media_pid: int, echo: str, args: argparse.Names
         call = echo_call(echo_channel)
 
         print(
-            f"{'operation':28} {'media ms/op':>11} {'echo ms/op':>10} {'ratio':>6} {'ops/s':>7}",
+            f"{'operation':28} {'media ms/op':>11} {'echo ms/op':>10} {'ratio':>6} {'ops/s':>7}"
+            f" {'client ms/op':>10}",
             flush=True,
         )
         for sample in samples():
@@ -164,6 +168,19 @@ async def run_sample(
     async def echo_small(index: int) -> None:
         await call(b"x" * 40, metadata=AUTH)
 
+    worker = MediaClient(args.internal, DEV_SERVICE_TOKEN, timeout_seconds=30)
+
+    async def worker_put(index: int) -> None:
+        key = f"bench:{run}:worker:{sample.name}:{index}"
+        asset_id = await worker.put_asset(
+            "bench-user", "ai_output", sample.content_type, sample.data, idempotency_key=key
+        )
+        stored.append(asset_id)
+
+    async def worker_read(index: int) -> None:
+        read = await worker.read_asset(stored[index % len(stored)], 16 * MIB)
+        assert len(read.data) == len(sample.data)
+
     phases: list[tuple[str, Op, Op]] = [
         (f"PutAsset keyed {sample.name}", put, echo_same),
         (f"PutAsset {sample.name}", put_plain, echo_same),
@@ -171,6 +188,9 @@ async def run_sample(
     ]
     if sample.name == "png-64px":
         phases.append(("GetAssetInfo", info, echo_small))
+        # The same calls through creation's media client, as a worker makes them.
+        phases.append((f"worker put_asset {sample.name}", worker_put, echo_same))
+        phases.append((f"worker read_asset {sample.name}", worker_read, echo_same))
     if args.only and "PutAsset" not in args.only:
         await run_ops(20, 1, put_plain)  # something to read
     for name, once, anchor in phases:
@@ -178,14 +198,16 @@ async def run_sample(
             continue
         await run_ops(min(ops, 50), args.concurrency, once)  # warm up
         media_meter.start()
+        client_before = time.process_time()
         wall = await run_ops(ops, args.concurrency, once)
+        client = (time.process_time() - client_before) * 1000 / ops
         spent = media_meter.per_op(ops)["media"]
         echo_meter.start()
         await run_ops(ops, args.concurrency, anchor)
         echo_spent = echo_meter.per_op(ops)["echo"]
         print(
             f"{name:28} {spent:11.3f} {echo_spent:10.3f} {spent / echo_spent:6.1f}"
-            f" {ops / wall:7.0f}",
+            f" {ops / wall:7.0f} {client:10.3f}",
             flush=True,
         )
 
@@ -231,6 +253,7 @@ def main() -> int:
         wait_until(media, grpc_serving(f"127.0.0.1:{ports['PUBLIC']}"), 60)
         with echo_server() as echo:
             echo_pid = _pid_listening(echo)
+            args.internal = f"127.0.0.1:{ports['INTERNAL']}"
             asyncio.run(
                 measure(
                     f"127.0.0.1:{ports['INTERNAL']}",
