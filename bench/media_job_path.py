@@ -23,6 +23,7 @@ import asyncio
 import io
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -267,6 +268,8 @@ def main() -> int:
         if moto is not None:
             moto.stop()  # type: ignore[attr-defined]
         postgres.drop_database(admin_url, database)
+        if not (work / "pg").exists():  # an embedded PostgreSQL may still run from there
+            shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
