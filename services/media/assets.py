@@ -44,12 +44,16 @@ from services.media.storage import (
     ObjectStat,
     ObjectStorage,
     SignedRequest,
+    WholeObject,
 )
 from services.media.store import AssetStore
 
 log = get_logger(__name__)
 
 Clock = Callable[[], datetime]
+# An object up to this size stays in memory on its way through (a generated image, a
+# photo); past it, it goes to a temporary file, so a put's memory stays bounded.
+SPOOL_MEMORY_BYTES = 1024 * 1024
 
 
 def utc_now() -> datetime:
@@ -198,7 +202,9 @@ class Assets:
                 raise ContentRejected(
                     Reason.HASH_MISMATCH, "the bytes' SHA-256 differs from the declared sha256"
                 )
-            dimensions = await self._inspector.inspect(spooled.file, asset.content_type)
+            dimensions = await self._inspector.inspect(
+                spooled.file, asset.content_type, spooled.in_memory
+            )
         finally:
             spooled.close()
         return ContentFacts(spooled.size, spooled.sha256, dimensions.width, dimensions.height)
@@ -212,7 +218,11 @@ class Assets:
         return ObjectMissing()
 
     async def _spool(self, chunks: AsyncIterable[bytes], max_bytes: int) -> Spooled:
-        return await spool(chunks, max_bytes=max_bytes, memory_bytes=self._limits.chunk_bytes)
+        return await spool(
+            chunks,
+            max_bytes=max_bytes,
+            memory_bytes=max(self._limits.chunk_bytes, SPOOL_MEMORY_BYTES),
+        )
 
     # -- server-made assets --------------------------------------------------------------
 
@@ -232,7 +242,9 @@ class Assets:
         except SpoolLimitExceeded:
             raise StreamTooLarge(self._limits.max_upload_bytes) from None
         try:
-            dimensions = await self._inspector.inspect(spooled.file, content_type)
+            dimensions = await self._inspector.inspect(
+                spooled.file, content_type, spooled.in_memory
+            )
             facts = ContentFacts(spooled.size, spooled.sha256, dimensions.width, dimensions.height)
             if idempotency_key is None:
                 ready = await self._put_new(owner_user_id, purpose, content_type, spooled, facts)
@@ -308,11 +320,13 @@ class Assets:
         raise AssetDeleted()
 
     async def _store_object(self, asset: Asset, spooled: Spooled) -> None:
-        await self._storage.put(
-            asset.object_key,
-            read_chunks(spooled.file, self._limits.chunk_bytes),
-            asset.content_type,
+        data = spooled.whole()
+        chunks: AsyncIterable[bytes] = (
+            read_chunks(spooled, self._limits.chunk_bytes)
+            if data is None
+            else WholeObject(data, self._limits.chunk_bytes)
         )
+        await self._storage.put(asset.object_key, chunks, asset.content_type)
 
     async def _discard(self, asset: Asset) -> None:
         await self._storage.delete(asset.object_key)

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
-from sqlalchemy import Row, bindparam, insert, select, update
+from sqlalchemy import Row, bindparam, insert, literal_column, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql.elements import BindParameter, ColumnElement
 
-from services.kit.db import DriverStatement, driver_fetch
+from services.kit.db import DriverStatement, driver_connection, driver_fetch
 from services.kit.outages import classify
 from services.media.errors import DatabaseUnavailable
 from services.media.model import Asset, ContentFacts, Purpose, Status
@@ -72,11 +73,73 @@ STATUS_BY_KEY = DriverStatement.of(
     select(_c.status).where(_c.object_key == bindparam("object_key"))
 )
 # The asset an owner's idempotency key made (rides uq_assets_owner_idempotency_key).
-ASSET_BY_IDEMPOTENCY_KEY = select(assets).where(
-    _c.owner_user_id == bindparam("owner_user_id"),
-    _c.idempotency_key == bindparam("idempotency_key"),
-    _c.idempotency_key.is_not(None),
+ASSET_BY_IDEMPOTENCY_KEY = DriverStatement.of(
+    select(assets).where(
+        _c.owner_user_id == bindparam("owner_user_id"),
+        _c.idempotency_key == bindparam("idempotency_key"),
+        _c.idempotency_key.is_not(None),
+    )
 )
+_UPLOADING: ColumnElement[str] = literal_column(f"'{Status.UPLOADING.value}'")
+# The writes of every PutAsset, the same way: one statement, one round trip, no
+# transaction around it (a single statement is atomic by itself).
+_NEW_ROW: dict[str, BindParameter[Any]] = {
+    name: bindparam(name)
+    for name in (
+        "asset_id",
+        "owner_user_id",
+        "purpose",
+        "content_type",
+        "declared_size_bytes",
+        "declared_sha256",
+        "object_key",
+        "created_at",
+        "upload_expires_at",
+        "idempotency_key",
+    )
+}
+INSERT_UPLOADING = DriverStatement.of(insert(assets).values(status=_UPLOADING, **_NEW_ROW))
+INSERT_KEYED = DriverStatement.of(
+    pg_insert(assets)
+    .values(status=_UPLOADING, **_NEW_ROW)
+    .on_conflict_do_nothing(
+        index_elements=[_c.owner_user_id, _c.idempotency_key],
+        index_where=_c.idempotency_key.is_not(None),
+    )
+    .returning(*assets.c)
+)
+MARK_READY = DriverStatement.of(
+    update(assets)
+    .where(
+        _c.asset_id == bindparam("asset_id"),
+        _c.status == _UPLOADING,
+        _c.rejected_uploads == bindparam("rejected_uploads"),
+    )
+    .values(
+        status=literal_column(f"'{Status.READY.value}'"),
+        size_bytes=bindparam("size_bytes"),
+        sha256=bindparam("sha256"),
+        width=bindparam("width"),
+        height=bindparam("height"),
+        ready_at=bindparam("ready_at"),
+    )
+    .returning(*assets.c)
+)
+
+
+def _new_row(asset: Asset) -> dict[str, Any]:
+    return {
+        "asset_id": asset.asset_id,
+        "owner_user_id": asset.owner_user_id,
+        "purpose": asset.purpose.value,
+        "content_type": asset.content_type,
+        "declared_size_bytes": asset.declared_size_bytes,
+        "declared_sha256": asset.declared_sha256,
+        "object_key": asset.object_key,
+        "created_at": asset.created_at,
+        "upload_expires_at": asset.upload_expires_at,
+        "idempotency_key": asset.idempotency_key,
+    }
 
 
 def _asset(row: Row[Any] | Any) -> Asset:
@@ -167,62 +230,32 @@ class AssetStore:
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
 
+    async def _write(self, statement: DriverStatement, **values: Any) -> list[Any]:
+        """One write statement in autocommit, run once: unlike a read it is not repeated
+        on a fresh connection, since the first may have been applied."""
+        async with driver_connection(self._engine) as connection:
+            return list(await connection.fetch(statement.sql, *statement.args(**values)))
+
     @_database
     async def insert_uploading(self, asset: Asset) -> None:
         """A new asset waiting for its bytes (CreateUpload, and PutAsset before it stores)."""
-        async with self._engine.begin() as connection:
-            await connection.execute(
-                insert(assets).values(
-                    asset_id=asset.asset_id,
-                    owner_user_id=asset.owner_user_id,
-                    purpose=asset.purpose.value,
-                    status=Status.UPLOADING.value,
-                    content_type=asset.content_type,
-                    declared_size_bytes=asset.declared_size_bytes,
-                    declared_sha256=asset.declared_sha256,
-                    object_key=asset.object_key,
-                    created_at=asset.created_at,
-                    upload_expires_at=asset.upload_expires_at,
-                )
-            )
+        await self._write(INSERT_UPLOADING, **_new_row(asset))
 
     @_database
     async def insert_keyed(self, asset: Asset) -> Asset:
         """A new uploading asset under its idempotency key, or the asset the key already
         made (whatever its status), unchanged (rides uq_assets_owner_idempotency_key)."""
-        statement = (
-            pg_insert(assets)
-            .values(
-                asset_id=asset.asset_id,
+        rows = await self._write(INSERT_KEYED, **_new_row(asset))
+        if not rows:
+            # The key is taken; its row is never removed (deleted assets keep their key),
+            # so it is there to read.
+            rows = await driver_fetch(
+                self._engine,
+                ASSET_BY_IDEMPOTENCY_KEY,
                 owner_user_id=asset.owner_user_id,
-                purpose=asset.purpose.value,
-                status=Status.UPLOADING.value,
-                content_type=asset.content_type,
-                declared_sha256=asset.declared_sha256,
-                object_key=asset.object_key,
-                created_at=asset.created_at,
-                upload_expires_at=asset.upload_expires_at,
                 idempotency_key=asset.idempotency_key,
             )
-            .on_conflict_do_nothing(
-                index_elements=[_c.owner_user_id, _c.idempotency_key],
-                index_where=_c.idempotency_key.is_not(None),
-            )
-            .returning(*assets.c)
-        )
-        async with self._engine.begin() as connection:
-            row = (await connection.execute(statement)).first()
-            if row is None:
-                row = (
-                    await connection.execute(
-                        ASSET_BY_IDEMPOTENCY_KEY,
-                        {
-                            "owner_user_id": asset.owner_user_id,
-                            "idempotency_key": asset.idempotency_key,
-                        },
-                    )
-                ).one()
-        return _asset(row)
+        return _asset(rows[0])
 
     @_database
     async def mark_keyed_deleted(
@@ -267,26 +300,17 @@ class AssetStore:
         """uploading → ready with the measured facts, if no upload was rejected since the
         caller read the asset. None when it was no longer uploading (completed by someone
         else, or removed) or a rejection came in between (rides pk_assets)."""
-        statement = (
-            update(assets)
-            .where(
-                _c.asset_id == asset_id,
-                _c.status == Status.UPLOADING.value,
-                _c.rejected_uploads == rejected_uploads,
-            )
-            .values(
-                status=Status.READY.value,
-                size_bytes=facts.size_bytes,
-                sha256=facts.sha256,
-                width=facts.width,
-                height=facts.height,
-                ready_at=now,
-            )
-            .returning(*assets.c)
+        rows = await self._write(
+            MARK_READY,
+            asset_id=asset_id,
+            rejected_uploads=rejected_uploads,
+            size_bytes=facts.size_bytes,
+            sha256=facts.sha256,
+            width=facts.width,
+            height=facts.height,
+            ready_at=now,
         )
-        async with self._engine.begin() as connection:
-            row = (await connection.execute(statement)).first()
-        return None if row is None else _asset(row)
+        return _asset(rows[0]) if rows else None
 
     @_database
     async def reject_upload(self, asset_id: uuid.UUID, rejected_uploads: int) -> bool:

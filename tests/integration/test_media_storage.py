@@ -19,7 +19,13 @@ from services.dev.processes import free_port
 from services.media.http import ObjectHttpServer
 from services.media.model import Purpose, object_key
 from services.media.settings import S3Settings
-from services.media.storage import ObjectExists, ObjectNotFound, ObjectStorage, SignedRequest
+from services.media.storage import (
+    ObjectExists,
+    ObjectNotFound,
+    ObjectStorage,
+    SignedRequest,
+    WholeObject,
+)
 from services.media.storage.local import INCOMING, LocalStorage
 from services.media.storage.s3 import PART_BYTES, S3Storage
 from services.media.storage.signing import UrlSigner
@@ -315,3 +321,36 @@ async def test_local_listener_answers_head_and_marks_downloads(
     assert get.content == b"0123456789"
     assert get.headers["x-content-type-options"] == "nosniff"
     assert swapped.status_code == 403
+
+
+@pytest.mark.parametrize("size", [1, 4095, 4096, 4097, 3 * 4096])
+async def test_objects_stream_whole_around_the_chunk_size(
+    storage: ObjectStorage, size: int
+) -> None:
+    key = new_key()
+    data = bytes(range(256)) * (size // 256 + 1)
+    data = data[:size]
+    await storage.put(key, chunks(data, 1000), "image/png")
+    parts = [part async for part in storage.stream(key, 4096)]
+    assert b"".join(parts) == data
+    assert all(0 < len(part) <= 4096 for part in parts)
+
+
+async def test_a_whole_object_in_memory_is_stored_like_a_stream(storage: ObjectStorage) -> None:
+    key = new_key()
+    data = bytes(range(256)) * 300
+    await storage.put(key, WholeObject(data, 4096), "image/png")
+    assert await read_all(storage, key) == data
+    with pytest.raises(ObjectExists):
+        await storage.put(key, WholeObject(b"other bytes", 4096), "image/png")
+    assert await read_all(storage, key) == data
+
+
+async def test_a_whole_local_object_leaves_no_part_behind(local_objects: LocalObjects) -> None:
+    storage = local_objects.storage
+    key = new_key()
+    await storage.put(key, WholeObject(b"first", 4096), "image/png")
+    with pytest.raises(ObjectExists):
+        await storage.put(key, WholeObject(b"second", 4096), "image/png")
+    assert list((storage.root / INCOMING).iterdir()) == []
+    assert storage.path_of(key).read_bytes() == b"first"

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 import sqlalchemy.exc
@@ -264,7 +266,53 @@ async def test_hot_reads_are_one_statement_without_a_transaction(media_url: str)
             store.get_owned(asset.asset_id, "alice"),
             store.status_by_key(asset.object_key),
         ):
+            # The insert runs on the driver too: its log arrives a loop turn later.
+            await wire.caught_up()
             wire.clear()
             assert await read is not None
             await wire.caught_up()
             assert (len(wire.statements), wire.commands) == (1, [])
+
+
+async def test_put_writes_are_one_statement_each_without_a_transaction(media_url: str) -> None:
+    # PutAsset's writes: insert (keyed or not), then mark ready, each its own round trip.
+    async with watched_engine(media_url) as (engine, wire):
+        store = AssetStore(engine)
+
+        async def sent(write: Any) -> tuple[Any, int, list[str]]:
+            await wire.caught_up()
+            wire.clear()
+            result = await write
+            await wire.caught_up()
+            return result, len(wire.statements), wire.commands
+
+        plain = new_upload()
+        assert (await sent(store.insert_uploading(plain)))[1:] == (1, [])
+        keyed = replace(
+            new_upload(),
+            declared_size_bytes=None,
+            declared_sha256=HASH,
+            idempotency_key=f"test:{uuid.uuid4()}",
+        )
+        made, statements, commands = await sent(store.insert_keyed(keyed))
+        assert (made.asset_id, statements, commands) == (keyed.asset_id, 1, [])
+        # A repeat under the key finds the first asset (one more read, still no transaction).
+        repeat = replace(
+            new_upload(),
+            declared_size_bytes=None,
+            declared_sha256=HASH,
+            idempotency_key=keyed.idempotency_key,
+        )
+        found, statements, commands = await sent(store.insert_keyed(repeat))
+        assert (found.asset_id, statements, commands) == (keyed.asset_id, 2, [])
+        facts = ContentFacts(size_bytes=10, sha256=HASH, width=4, height=3)
+        ready, statements, commands = await sent(
+            store.mark_ready(keyed.asset_id, facts, datetime.now(UTC), 0)
+        )
+        assert (ready.status, ready.sha256, statements, commands) == (Status.READY, HASH, 1, [])
+        # Only once: a second completion changes nothing.
+        assert (await sent(store.mark_ready(keyed.asset_id, facts, datetime.now(UTC), 0)))[
+            0
+        ] is None
+        stored = await store.get(plain.asset_id)
+        assert stored is not None and stored.status == Status.UPLOADING

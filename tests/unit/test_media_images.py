@@ -112,3 +112,47 @@ async def test_the_inspector_runs_checks_off_the_event_loop() -> None:
         await inspector.inspect(junk, "image/png")
     assert junk.readers
     assert loop_thread not in junk.readers
+
+
+async def in_memory_reason(data: bytes, content_type: str, max_pixels: int = LIMIT) -> str:
+    inspector = ImageInspector(max_pixels=max_pixels)
+    with pytest.raises(ContentRejected) as caught:
+        await inspector.inspect(io.BytesIO(data), content_type, in_memory=True)
+    return caught.value.reason
+
+
+async def test_a_small_image_in_memory_is_checked_on_the_loop_with_every_check() -> None:
+    inspector = ImageInspector(max_pixels=LIMIT)
+    loop_thread = threading.get_ident()
+    image = ThreadRecordingFile(image_bytes("PNG", 64, 48))
+    assert await inspector.inspect(image, "image/png", in_memory=True) == Dimensions(64, 48)
+    assert image.readers == {loop_thread}
+    # The same verdicts as off the loop: truncation, type, pixel limits, bombs.
+    for fmt, content_type in (("JPEG", "image/jpeg"), ("PNG", "image/png"), ("WEBP", "image/webp")):
+        data = image_bytes(fmt, 120, 80)
+        truncated = data[: len(data) // 2]
+        assert await in_memory_reason(truncated, content_type) == Reason.NOT_AN_IMAGE
+    assert await in_memory_reason(image_bytes("PNG"), "image/jpeg") == (
+        Reason.CONTENT_TYPE_MISMATCH
+    )
+    assert await in_memory_reason(b"nope", "image/png") == Reason.NOT_AN_IMAGE
+    assert await in_memory_reason(pixel_bomb_png(20_000, 20_000), "image/png") == (
+        Reason.IMAGE_TOO_LARGE
+    )
+    assert await in_memory_reason(pixel_bomb_png(8_000, 8_000), "image/png") == (
+        Reason.IMAGE_TOO_LARGE
+    )
+    assert await in_memory_reason(image_bytes("PNG", 100, 100), "image/png", 9_999) == (
+        Reason.IMAGE_TOO_LARGE
+    )
+
+
+async def test_a_larger_image_in_memory_is_decoded_off_the_loop() -> None:
+    inspector = ImageInspector(max_pixels=LIMIT)
+    loop_thread = threading.get_ident()
+    data = image_bytes("JPEG", 1001, 603, quality=90)
+    image = ThreadRecordingFile(data)
+    # The full size, not the reduced scale the JPEG was decoded at.
+    assert await inspector.inspect(image, "image/jpeg", in_memory=True) == Dimensions(1001, 603)
+    assert image.readers - {loop_thread}
+    assert await in_memory_reason(data[: len(data) // 2], "image/jpeg") == Reason.NOT_AN_IMAGE

@@ -6,6 +6,14 @@ from services.media.storage.base import (
     ObjectStat,
     ObjectStorage,
     SignedRequest,
+    WholeObject,
 )
 
-__all__ = ["ObjectExists", "ObjectNotFound", "ObjectStat", "ObjectStorage", "SignedRequest"]
+__all__ = [
+    "ObjectExists",
+    "ObjectNotFound",
+    "ObjectStat",
+    "ObjectStorage",
+    "SignedRequest",
+    "WholeObject",
+]

@@ -34,6 +34,19 @@ class SignedRequest:
     headers: dict[str, str] = field(default_factory=dict)
 
 
+class WholeObject:
+    """An object's bytes, all in memory, as the chunks a put takes: a backend may write
+    them in one step rather than chunk by chunk."""
+
+    def __init__(self, data: bytes, chunk_bytes: int) -> None:
+        self.data = data
+        self._chunk_bytes = chunk_bytes
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for start in range(0, len(self.data), self._chunk_bytes):
+            yield self.data[start : start + self._chunk_bytes]
+
+
 class ObjectStorage(Protocol):
     async def put(self, key: str, chunks: AsyncIterable[bytes], content_type: str) -> None:
         """Stores the bytes under a new key. Raises ObjectExists when the key is taken."""

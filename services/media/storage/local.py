@@ -17,7 +17,13 @@ from typing import BinaryIO, ParamSpec, TypeVar
 
 from services.media.errors import StorageUnavailable
 from services.media.model import KEY_PATTERN
-from services.media.storage.base import ObjectExists, ObjectNotFound, ObjectStat, SignedRequest
+from services.media.storage.base import (
+    ObjectExists,
+    ObjectNotFound,
+    ObjectStat,
+    SignedRequest,
+    WholeObject,
+)
 from services.media.storage.signing import UrlSigner
 
 INCOMING = ".incoming"
@@ -51,6 +57,10 @@ class LocalStorage:
     async def put(self, key: str, chunks: AsyncIterable[bytes], content_type: str) -> None:
         final = self.path_of(key)
         temporary = self.root / INCOMING / f"{uuid.uuid4()}{PART_SUFFIX}"
+        if isinstance(chunks, WholeObject):
+            # All in memory: written, made durable and published in one trip to a thread.
+            await _io(_write_whole, temporary, final, chunks.data)
+            return
         file = await _io(temporary.open, "xb")
         try:
             try:
@@ -66,14 +76,21 @@ class LocalStorage:
 
     async def stream(self, key: str, chunk_bytes: int) -> AsyncIterator[bytes]:
         path = self.path_of(key)
-        file = await _io(_open_if_present, path)
-        if file is None:
+        # Opening and the first read share one trip to a thread; a small object is whole
+        # after it (its file already closed).
+        opened = await _io(_open_and_read, path, chunk_bytes)
+        if opened is None:
             raise ObjectNotFound(key)
+        file, chunk = opened
         try:
-            while chunk := await _io(file.read, chunk_bytes):
+            while chunk:
                 yield chunk
+                if file is None:
+                    return
+                chunk = await _io(file.read, chunk_bytes)
         finally:
-            await _io(file.close)
+            if file is not None:
+                await _io(file.close)
 
     async def stat(self, key: str) -> ObjectStat | None:
         size = await _io(_size_if_present, self.path_of(key))
@@ -104,11 +121,33 @@ class LocalStorage:
         return None
 
 
-def _open_if_present(path: Path) -> BinaryIO | None:
+def _write_whole(temporary: Path, final: Path, data: bytes) -> None:
+    """The steps of a streamed put, for bytes already in memory."""
     try:
-        return path.open("rb")
+        with temporary.open("xb") as file:
+            file.write(data)
+            _flush_to_disk(file)
+        _publish(temporary, final)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def _open_and_read(path: Path, chunk_bytes: int) -> tuple[BinaryIO | None, bytes] | None:
+    """None for a missing object; else its first chunk, and the file to read on from
+    (None when the first chunk was the whole object: the file is closed)."""
+    try:
+        file = path.open("rb")
     except FileNotFoundError:
         return None
+    try:
+        chunk = file.read(chunk_bytes)
+    except BaseException:
+        file.close()
+        raise
+    if len(chunk) < chunk_bytes:
+        file.close()
+        return None, chunk
+    return file, chunk
 
 
 def _size_if_present(path: Path) -> int | None:
@@ -143,9 +182,13 @@ def _flush_to_disk(file: BinaryIO) -> None:
 
 def _publish(temporary: Path, final: Path) -> None:
     """Links the finished file under its key; fails if the key is taken (no overwrite)."""
-    final.parent.mkdir(parents=True, exist_ok=True)
     try:
-        os.link(temporary, final)
+        try:
+            os.link(temporary, final)
+        except FileNotFoundError:
+            # The key's directory (a month's) is made by its first object.
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.link(temporary, final)
     except FileExistsError:
         raise ObjectExists(final.name) from None
     with contextlib.suppress(OSError):
