@@ -230,6 +230,7 @@ def main() -> int:
 
     moto = None
     env = {
+        "ATELIER_ENV": "dev",  # `atelier serve` assumes prod, which wants real secrets
         "ATELIER_DATABASE_URL": database_url,
         "ATELIER_LOG_LEVEL": "WARNING",
         "ATELIER_MAX_UPLOAD_BYTES": str(64 * MIB),
