@@ -1,7 +1,7 @@
 """Assembles the notify service: the ingest listener (creation's relay delivers job states
 to the projection; what moved goes to the streams' fan-out: Redis when configured, in
-process otherwise) and the client streams with their backstop. Devices answer
-UNIMPLEMENTED until they are built."""
+process otherwise), the client streams with their backstop, and the APNs token RPCs;
+Deliver records the pushes each update implies (services/notify/pushes/)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from services.notify import watch_reads
 from services.notify.fanout import Publisher
 from services.notify.ingest_servicer import NotifyIngestServicer
 from services.notify.output_urls import MediaSigner, OutputUrls
+from services.notify.public_servicer import NotifyServicer
 from services.notify.settings import NotifySettings
 from services.notify.streams.backstop import Backstop
 from services.notify.streams.change import Change
@@ -30,7 +31,6 @@ from services.notify.streams.fanout import LocalFanout, RedisFanout
 from services.notify.streams.first_states import FirstStates
 from services.notify.streams.registry import StreamRegistry, Watched
 from services.notify.watch_reads import Snapshot
-from services.notify.watch_servicer import WatchServicer
 
 
 @dataclass
@@ -103,7 +103,8 @@ def assemble(
             Binding(
                 notify_service_pb2.DESCRIPTOR.services_by_name["NotifyService"],
                 notify_service_pb2_grpc.add_NotifyServiceServicer_to_server,
-                WatchServicer(
+                NotifyServicer(
+                    engine,
                     streams.registry,
                     settings.streams,
                     FirstStates(latest_of_jobs).get,
