@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 
 from atelier.notify.v1 import (
     notify_ingest_service_pb2,
@@ -22,6 +23,8 @@ from services.notify.fanout import Publisher
 from services.notify.ingest_servicer import NotifyIngestServicer
 from services.notify.output_urls import MediaSigner, OutputUrls
 from services.notify.public_servicer import NotifyServicer
+from services.notify.pushes.planning import Rules
+from services.notify.pushes.queue import PushQueue
 from services.notify.settings import NotifySettings
 from services.notify.streams.backstop import Backstop
 from services.notify.streams.change import Change
@@ -71,6 +74,15 @@ def build_streams(settings: NotifySettings, database: Database) -> Streams:
     )
 
 
+def push_queue(settings: NotifySettings) -> PushQueue:
+    return PushQueue(
+        Rules(
+            update_interval=timedelta(seconds=settings.pushes.update_interval_seconds),
+            dismiss_after=timedelta(seconds=settings.pushes.dismiss_after_seconds),
+        )
+    )
+
+
 def build(settings: NotifySettings, publisher: Publisher | None = None) -> ServiceApp:
     """``publisher``, when given, is what Deliver announces to instead of the streams'
     fan-out (tests that record what moved)."""
@@ -117,7 +129,9 @@ def assemble(
             Binding(
                 notify_ingest_service_pb2.DESCRIPTOR.services_by_name["NotifyIngestService"],
                 notify_ingest_service_pb2_grpc.add_NotifyIngestServiceServicer_to_server,
-                NotifyIngestServicer(database.engine, publisher or streams.publisher),
+                NotifyIngestServicer(
+                    database.engine, publisher or streams.publisher, push_queue(settings)
+                ),
             )
         ],
         readiness=database.answers,
