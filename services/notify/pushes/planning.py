@@ -76,6 +76,8 @@ class Plan:
     pushes: list[Planned] = field(default_factory=list)
     # Pending pushes this transaction holds that a newer one replaces.
     dropped: list[int] = field(default_factory=list)
+    # (token_id, kind, bytes) of pushes not recorded for being over APNs' size limit.
+    oversized: list[tuple[str, str, int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -147,8 +149,10 @@ def _add(
     result: Plan, token: Token, state: job_state_pb2.JobState, send_at: datetime, push: Push
 ) -> None:
     if push.body_size() > payloads.MAX_PAYLOAD_BYTES:
-        # Our payloads are small and bounded; one this large is a bug, not a push to send.
-        raise ValueError(f"{push.kind} payload of {push.body_size()} bytes exceeds APNs' limit")
+        # Our payloads are small and bounded; one this large is a bug, not a push to send
+        # (APNs would refuse it with PayloadTooLarge).
+        result.oversized.append((token.token_id, push.kind, push.body_size()))
+        return
     result.pushes.append(Planned(token.token_id, state.job_id, state.version, send_at, push))
 
 

@@ -111,7 +111,15 @@ class PushQueue:
         if not tokens:
             return
         prior = await self._prior(connection, tokens, job_ids)
-        result = planning.plan(moved, tokens, prior, self._rules, datetime.now(UTC))
+        try:
+            result = planning.plan(moved, tokens, prior, self._rules, datetime.now(UTC))
+        except Exception:
+            # A bug in the rules must not wedge the outbox: the relay would deliver the
+            # batch again and again. The projection still moves; these pushes are lost.
+            log.exception("push_planning_failed", jobs=len(job_ids))
+            return
+        for token_id, kind, size in result.oversized:
+            log.error("push_too_large", token_id=token_id, kind=kind, bytes=size)
         await self._write(connection, result)
 
     async def _prior(
