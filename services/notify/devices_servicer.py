@@ -121,7 +121,7 @@ class DevicesServicer:
         log.info(
             "device_registered",
             device_id=device.device_id,
-            token=tokens.short(registration.token),
+            apns_prefix=tokens.short(registration.token),
             environment=device.environment,
             push_to_start=registration.push_to_start_token is not None,
         )
@@ -186,7 +186,7 @@ class DevicesServicer:
             "live_activity_registered",
             job_id=request.job_id,
             activity_id=request.activity_id,
-            token=tokens.short(token),
+            apns_prefix=tokens.short(token),
         )
         return pb.RegisterLiveActivityResponse(
             job_id=request.job_id,

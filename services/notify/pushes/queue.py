@@ -119,7 +119,7 @@ class PushQueue:
             log.exception("push_planning_failed", jobs=len(job_ids))
             return
         for token_id, kind, size in result.oversized:
-            log.error("push_too_large", token_id=token_id, kind=kind, bytes=size)
+            log.error("push_too_large", to=token_id, kind=kind, bytes=size)
         await self._write(connection, result)
 
     async def _prior(

