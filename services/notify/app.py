@@ -1,12 +1,13 @@
 """Assembles the notify service: the ingest listener (creation's relay delivers job states
 to the projection; what moved goes to the streams' fan-out: Redis when configured, in
-process otherwise) and the client streams with their backstop. Devices answer
-UNIMPLEMENTED until they are built."""
+process otherwise), the client streams with their backstop, and the APNs token RPCs;
+Deliver records the pushes each update implies (services/notify/pushes/)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 
 from atelier.notify.v1 import (
     notify_ingest_service_pb2,
@@ -21,6 +22,9 @@ from services.notify import watch_reads
 from services.notify.fanout import Publisher
 from services.notify.ingest_servicer import NotifyIngestServicer
 from services.notify.output_urls import MediaSigner, OutputUrls
+from services.notify.public_servicer import NotifyServicer
+from services.notify.pushes.planning import Rules
+from services.notify.pushes.queue import PushQueue
 from services.notify.settings import NotifySettings
 from services.notify.streams.backstop import Backstop
 from services.notify.streams.change import Change
@@ -30,7 +34,6 @@ from services.notify.streams.fanout import LocalFanout, RedisFanout
 from services.notify.streams.first_states import FirstStates
 from services.notify.streams.registry import StreamRegistry, Watched
 from services.notify.watch_reads import Snapshot
-from services.notify.watch_servicer import WatchServicer
 
 
 @dataclass
@@ -71,6 +74,15 @@ def build_streams(settings: NotifySettings, database: Database) -> Streams:
     )
 
 
+def push_queue(settings: NotifySettings) -> PushQueue:
+    return PushQueue(
+        Rules(
+            update_interval=timedelta(seconds=settings.pushes.update_interval_seconds),
+            dismiss_after=timedelta(seconds=settings.pushes.dismiss_after_seconds),
+        )
+    )
+
+
 def build(settings: NotifySettings, publisher: Publisher | None = None) -> ServiceApp:
     """``publisher``, when given, is what Deliver announces to instead of the streams'
     fan-out (tests that record what moved)."""
@@ -103,7 +115,8 @@ def assemble(
             Binding(
                 notify_service_pb2.DESCRIPTOR.services_by_name["NotifyService"],
                 notify_service_pb2_grpc.add_NotifyServiceServicer_to_server,
-                WatchServicer(
+                NotifyServicer(
+                    engine,
                     streams.registry,
                     settings.streams,
                     FirstStates(latest_of_jobs).get,
@@ -116,7 +129,9 @@ def assemble(
             Binding(
                 notify_ingest_service_pb2.DESCRIPTOR.services_by_name["NotifyIngestService"],
                 notify_ingest_service_pb2_grpc.add_NotifyIngestServiceServicer_to_server,
-                NotifyIngestServicer(database.engine, publisher or streams.publisher),
+                NotifyIngestServicer(
+                    database.engine, publisher or streams.publisher, push_queue(settings)
+                ),
             )
         ],
         readiness=database.answers,

@@ -3,7 +3,8 @@ internal listener, behind the service credential (the server's auth interceptor 
 anything else before this code runs).
 
 Deliver applies a batch to the projection (version-gated: duplicates and reordering
-change nothing), then, once that has committed, hands what moved to the publisher. It
+change nothing) and, in the same transaction, records the pushes what moved implies;
+then, once that has committed, hands what moved to the publisher. It
 answers only after the commit, so a relay that got OK may mark its rows delivered.
 """
 
@@ -26,6 +27,7 @@ from services.kit.outages import Throttle
 from services.notify import projection
 from services.notify.errors import Reason
 from services.notify.fanout import Publisher
+from services.notify.pushes.queue import PushQueue
 
 log = get_logger(__name__)
 
@@ -61,9 +63,12 @@ def _problems(messages: Sequence[pb.OutboxMessage]) -> list[FieldViolation]:
 
 
 class NotifyIngestServicer(notify_ingest_service_pb2_grpc.NotifyIngestServiceServicer):
-    def __init__(self, engine: AsyncEngine, publisher: Publisher) -> None:
+    def __init__(
+        self, engine: AsyncEngine, publisher: Publisher, pushes: PushQueue | None = None
+    ) -> None:
         self._engine = engine
         self._publisher = publisher
+        self._pushes = pushes
         self._log = Throttle()
 
     async def Deliver(
@@ -72,7 +77,11 @@ class NotifyIngestServicer(notify_ingest_service_pb2_grpc.NotifyIngestServiceSer
         problems = _problems(request.messages)
         if problems:
             raise invalid_argument(Reason.INVALID_DELIVERY, problems)
-        applied = await projection.apply(self._engine, [m.state for m in request.messages])
+        applied = await projection.apply(
+            self._engine,
+            [m.state for m in request.messages],
+            self._pushes.record if self._pushes else None,
+        )
         try:
             await self._publisher.publish(applied)
         except Exception as error:

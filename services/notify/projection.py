@@ -17,11 +17,11 @@ upserts of the same rows from deadlocking.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from atelier.creation.v1 import job_pb2
 from atelier.notify.v1 import job_state_pb2
@@ -80,12 +80,29 @@ def newest_per_job(states: Sequence[job_state_pb2.JobState]) -> list[job_state_p
     return [newest[job_id] for job_id in sorted(newest)]
 
 
+@dataclass(frozen=True)
+class Moved:
+    """A row :func:`apply` moved, with the status it held before (None: a new job)."""
+
+    applied: AppliedState
+    previous_status: str | None
+
+
+# Runs inside apply's transaction, after the upsert, with the rows that moved (push
+# planning records its pushes there, so a committed move never lacks them).
+InTransaction = Callable[[AsyncConnection, Sequence[Moved]], Awaitable[None]]
+
 _LOCK = text("SELECT pg_advisory_xact_lock(:key)")
 
 # The version gate is the WHERE of the update: a row never moves back, a duplicate never
 # moves it at all. user_id is the job's owner and never changes. Rides pk_job_states.
+# ``previous`` reads the rows as they were before this statement (its snapshot).
 _UPSERT = text(
     """
+    WITH previous AS (
+        SELECT job_id, status FROM notify.job_states
+        WHERE job_id = ANY(CAST(:job_ids AS uuid[]))
+    )
     INSERT INTO notify.job_states AS current
         (job_id, user_id, version, status, terminal, state, updated_at)
     SELECT job_id, user_id, version, status, terminal, state, now()
@@ -101,16 +118,20 @@ _UPSERT = text(
         updated_at = EXCLUDED.updated_at,
         seq = nextval('notify.change_seq')
     WHERE current.version < EXCLUDED.version
-    RETURNING job_id, seq
+    RETURNING job_id, seq,
+        (SELECT p.status FROM previous p WHERE p.job_id = current.job_id) AS previous_status
     """
 )
 
 
 async def apply(
-    engine: AsyncEngine, states: Sequence[job_state_pb2.JobState]
+    engine: AsyncEngine,
+    states: Sequence[job_state_pb2.JobState],
+    in_transaction: InTransaction | None = None,
 ) -> list[AppliedState]:
     """Applies ``states`` (any order, duplicates welcome) in one transaction; returns the
-    rows that moved, in ``seq`` order, each with the state it moved to."""
+    rows that moved, in ``seq`` order, each with the state it moved to. ``in_transaction``
+    runs before the commit with what moved (not called when nothing did)."""
     newest = newest_per_job(states)
     if not newest:
         return []
@@ -125,9 +146,17 @@ async def apply(
     async with engine.begin() as connection:
         await connection.execute(_LOCK, {"key": _APPLY_LOCK})
         rows = (await connection.execute(_UPSERT, parameters)).all()
-    by_job = {s.job_id: s for s in newest}
-    moved = [AppliedState(by_job[str(row.job_id)], int(row.seq)) for row in rows]
-    return sorted(moved, key=lambda applied: applied.seq)
+        by_job = {s.job_id: s for s in newest}
+        moved = sorted(
+            (
+                Moved(AppliedState(by_job[str(row.job_id)], int(row.seq)), row.previous_status)
+                for row in rows
+            ),
+            key=lambda change: change.applied.seq,
+        )
+        if moved and in_transaction is not None:
+            await in_transaction(connection, moved)
+    return [change.applied for change in moved]
 
 
 def _stored(state: bytes, seq: int) -> AppliedState:

@@ -26,6 +26,17 @@ class StreamSettings:
 
 
 @dataclass(frozen=True)
+class PushSettings:
+    """How pushes are planned from job updates."""
+
+    # At most one Live Activity update per activity this often (Apple budgets pushes;
+    # a newer state replaces one still waiting for its slot).
+    update_interval_seconds: float = 5.0
+    # How long an ended Live Activity stays on the Lock Screen (its dismissal date).
+    dismiss_after_seconds: float = 900.0
+
+
+@dataclass(frozen=True)
 class NotifySettings:
     common: CommonSettings
     listen: ListenSettings
@@ -37,6 +48,7 @@ class NotifySettings:
     streams: StreamSettings
     # Signs the download URLs of a succeeded job's outputs as streams send it.
     media_internal_address: str = f"127.0.0.1:{DEFAULT_PORTS['media'].internal_port}"
+    pushes: PushSettings = PushSettings()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> NotifySettings:
@@ -66,6 +78,14 @@ class NotifySettings:
             media_internal_address=reader.string(
                 "MEDIA_INTERNAL_ADDRESS",
                 f"127.0.0.1:{DEFAULT_PORTS['media'].internal_port}",
+            ),
+            pushes=PushSettings(
+                update_interval_seconds=reader.seconds(
+                    "LIVE_ACTIVITY_UPDATE_INTERVAL", 5.0, minimum=0, maximum=3600
+                ),
+                dismiss_after_seconds=reader.seconds(
+                    "LIVE_ACTIVITY_DISMISS_AFTER", 900.0, minimum=0, maximum=4 * 3600
+                ),
             ),
         )
         reader.finish()

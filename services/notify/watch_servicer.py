@@ -1,5 +1,5 @@
 """NotifyService's streams: WatchJob and WatchJobs (the contract's rules are in
-notify_service.proto). Devices and Live Activities answer UNIMPLEMENTED here."""
+notify_service.proto). The token RPCs live in devices_servicer.py."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from services.kit.errors import (
     FieldViolation,
     internal,
     invalid_argument,
-    unimplemented,
 )
 from services.kit.logging import get_logger
 from services.notify.output_urls import OutputUrls
@@ -261,25 +260,3 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
             log.exception("stream_failed", rpc="WatchJobs")
             yield pb.WatchJobsResponse(error=status)
             raise api from error
-
-    # Devices and Live Activities belong to the APNs part of notify, not built yet.
-
-    async def RegisterDevice(
-        self, request: pb.RegisterDeviceRequest, context: Context
-    ) -> pb.RegisterDeviceResponse:
-        raise unimplemented()
-
-    async def ListDevices(
-        self, request: pb.ListDevicesRequest, context: Context
-    ) -> pb.ListDevicesResponse:
-        raise unimplemented()
-
-    async def DeleteDevice(
-        self, request: pb.DeleteDeviceRequest, context: Context
-    ) -> pb.DeleteDeviceResponse:
-        raise unimplemented()
-
-    async def RegisterLiveActivity(
-        self, request: pb.RegisterLiveActivityRequest, context: Context
-    ) -> pb.RegisterLiveActivityResponse:
-        raise unimplemented()

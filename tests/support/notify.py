@@ -59,20 +59,28 @@ class NotifyHarness:
         return grpc.aio.insecure_channel(f"127.0.0.1:{self.running.public_port}")
 
 
-def notify_settings(database_url: str) -> NotifySettings:
+def notify_settings(database_url: str, **environ: str) -> NotifySettings:
+    """``environ``: more ATELIER_* settings (names without the prefix)."""
     return NotifySettings.from_env(
-        {"ATELIER_DATABASE_URL": database_url, "ATELIER_DRAIN_GRACE": "0"}
+        {
+            "ATELIER_DATABASE_URL": database_url,
+            "ATELIER_DRAIN_GRACE": "0",
+            **{f"ATELIER_{name}": value for name, value in environ.items()},
+        }
     )
 
 
 @asynccontextmanager
 async def running_notify(
-    database_url: str, publisher: RecordingPublisher | None = None, internal_port: int = 0
+    database_url: str,
+    publisher: RecordingPublisher | None = None,
+    internal_port: int = 0,
+    **environ: str,
 ) -> AsyncIterator[NotifyHarness]:
     """notify on free ports (or the internal port given: a test that brings notify back
-    where a relay already looks for it)."""
+    where a relay already looks for it); ``environ``: more settings, as notify_settings."""
     publisher = publisher or RecordingPublisher()
-    settings = notify_settings(database_url)
+    settings = notify_settings(database_url, **environ)
     running = RunningService(
         build(settings, publisher), settings.common, ListenSettings(0, internal_port, 0)
     )
@@ -90,6 +98,7 @@ def job_state(
     user_id: str = "user-1",
     status: job_pb2.JobStatus.ValueType = job_pb2.JOB_STATUS_RUNNING,
     progress: int = 0,
+    step: job_pb2.JobStep.ValueType = job_pb2.JOB_STEP_UNSPECIFIED,
 ) -> job_state_pb2.JobState:
     return job_state_pb2.JobState(
         job_id=job_id,
@@ -97,6 +106,7 @@ def job_state(
         version=version,
         status=status,
         progress_percent=progress,
+        step=step,
         done=status
         in (job_pb2.JOB_STATUS_SUCCEEDED, job_pb2.JOB_STATUS_FAILED, job_pb2.JOB_STATUS_CANCELLED),
     )

@@ -23,6 +23,11 @@ def notify_url(postgres_admin_url: str) -> Iterator[str]:
 async def engine(notify_url: str) -> AsyncIterator[AsyncEngine]:
     engine = create_async_engine(asyncpg_url(notify_url))
     async with engine.begin() as connection:
-        await connection.execute(text("TRUNCATE notify.job_states"))
+        await connection.execute(
+            text(
+                "TRUNCATE notify.job_states, notify.push_attempts, notify.pushes,"
+                " notify.push_tokens"
+            )
+        )
     yield engine
     await engine.dispose()

@@ -322,6 +322,7 @@ class Device(_message.Message):
     HAS_PUSH_TO_START_TOKEN_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
+    LOCALE_FIELD_NUMBER: _builtins.int
     device_id: _builtins.str
     """Server-assigned identifier (UUID)."""
     environment: Global___ApnsEnvironment.ValueType
@@ -330,6 +331,8 @@ class Device(_message.Message):
     """The app's bundle id; APNs topics derive from it."""
     has_push_to_start_token: _builtins.bool
     """Whether a Live Activity push-to-start token is registered."""
+    locale: _builtins.str
+    """The language alert pushes use (a BCP 47 tag such as `en` or `fr-FR`)."""
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When the device was first registered."""
@@ -347,10 +350,11 @@ class Device(_message.Message):
         has_push_to_start_token: _builtins.bool = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
         update_time: _timestamp_pb2.Timestamp | None = ...,
+        locale: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bundle_id", b"bundle_id", "create_time", b"create_time", "device_id", b"device_id", "environment", b"environment", "has_push_to_start_token", b"has_push_to_start_token", "update_time", b"update_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bundle_id", b"bundle_id", "create_time", b"create_time", "device_id", b"device_id", "environment", b"environment", "has_push_to_start_token", b"has_push_to_start_token", "locale", b"locale", "update_time", b"update_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -366,6 +370,7 @@ class RegisterDeviceRequest(_message.Message):
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
     BUNDLE_ID_FIELD_NUMBER: _builtins.int
     PUSH_TO_START_TOKEN_FIELD_NUMBER: _builtins.int
+    LOCALE_FIELD_NUMBER: _builtins.int
     device_token: _builtins.str
     """The APNs device token, hex encoded."""
     environment: Global___ApnsEnvironment.ValueType
@@ -373,7 +378,13 @@ class RegisterDeviceRequest(_message.Message):
     bundle_id: _builtins.str
     """The app's bundle id."""
     push_to_start_token: _builtins.str
-    """A Live Activity push-to-start token (iOS 17.2+), hex encoded."""
+    """A Live Activity push-to-start token (iOS 17.2+), hex encoded. One per device: a new
+    one replaces the one registered before; left empty, the registered one is kept.
+    """
+    locale: _builtins.str
+    """The language of alert pushes, a BCP 47 tag (`en`, `fr-FR`); empty means `en`.
+    Languages without a translation get English.
+    """
     def __init__(
         self,
         *,
@@ -381,10 +392,11 @@ class RegisterDeviceRequest(_message.Message):
         environment: Global___ApnsEnvironment.ValueType = ...,
         bundle_id: _builtins.str = ...,
         push_to_start_token: _builtins.str = ...,
+        locale: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bundle_id", b"bundle_id", "device_token", b"device_token", "environment", b"environment", "push_to_start_token", b"push_to_start_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bundle_id", b"bundle_id", "device_token", b"device_token", "environment", b"environment", "locale", b"locale", "push_to_start_token", b"push_to_start_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -516,22 +528,28 @@ class RegisterLiveActivityRequest(_message.Message):
     JOB_ID_FIELD_NUMBER: _builtins.int
     DEVICE_ID_FIELD_NUMBER: _builtins.int
     PUSH_TOKEN_FIELD_NUMBER: _builtins.int
+    ACTIVITY_ID_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job the Live Activity follows; it must be the caller's."""
     device_id: _builtins.str
     """The device running the activity."""
     push_token: _builtins.str
     """The activity's push token, hex encoded."""
+    activity_id: _builtins.str
+    """The activity's identifier on the device (ActivityKit's `Activity.id`), 1 to 128
+    characters. A new push_token under the same activity_id rotates the token.
+    """
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
         device_id: _builtins.str = ...,
         push_token: _builtins.str = ...,
+        activity_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["device_id", b"device_id", "job_id", b"job_id", "push_token", b"push_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["activity_id", b"activity_id", "device_id", b"device_id", "job_id", b"job_id", "push_token", b"push_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -545,8 +563,11 @@ class RegisterLiveActivityResponse(_message.Message):
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     REGISTER_TIME_FIELD_NUMBER: _builtins.int
+    ACTIVITY_ID_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job the activity follows."""
+    activity_id: _builtins.str
+    """The activity the token belongs to."""
     @_builtins.property
     def register_time(self) -> _timestamp_pb2.Timestamp:
         """When the token was registered."""
@@ -556,11 +577,55 @@ class RegisterLiveActivityResponse(_message.Message):
         *,
         job_id: _builtins.str = ...,
         register_time: _timestamp_pb2.Timestamp | None = ...,
+        activity_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["register_time", b"register_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "register_time", b"register_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["activity_id", b"activity_id", "job_id", b"job_id", "register_time", b"register_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RegisterLiveActivityResponse: _TypeAlias = RegisterLiveActivityResponse  # noqa: Y015
+
+@_typing.final
+class DeleteLiveActivityRequest(_message.Message):
+    """Request for DeleteLiveActivity."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    ACTIVITY_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """The job the activity follows."""
+    activity_id: _builtins.str
+    """The activity to forget."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        activity_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["activity_id", b"activity_id", "job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteLiveActivityRequest: _TypeAlias = DeleteLiveActivityRequest  # noqa: Y015
+
+@_typing.final
+class DeleteLiveActivityResponse(_message.Message):
+    """Response for DeleteLiveActivity."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteLiveActivityResponse: _TypeAlias = DeleteLiveActivityResponse  # noqa: Y015

@@ -85,6 +85,11 @@ class NotifyServiceStub:
                 request_serializer=atelier_dot_notify_dot_v1_dot_notify__service__pb2.RegisterLiveActivityRequest.SerializeToString,
                 response_deserializer=atelier_dot_notify_dot_v1_dot_notify__service__pb2.RegisterLiveActivityResponse.FromString,
                 _registered_method=True)
+        self.DeleteLiveActivity = channel.unary_unary(
+                '/atelier.notify.v1.NotifyService/DeleteLiveActivity',
+                request_serializer=atelier_dot_notify_dot_v1_dot_notify__service__pb2.DeleteLiveActivityRequest.SerializeToString,
+                response_deserializer=atelier_dot_notify_dot_v1_dot_notify__service__pb2.DeleteLiveActivityResponse.FromString,
+                _registered_method=True)
 
 
 class NotifyServiceServicer:
@@ -132,7 +137,11 @@ class NotifyServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RegisterDevice(self, request, context):
-        """Registers (or refreshes) an iOS device's APNs token for alert pushes.
+        """Registers (or refreshes) an iOS device's APNs token for alert pushes, with its
+        push-to-start token when it has one. Re-registering the same token is harmless and
+        returns the same device (its environment, bundle id and locale are refreshed).
+        Tokens are hex, an even number of 64 to 200 digits; anything else is INVALID_ARGUMENT
+        (reason INVALID_DEVICE) with a field violation.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -153,7 +162,18 @@ class NotifyServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RegisterLiveActivity(self, request, context):
-        """Registers the push token of a Live Activity that follows one job.
+        """Registers the push token of a Live Activity that follows one job. Tokens rotate
+        during an activity's life: registering a new token under the same activity_id
+        replaces the old one (no push goes to it any more). Re-registering the same token is
+        harmless. The device must be one of the caller's; another user's job is NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteLiveActivity(self, request, context):
+        """Removes a Live Activity's push token (the activity ended on the device, or the user
+        dismissed it): no more pushes go to it. An unknown activity is NOT_FOUND.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -191,6 +211,11 @@ def add_NotifyServiceServicer_to_server(servicer, server):
                     servicer.RegisterLiveActivity,
                     request_deserializer=atelier_dot_notify_dot_v1_dot_notify__service__pb2.RegisterLiveActivityRequest.FromString,
                     response_serializer=atelier_dot_notify_dot_v1_dot_notify__service__pb2.RegisterLiveActivityResponse.SerializeToString,
+            ),
+            'DeleteLiveActivity': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteLiveActivity,
+                    request_deserializer=atelier_dot_notify_dot_v1_dot_notify__service__pb2.DeleteLiveActivityRequest.FromString,
+                    response_serializer=atelier_dot_notify_dot_v1_dot_notify__service__pb2.DeleteLiveActivityResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -376,6 +401,33 @@ class NotifyService:
             '/atelier.notify.v1.NotifyService/RegisterLiveActivity',
             atelier_dot_notify_dot_v1_dot_notify__service__pb2.RegisterLiveActivityRequest.SerializeToString,
             atelier_dot_notify_dot_v1_dot_notify__service__pb2.RegisterLiveActivityResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteLiveActivity(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atelier.notify.v1.NotifyService/DeleteLiveActivity',
+            atelier_dot_notify_dot_v1_dot_notify__service__pb2.DeleteLiveActivityRequest.SerializeToString,
+            atelier_dot_notify_dot_v1_dot_notify__service__pb2.DeleteLiveActivityResponse.FromString,
             options,
             channel_credentials,
             insecure,

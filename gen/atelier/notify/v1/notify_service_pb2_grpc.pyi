@@ -67,13 +67,26 @@ class NotifyServiceStub:
     ends by itself except through a StreamEnd.
     """
     RegisterDevice: _grpc.UnaryUnaryMultiCallable[_notify_service_pb2.RegisterDeviceRequest, _notify_service_pb2.RegisterDeviceResponse]
-    """Registers (or refreshes) an iOS device's APNs token for alert pushes."""
+    """Registers (or refreshes) an iOS device's APNs token for alert pushes, with its
+    push-to-start token when it has one. Re-registering the same token is harmless and
+    returns the same device (its environment, bundle id and locale are refreshed).
+    Tokens are hex, an even number of 64 to 200 digits; anything else is INVALID_ARGUMENT
+    (reason INVALID_DEVICE) with a field violation.
+    """
     ListDevices: _grpc.UnaryUnaryMultiCallable[_notify_service_pb2.ListDevicesRequest, _notify_service_pb2.ListDevicesResponse]
     """Lists the caller's registered devices."""
     DeleteDevice: _grpc.UnaryUnaryMultiCallable[_notify_service_pb2.DeleteDeviceRequest, _notify_service_pb2.DeleteDeviceResponse]
     """Removes one of the caller's devices; no more pushes go to it."""
     RegisterLiveActivity: _grpc.UnaryUnaryMultiCallable[_notify_service_pb2.RegisterLiveActivityRequest, _notify_service_pb2.RegisterLiveActivityResponse]
-    """Registers the push token of a Live Activity that follows one job."""
+    """Registers the push token of a Live Activity that follows one job. Tokens rotate
+    during an activity's life: registering a new token under the same activity_id
+    replaces the old one (no push goes to it any more). Re-registering the same token is
+    harmless. The device must be one of the caller's; another user's job is NOT_FOUND.
+    """
+    DeleteLiveActivity: _grpc.UnaryUnaryMultiCallable[_notify_service_pb2.DeleteLiveActivityRequest, _notify_service_pb2.DeleteLiveActivityResponse]
+    """Removes a Live Activity's push token (the activity ended on the device, or the user
+    dismissed it): no more pushes go to it. An unknown activity is NOT_FOUND.
+    """
 
 @_typing.type_check_only
 class NotifyServiceAsyncStub(NotifyServiceStub):
@@ -114,13 +127,26 @@ class NotifyServiceAsyncStub(NotifyServiceStub):
     ends by itself except through a StreamEnd.
     """
     RegisterDevice: _aio.UnaryUnaryMultiCallable[_notify_service_pb2.RegisterDeviceRequest, _notify_service_pb2.RegisterDeviceResponse]  # type: ignore[assignment]
-    """Registers (or refreshes) an iOS device's APNs token for alert pushes."""
+    """Registers (or refreshes) an iOS device's APNs token for alert pushes, with its
+    push-to-start token when it has one. Re-registering the same token is harmless and
+    returns the same device (its environment, bundle id and locale are refreshed).
+    Tokens are hex, an even number of 64 to 200 digits; anything else is INVALID_ARGUMENT
+    (reason INVALID_DEVICE) with a field violation.
+    """
     ListDevices: _aio.UnaryUnaryMultiCallable[_notify_service_pb2.ListDevicesRequest, _notify_service_pb2.ListDevicesResponse]  # type: ignore[assignment]
     """Lists the caller's registered devices."""
     DeleteDevice: _aio.UnaryUnaryMultiCallable[_notify_service_pb2.DeleteDeviceRequest, _notify_service_pb2.DeleteDeviceResponse]  # type: ignore[assignment]
     """Removes one of the caller's devices; no more pushes go to it."""
     RegisterLiveActivity: _aio.UnaryUnaryMultiCallable[_notify_service_pb2.RegisterLiveActivityRequest, _notify_service_pb2.RegisterLiveActivityResponse]  # type: ignore[assignment]
-    """Registers the push token of a Live Activity that follows one job."""
+    """Registers the push token of a Live Activity that follows one job. Tokens rotate
+    during an activity's life: registering a new token under the same activity_id
+    replaces the old one (no push goes to it any more). Re-registering the same token is
+    harmless. The device must be one of the caller's; another user's job is NOT_FOUND.
+    """
+    DeleteLiveActivity: _aio.UnaryUnaryMultiCallable[_notify_service_pb2.DeleteLiveActivityRequest, _notify_service_pb2.DeleteLiveActivityResponse]  # type: ignore[assignment]
+    """Removes a Live Activity's push token (the activity ended on the device, or the user
+    dismissed it): no more pushes go to it. An unknown activity is NOT_FOUND.
+    """
 
 class NotifyServiceServicer(metaclass=_abc_1.ABCMeta):
     """The public face of notify: live job updates as streams, and the iOS tokens APNs pushes
@@ -176,7 +202,12 @@ class NotifyServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _notify_service_pb2.RegisterDeviceRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_notify_service_pb2.RegisterDeviceResponse, _abc.Awaitable[_notify_service_pb2.RegisterDeviceResponse]]:
-        """Registers (or refreshes) an iOS device's APNs token for alert pushes."""
+        """Registers (or refreshes) an iOS device's APNs token for alert pushes, with its
+        push-to-start token when it has one. Re-registering the same token is harmless and
+        returns the same device (its environment, bundle id and locale are refreshed).
+        Tokens are hex, an even number of 64 to 200 digits; anything else is INVALID_ARGUMENT
+        (reason INVALID_DEVICE) with a field violation.
+        """
 
     @_abc_1.abstractmethod
     def ListDevices(
@@ -200,6 +231,20 @@ class NotifyServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _notify_service_pb2.RegisterLiveActivityRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_notify_service_pb2.RegisterLiveActivityResponse, _abc.Awaitable[_notify_service_pb2.RegisterLiveActivityResponse]]:
-        """Registers the push token of a Live Activity that follows one job."""
+        """Registers the push token of a Live Activity that follows one job. Tokens rotate
+        during an activity's life: registering a new token under the same activity_id
+        replaces the old one (no push goes to it any more). Re-registering the same token is
+        harmless. The device must be one of the caller's; another user's job is NOT_FOUND.
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteLiveActivity(
+        self,
+        request: _notify_service_pb2.DeleteLiveActivityRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_notify_service_pb2.DeleteLiveActivityResponse, _abc.Awaitable[_notify_service_pb2.DeleteLiveActivityResponse]]:
+        """Removes a Live Activity's push token (the activity ended on the device, or the user
+        dismissed it): no more pushes go to it. An unknown activity is NOT_FOUND.
+        """
 
 def add_NotifyServiceServicer_to_server(servicer: NotifyServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,26 @@
+"""NotifyService as one servicer: the streams (WatchServicer) and the token RPCs
+(DevicesServicer), each kept in its own module."""
+
+from __future__ import annotations
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.notify.devices_servicer import DevicesServicer
+from services.notify.output_urls import OutputUrls
+from services.notify.settings import StreamSettings
+from services.notify.streams.registry import StreamRegistry
+from services.notify.watch_servicer import LatestOfJob, UserSnapshot, WatchServicer
+
+
+class NotifyServicer(DevicesServicer, WatchServicer):
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        registry: StreamRegistry,
+        settings: StreamSettings,
+        latest_of_job: LatestOfJob,
+        user_snapshot: UserSnapshot,
+        output_urls: OutputUrls,
+    ) -> None:
+        DevicesServicer.__init__(self, engine)
+        WatchServicer.__init__(self, registry, settings, latest_of_job, user_snapshot, output_urls)

@@ -1,0 +1,2 @@
+"""APNs pushes before they are sent: the tokens users register and the pushes each job
+update implies (recorded in the update's transaction for the sender to deliver)."""

@@ -1,0 +1,174 @@
+"""Records the pushes a Deliver implies, inside the projection's apply transaction (so a
+committed move never lacks its pushes, and a replayed one — which moves nothing — never
+adds any). Three short statements when the owners have tokens, one when they have none.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from services.kit.logging import get_logger
+from services.notify.projection import Moved
+from services.notify.pushes import planning
+from services.notify.pushes.planning import Plan, Prior, Rules, Token
+
+log = get_logger(__name__)
+
+# The owners' devices and push-to-start tokens, and the jobs' activity tokens. Rides
+# ix_push_tokens_user_id_active and ix_push_tokens_job_id_activity_active (statuses and
+# kinds literal, so the partial indexes apply).
+_TOKENS = text(
+    """
+    SELECT token_id, user_id, kind, bundle_id, locale, job_id FROM notify.push_tokens
+    WHERE status = 'active' AND (
+        (user_id = ANY(CAST(:user_ids AS text[])) AND kind IN ('device', 'push_to_start'))
+        OR (kind = 'activity' AND job_id = ANY(CAST(:job_ids AS uuid[])))
+    )
+    """
+)
+
+# The latest start and update not dropped, per token and job. Rides
+# uq_pushes_token_id_job_id_version_kind (token_id, job_id lead it).
+_PRIOR = text(
+    """
+    SELECT DISTINCT ON (token_id, job_id, kind)
+        push_id, token_id, job_id, kind, status, next_attempt_at, sent_at,
+        payload -> 'aps' -> 'content-state' AS content_state
+    FROM notify.pushes
+    WHERE token_id = ANY(CAST(:token_ids AS uuid[]))
+      AND job_id = ANY(CAST(:job_ids AS uuid[]))
+      AND kind IN ('la_start', 'la_update') AND status <> 'dropped'
+    ORDER BY token_id, job_id, kind, version DESC
+    """
+)
+
+# Holds the pending ones the sender is not sending right now, so that this transaction
+# may replace them. Rides pk_pushes.
+_HOLD = text(
+    """
+    SELECT push_id FROM notify.pushes
+    WHERE push_id = ANY(CAST(:push_ids AS bigint[])) AND status = 'pending'
+    FOR UPDATE SKIP LOCKED
+    """
+)
+
+_DROP = text(
+    """
+    UPDATE notify.pushes SET status = 'dropped', last_reason = 'superseded'
+    WHERE push_id = ANY(CAST(:push_ids AS bigint[]))
+    """
+)
+
+# The unique key makes a second recording of the same push a no-op.
+_INSERT = text(
+    """
+    INSERT INTO notify.pushes
+        (token_id, job_id, version, kind, priority, expires_at, collapse_id, headers,
+         payload, next_attempt_at, created_at)
+    SELECT token_id, job_id, version, kind, priority, expires_at, collapse_id,
+           CAST(headers AS jsonb), CAST(payload AS jsonb), next_attempt_at, now()
+    FROM unnest(
+        CAST(:token_ids AS uuid[]), CAST(:job_ids AS uuid[]), CAST(:versions AS bigint[]),
+        CAST(:kinds AS text[]), CAST(:priorities AS int[]),
+        CAST(:expires_ats AS timestamptz[]), CAST(:collapse_ids AS text[]),
+        CAST(:headers AS text[]), CAST(:payloads AS text[]),
+        CAST(:next_attempt_ats AS timestamptz[])
+    ) AS planned(token_id, job_id, version, kind, priority, expires_at, collapse_id,
+                 headers, payload, next_attempt_at)
+    ON CONFLICT (token_id, job_id, version, kind) DO NOTHING
+    RETURNING kind
+    """
+)
+
+
+class PushQueue:
+    """Plans and records pushes for what a Deliver moved (pass :meth:`record` to
+    ``projection.apply`` as its ``in_transaction``)."""
+
+    def __init__(self, rules: Rules) -> None:
+        self._rules = rules
+
+    async def record(self, connection: AsyncConnection, moved: Sequence[Moved]) -> None:
+        user_ids = sorted({change.applied.user_id for change in moved})
+        job_ids = sorted({change.applied.job_id for change in moved})
+        rows = await connection.execute(_TOKENS, {"user_ids": user_ids, "job_ids": job_ids})
+        tokens = [
+            Token(
+                token_id=str(row.token_id),
+                user_id=row.user_id,
+                kind=row.kind,
+                bundle_id=row.bundle_id,
+                locale=row.locale,
+                job_id=str(row.job_id) if row.job_id else None,
+            )
+            for row in rows
+        ]
+        if not tokens:
+            return
+        prior = await self._prior(connection, tokens, job_ids)
+        try:
+            result = planning.plan(moved, tokens, prior, self._rules, datetime.now(UTC))
+        except Exception:
+            # A bug in the rules must not wedge the outbox: the relay would deliver the
+            # batch again and again. The projection still moves; these pushes are lost.
+            log.exception("push_planning_failed", jobs=len(job_ids))
+            return
+        for token_id, kind, size in result.oversized:
+            log.error("push_too_large", to=token_id, kind=kind, bytes=size)
+        await self._write(connection, result)
+
+    async def _prior(
+        self, connection: AsyncConnection, tokens: list[Token], job_ids: list[str]
+    ) -> dict[tuple[str, str, str], Prior]:
+        live = [t.token_id for t in tokens if t.kind in ("activity", "push_to_start")]
+        if not live:
+            return {}
+        rows = (await connection.execute(_PRIOR, {"token_ids": live, "job_ids": job_ids})).all()
+        pending = [int(row.push_id) for row in rows if row.status == "pending"]
+        held: set[int] = set()
+        if pending:
+            held = {
+                int(row.push_id) for row in await connection.execute(_HOLD, {"push_ids": pending})
+            }
+        return {
+            (str(row.token_id), str(row.job_id), row.kind): Prior(
+                push_id=int(row.push_id),
+                kind=row.kind,
+                status=row.status,
+                next_attempt_at=row.next_attempt_at,
+                sent_at=row.sent_at,
+                content_state=row.content_state,
+                held=int(row.push_id) in held,
+            )
+            for row in rows
+        }
+
+    async def _write(self, connection: AsyncConnection, result: Plan) -> None:
+        if result.dropped:
+            await connection.execute(_DROP, {"push_ids": result.dropped})
+        if not result.pushes:
+            return
+        planned = result.pushes
+        recorded = await connection.execute(
+            _INSERT,
+            {
+                "token_ids": [p.token_id for p in planned],
+                "job_ids": [p.job_id for p in planned],
+                "versions": [p.version for p in planned],
+                "kinds": [p.push.kind for p in planned],
+                "priorities": [p.push.priority for p in planned],
+                "expires_ats": [p.push.expires_at for p in planned],
+                "collapse_ids": [p.push.collapse_id for p in planned],
+                "headers": [json.dumps(p.push.headers) for p in planned],
+                "payloads": [json.dumps(p.push.payload, ensure_ascii=False) for p in planned],
+                "next_attempt_ats": [p.send_at for p in planned],
+            },
+        )
+        kinds = [row.kind for row in recorded]
+        if kinds:
+            log.info("pushes_recorded", count=len(kinds), kinds=sorted(set(kinds)))

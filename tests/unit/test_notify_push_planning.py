@@ -1,0 +1,178 @@
+"""The push rules without a database: token checks, what each payload and its headers
+hold (Apple's limits), and the planning rules (throttle, only on change, once per entry
+into NEEDS_ATTENTION, no push-to-start when an activity exists, ends supersede)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from atelier.creation.v1 import job_pb2
+from atelier.notify.v1 import job_state_pb2
+from services.notify.projection import AppliedState, Moved
+from services.notify.pushes import payloads, texts, tokens
+from services.notify.pushes.planning import Plan, Prior, Rules, Token, plan
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+RULES = Rules(update_interval=timedelta(seconds=5), dismiss_after=timedelta(minutes=15))
+JOB = "6f1c2a3e-0000-4000-8000-000000000001"
+DEVICE = Token("d", "u", "device", "dev.atelier.app", "fr_CA", None)
+START = Token("s", "u", "push_to_start", "dev.atelier.app", "en", None)
+ACTIVITY = Token("a", "u", "activity", "dev.atelier.app", "en", JOB)
+STRANGER = Token("x", "other", "device", "dev.atelier.app", "en", None)
+
+
+def moved(
+    version: int,
+    status: job_pb2.JobStatus.ValueType,
+    previous: str | None,
+    progress: int = 0,
+) -> Moved:
+    state = job_state_pb2.JobState(
+        job_id=JOB, user_id="u", version=version, status=status, progress_percent=progress
+    )
+    return Moved(AppliedState(state, version), previous)
+
+
+@pytest.mark.parametrize(
+    ("token", "ok"),
+    [
+        ("ab" * 32, True),
+        ("AB" * 100, True),
+        ("ab" * 31, False),
+        ("ab" * 101, False),
+        ("a" * 65, False),
+        ("g" * 64, False),
+        ("", False),
+        (" " + "a" * 63, False),
+    ],
+)
+def test_tokens_are_hex_of_an_even_length_from_64_to_200(token: str, ok: bool) -> None:
+    assert (tokens.token_problem(token) is None) is ok
+
+
+def test_a_log_shows_only_the_first_8_characters_of_a_token() -> None:
+    assert tokens.short("0123456789abcdef" * 4) == "01234567"
+
+
+def test_alerts_are_localised_by_the_primary_language_and_fall_back_to_english() -> None:
+    assert texts.language("fr_CA") == "fr" and texts.language("FR") == "fr"
+    assert texts.language("de-DE") == "en"
+    assert texts.alert("en", job_pb2.JOB_STATUS_SUCCEEDED).title == "Your image is ready"
+
+
+def test_alert_headers_and_payload_follow_apples_rules() -> None:
+    state = moved(7, job_pb2.JOB_STATUS_SUCCEEDED, "running").applied.state
+    push = payloads.alert(state, "dev.atelier.app", "fr", NOW)
+    assert push.headers["apns-topic"] == "dev.atelier.app"
+    assert push.headers["apns-push-type"] == "alert"
+    assert push.collapse_id is not None
+    assert len(push.collapse_id.encode()) <= payloads.MAX_COLLAPSE_ID_BYTES
+    assert push.headers["apns-expiration"] == str(int((NOW + timedelta(hours=24)).timestamp()))
+    assert push.payload["aps"]["alert"]["title"] == "Votre image est prête"
+    assert push.body_size() <= payloads.MAX_PAYLOAD_BYTES
+
+
+def test_live_activity_pushes_use_the_liveactivity_topic_and_priorities() -> None:
+    state = moved(3, job_pb2.JOB_STATUS_RUNNING, "running", 40).applied.state
+    update = payloads.live_activity_update(state, "dev.atelier.app", NOW, NOW)
+    end = payloads.live_activity_end(state, "dev.atelier.app", NOW, timedelta(minutes=15))
+    for push in (update, end):
+        assert push.headers["apns-topic"] == "dev.atelier.app.push-type.liveactivity"
+        assert push.headers["apns-push-type"] == "liveactivity"
+        assert push.payload["aps"]["timestamp"] == int(NOW.timestamp())
+    assert update.priority == 5 and end.priority == 10
+    assert end.payload["aps"]["dismissal-date"] == int((NOW + timedelta(minutes=15)).timestamp())
+    assert update.payload["aps"]["content-state"] == {
+        "status": "running",
+        "progress": 40,
+        "attempt": 0,
+        "cancelRequested": False,
+    }
+
+
+def kinds(result: Plan) -> list[tuple[str, str]]:
+    return [(p.token_id, p.push.kind) for p in result.pushes]
+
+
+def test_a_terminal_state_alerts_the_owners_devices_and_ends_the_activity() -> None:
+    result = plan(
+        [moved(9, job_pb2.JOB_STATUS_FAILED, "running")],
+        [DEVICE, START, ACTIVITY, STRANGER],
+        {},
+        RULES,
+        NOW,
+    )
+    assert kinds(result) == [("d", "alert"), ("a", "la_end")]
+
+
+def test_needs_attention_alerts_once_per_entry() -> None:
+    entering = plan(
+        [moved(4, job_pb2.JOB_STATUS_NEEDS_ATTENTION, "running")], [DEVICE], {}, RULES, NOW
+    )
+    staying = plan(
+        [moved(5, job_pb2.JOB_STATUS_NEEDS_ATTENTION, "needs_attention")], [DEVICE], {}, RULES, NOW
+    )
+    assert kinds(entering) == [("d", "alert")] and kinds(staying) == []
+
+
+def test_push_to_start_only_when_the_job_starts_and_no_activity_follows_it() -> None:
+    starts = plan([moved(2, job_pb2.JOB_STATUS_RUNNING, "queued")], [START], {}, RULES, NOW)
+    assert kinds(starts) == [("s", "la_start")]
+    progress = plan([moved(3, job_pb2.JOB_STATUS_RUNNING, "running", 10)], [START], {}, RULES, NOW)
+    assert kinds(progress) == []
+    followed = plan(
+        [moved(2, job_pb2.JOB_STATUS_RUNNING, "queued")], [START, ACTIVITY], {}, RULES, NOW
+    )
+    assert kinds(followed) == [("a", "la_update")]
+
+
+def prior(status: str, *, held: bool = False, progress: int = 10, sent: bool = False) -> Prior:
+    return Prior(
+        push_id=1,
+        kind="la_update",
+        status=status,
+        next_attempt_at=NOW - timedelta(seconds=2),
+        sent_at=NOW - timedelta(seconds=1) if sent else None,
+        content_state={
+            "status": "running",
+            "progress": progress,
+            "attempt": 0,
+            "cancelRequested": False,
+        },
+        held=held,
+    )
+
+
+def update_after(last: Prior) -> tuple[list[datetime], list[int]]:
+    result = plan(
+        [moved(4, job_pb2.JOB_STATUS_RUNNING, "running", 50)],
+        [ACTIVITY],
+        {("a", JOB, "la_update"): last},
+        RULES,
+        NOW,
+    )
+    return [p.send_at for p in result.pushes], result.dropped
+
+
+def test_updates_are_throttled_per_activity_and_only_sent_on_change() -> None:
+    # Unchanged: nothing.
+    assert update_after(prior("pending", held=True, progress=50)) == ([], [])
+    # A waiting update is replaced: the newer one takes its slot.
+    assert update_after(prior("pending", held=True)) == ([NOW - timedelta(seconds=2)], [1])
+    # One the sender is sending: the next waits a whole interval.
+    assert update_after(prior("pending", held=False)) == ([NOW + timedelta(seconds=5)], [])
+    # After one went out: the interval counts from when it went.
+    assert update_after(prior("sent", sent=True)) == ([NOW + timedelta(seconds=4)], [])
+
+
+def test_an_end_drops_the_update_still_waiting() -> None:
+    result = plan(
+        [moved(8, job_pb2.JOB_STATUS_SUCCEEDED, "running", 100)],
+        [ACTIVITY],
+        {("a", JOB, "la_update"): prior("pending", held=True)},
+        RULES,
+        NOW,
+    )
+    assert kinds(result) == [("a", "la_end")] and result.dropped == [1]
