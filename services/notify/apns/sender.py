@@ -37,6 +37,9 @@ BAD_DEVICE_TOKENS = Counter(
     ["environment", "likely_cause"],
 )
 
+# Why a push to a token that is no longer active was dropped unsent (as the store says it).
+_INACTIVE_REASONS = {"retired": "TokenRetired", "bad": "TokenBad"}
+
 
 @dataclass
 class _Sent:
@@ -95,7 +98,8 @@ class Sender:
         apns_id = apns_id_for(push.push_id)
         now = self._clock()
         if push.token_status != "active":
-            return _Sent(self._final(push, "dropped", None, None, f"Token{push.token_status}"))
+            reason = _INACTIVE_REASONS.get(push.token_status, "TokenInactive")
+            return _Sent(self._final(push, "dropped", None, None, reason))
         if push.expires_at is not None and push.expires_at <= now:
             return _Sent(self._final(push, "dropped", None, None, "Expired"))
         push_type = push.headers.get("apns-push-type", "alert")
