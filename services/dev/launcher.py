@@ -13,7 +13,7 @@ from services.dev.banner import banner
 from services.dev.processes import StartupError
 from services.dev.stack import Stack, StackPorts
 from services.kit.auth import issue_token
-from services.kit.settings import CommonSettings, EnvReader
+from services.kit.settings import CommonSettings, EnvReader, port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,6 +29,8 @@ def run_dev() -> int:
     ports = StackPorts.from_env(reader)
     var = Path(reader.string("DEV_DIR", str(ROOT / "var"))).resolve()
     max_json_body = edge.max_json_body(reader)
+    # The local APNs peer notify's sender talks to (pushes are printed as they arrive).
+    apns_peer_port = port(reader, "APNS_PEER_PORT", 2197)
     reader.finish()
     # A taken port stops everything before anything starts (exit code 2, naming it).
     ports.ensure_free()
@@ -42,11 +44,16 @@ def run_dev() -> int:
         database_url = postgres.ensure_database(admin_url, "atelier")
 
     stack = Stack(
-        database_url=database_url, ports=ports, work_dir=var, edge_max_json_body=max_json_body
+        database_url=database_url,
+        ports=ports,
+        work_dir=var,
+        edge_max_json_body=max_json_body,
+        apns_peer=True,
+        apns_peer_port=apns_peer_port,
     )
     _say("migrating and seeding")
     stack.migrate()
-    _say("starting creation, media, notify and Envoy")
+    _say("starting the local APNs peer, creation, media, notify and Envoy")
     try:
         stack.start()
     except StartupError as error:

@@ -1,7 +1,7 @@
 """Assembles the notify service: the ingest listener (creation's relay delivers job states
 to the projection; what moved goes to the streams' fan-out: Redis when configured, in
-process otherwise) and the client streams with their backstop. Devices answer
-UNIMPLEMENTED until they are built."""
+process otherwise) and the client streams with their backstop; with APNs configured, the
+sender that drains notify.pushes. Devices answer UNIMPLEMENTED until they are built."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from services.kit.components import Component
 from services.kit.db import Database
 from services.kit.server import Binding, ServiceApp, run_service
 from services.notify import watch_reads
+from services.notify.apns.assemble import build_sender
 from services.notify.fanout import Publisher
 from services.notify.ingest_servicer import NotifyIngestServicer
 from services.notify.output_urls import MediaSigner, OutputUrls
@@ -97,6 +98,11 @@ def assemble(
     cleanup = [signer.close, database.close]
     if streams.redis is not None:
         cleanup.insert(0, streams.redis.close)
+    components = list(streams.components)
+    if settings.apns.enabled:
+        sender, close_sender = build_sender(settings.apns, engine)
+        components.append(sender)
+        cleanup.insert(0, close_sender)
     app = ServiceApp(
         name="notify",
         public=[
@@ -120,7 +126,7 @@ def assemble(
             )
         ],
         readiness=database.answers,
-        components=streams.components,
+        components=components,
         cleanup=cleanup,
     )
     return app, streams

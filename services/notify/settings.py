@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from services.kit.settings import DEFAULT_PORTS, CommonSettings, EnvReader, ListenSettings
+from services.notify.apns.settings import APNS_OFF, ApnsSettings
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,8 @@ class NotifySettings:
     streams: StreamSettings
     # Signs the download URLs of a succeeded job's outputs as streams send it.
     media_internal_address: str = f"127.0.0.1:{DEFAULT_PORTS['media'].internal_port}"
+    # The APNs sender (off unless ATELIER_APNS_ENABLED=true).
+    apns: ApnsSettings = APNS_OFF
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> NotifySettings:
@@ -67,6 +70,7 @@ class NotifySettings:
                 "MEDIA_INTERNAL_ADDRESS",
                 f"127.0.0.1:{DEFAULT_PORTS['media'].internal_port}",
             ),
+            apns=ApnsSettings.read(reader),
         )
         reader.finish()
         return settings

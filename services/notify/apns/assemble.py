@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -17,7 +18,7 @@ from services.notify.apns.store import PushStore
 
 def build_sender(
     settings: ApnsSettings, engine: AsyncEngine, clock: Clock = system_clock
-) -> tuple[Sender, Callable[[], Awaitable[None]]]:
+) -> tuple[Sender, Callable[[], Coroutine[Any, Any, None]]]:
     """The sender and what closes its connections."""
     key = load_signing_key(settings.key_path)
     token = ProviderToken(

@@ -37,6 +37,9 @@ BAD_DEVICE_TOKENS = Counter(
     ["environment", "likely_cause"],
 )
 
+# The longest a sender waits between rounds while they fail.
+_MAX_PAUSE_SECONDS = 10.0
+
 # Why a push to a token that is no longer active was dropped unsent (as the store says it).
 _INACTIVE_REASONS = {"retired": "TokenRetired", "bad": "TokenBad"}
 
@@ -70,11 +73,21 @@ class Sender:
         self._stopping = asyncio.Event()
 
     async def run(self) -> None:
+        pause = self._settings.poll_seconds
         while not self._stopping.is_set():
-            handled = await self.send_due()
+            try:
+                handled = await self.send_due()
+            except Exception as error:
+                # The database is away (or the schema not there yet): the pushes wait in
+                # the table, so wait too, longer each time, instead of stopping notify.
+                log.warning("apns_round_failed", error=type(error).__name__, retry_in=pause)
+                handled = 0
+                pause = min(pause * 2, _MAX_PAUSE_SECONDS)
+            else:
+                pause = self._settings.poll_seconds
             if handled < self._settings.batch_size:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), self._settings.poll_seconds)
+                    await asyncio.wait_for(self._stopping.wait(), pause)
 
     async def stop(self, deadline: float) -> None:
         # The round in flight finishes (its sends are short and time out inside the lease).

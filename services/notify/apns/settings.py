@@ -91,3 +91,7 @@ class ApnsSettings:
         settings = cls.read(reader)
         reader.finish()
         return settings
+
+
+# No sender: what notify runs with unless ATELIER_APNS_ENABLED=true.
+APNS_OFF = ApnsSettings(enabled=False, key_path="", key_id="", team_id="", bundle_id="")
