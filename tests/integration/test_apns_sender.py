@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from services.dev.apns_peer import ApnsPeer
+from services.dev.processes import free_port
 from services.kit.db import asyncpg_url
 from services.notify.apns.assemble import build_sender
 from services.notify.apns.client import apns_id_for
@@ -279,3 +280,28 @@ async def test_a_payload_over_apples_limit_is_failed_without_sending(
     row = await push_row(engine, push_id)
     assert (row["status"], row["last_reason"]) == ("failed", "PayloadTooLarge")
     assert peer.state.answers == []
+
+
+async def test_an_unreachable_apple_is_retried_later_with_no_status_recorded(
+    engine: AsyncEngine, peer_and_key: tuple[ApnsPeer, Path]
+) -> None:
+    peer, key_path = peer_and_key
+    closed = f"https://127.0.0.1:{free_port()}"
+    sender, close = build_sender(
+        settings_for(peer, key_path, production_url=closed, sandbox_url=closed), engine
+    )
+    token_id, _ = await insert_token(engine)
+    push_id = await insert_push(engine, token_id)
+    try:
+        await sender.send_due()
+    finally:
+        await close()
+
+    row = await push_row(engine, push_id)
+    assert (row["status"], row["last_http_status"], row["last_reason"]) == (
+        "pending",
+        None,
+        "ConnectionLost",
+    )
+    [exchange] = await attempts_of(engine, push_id)
+    assert (exchange["http_status"], exchange["reason"]) == (None, "ConnectionLost")

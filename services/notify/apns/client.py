@@ -7,8 +7,7 @@ import ssl
 import uuid
 from collections.abc import Mapping
 
-import httpx
-
+from services.notify.apns.http2 import ConnectionLost, Http2Client
 from services.notify.apns.outcomes import Answer, unregistered_at
 from services.notify.apns.settings import ApnsSettings
 
@@ -23,16 +22,9 @@ def apns_id_for(push_id: int) -> str:
 class ApnsClient:
     def __init__(self, settings: ApnsSettings) -> None:
         self._settings = settings
-        verify: ssl.SSLContext | bool = True
-        if settings.ca_file:
-            verify = ssl.create_default_context(cafile=settings.ca_file)
-        self._http = httpx.AsyncClient(
-            http2=True,
-            verify=verify,
-            timeout=settings.request_timeout_seconds,
-            # HTTP/2 multiplexes: one connection per host carries every stream.
-            limits=httpx.Limits(max_connections=4, max_keepalive_connections=4),
-        )
+        tls = ssl.create_default_context(cafile=settings.ca_file or None)
+        # HTTP/2 multiplexes: one connection per host carries every stream.
+        self._http = Http2Client(tls, connect_timeout=settings.request_timeout_seconds)
 
     async def send(
         self,
@@ -44,26 +36,28 @@ class ApnsClient:
         provider_token: str,
     ) -> Answer:
         url = f"{self._settings.base_url(environment)}/3/device/{device_token}"
-        request_headers = {
-            **headers,
-            "apns-id": apns_id,
-            "authorization": f"bearer {provider_token}",
-        }
+        request_headers = [
+            *((name, value) for name, value in headers.items() if name.startswith("apns-")),
+            ("apns-id", apns_id),
+            ("authorization", f"bearer {provider_token}"),
+        ]
         try:
-            response = await self._http.post(url, content=body, headers=request_headers)
-        except httpx.TimeoutException:
+            response = await self._http.post(
+                url, request_headers, body, self._settings.request_timeout_seconds
+            )
+        except TimeoutError:
             return Answer(0, "Timeout", apns_id)
-        except httpx.TransportError as error:
-            # The exception text may name the URL, which holds the device token.
-            return Answer(0, type(error).__name__, apns_id)
+        except ConnectionLost:
+            # Its text names the host only, never the URL (which holds the device token).
+            return Answer(0, "ConnectionLost", apns_id)
         answered_id = response.headers.get("apns-id", apns_id)
-        if response.status_code == 200:
+        if response.status == 200:
             return Answer(200, "", answered_id)
-        reason, timestamp = _reason(response.content)
-        return Answer(response.status_code, reason, answered_id, unregistered_at(timestamp))
+        reason, timestamp = _reason(response.body)
+        return Answer(response.status, reason, answered_id, unregistered_at(timestamp))
 
     async def close(self) -> None:
-        await self._http.aclose()
+        await self._http.close()
 
 
 def _reason(content: bytes) -> tuple[str, object]:

@@ -140,14 +140,15 @@ class PushStore:
                 [o.attempt for o in outcomes],
                 [o.status for o in outcomes],
                 [o.apns_id for o in outcomes],
-                [o.http_status for o in outcomes],
+                # 0 (no answer came) is stored as NULL.
+                [o.http_status or None for o in outcomes],
                 [o.reason for o in outcomes],
                 [o.next_attempt_at for o in outcomes],
                 [o.sent for o in outcomes],
                 [e.push_id for e in exchanges],
                 [e.attempt for e in exchanges],
                 [e.apns_id for e in exchanges],
-                [e.http_status for e in exchanges],
+                [e.http_status or None for e in exchanges],
                 [e.reason for e in exchanges],
                 [e.at for e in exchanges],
             )
