@@ -453,16 +453,40 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--quiet", action="store_true", help="do not print each accepted push")
+    parser.add_argument(
+        "--fail",
+        action="append",
+        default=[],
+        metavar="TOKEN=STATUS:REASON",
+        help="answer this device token with an error every time (e.g. …=410:Unregistered)",
+    )
     args = parser.parse_args(argv)
+    failures: dict[str, Failure] = {}
+    for spec in args.fail:
+        token, _, answer = spec.partition("=")
+        status, _, reason = answer.partition(":")
+        if not token or not status.isdigit() or not reason:
+            parser.error(f"--fail {spec!r}: expected TOKEN=STATUS:REASON")
+        failures[token.lower()] = Failure(int(status), reason, times=None)
     public_key = serialization.load_pem_public_key(Path(args.public_key).read_bytes())
     if not isinstance(public_key, ec.EllipticCurvePublicKey):
         parser.error("--public-key must be an EC public key")
     rules = PeerRules(public_key, args.key_id, args.team_id, args.bundle_id)
-    return asyncio.run(_serve(rules, Path(args.state_dir), args.host, args.port, args.quiet))
+    return asyncio.run(
+        _serve(rules, Path(args.state_dir), args.host, args.port, args.quiet, failures)
+    )
 
 
-async def _serve(rules: PeerRules, state_dir: Path, host: str, port: int, quiet: bool) -> int:
+async def _serve(
+    rules: PeerRules,
+    state_dir: Path,
+    host: str,
+    port: int,
+    quiet: bool,
+    failures: dict[str, Failure],
+) -> int:
     peer = ApnsPeer(rules, state_dir, host)
+    peer.state.failures.update(failures)
     if not quiet:
         peer.on_accept = _print_push
     await peer.start(port)

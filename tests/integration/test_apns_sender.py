@@ -173,7 +173,7 @@ async def test_bad_device_token_on_a_production_token_is_reported_as_environment
 
 
 async def test_expired_provider_token_is_refreshed_and_the_push_retried_once(
-    engine: AsyncEngine, peer: ApnsPeer, sender: Sender
+    engine: AsyncEngine, peer: ApnsPeer, sender: Sender, caplog: pytest.LogCaptureFixture
 ) -> None:
     token_id, token = await insert_token(engine)
     await insert_push(engine, token_id, version=1)
@@ -192,6 +192,9 @@ async def test_expired_provider_token_is_refreshed_and_the_push_retried_once(
     ]
     second_jwt = peer.received_by(token)[1].provider_token
     assert second_jwt != first_jwt
+    assert "apns_provider_token_expired" in caplog.text
+    for secret in (first_jwt, second_jwt, token):
+        assert secret not in caplog.text
 
 
 @pytest.mark.parametrize(
