@@ -64,6 +64,11 @@ def run_dev() -> int:
         common.jwt_secret, common.jwt_issuer, common.jwt_audience, "dev-user", 24 * 3600
     )
     _say(banner(ports, token))
+    if stack.apns_env:
+        _say(
+            f"APNs: notify sends to the local peer on https://127.0.0.1:{apns_peer_port} "
+            "(each push it accepts is printed here)"
+        )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
