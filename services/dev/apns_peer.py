@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import ipaddress
 import json
+import signal
 import ssl
 import sys
 import time
@@ -491,8 +492,11 @@ async def _serve(
         peer.on_accept = _print_push
     await peer.start(port)
     print(json.dumps({"url": peer.url, "ca_file": peer.ca_file}), flush=True)
+    stop = asyncio.Event()
+    # SIGTERM (atelier dev stopping its children) is a clean stop, not a crash.
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     try:
-        await asyncio.Event().wait()
+        await stop.wait()
     finally:
         await peer.close()
     return 0
