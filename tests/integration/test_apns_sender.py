@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from services.dev.apns_peer import ApnsPeer
@@ -18,6 +19,7 @@ from services.kit.db import asyncpg_url
 from services.notify.apns.assemble import build_sender
 from services.notify.apns.client import apns_id_for
 from services.notify.apns.sender import BAD_DEVICE_TOKENS, Sender
+from services.notify.apns.store import PushStore
 from tests.support.apns_peer import (
     attempts_of,
     insert_push,
@@ -213,10 +215,9 @@ async def test_throttled_or_failing_apple_is_retried_with_backoff_until_accepted
     [exchange] = await attempts_of(engine, push_id)
     # Backed off by at least half the base delay (0.05 s, jittered), not immediately due.
     assert row["next_attempt_at"] - exchange["at"] >= timedelta(seconds=0.025)
-    async with asyncio.timeout(10):
-        while (await push_row(engine, push_id))["status"] == "pending":
-            await sender.send_due()
-            await asyncio.sleep(0.02)
+    for _ in range(2):
+        await end_lease(engine, push_id)  # the backoff's time passes
+        assert await sender.send_due() == 1
 
     row = await push_row(engine, push_id)
     assert (row["status"], row["attempts"]) == ("sent", 3)
@@ -233,10 +234,11 @@ async def test_retries_stop_at_max_attempts_as_failed(
     peer.fail(token, 503, "ServiceUnavailable", times=None)
     push_id = await insert_push(engine, token_id)
     try:
-        async with asyncio.timeout(10):
-            while (await push_row(engine, push_id))["status"] == "pending":
-                await sender.send_due()
-                await asyncio.sleep(0.02)
+        assert await sender.send_due() == 1
+        await end_lease(engine, push_id)
+        assert await sender.send_due() == 1
+        await end_lease(engine, push_id)
+        assert await sender.send_due() == 0  # failed: never claimed again
     finally:
         await close()
 
@@ -308,3 +310,55 @@ async def test_an_unreachable_apple_is_retried_later_with_no_status_recorded(
     )
     [exchange] = await attempts_of(engine, push_id)
     assert (exchange["http_status"], exchange["reason"]) == (None, "ConnectionLost")
+
+
+async def test_a_push_claimed_by_a_sender_that_died_is_resent_once_after_the_lease(
+    engine: AsyncEngine, peer_and_key: tuple[ApnsPeer, Path]
+) -> None:
+    peer, key_path = peer_and_key
+    settings = settings_for(peer, key_path)
+    sender, close = build_sender(settings, engine)
+    token_id, token = await insert_token(engine)
+    push_id = await insert_push(engine, token_id)
+    # A sender claims the push (and, say, sends it), then dies before recording anything.
+    [claimed] = await PushStore(engine).claim(10, settings.lease_seconds)
+    try:
+        assert await sender.send_due() == 0  # leased: nobody else takes it meanwhile
+        await end_lease(engine, push_id)
+        assert await sender.send_due() == 1
+    finally:
+        await close()
+
+    row = await push_row(engine, push_id)
+    assert (row["status"], row["attempts"]) == ("sent", 2)
+    [received] = peer.received_by(token)
+    # The resend carries the push's one apns-id, so Apple and our logs can tell.
+    assert received.apns_id == apns_id_for(claimed.push_id)
+
+
+async def end_lease(engine: AsyncEngine, push_id: int) -> None:
+    """The lease's time passes (instead of waiting it out)."""
+    async with engine.begin() as connection:
+        await connection.execute(
+            text("UPDATE notify.pushes SET next_attempt_at = now() WHERE push_id = :id"),
+            {"id": push_id},
+        )
+
+
+async def test_a_dropped_connection_is_reopened_for_the_next_push(
+    engine: AsyncEngine, peer: ApnsPeer, sender: Sender
+) -> None:
+    token_id, token = await insert_token(engine)
+    await insert_push(engine, token_id, version=1)
+    await sender.send_due()
+    for transport in list(peer.connections):
+        transport.close()
+    later = await insert_push(engine, token_id, version=2)
+
+    await sender.send_due()
+    if len(peer.received_by(token)) < 2:
+        # The close raced the send: that one round failed and is retried on a new connection.
+        await end_lease(engine, later)
+        await sender.send_due()
+
+    assert len(peer.received_by(token)) == 2
