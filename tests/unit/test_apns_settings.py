@@ -3,6 +3,8 @@ the lease longer than a send and its retry."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from services.kit.settings import SettingsError
@@ -43,3 +45,27 @@ def test_hosts_are_overridable_for_a_test_peer() -> None:
     )
     assert settings.base_url("sandbox") == "https://127.0.0.1:2197"
     assert settings.base_url("production") == PRODUCTION_URL
+
+
+def test_notify_will_not_start_with_a_key_that_is_not_p256(tmp_path: Path) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from services.notify.apns.assemble import build_sender
+
+    path = tmp_path / "p384.p8"
+    key = ec.generate_private_key(ec.SECP384R1())
+    content = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    path.write_bytes(content)
+    settings = ApnsSettings(
+        enabled=True, key_path=str(path), key_id="ABC123DEFG", team_id="TEAM123456", bundle_id="a.b"
+    )
+    engine = create_async_engine("postgresql+asyncpg://nobody@127.0.0.1:1/none")
+    with pytest.raises(SettingsError, match=r"ATELIER_APNS_KEY_PATH: .* not P-256") as raised:
+        build_sender(settings, engine)
+    assert content.decode().splitlines()[1] not in str(raised.value)
