@@ -1,5 +1,5 @@
-"""The `atelier` command: run a service, migrate a schema, issue a development token, or
-run the whole system locally."""
+"""The `atelier` command: run a service, migrate a schema, issue a development token, check
+the APNs settings, or run the whole system locally."""
 
 from __future__ import annotations
 
@@ -79,6 +79,15 @@ def _token(args: argparse.Namespace) -> int:
     return 0
 
 
+def _push_doctor(args: argparse.Namespace) -> int:
+    from services.notify.apns import doctor_command
+
+    if args.send_to is not None and args.environment is None:
+        print("atelier push doctor: --send-to needs --environment", file=sys.stderr)
+        return 2
+    return doctor_command.run(args.send_to, args.environment or "", not args.no_database)
+
+
 def _dev(args: argparse.Namespace) -> int:
     from services.dev.launcher import run_dev
 
@@ -116,6 +125,19 @@ def parser() -> argparse.ArgumentParser:
         help="print the service credential instead (ATELIER_SERVICE_TOKEN, or the dev one)",
     )
     token.set_defaults(run=_token)
+
+    push = commands.add_parser("push", help="APNs tools")
+    push_commands = push.add_subparsers(dest="push_command", required=True)
+    doctor = push_commands.add_parser(
+        "doctor",
+        help="check the APNs settings (ATELIER_APNS_*); exits 1 on a problem",
+    )
+    doctor.add_argument("--send-to", metavar="TOKEN", help="send a test push to this token")
+    doctor.add_argument("--environment", choices=("sandbox", "production"))
+    doctor.add_argument(
+        "--no-database", action="store_true", help="skip the registered tokens' checks"
+    )
+    doctor.set_defaults(run=_push_doctor)
 
     dev = commands.add_parser("dev", help="run everything locally on embedded defaults")
     dev.set_defaults(run=_dev)

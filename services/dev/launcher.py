@@ -13,7 +13,7 @@ from services.dev.banner import banner
 from services.dev.processes import StartupError
 from services.dev.stack import Stack, StackPorts
 from services.kit.auth import issue_token
-from services.kit.settings import CommonSettings, EnvReader
+from services.kit.settings import CommonSettings, EnvReader, port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,6 +29,8 @@ def run_dev() -> int:
     ports = StackPorts.from_env(reader)
     var = Path(reader.string("DEV_DIR", str(ROOT / "var"))).resolve()
     max_json_body = edge.max_json_body(reader)
+    # The local APNs peer notify's sender talks to (pushes are printed as they arrive).
+    apns_peer_port = port(reader, "APNS_PEER_PORT", 2197)
     reader.finish()
     # A taken port stops everything before anything starts (exit code 2, naming it).
     ports.ensure_free()
@@ -42,11 +44,16 @@ def run_dev() -> int:
         database_url = postgres.ensure_database(admin_url, "atelier")
 
     stack = Stack(
-        database_url=database_url, ports=ports, work_dir=var, edge_max_json_body=max_json_body
+        database_url=database_url,
+        ports=ports,
+        work_dir=var,
+        edge_max_json_body=max_json_body,
+        apns_peer=True,
+        apns_peer_port=apns_peer_port,
     )
     _say("migrating and seeding")
     stack.migrate()
-    _say("starting creation, media, notify and Envoy")
+    _say("starting the local APNs peer, creation, media, notify and Envoy")
     try:
         stack.start()
     except StartupError as error:
@@ -57,6 +64,11 @@ def run_dev() -> int:
         common.jwt_secret, common.jwt_issuer, common.jwt_audience, "dev-user", 24 * 3600
     )
     _say(banner(ports, token))
+    if stack.apns_env:
+        _say(
+            f"APNs: notify sends to the local peer on https://127.0.0.1:{apns_peer_port} "
+            "(each push it accepts is printed here)"
+        )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

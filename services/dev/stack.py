@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.dev import edge
+from services.dev import apns_peer, edge
 from services.dev.processes import (
     Child,
     accepting,
@@ -117,7 +117,12 @@ class Stack:
     # creation's role: "all" runs the job engine beside the API; "api" leaves jobs queued
     # (benchmarks of the API alone).
     creation_role: str = "all"
+    # Start the local APNs peer and point notify's sender at it (unless the environment
+    # configures APNs itself): `atelier dev` shows the pushes a job produces.
+    apns_peer: bool = False
+    apns_peer_port: int = 0
     children: list[Child] = field(default_factory=list)
+    apns_env: dict[str, str] = field(default_factory=dict)
 
     def migrate(self) -> None:
         for name in SERVICES:
@@ -142,6 +147,8 @@ class Stack:
         is ready."""
         self.ports.ensure_free()
         try:
+            if self.apns_peer and "ATELIER_APNS_ENABLED" not in os.environ:
+                self._start_apns_peer(timeout)
             for name in SERVICES:
                 self.children.append(self._spawn_service(name))
             for child in self.children:
@@ -174,6 +181,43 @@ class Stack:
             self.stop()
             raise
 
+    def _start_apns_peer(self, timeout: float) -> None:
+        state = self.work_dir / "apns"
+        private_key, public_key = apns_peer.ensure_dev_key(state)
+        port = self.apns_peer_port or free_port()
+        argv = [
+            sys.executable,
+            "-m",
+            "services.dev.apns_peer",
+            "--public-key",
+            str(public_key),
+            "--key-id",
+            apns_peer.DEV_KEY_ID,
+            "--team-id",
+            apns_peer.DEV_TEAM_ID,
+            "--bundle-id",
+            apns_peer.DEV_BUNDLE_ID,
+            "--state-dir",
+            str(state),
+            "--port",
+            str(port),
+        ]
+        child = spawn("apns-peer", argv, {}, self.log_dir)
+        self.children.append(child)
+        # The certificate is written before the peer listens.
+        wait_until(child, accepting(port), timeout)
+        url = f"https://127.0.0.1:{port}"
+        self.apns_env = {
+            "ATELIER_APNS_ENABLED": "true",
+            "ATELIER_APNS_KEY_PATH": str(private_key),
+            "ATELIER_APNS_KEY_ID": apns_peer.DEV_KEY_ID,
+            "ATELIER_APNS_TEAM_ID": apns_peer.DEV_TEAM_ID,
+            "ATELIER_APNS_BUNDLE_ID": apns_peer.DEV_BUNDLE_ID,
+            "ATELIER_APNS_PRODUCTION_URL": url,
+            "ATELIER_APNS_SANDBOX_URL": url,
+            "ATELIER_APNS_CA_FILE": str(state / "apns-peer-cert.pem"),
+        }
+
     def _service_env(self) -> dict[str, str]:
         return {
             # Said explicitly: a process without ATELIER_ENV is a production one.
@@ -181,6 +225,7 @@ class Stack:
             "ATELIER_DATABASE_URL": self.database_url,
             **self.ports.service_env(),
             **self.state_env(),
+            **self.apns_env,
             **self.extra_env,
         }
 
@@ -190,6 +235,8 @@ class Stack:
         return spawn(name, argv, self._service_env(), self.log_dir)
 
     def _wait_ready(self, child: Child, timeout: float) -> None:
+        if child.name not in SERVICES:
+            return
         for listener in (self.ports.public, self.ports.internal):
             wait_until(child, grpc_serving(f"127.0.0.1:{listener[child.name]}"), timeout)
         if child.name == "media":

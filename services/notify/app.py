@@ -1,7 +1,8 @@
 """Assembles the notify service: the ingest listener (creation's relay delivers job states
 to the projection; what moved goes to the streams' fan-out: Redis when configured, in
 process otherwise), the client streams with their backstop, and the APNs token RPCs;
-Deliver records the pushes each update implies (services/notify/pushes/)."""
+Deliver records the pushes each update implies (services/notify/pushes/), and with APNs
+configured the sender drains them (services/notify/apns/)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from services.kit.components import Component
 from services.kit.db import Database
 from services.kit.server import Binding, ServiceApp, run_service
 from services.notify import watch_reads
+from services.notify.apns.assemble import build_sender
 from services.notify.fanout import Publisher
 from services.notify.ingest_servicer import NotifyIngestServicer
 from services.notify.output_urls import MediaSigner, OutputUrls
@@ -109,6 +111,11 @@ def assemble(
     cleanup = [signer.close, database.close]
     if streams.redis is not None:
         cleanup.insert(0, streams.redis.close)
+    components = list(streams.components)
+    if settings.apns.enabled:
+        sender, close_sender = build_sender(settings.apns, engine)
+        components.append(sender)
+        cleanup.insert(0, close_sender)
     app = ServiceApp(
         name="notify",
         public=[
@@ -135,7 +142,7 @@ def assemble(
             )
         ],
         readiness=database.answers,
-        components=streams.components,
+        components=components,
         cleanup=cleanup,
     )
     return app, streams

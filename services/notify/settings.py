@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from services.kit.settings import DEFAULT_PORTS, CommonSettings, EnvReader, ListenSettings
+from services.notify.apns.settings import APNS_OFF, ApnsSettings
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,8 @@ class NotifySettings:
     # Signs the download URLs of a succeeded job's outputs as streams send it.
     media_internal_address: str = f"127.0.0.1:{DEFAULT_PORTS['media'].internal_port}"
     pushes: PushSettings = PushSettings()
+    # The APNs sender (off unless ATELIER_APNS_ENABLED=true).
+    apns: ApnsSettings = APNS_OFF
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> NotifySettings:
@@ -87,6 +90,7 @@ class NotifySettings:
                     "LIVE_ACTIVITY_DISMISS_AFTER", 900.0, minimum=0, maximum=4 * 3600
                 ),
             ),
+            apns=ApnsSettings.read(reader),
         )
         reader.finish()
         return settings

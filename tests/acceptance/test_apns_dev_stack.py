@@ -1,0 +1,103 @@
+"""`atelier dev`'s APNs wiring: the stack starts the local APNs peer and notify's sender
+sends to it, so a push written into notify.pushes shows up in the peer's output.
+(The push tables come from tests/support/push_tables.py until migration 0003 lands.)"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from services.dev import apns_peer, postgres
+from services.dev.stack import Stack, StackPorts
+from services.kit.db import asyncpg_url
+from tests.support.push_tables import create_push_tables
+
+pytestmark = pytest.mark.acceptance
+
+
+@pytest.fixture(scope="module")
+def database(postgres_admin_url: str) -> Iterator[str]:
+    name = f"atelier_apns_{uuid.uuid4().hex[:10]}"
+    url = postgres.ensure_database(postgres_admin_url, name)
+    yield url
+    postgres.drop_database(postgres_admin_url, name)
+
+
+@pytest.fixture
+async def engine(database: str) -> AsyncIterator[AsyncEngine]:
+    engine = create_async_engine(asyncpg_url(database))
+    yield engine
+    await engine.dispose()
+
+
+async def test_the_dev_stack_sends_pushes_to_its_local_apns_peer(
+    database: str, engine: AsyncEngine, tmp_path: Path
+) -> None:
+    stack = Stack(
+        database_url=database,
+        ports=StackPorts.free(),
+        work_dir=tmp_path,
+        log_dir=tmp_path / "logs",
+        apns_peer=True,
+    )
+    await asyncio.to_thread(stack.migrate)
+    await create_push_tables(engine)
+    token = "ab" * 32
+    token_id = uuid.uuid4()
+    async with engine.begin() as connection:
+        await connection.execute(
+            text(
+                "INSERT INTO notify.push_tokens (token_id, user_id, kind, token, environment,"
+                " bundle_id, locale, registered_at) VALUES (:id, 'dev-user', 'device', :token,"
+                " 'sandbox', :bundle, 'en', now())"
+            ),
+            {"id": token_id, "token": token, "bundle": apns_peer.DEV_BUNDLE_ID},
+        )
+        push_id = await connection.scalar(
+            text(
+                "INSERT INTO notify.pushes (token_id, job_id, version, kind, priority, headers,"
+                " payload, next_attempt_at, created_at) VALUES (:id, :job, 1, 'alert', 10,"
+                " CAST(:headers AS jsonb), CAST(:payload AS jsonb), now(), now())"
+                " RETURNING push_id"
+            ),
+            {
+                "id": token_id,
+                "job": uuid.uuid4(),
+                "headers": json.dumps(
+                    {
+                        "apns-push-type": "alert",
+                        "apns-topic": apns_peer.DEV_BUNDLE_ID,
+                        "apns-priority": "10",
+                    }
+                ),
+                "payload": json.dumps({"aps": {"alert": {"title": "Picture ready"}}}),
+            },
+        )
+    await asyncio.to_thread(stack.start)
+    try:
+        async with asyncio.timeout(20):
+            while True:
+                async with engine.connect() as connection:
+                    status = await connection.scalar(
+                        text("SELECT status FROM notify.pushes WHERE push_id = :id"),
+                        {"id": push_id},
+                    )
+                if status != "pending":
+                    break
+                await asyncio.sleep(0.1)
+    finally:
+        await asyncio.to_thread(stack.stop)
+
+    assert status == "sent"
+    peer_output = (tmp_path / "logs" / "apns-peer.log").read_text()
+    [line] = [json.loads(x) for x in peer_output.splitlines() if "apns_peer_push" in x]
+    assert line["payload"] == {"aps": {"alert": {"title": "Picture ready"}}}
+    assert line["device"] == "…" + token[-8:]
+    assert token not in peer_output
