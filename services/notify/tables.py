@@ -13,7 +13,6 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     MetaData,
-    PrimaryKeyConstraint,
     Sequence,
     Table,
     Text,
@@ -174,11 +173,13 @@ Index(
 push_attempts = Table(
     "push_attempts",
     metadata,
+    # One row per HTTP exchange: a provider-token refresh retries within the same attempt.
+    Column("exchange_id", BigInteger, primary_key=True, autoincrement=True),
     Column("push_id", BigInteger, ForeignKey("pushes.push_id"), nullable=False),
     Column("attempt", Integer, nullable=False),
     Column("apns_id", Text),
     Column("http_status", Integer),
     Column("reason", Text),
     Column("at", DateTime(timezone=True), nullable=False),
-    PrimaryKeyConstraint("push_id", "attempt"),
 )
+Index("ix_push_attempts_push_id", push_attempts.c.push_id)

@@ -1,6 +1,5 @@
 """`atelier dev`'s APNs wiring: the stack starts the local APNs peer and notify's sender
-sends to it, so a push written into notify.pushes shows up in the peer's output.
-(The push tables come from tests/support/push_tables.py until migration 0003 lands.)"""
+sends to it, so a push written into notify.pushes shows up in the peer's output."""
 
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from services.dev import apns_peer, postgres
 from services.dev.stack import Stack, StackPorts
 from services.kit.db import asyncpg_url
-from tests.support.push_tables import create_push_tables
 
 pytestmark = pytest.mark.acceptance
 
@@ -48,7 +46,6 @@ async def test_the_dev_stack_sends_pushes_to_its_local_apns_peer(
         apns_peer=True,
     )
     await asyncio.to_thread(stack.migrate)
-    await create_push_tables(engine)
     token = "ab" * 32
     token_id = uuid.uuid4()
     async with engine.begin() as connection:

@@ -1,5 +1,5 @@
 """The sender against the real HTTP/2 APNs peer and real PostgreSQL (rows written straight
-into the push tables; created by tests/support/push_tables.py until migration 0003 lands)."""
+into the push tables of migration 0003)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from tests.support.apns_peer import (
     token_row,
 )
 from tests.support.databases import migrated_database
-from tests.support.push_tables import create_push_tables, empty_push_tables
+from tests.support.push_tables import empty_push_tables
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +45,6 @@ def notify_url(postgres_admin_url: str) -> Iterator[str]:
 @pytest.fixture
 async def engine(notify_url: str) -> AsyncIterator[AsyncEngine]:
     engine = create_async_engine(asyncpg_url(notify_url))
-    await create_push_tables(engine)
     await empty_push_tables(engine)
     yield engine
     await engine.dispose()

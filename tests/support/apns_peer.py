@@ -77,17 +77,29 @@ async def insert_token(
     kind: str = "device",
     registered_at: datetime | None = None,
 ) -> tuple[uuid.UUID, str]:
+    """A token as registration stores it; other kinds hang off a device of their own, and
+    an activity token belongs to one job's activity (the schema insists on both)."""
+    device_id = None
+    if kind != "device":
+        device_id, _ = await insert_token(
+            engine, environment=environment, registered_at=registered_at
+        )
     token_id, token = uuid.uuid4(), device_token()
+    activity = kind == "activity"
     async with engine.begin() as connection:
         await connection.execute(
             text(
                 "INSERT INTO notify.push_tokens (token_id, user_id, kind, token, environment,"
-                " bundle_id, locale, registered_at) VALUES (:token_id, 'user-1', :kind,"
-                " :token, :environment, :bundle, 'en', :registered_at)"
+                " bundle_id, locale, device_id, job_id, activity_id, registered_at) VALUES"
+                " (:token_id, 'user-1', :kind, :token, :environment, :bundle, 'en', :device_id,"
+                " :job_id, :activity_id, :registered_at)"
             ),
             {
                 "token_id": token_id,
                 "kind": kind,
+                "device_id": device_id,
+                "job_id": uuid.uuid4() if activity else None,
+                "activity_id": "activity-1" if activity else None,
                 "token": token,
                 "environment": environment,
                 "bundle": BUNDLE_ID,

@@ -142,6 +142,7 @@ def upgrade() -> None:
     )
     op.create_table(
         "push_attempts",
+        sa.Column("exchange_id", sa.BigInteger(), sa.Identity(), nullable=False),
         sa.Column("push_id", sa.BigInteger(), nullable=False),
         sa.Column("attempt", sa.Integer(), nullable=False),
         sa.Column("apns_id", sa.Text(), nullable=True),
@@ -151,12 +152,16 @@ def upgrade() -> None:
         sa.ForeignKeyConstraint(
             ["push_id"], ["notify.pushes.push_id"], name=op.f("fk_push_attempts_push_id_pushes")
         ),
-        sa.PrimaryKeyConstraint("push_id", "attempt", name=op.f("pk_push_attempts")),
+        sa.PrimaryKeyConstraint("exchange_id", name=op.f("pk_push_attempts")),
         schema="notify",
+    )
+    op.create_index(
+        "ix_push_attempts_push_id", "push_attempts", ["push_id"], unique=False, schema="notify"
     )
 
 
 def downgrade() -> None:
+    op.drop_index("ix_push_attempts_push_id", table_name="push_attempts", schema="notify")
     op.drop_table("push_attempts", schema="notify")
     op.drop_index("ix_pushes_next_attempt_at_pending", table_name="pushes", schema="notify")
     op.drop_table("pushes", schema="notify")
