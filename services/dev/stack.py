@@ -105,6 +105,16 @@ class StackPorts:
         return {**self.public, "media_http": self.media_http}
 
 
+@dataclass(frozen=True)
+class Replica:
+    """A further process of a service (Stack.start_replica) and its listeners."""
+
+    child: Child
+    public_port: int
+    internal_port: int
+    metrics_port: int
+
+
 @dataclass
 class Stack:
     database_url: str
@@ -258,6 +268,26 @@ class Stack:
         self.children.insert(0, child)
         self._wait_ready(child, timeout)
         return child
+
+    def start_replica(self, name: str, timeout: float = 60.0) -> Replica:
+        """Another process of service ``name`` against the same database, on listeners of
+        its own (a second notify is a second push sender, as a second pod would be); the
+        other services and the edge keep talking to the first. Returns once it is
+        SERVING."""
+        replica = f"{name}-{1 + sum(c.name.startswith(name) for c in self.children)}"
+        key = name.upper()
+        listeners = {kind: free_port() for kind in ("PUBLIC", "INTERNAL", "METRICS")}
+        env = {
+            **self._service_env(),
+            **{f"ATELIER_{key}_{kind}_PORT": str(number) for kind, number in listeners.items()},
+        }
+        argv = [sys.executable, "-m", f"services.{name}"]
+        child = spawn(replica, argv, env, self.log_dir)
+        # Before the edge, so that stop() still stops the edge first.
+        self.children.insert(0, child)
+        for kind in ("PUBLIC", "INTERNAL"):
+            wait_until(child, grpc_serving(f"127.0.0.1:{listeners[kind]}"), timeout)
+        return Replica(child, listeners["PUBLIC"], listeners["INTERNAL"], listeners["METRICS"])
 
     def stop(self) -> dict[str, int]:
         """Stops the edge first, then the services; returns each child's exit code."""

@@ -18,10 +18,16 @@ from services.dev.stack import Stack, StackPorts
 
 @contextmanager
 def stack_of_its_own(
-    admin_url: str, work: Path, creation_role: str, extra_env: dict[str, str]
+    admin_url: str,
+    work: Path,
+    creation_role: str,
+    extra_env: dict[str, str],
+    *,
+    apns_peer: bool = False,
 ) -> Iterator[Stack]:
     """A whole stack on a database of its own: a job engine there must not take the jobs of
-    the shared stack's tests."""
+    the shared stack's tests. With ``apns_peer`` notify sends its pushes to the local APNs
+    peer (its log: logs/apns-peer.log)."""
     name = f"atelier_own_{uuid.uuid4().hex[:10]}"
     url = postgres.ensure_database(admin_url, name)
     running = Stack(
@@ -31,6 +37,7 @@ def stack_of_its_own(
         log_dir=work / "logs",
         creation_role=creation_role,
         extra_env=extra_env,
+        apns_peer=apns_peer,
     )
     running.migrate()
     running.start()

@@ -4,6 +4,7 @@ into NEEDS_ATTENTION, no push-to-start when an activity exists, ends supersede).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -165,6 +166,9 @@ def test_updates_are_throttled_per_activity_and_only_sent_on_change() -> None:
     assert update_after(prior("pending", held=False)) == ([NOW + timedelta(seconds=5)], [])
     # After one went out: the interval counts from when it went.
     assert update_after(prior("sent", sent=True)) == ([NOW + timedelta(seconds=4)], [])
+    # Even though the sender's claim left next_attempt_at at its lease's end.
+    leased = replace(prior("sent", sent=True), next_attempt_at=NOW + timedelta(seconds=29))
+    assert update_after(leased) == ([NOW + timedelta(seconds=4)], [])
 
 
 def test_an_end_drops_the_update_still_waiting() -> None:

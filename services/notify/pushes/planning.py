@@ -182,7 +182,9 @@ def _plan_update(
             # The sender is sending it right now.
             send_at = now + rules.update_interval
         else:
-            went = max(last.next_attempt_at, last.sent_at or last.next_attempt_at)
+            # A sent push's next_attempt_at is where the sender's claim leased it to (tens
+            # of seconds on): the interval counts from when it went.
+            went = last.sent_at if last.sent_at is not None else last.next_attempt_at
             send_at = max(now, went + rules.update_interval)
     push = payloads.live_activity_update(state, activity.bundle_id, now, send_at)
     _add(result, activity, state, send_at, push)
