@@ -38,7 +38,6 @@ from services.dev import apns_peer, postgres
 from services.kit import migrations
 from services.kit.db import asyncpg_url
 from services.notify.apns.settings import ApnsSettings
-from tests.support.push_tables import create_push_tables
 
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 HEADERS = {
@@ -182,17 +181,24 @@ def _finish(process: subprocess.Popen[str]) -> dict[str, float]:
 
 async def _fill(database_url: str, pushes: int) -> None:
     engine = create_async_engine(asyncpg_url(database_url))
-    await create_push_tables(engine)
     async with engine.begin() as connection:
         await connection.execute(
             text("TRUNCATE notify.push_attempts, notify.pushes, notify.push_tokens")
         )
         await connection.execute(
             text(
-                "INSERT INTO notify.push_tokens (token_id, user_id, kind, token, environment,"
-                " bundle_id, locale, registered_at) SELECT gen_random_uuid(), 'u' || g,"
-                " 'activity', lpad(to_hex(g), 64, '0'), 'production', :bundle, 'en', now()"
-                " FROM generate_series(1, 1000) AS g"
+                # Activity tokens, as registration stores them: each on a device of its
+                # own, for one job's activity.
+                "WITH devices AS (INSERT INTO notify.push_tokens (token_id, user_id, kind,"
+                " token, environment, bundle_id, locale, registered_at) SELECT"
+                " gen_random_uuid(), 'u' || g, 'device', lpad(to_hex(100000 + g), 64, '0'),"
+                " 'production', :bundle, 'en', now() FROM generate_series(1, 1000) AS g"
+                " RETURNING token_id, user_id)"
+                " INSERT INTO notify.push_tokens (token_id, user_id, kind, token, environment,"
+                " bundle_id, locale, device_id, job_id, activity_id, registered_at) SELECT"
+                " gen_random_uuid(), d.user_id, 'activity',"
+                " lpad(to_hex(substr(d.user_id, 2)::int), 64, '0'), 'production', :bundle, 'en',"
+                " d.token_id, gen_random_uuid(), 'bench', now() FROM devices d"
             ),
             {"bundle": apns_peer.DEV_BUNDLE_ID},
         )
@@ -203,7 +209,8 @@ async def _fill(database_url: str, pushes: int) -> None:
                 " SELECT t.token_id, gen_random_uuid(), g, 'la_update', 5,"
                 " CAST(:headers AS jsonb), CAST(:payload AS jsonb), now(), now()"
                 " FROM generate_series(1, :n) AS g"
-                " JOIN (SELECT token_id, row_number() OVER () - 1 AS i FROM notify.push_tokens) t"
+                " JOIN (SELECT token_id, row_number() OVER () - 1 AS i FROM notify.push_tokens"
+                "   WHERE kind = 'activity') t"
                 "   ON t.i = g % 1000"
             ),
             {"headers": json.dumps(HEADERS), "payload": json.dumps(PAYLOAD), "n": pushes},

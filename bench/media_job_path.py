@@ -207,7 +207,9 @@ async def run_sample(
         await run_ops(ops, args.concurrency, anchor)
         echo_spent = echo_meter.per_op(ops)["echo"]
         print(
-            f"{name:28} {spent:11.3f} {echo_spent:10.3f} {spent / echo_spent:6.1f}"
+            # Too few ops for the clock's ticks leave the anchor at 0: no ratio then.
+            f"{name:28} {spent:11.3f} {echo_spent:10.3f}"
+            f" {spent / echo_spent if echo_spent else float('nan'):6.1f}"
             f" {ops / wall:7.0f} {client:10.3f}",
             flush=True,
         )

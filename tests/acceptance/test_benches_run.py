@@ -1,0 +1,59 @@
+"""Every bench under bench/ still runs: each is started as its docs say, with tiny sizes,
+against this suite's PostgreSQL, and must finish and print its figures. Figures are not
+judged here (benches measure, tests don't time); this keeps the scripts from rotting when
+the code they drive changes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# bench script, its tiny arguments, a line its output must hold.
+BENCHES = {
+    "submit_throughput": (["--requests", "20"], "SubmitJob gRPC"),
+    "engine_drain": (["--jobs", "300", "--processes", "1"], "engine   1 proc"),
+    "pickup_latency": (["--jobs", "20", "--rate", "40"], "worker  p50"),
+    "end_to_end": (["--jobs", "40"], "end to end:"),
+    "media_job_path": (["--ops", "20"], "PutAsset"),
+    "media_throughput": (["--rounds", "1", "--size-mb", "1"], "PutAsset"),
+    "notify_streams": (["--streams", "1", "10", "--updates", "5", "--storm", "0"], "streams"),
+    "push_planning": (["--jobs", "5", "--versions", "2"], "apply"),
+    # The sender's warm-up takes the first batch: more pushes than one batch.
+    "apns_push": (["--pushes", "600", "--batch", "100"], "sender (claim"),
+}
+# The benches that take the admin URL as a flag; the others read ATELIER_TEST_POSTGRES_URL.
+TAKES_DATABASE_URL = {
+    "submit_throughput",
+    "engine_drain",
+    "pickup_latency",
+    "end_to_end",
+    "push_planning",
+    "apns_push",
+}
+
+
+@pytest.mark.parametrize("name", sorted(BENCHES))
+def test_the_bench_runs_and_prints_its_figures(name: str, postgres_admin_url: str) -> None:
+    arguments, expected = BENCHES[name]
+    if name in TAKES_DATABASE_URL:
+        arguments = [*arguments, "--database-url", postgres_admin_url]
+    done = subprocess.run(
+        [sys.executable, "-m", f"bench.{name}", *arguments],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "ATELIER_TEST_POSTGRES_URL": postgres_admin_url,
+            "ATELIER_BENCH_POSTGRES_URL": postgres_admin_url,
+        },
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert expected in done.stdout, done.stdout[-2000:]
