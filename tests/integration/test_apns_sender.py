@@ -4,7 +4,12 @@ into the push tables of migration 0003)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -13,14 +18,18 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from services.dev.apns_peer import ApnsPeer
+from services.dev.apns_peer import ApnsPeer, ensure_dev_key
 from services.dev.processes import free_port
 from services.kit.db import asyncpg_url
 from services.notify.apns.assemble import build_sender
 from services.notify.apns.client import apns_id_for
 from services.notify.apns.sender import BAD_DEVICE_TOKENS, Sender
+from services.notify.apns.settings import ApnsSettings
 from services.notify.apns.store import PushStore
 from tests.support.apns_peer import (
+    BUNDLE_ID,
+    KEY_ID,
+    TEAM_ID,
     attempts_of,
     insert_push,
     insert_token,
@@ -361,3 +370,83 @@ async def test_a_dropped_connection_is_reopened_for_the_next_push(
         await sender.send_due()
 
     assert len(peer.received_by(token)) == 2
+
+
+@pytest.fixture
+def peer_process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], dict[str, str], Path]]:
+    """The peer as a process of its own (so it can be stopped), its address, the key."""
+    key_path, public = ensure_dev_key(tmp_path / "key")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "services.dev.apns_peer",
+            "--public-key",
+            str(public),
+            "--key-id",
+            KEY_ID,
+            "--team-id",
+            TEAM_ID,
+            "--bundle-id",
+            BUNDLE_ID,
+            "--state-dir",
+            str(tmp_path / "peer"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        yield process, json.loads(process.stdout.readline()), key_path
+    finally:
+        process.send_signal(signal.SIGCONT)
+        process.terminate()
+        process.wait(10)
+
+
+async def test_a_frozen_apns_peer_costs_one_request_timeout_and_the_push_goes_after_it_thaws(
+    engine: AsyncEngine, peer_process: tuple[subprocess.Popen[str], dict[str, str], Path]
+) -> None:
+    """The peer as a process of its own, stopped (SIGSTOP) while a push is due: the round
+    ends within the request deadline, the push stays pending for a retry, and once the
+    peer runs again the push is sent, with no restart of the sender."""
+    process, ready, key_path = peer_process
+    settings = ApnsSettings(
+        enabled=True,
+        key_path=str(key_path),
+        key_id=KEY_ID,
+        team_id=TEAM_ID,
+        bundle_id=BUNDLE_ID,
+        production_url=ready["url"],
+        sandbox_url=ready["url"],
+        ca_file=ready["ca_file"],
+        lease_seconds=30,
+        request_timeout_seconds=1,
+        backoff_base_seconds=0.05,
+        backoff_max_seconds=0.05,
+        poll_seconds=0.05,
+    )
+    sender, close = build_sender(settings, engine)
+    try:
+        token_id, _ = await insert_token(engine)
+        warm = await insert_push(engine, token_id)
+        assert await sender.send_due() == 1  # connection open, provider token minted
+        assert (await push_row(engine, warm))["status"] == "sent"
+
+        process.send_signal(signal.SIGSTOP)
+        push_id = await insert_push(engine, token_id, version=2)
+        started = time.monotonic()
+        await asyncio.wait_for(sender.send_due(), 10)  # a hang fails here
+        assert time.monotonic() - started < 5  # the request deadline (1 s), not a hang
+        frozen = await push_row(engine, push_id)
+        assert (frozen["status"], frozen["last_http_status"]) == ("pending", None)
+
+        process.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 15
+        while (await push_row(engine, push_id))["status"] == "pending":
+            assert time.monotonic() < deadline, "the push never went after the thaw"
+            await sender.send_due()
+            await asyncio.sleep(0.05)  # the backoff is a time in the row, not an event
+        assert (await push_row(engine, push_id))["status"] == "sent"
+    finally:
+        await close()
