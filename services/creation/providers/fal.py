@@ -248,6 +248,8 @@ class FalProvider:
             return Failed("OUTPUT_EXPIRED", f"fal's result answered HTTP {status}", False)
         body = json_or_none(response)
         types, message = _error_types(body, response.headers)
+        if status == 400 and not types and "cancel" in message.lower():
+            return Failed("CANCELLED", message, retryable=False)
         if status in (400, 422) or (status >= 500 and (types or message)):
             # The stored result of a failed generation.
             return failure_of(types, message, server_error=status >= 500)
