@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.creation.providers.failures import FAILURES
 from services.kit.settings import DEFAULT_PORTS, CommonSettings, EnvReader, ListenSettings
@@ -100,6 +100,118 @@ class WorkerSettings:
         )
 
 
+# How an input photo reaches a vendor: inline as a data URI (works whatever the storage),
+# or as media's short-lived signed URL (only when the vendor can reach the storage).
+INPUT_MODES = ("inline", "url")
+# Provider codes whose calls the worker limits per process (providers/limits.py).
+LIMITED_PROVIDERS = ("stub", "replicate", "fal")
+
+
+@dataclass(frozen=True)
+class ProviderLimit:
+    """One provider's share of a worker process: at most ``max_in_flight`` requests from
+    submit to the end of polling, and submits at ``rate_per_second`` with bursts of
+    ``burst``. 0 turns either off."""
+
+    max_in_flight: int = 0
+    rate_per_second: float = 0.0
+    burst: int = 1
+
+    @classmethod
+    def read(cls, reader: EnvReader, code: str, default: ProviderLimit) -> ProviderLimit:
+        prefix = code.upper()
+        return cls(
+            max_in_flight=reader.integer(
+                f"{prefix}_MAX_IN_FLIGHT", default.max_in_flight, minimum=0, maximum=10_000
+            ),
+            rate_per_second=reader.seconds(
+                f"{prefix}_RATE", default.rate_per_second, minimum=0, maximum=10_000
+            ),
+            burst=reader.integer(f"{prefix}_BURST", default.burst, minimum=1, maximum=10_000),
+        )
+
+
+_DEFAULT_LIMITS = {
+    "stub": ProviderLimit(),
+    # Replicate creates predictions at 600 a minute per account (its rate-limits page):
+    # a few processes at 5 a second stay under it.
+    "replicate": ProviderLimit(max_in_flight=16, rate_per_second=5.0, burst=10),
+    "fal": ProviderLimit(max_in_flight=10, rate_per_second=5.0, burst=10),
+}
+
+
+@dataclass(frozen=True)
+class VendorSettings:
+    """One hosted vendor: where its API is and our key for it (empty: not configured).
+    The key is a secret: never in a repr, a log line or an error."""
+
+    base_url: str
+    api_key: str = field(default="", repr=False)
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.api_key)
+
+
+@dataclass(frozen=True)
+class ProviderSettings:
+    """The vendor adapters' settings (ATELIER_REPLICATE_*, ATELIER_FAL_*, ATELIER_PROVIDER_*)
+    and every provider's per-process limits."""
+
+    replicate: VendorSettings = VendorSettings("https://api.replicate.com")
+    fal: VendorSettings = VendorSettings("https://queue.fal.run")
+    input_mode: str = "inline"
+    output_max_bytes: int = 30 * 1024 * 1024
+    connect_timeout_seconds: float = 5.0
+    request_timeout_seconds: float = 30.0
+    download_timeout_seconds: float = 60.0
+    limits: dict[str, ProviderLimit] = field(default_factory=lambda: dict(_DEFAULT_LIMITS))
+
+    @classmethod
+    def read(cls, reader: EnvReader) -> ProviderSettings:
+        return cls(
+            replicate=VendorSettings(
+                base_url=_base_url(reader, "REPLICATE_BASE_URL", "https://api.replicate.com"),
+                api_key=reader.secret("REPLICATE_API_TOKEN", "", min_length=16),
+            ),
+            fal=VendorSettings(
+                base_url=_base_url(reader, "FAL_QUEUE_URL", "https://queue.fal.run"),
+                api_key=reader.secret("FAL_KEY", "", min_length=16),
+            ),
+            # "url" only when the vendors can fetch media's signed URLs (S3 or a public
+            # media host); local storage in dev is reachable by nobody outside.
+            input_mode=reader.string("PROVIDER_INPUT", "inline", choices=INPUT_MODES),
+            output_max_bytes=reader.integer(
+                "PROVIDER_OUTPUT_MAX_BYTES",
+                30 * 1024 * 1024,
+                minimum=1024,
+                maximum=512 * 1024 * 1024,
+            ),
+            connect_timeout_seconds=reader.seconds(
+                "PROVIDER_CONNECT_TIMEOUT", 5, minimum=0.1, maximum=120
+            ),
+            # Per call: the longest a vendor may take to answer one request.
+            request_timeout_seconds=reader.seconds(
+                "PROVIDER_REQUEST_TIMEOUT", 30, minimum=0.1, maximum=600
+            ),
+            download_timeout_seconds=reader.seconds(
+                "PROVIDER_DOWNLOAD_TIMEOUT", 60, minimum=0.1, maximum=3600
+            ),
+            limits={
+                code: ProviderLimit.read(reader, code, _DEFAULT_LIMITS[code])
+                for code in LIMITED_PROVIDERS
+            },
+        )
+
+
+def _base_url(reader: EnvReader, name: str, default: str) -> str:
+    value = reader.string(name, default).rstrip("/")
+    reader.require(
+        value.startswith(("https://", "http://")), name, "must be an http:// or https:// URL"
+    )
+    return value
+
+
 RELAY_FAULTS = ("duplicate_reversed",)
 
 
@@ -168,6 +280,7 @@ class CreationSettings:
     worker: WorkerSettings
     stub: StubSettings = StubSettings()
     relay: RelaySettings = RelaySettings()
+    providers: ProviderSettings = ProviderSettings()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> CreationSettings:
@@ -209,6 +322,7 @@ class CreationSettings:
             worker=WorkerSettings.read(reader),
             stub=StubSettings.read(reader),
             relay=RelaySettings.read(reader),
+            providers=ProviderSettings.read(reader),
         )
         # A heartbeat must come well inside the lease, or live jobs would be reaped.
         reader.require(

@@ -18,7 +18,17 @@ def test_transient_codes_are_retryable(code: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "code", ["CONTENT_REJECTED", "INPUT_UNREADABLE", "INVALID_INPUT", "INTERNAL", "CANCELLED"]
+    "code",
+    [
+        "CONTENT_REJECTED",
+        "INPUT_UNREADABLE",
+        "INVALID_INPUT",
+        "INTERNAL",
+        "CANCELLED",
+        "AUTH_REJECTED",
+        "OUTPUT_EXPIRED",
+        "OUTPUT_INVALID",
+    ],
 )
 def test_terminal_codes_are_not(code: str) -> None:
     assert not is_retryable(code)
@@ -43,7 +53,7 @@ def test_only_a_timeout_leaves_a_submit_ambiguous() -> None:
 
 def test_call_failures_are_the_transport_ones() -> None:
     calls = {code for code, f in FAILURES.items() if f.kind is Kind.CALL}
-    assert calls == {"TIMEOUT", "UNAVAILABLE", "RATE_LIMITED"}
+    assert calls == {"TIMEOUT", "UNAVAILABLE", "RATE_LIMITED", "AUTH_REJECTED"}
 
 
 def test_retry_delay_is_full_jitter_backoff_under_the_cap() -> None:

@@ -36,6 +36,10 @@ class GenerationRequest:
     input_image: InputImage
     parameters: Mapping[str, Any] = field(default_factory=dict)
     num_outputs: int = 1
+    # A short-lived signed GET URL of the input (media's), given when the settings say the
+    # vendors can reach our storage (ATELIER_PROVIDER_INPUT=url); otherwise None and a
+    # hosted adapter sends ``input_image`` inline as a data URI.
+    input_url: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)

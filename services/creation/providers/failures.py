@@ -41,6 +41,9 @@ FAILURES: dict[str, FailureKind] = {
         FailureKind("TIMEOUT", True, Kind.CALL, True, "no answer in time"),
         FailureKind("UNAVAILABLE", True, Kind.CALL, False, "refused, reset or a 5xx"),
         FailureKind("RATE_LIMITED", True, Kind.CALL, False, "the provider asked us to slow down"),
+        # Our key or account was refused (401, 402, 403): every attempt would be refused
+        # alike until an operator fixes the key or the account.
+        FailureKind("AUTH_REJECTED", False, Kind.CALL, False, "our credentials were refused"),
         FailureKind("TRANSIENT", True, Kind.GENERATION, False, "the generation failed; may pass"),
         # The provider says it has no such request, so nothing runs or is charged for it:
         # a fresh submit is safe (unlike a submit whose outcome is unknown).
@@ -50,6 +53,13 @@ FAILURES: dict[str, FailureKind] = {
         FailureKind("INVALID_INPUT", False, Kind.GENERATION, False, "the request is invalid"),
         FailureKind("CANCELLED", False, Kind.GENERATION, False, "cancelled on our request"),
         FailureKind("INTERNAL", False, Kind.GENERATION, False, "the provider failed"),
+        # The generation succeeded (and was paid for) but its output is gone from the
+        # provider's storage before we fetched it. Terminal: a new attempt would pay for
+        # a second generation, and whatever delayed us (an outage, a backlog) delays every
+        # job alike, so retrying would multiply the spend blindly (docs/providers.md).
+        FailureKind("OUTPUT_EXPIRED", False, Kind.GENERATION, False, "the output expired"),
+        # The provider's output is not an image we accept (type, size, or undecodable).
+        FailureKind("OUTPUT_INVALID", False, Kind.GENERATION, False, "the output is unusable"),
     )
 }
 

@@ -1,7 +1,9 @@
 """Which adapter runs a model: chosen by the catalog's ``provider_code``.
 
-Checked when the worker starts: an enabled model whose code has no adapter would fail
-every job for it, so the worker refuses to start and names the models instead.
+Checked when the worker starts: an enabled model whose code has no adapter, or whose
+adapter lacks its credential (a hosted vendor without its key), would fail every job for
+it, so the worker refuses to start and names the models instead. A vendor whose key is
+missing is fine while no enabled model uses it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.providers.base import Provider
+from services.creation.providers.fal import FalProvider
+from services.creation.providers.replicate import ReplicateProvider
 from services.creation.providers.stub import StubProvider
 from services.creation.settings import CreationSettings
 from services.creation.store.catalog import enabled_provider_codes
@@ -43,11 +47,31 @@ def missing_adapters(enabled: Mapping[str, Sequence[str]], codes: Iterable[str])
     return problems
 
 
+def unconfigured_adapters(
+    enabled: Mapping[str, Sequence[str]], unconfigured: Mapping[str, str]
+) -> list[str]:
+    """One problem per provider code of ``enabled`` whose adapter is not configured
+    (``unconfigured``: code -> what is missing, e.g. the setting to set)."""
+    problems = []
+    for code, model_ids in sorted(enabled.items()):
+        if code in unconfigured:
+            problems.append(
+                f"enabled model{'s' if len(model_ids) > 1 else ''} {', '.join(model_ids)}"
+                f" need{'' if len(model_ids) > 1 else 's'} provider {code!r}, but"
+                f" {unconfigured[code]}"
+            )
+    return problems
+
+
 class ProviderRegistry(Mapping[str, Provider]):
     """The adapters by provider code: a read-only mapping, so the worker may take it
     wherever it takes ``Mapping[str, Provider]``."""
 
-    def __init__(self, providers: Iterable[Provider]) -> None:
+    def __init__(
+        self, providers: Iterable[Provider], unconfigured: Mapping[str, str] | None = None
+    ) -> None:
+        # Adapters present but unusable until configured: code -> what is missing.
+        self._unconfigured = dict(unconfigured or {})
         self._providers: dict[str, Provider] = {}
         for provider in providers:
             if provider.code in self._providers:
@@ -71,7 +95,9 @@ class ProviderRegistry(Mapping[str, Provider]):
         return frozenset(self._providers)
 
     def problems(self, enabled: Mapping[str, Sequence[str]]) -> list[str]:
-        return missing_adapters(enabled, self._providers)
+        return missing_adapters(enabled, self._providers) + unconfigured_adapters(
+            enabled, self._unconfigured
+        )
 
     async def check_catalog(self, engine: AsyncEngine) -> None:
         """Raises RegistryError unless every enabled catalog model has an adapter."""
@@ -87,5 +113,23 @@ class ProviderRegistry(Mapping[str, Provider]):
 
 
 def build_registry(settings: CreationSettings) -> ProviderRegistry:
-    """Every adapter this build has, configured from the settings."""
-    return ProviderRegistry([StubProvider.from_settings(settings)])
+    """Every adapter this build has, configured from the settings. A hosted vendor
+    without its key is still registered (its models may be disabled); the catalog check
+    refuses to start only when an enabled model needs it."""
+    vendors = settings.providers
+    unconfigured = {
+        code: f"{setting} is not set"
+        for code, setting, configured in (
+            ("replicate", "ATELIER_REPLICATE_API_TOKEN", vendors.replicate.configured),
+            ("fal", "ATELIER_FAL_KEY", vendors.fal.configured),
+        )
+        if not configured
+    }
+    return ProviderRegistry(
+        [
+            StubProvider.from_settings(settings),
+            ReplicateProvider.from_settings(settings),
+            FalProvider.from_settings(settings),
+        ],
+        unconfigured,
+    )

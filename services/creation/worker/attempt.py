@@ -114,19 +114,44 @@ class Attempt:
             stopped = await self._stop_before_submit()
             if stopped is not None:
                 return stopped
-            image = await self._read_input()
-            # Reading took a while: the owner or a drain may have spoken meanwhile.
-            stopped = await self._stop_before_submit()
-            if stopped is not None:
-                return stopped
-            submitted = await self._submit(provider, self._request(image))
-            if submitted is None:
-                return "outcome_unknown"
-            request_id = submitted
-        outputs = await self._poll(provider, request_id)
+        # One of the provider's slots in this process, from submit (or the first poll of
+        # a resumed job) to the end of polling; the wait gives way to a cancel or a drain.
+        async with self._context.limits.slot(job.provider_code, self._stops(request_id)) as held:
+            if not held:
+                return await self._stopped_waiting(provider, request_id)
+            if request_id is None:
+                image = await self._read_input()
+                # Reading took a while: the owner or a drain may have spoken meanwhile.
+                stopped = await self._stop_before_submit()
+                if stopped is not None:
+                    return stopped
+                request = await self._request(image)
+                gate = self._context.limits.gate(job.provider_code)
+                if not await gate.submit_token(self._stops(None)):
+                    return await self._stopped_waiting(provider, None)
+                submitted = await self._submit(provider, request)
+                if submitted is None:
+                    return "outcome_unknown"
+                request_id = submitted
+            outputs = await self._poll(provider, request_id)
         if isinstance(outputs, str):
             return outputs
         return await self._land_and_complete(outputs)
+
+    def _stops(self, request_id: str | None) -> list[asyncio.Event]:
+        """What ends a wait for the provider's limits: the owner's cancel, and the drain
+        (asked: before a submit; due: for a job with a request, which polls till then)."""
+        drain = self._context.drain
+        return [self._lease.cancel_requested, drain.asked if request_id is None else drain.due]
+
+    async def _stopped_waiting(self, provider: Provider, request_id: str | None) -> str:
+        if request_id is None:
+            stopped = await self._stop_before_submit()
+            if stopped is not None:
+                return stopped
+        elif self._lease.cancel_requested.is_set():
+            return await self._cancel(provider, request_id)
+        return await self._hand_back(timedelta(0))
 
     # --- before the provider ----------------------------------------------------------
 
@@ -151,8 +176,14 @@ class Attempt:
             ) from None
         return InputImage(read.data, read.content_type)
 
-    def _request(self, image: InputImage) -> GenerationRequest:
+    async def _request(self, image: InputImage) -> GenerationRequest:
         job = self._job
+        input_url = None
+        if self._settings.providers.input_mode == "url":
+            # A signed URL the provider fetches itself; media unable to give one leaves
+            # the bytes inline (logged by the client).
+            signed = await self._context.media.download_url(job.input_asset_id)
+            input_url = signed.url if signed is not None else None
         return GenerationRequest(
             job_id=job.job_id,
             attempt=job.attempt,
@@ -165,6 +196,7 @@ class Attempt:
             input_image=image,
             parameters=job.parameters,
             num_outputs=job.num_outputs,
+            input_url=input_url,
         )
 
     async def _submit(self, provider: Provider, request: GenerationRequest) -> str | None:
@@ -173,6 +205,15 @@ class Attempt:
         job = self._job
         self._context.on_point("before_submit")
         await self._write(self._fenced(FencedWrite.MARK_SUBMITTING))
+        # With the time, what an operator matches against the provider's own request list
+        # when the answer to this submit is lost (neither vendor takes a client reference).
+        log.info(
+            "submit_started",
+            job_id=job.job_id,
+            attempt=job.attempt,
+            provider=provider.code,
+            provider_model=request.provider_model,
+        )
         try:
             request_id = await self._provider_call(
                 provider.submit(request, f"{job.job_id}:{job.attempt}"), "submit"

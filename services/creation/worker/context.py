@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.media_client import MediaClient
 from services.creation.providers.base import Provider
+from services.creation.providers.limits import ProviderLimits
 from services.creation.settings import CreationSettings
 from services.creation.worker.fenced_writer import FencedWriter
 from services.kit.clock import Clock
@@ -76,3 +77,5 @@ class AttemptContext:
     writer: FencedWriter
     on_point: PointHook = no_point
     outcomes: RecentOutcomes = field(default_factory=RecentOutcomes)
+    # Each provider's concurrency cap and submit rate in this process (limits.py).
+    limits: ProviderLimits = field(default_factory=ProviderLimits)

@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.creation.domain import Job
 from services.creation.media_client import MediaClient
 from services.creation.providers.base import Provider
+from services.creation.providers.limits import ProviderLimits
 from services.creation.settings import CreationSettings
 from services.creation.store import leases
 from services.creation.store.leases import QUEUED_CHANNEL
@@ -90,6 +91,7 @@ class Worker:
             drain=self._drain,
             writer=FencedWriter(engine, clock),
             on_point=on_point,
+            limits=ProviderLimits(settings.providers.limits),
         )
         self._attempts: set[asyncio.Task[str]] = set()
         self._slot_freed = asyncio.Event()

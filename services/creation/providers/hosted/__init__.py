@@ -1,0 +1,2 @@
+"""What the hosted vendors' adapters share: the HTTP client and its error mapping onto the
+failure table, the input photo as a vendor takes it, and the checked output download."""
