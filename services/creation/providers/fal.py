@@ -251,8 +251,15 @@ class FalProvider:
         if status == 400 and not types and "cancel" in message.lower():
             return Failed("CANCELLED", message, retryable=False)
         if status in (400, 422) or (status >= 500 and (types or message)):
-            # The stored result of a failed generation.
-            return failure_of(types, message, server_error=status >= 500)
+            # The stored result of a failed generation; fal's own retry verdict, when it
+            # gives one, outweighs our reading of the error types.
+            failed = failure_of(types, message, server_error=status >= 500)
+            verdict = response.headers.get("x-fal-retryable", "").lower()
+            if verdict == "false" and failed.retryable:
+                return Failed("INTERNAL", failed.message, retryable=False)
+            if verdict == "true" and not failed.retryable and failed.code == "INVALID_INPUT":
+                return Failed("TRANSIENT", failed.message, retryable=True)
+            return failed
         raise status_error(response, Call.RESULT, message)
 
     async def cancel(self, request_id: str) -> None:
