@@ -97,12 +97,13 @@ async def test_submits_keep_to_the_buckets_pace(rig: Engine) -> None:
         return f"req-{key}"
 
     rig.provider.on_submit = submit
-    jobs = [await rig.submit() for _ in range(4)]
-    worker = rig.worker(STUB_RATE="10", STUB_BURST="1")
+    jobs = [await rig.submit() for _ in range(5)]
+    worker = rig.worker(STUB_RATE="10", STUB_BURST="1", WORKER_CONCURRENCY="5")
     async with running(worker):
         for job in jobs:
             done = await rig.until_job(job.job_id, lambda j: j.status.terminal)
             assert done.status is Status.SUCCEEDED
     stamps.sort()
-    # One at once, then one every 0.1 s.
-    assert stamps[-1] - stamps[0] >= 0.29, stamps
+    # One at once, then one every 0.1 s: the tokens span 0.4 s; each submit follows its
+    # token by a database write, whose time varies, so allow that much.
+    assert stamps[-1] - stamps[0] >= 0.3, stamps
