@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +56,8 @@ ENGINE_ENV = {
     "ATELIER_BACKOFF_BASE": "0.2",
     "ATELIER_BACKOFF_MAX": "1",
     "ATELIER_PROVIDER_REQUEST_TIMEOUT": "5",
+    # Few connections: the machine's PostgreSQL is shared (100 connections in all).
+    "ATELIER_DB_POOL_SIZE": "6",
 }
 
 
@@ -110,8 +112,10 @@ def running_fake(vendor: Vendor) -> Iterator[VendorFake]:
         fake.stop()
 
 
-async def enable_models(database_url: str, *model_ids: str) -> None:
-    """Flips the seeded rows on, as an operator does (docs/providers.md)."""
+async def enable_models(database_url: str, *model_ids: str, disable: Sequence[str] = ()) -> None:
+    """Flips the seeded rows on (and ``disable`` off), as an operator does
+    (docs/providers.md). A worker refuses to start while an enabled model's vendor has no
+    key, so a worker configured for one vendor needs the other's models off."""
     engine = create_async_engine(asyncpg_url(database_url))
     try:
         async with engine.begin() as connection:
@@ -120,6 +124,10 @@ async def enable_models(database_url: str, *model_ids: str) -> None:
                 {"ids": list(model_ids)},
             )
             assert changed.rowcount == len(model_ids), "the seeded hosted models are missing"
+            await connection.execute(
+                text("UPDATE creation.models SET enabled = false WHERE model_id = ANY(:ids)"),
+                {"ids": list(disable)},
+            )
     finally:
         await engine.dispose()
 

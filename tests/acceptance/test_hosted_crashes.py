@@ -1,0 +1,82 @@
+"""A worker killed with SIGKILL while it polls a hosted vendor: the next worker finds the
+expired lease and resumes polling the same prediction (Replicate) or queue request (fal);
+the vendor sees one submit, polls from both processes, and the job ends with the
+vendor's picture."""
+
+from __future__ import annotations
+
+import signal
+
+import httpx
+import pytest
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from services.dev.stack import Stack
+from services.kit.db import asyncpg_url
+from tests.support import pictures
+from tests.support.hosted import (
+    FAL,
+    REPLICATE,
+    Hosted,
+    Vendor,
+    enable_models,
+    final,
+    running_fake,
+    styled,
+    submit,
+)
+from tests.support.workers import exited, serving
+
+
+@pytest.mark.parametrize("vendor", [REPLICATE, FAL], ids=lambda vendor: vendor.code)
+async def test_a_worker_killed_while_polling_is_resumed_on_the_same_request(
+    api_of_its_own: Stack, http: httpx.AsyncClient, vendor: Vendor
+) -> None:
+    api = api_of_its_own
+    others = [v.model_id for v in (REPLICATE, FAL) if v is not vendor]
+    await enable_models(api.database_url, vendor.model_id, disable=others)
+    engine = create_async_engine(asyncpg_url(api.database_url))
+    with running_fake(vendor) as fake:
+        hosted = Hosted(api, vendor, fake, engine)
+        fake.hold(progress=40)
+        try:
+            doomed = hosted.start_worker(f"{vendor.code}-doomed")
+            await serving(doomed)
+            job = await submit(hosted, http)
+
+            def polled_by(tag: str | None, other: bool = False) -> bool:
+                submits = hosted.submits_for(job.marker)
+                return bool(submits) and any(
+                    r.operation == vendor.poll
+                    and submits[0].generation_id in r.path
+                    and (r.tag != tag if other else r.tag == tag)
+                    for r in fake.requests
+                )
+
+            await fake.wait_for_async(lambda: len(hosted.submits_for(job.marker)) == 1)
+            [first] = hosted.submits_for(job.marker)
+            assert first.tag, "the adapter names its process on every call"
+            await fake.wait_for_async(lambda: polled_by(first.tag))
+            doomed.send(signal.SIGKILL)
+            assert await exited(doomed, within=10) == -signal.SIGKILL
+
+            survivor = hosted.start_worker(f"{vendor.code}-survivor")
+            await serving(survivor)
+            # The survivor polls the dead worker's request (after the lease expires).
+            await fake.wait_for_async(lambda: polled_by(first.tag, other=True), within=30)
+            fake.release()
+            done = await final(hosted, http, job)
+        finally:
+            fake.release()
+            for worker in hosted.workers:
+                if worker.child.alive():
+                    worker.stop()
+            await engine.dispose()
+
+    assert done["status"] == "JOB_STATUS_SUCCEEDED", done
+    assert [s.generation_id for s in hosted.submits_for(job.marker)] == [first.generation_id]
+    assert done["attempt"] == 1  # resumed, not retried
+    assert fake.cancels == []
+    [output] = done["outputs"]
+    picture = pictures.decode((await http.get(output["url"])).content)
+    assert pictures.mean_difference(picture, styled(job.photo)) < 2
