@@ -313,6 +313,22 @@ async def a_throttled_submit_waits_retry_after(hosted: Hosted, http: httpx.Async
     assert waited >= 1.9, f"submitted again {waited:.2f} s after a 429 asking for 2 s"
 
 
+async def a_throttled_poll_waits_retry_after(hosted: Hosted, http: httpx.AsyncClient) -> None:
+    """429 with Retry-After on a status read: the next read of that request comes no
+    earlier than the vendor asked, and the job succeeds without a second submit."""
+    poll = hosted.vendor.poll
+    before = len(hosted.fake.requests_for(poll))
+    hosted.fake.throttle(times=1, retry_after=2, on=[poll])
+    job = await submit(hosted, http)
+    done = await final(hosted, http, job)
+    assert done["status"] == "JOB_STATUS_SUCCEEDED", done
+    assert len(hosted.submits_for(job.marker)) == 1
+    throttled, following = hosted.fake.requests_for(poll)[before : before + 2]
+    assert throttled.status == 429
+    waited = following.at - throttled.at
+    assert waited >= 1.9, f"polled again {waited:.2f} s after a 429 asking for 2 s"
+
+
 async def server_errors_then_success(hosted: Hosted, http: httpx.AsyncClient) -> None:
     """A 500 on the submit (nothing created) and two 502s on polls: the job succeeds with
     exactly one generation at the vendor."""
@@ -361,10 +377,13 @@ async def an_expired_output_fails_the_job(hosted: Hosted, http: httpx.AsyncClien
     assert not done.get("outputs")
 
 
-async def a_lost_submit_needs_attention(hosted: Hosted, http: httpx.AsyncClient) -> None:
-    """The vendor accepts the submit and the connection drops before its answer: the job
-    waits for an operator, the generation runs at the vendor, and nothing submits again."""
-    hosted.fake.lose_submit_responses()
+async def a_lost_submit_needs_attention(
+    hosted: Hosted, http: httpx.AsyncClient, mode: str = "close"
+) -> None:
+    """The vendor accepts the submit and its answer never comes (``close``: the
+    connection drops; ``hang``: nothing until the worker's request timeout): the job waits
+    for an operator, the generation runs at the vendor, and nothing submits again."""
+    hosted.fake.lose_submit_responses(mode=mode, hang_seconds=30)
     job = await submit(hosted, http)
     done = await final(hosted, http, job)
     assert done["status"] == "JOB_STATUS_NEEDS_ATTENTION", done

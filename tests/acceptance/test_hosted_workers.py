@@ -1,7 +1,10 @@
-"""A worker killed with SIGKILL while it polls a hosted vendor: the next worker finds the
-expired lease and resumes polling the same prediction (Replicate) or queue request (fal);
-the vendor sees one submit, polls from both processes, and the job ends with the
-vendor's picture."""
+"""Hosted-vendor jobs on workers each test starts for itself:
+
+- a worker killed with SIGKILL while it polls: the next worker finds the expired lease and
+  resumes polling the same prediction (Replicate) or queue request (fal); the vendor sees
+  one submit, polls from both processes, and the job ends with the vendor's picture;
+- a worker told the vendors can reach media (ATELIER_PROVIDER_INPUT=url) hands the vendor
+  media's signed URL, which the vendor fetches, instead of the photo inline."""
 
 from __future__ import annotations
 
@@ -77,6 +80,37 @@ async def test_a_worker_killed_while_polling_is_resumed_on_the_same_request(
     assert [s.generation_id for s in hosted.submits_for(job.marker)] == [first.generation_id]
     assert done["attempt"] == 1  # resumed, not retried
     assert fake.cancels == []
+    [output] = done["outputs"]
+    picture = pictures.decode((await http.get(output["url"])).content)
+    assert pictures.mean_difference(picture, styled(job.photo)) < 2
+
+
+@pytest.mark.parametrize("vendor", [REPLICATE, FAL], ids=lambda vendor: vendor.code)
+async def test_the_vendor_fetches_the_photo_from_medias_signed_url(
+    api_of_its_own: Stack, http: httpx.AsyncClient, vendor: Vendor
+) -> None:
+    api = api_of_its_own
+    others = [v.model_id for v in (REPLICATE, FAL) if v is not vendor]
+    await enable_models(api.database_url, vendor.model_id, disable=others)
+    engine = create_async_engine(asyncpg_url(api.database_url))
+    with running_fake(vendor) as fake:
+        hosted = Hosted(api, vendor, fake, engine)
+        try:
+            worker = hosted.start_worker(f"{vendor.code}-by-url", ATELIER_PROVIDER_INPUT="url")
+            await serving(worker)
+            job = await submit(hosted, http)
+            done = await final(hosted, http, job)
+        finally:
+            for worker in hosted.workers:
+                worker.stop()
+            await engine.dispose()
+    assert done["status"] == "JOB_STATUS_SUCCEEDED", done
+    [sent] = hosted.submits_for(job.marker)
+    body = sent.body.get("input", sent.body)
+    image_ref = str(body["input_image" if vendor is REPLICATE else "image_url"])
+    # media's signed URL, through the edge as any outsider would fetch it.
+    assert image_ref.startswith(f"http://127.0.0.1:{api.ports.envoy}/media-objects/"), image_ref
+    assert "signature=" in image_ref
     [output] = done["outputs"]
     picture = pictures.decode((await http.get(output["url"])).content)
     assert pictures.mean_difference(picture, styled(job.photo)) < 2
