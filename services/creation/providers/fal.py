@@ -30,19 +30,17 @@ from services.creation.providers.base import (
     ProviderError,
     Running,
 )
+from services.creation.providers.hosted.adapter import HostedAdapter
 from services.creation.providers.hosted.http import (
     Call,
     json_or_none,
     progress_from_logs,
     short,
     status_error,
-    transport_error,
     unexpected_body,
-    vendor_client,
 )
-from services.creation.providers.hosted.images import OutputFetcher
 from services.creation.providers.hosted.models import BadModel, model_input, split_model
-from services.creation.settings import CreationSettings, ProviderSettings
+from services.creation.settings import ProviderSettings, VendorSettings
 
 CODE = "fal"
 # fal's error types (model errors' ``detail[].type``, request errors' ``error_type``).
@@ -129,44 +127,16 @@ def _image_urls(result: object) -> list[str]:
     return urls
 
 
-class FalProvider:
+class FalProvider(HostedAdapter):
     code = CODE
     version = "fal-queue-v1"
     supports_idempotent_submit = False
+    key_setting = "ATELIER_FAL_KEY"
+    auth_scheme = "Key"
 
-    def __init__(
-        self,
-        settings: ProviderSettings,
-        *,
-        transport: httpx.AsyncBaseTransport | None = None,
-        output_transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        vendor = settings.fal
-        self.configured = vendor.configured
-        self._base_url = vendor.base_url
-        self._client = vendor_client(
-            vendor.base_url,
-            f"Key {vendor.api_key}",
-            connect_timeout=settings.connect_timeout_seconds,
-            request_timeout=settings.request_timeout_seconds,
-            transport=transport,
-        )
-        self._outputs = OutputFetcher(
-            settings.output_max_bytes,
-            timeout=settings.download_timeout_seconds,
-            connect_timeout=settings.connect_timeout_seconds,
-            transport=output_transport,
-        )
-
-    @classmethod
-    def from_settings(cls, settings: CreationSettings) -> FalProvider:
-        return cls(settings.providers)
-
-    def _require_key(self, call: Call) -> None:
-        if not self.configured:
-            raise ProviderError(
-                "AUTH_REJECTED", f"{call.value}: ATELIER_FAL_KEY is not set", retryable=False
-            )
+    @staticmethod
+    def vendor_of(settings: ProviderSettings) -> VendorSettings:
+        return settings.fal
 
     def _request_path(self, model: str, answer: dict[str, Any]) -> str:
         """Where the request lives: the result URL's path under our base URL, as fal
@@ -196,10 +166,7 @@ class FalProvider:
         if model.count("/") < 1 or "?" in model or model.startswith("/"):
             raise ProviderError("INVALID_INPUT", f"not a fal model id: {model!r}", retryable=False)
         body = model_input(request, options, "num_images")
-        try:
-            response = await self._client.post(f"/{model}", json=body)
-        except httpx.TransportError as error:
-            raise transport_error(error, Call.SUBMIT) from None
+        response = await self._send(Call.SUBMIT, "POST", f"/{model}", json=body)
         if response.status_code in (200, 201, 202):
             answer = json_or_none(response)
             if isinstance(answer, dict) and isinstance(answer.get("request_id"), str):
@@ -209,10 +176,7 @@ class FalProvider:
 
     async def poll(self, request_id: str) -> PollResult:
         self._require_key(Call.POLL)
-        try:
-            response = await self._client.get(f"/{request_id}/status", params={"logs": "1"})
-        except httpx.TransportError as error:
-            raise transport_error(error, Call.POLL) from None
+        response = await self._send(Call.POLL, "GET", f"/{request_id}/status", params={"logs": "1"})
         if response.status_code == 404:
             return Failed("REQUEST_UNKNOWN", "fal has no such request", retryable=True)
         if response.status_code not in (200, 202):
@@ -233,10 +197,7 @@ class FalProvider:
         raise unexpected_body(Call.POLL, f"has an unknown status {short(state)!r}")
 
     async def _result(self, request_id: str) -> PollResult:
-        try:
-            response = await self._client.get(f"/{request_id}")
-        except httpx.TransportError as error:
-            raise transport_error(error, Call.RESULT) from None
+        response = await self._send(Call.RESULT, "GET", f"/{request_id}")
         status = response.status_code
         if status == 200:
             urls = _image_urls(json_or_none(response))
@@ -248,17 +209,23 @@ class FalProvider:
             return Failed("OUTPUT_EXPIRED", f"fal's result answered HTTP {status}", False)
         body = json_or_none(response)
         types, message = _error_types(body, response.headers)
+        if status == 400 and not types and "cancel" in message.lower():
+            return Failed("CANCELLED", message, retryable=False)
         if status in (400, 422) or (status >= 500 and (types or message)):
-            # The stored result of a failed generation.
-            return failure_of(types, message, server_error=status >= 500)
+            # The stored result of a failed generation; fal's own retry verdict, when it
+            # gives one, outweighs our reading of the error types.
+            failed = failure_of(types, message, server_error=status >= 500)
+            verdict = response.headers.get("x-fal-retryable", "").lower()
+            if verdict == "false" and failed.retryable:
+                return Failed("INTERNAL", failed.message, retryable=False)
+            if verdict == "true" and not failed.retryable and failed.code == "INVALID_INPUT":
+                return Failed("TRANSIENT", failed.message, retryable=True)
+            return failed
         raise status_error(response, Call.RESULT, message)
 
     async def cancel(self, request_id: str) -> None:
         self._require_key(Call.CANCEL)
-        try:
-            response = await self._client.put(f"/{request_id}/cancel")
-        except httpx.TransportError as error:
-            raise transport_error(error, Call.CANCEL) from None
+        response = await self._send(Call.CANCEL, "PUT", f"/{request_id}/cancel")
         # 202 CANCELLATION_REQUESTED; 400 ALREADY_COMPLETED and 404 leave nothing to stop.
         if response.status_code in (200, 202, 400, 404):
             return
@@ -275,10 +242,6 @@ class FalProvider:
                 )
             return ProviderError(failed.code, f"{call.value}: {failed.message}", retryable=False)
         return status_error(response, call, message)
-
-    async def close(self) -> None:
-        await self._client.aclose()
-        await self._outputs.close()
 
 
 def _progress(logs: object) -> int | None:

@@ -31,19 +31,17 @@ from services.creation.providers.base import (
     ProviderError,
     Running,
 )
+from services.creation.providers.hosted.adapter import HostedAdapter
 from services.creation.providers.hosted.http import (
     Call,
     json_or_none,
     progress_from_logs,
     short,
     status_error,
-    transport_error,
     unexpected_body,
-    vendor_client,
 )
-from services.creation.providers.hosted.images import OutputFetcher
 from services.creation.providers.hosted.models import BadModel, model_input, split_model
-from services.creation.settings import CreationSettings, ProviderSettings
+from services.creation.settings import ProviderSettings, VendorSettings
 
 CODE = "replicate"
 _VERSION_ID = re.compile(r"^[0-9a-f]{64}$")
@@ -92,45 +90,16 @@ def _output_urls(output: object) -> list[str]:
     return [item for item in items if isinstance(item, str) and item]
 
 
-class ReplicateProvider:
+class ReplicateProvider(HostedAdapter):
     code = CODE
     version = "replicate-predictions-v1"
     supports_idempotent_submit = False
+    key_setting = "ATELIER_REPLICATE_API_TOKEN"
+    auth_scheme = "Bearer"
 
-    def __init__(
-        self,
-        settings: ProviderSettings,
-        *,
-        transport: httpx.AsyncBaseTransport | None = None,
-        output_transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        vendor = settings.replicate
-        self.configured = vendor.configured
-        self._client = vendor_client(
-            vendor.base_url,
-            f"Bearer {vendor.api_key}",
-            connect_timeout=settings.connect_timeout_seconds,
-            request_timeout=settings.request_timeout_seconds,
-            transport=transport,
-        )
-        self._outputs = OutputFetcher(
-            settings.output_max_bytes,
-            timeout=settings.download_timeout_seconds,
-            connect_timeout=settings.connect_timeout_seconds,
-            transport=output_transport,
-        )
-
-    @classmethod
-    def from_settings(cls, settings: CreationSettings) -> ReplicateProvider:
-        return cls(settings.providers)
-
-    def _require_key(self, call: Call) -> None:
-        if not self.configured:
-            raise ProviderError(
-                "AUTH_REJECTED",
-                f"{call.value}: ATELIER_REPLICATE_API_TOKEN is not set",
-                retryable=False,
-            )
+    @staticmethod
+    def vendor_of(settings: ProviderSettings) -> VendorSettings:
+        return settings.replicate
 
     async def submit(self, request: GenerationRequest, idempotency_key: str) -> str:
         self._require_key(Call.SUBMIT)
@@ -140,10 +109,7 @@ class ReplicateProvider:
         except BadModel as error:
             raise ProviderError("INVALID_INPUT", str(error), retryable=False) from None
         body = {**routing, "input": model_input(request, options, "num_outputs")}
-        try:
-            response = await self._client.post(path, json=body)
-        except httpx.TransportError as error:
-            raise transport_error(error, Call.SUBMIT) from None
+        response = await self._send(Call.SUBMIT, "POST", path, json=body)
         if response.status_code in (200, 201, 202):
             prediction = json_or_none(response)
             if isinstance(prediction, dict) and isinstance(prediction.get("id"), str):
@@ -153,10 +119,7 @@ class ReplicateProvider:
 
     async def poll(self, request_id: str) -> PollResult:
         self._require_key(Call.POLL)
-        try:
-            response = await self._client.get(f"/v1/predictions/{request_id}")
-        except httpx.TransportError as error:
-            raise transport_error(error, Call.POLL) from None
+        response = await self._send(Call.POLL, "GET", f"/v1/predictions/{request_id}")
         if response.status_code == 404:
             return Failed("REQUEST_UNKNOWN", "Replicate has no such prediction", retryable=True)
         if response.status_code != 200:
@@ -186,10 +149,7 @@ class ReplicateProvider:
 
     async def cancel(self, request_id: str) -> None:
         self._require_key(Call.CANCEL)
-        try:
-            response = await self._client.post(f"/v1/predictions/{request_id}/cancel")
-        except httpx.TransportError as error:
-            raise transport_error(error, Call.CANCEL) from None
+        response = await self._send(Call.CANCEL, "POST", f"/v1/predictions/{request_id}/cancel")
         if response.status_code in (200, 202, 204, 404):
             return  # cancelled, or nothing to cancel
         raise self._refusal(response, Call.CANCEL)
@@ -207,7 +167,3 @@ class ReplicateProvider:
                 retryable=False,
             )
         return status_error(response, call, detail)
-
-    async def close(self) -> None:
-        await self._client.aclose()
-        await self._outputs.close()

@@ -58,8 +58,8 @@ async def test_the_seeded_catalogs_enabled_models_by_provider_code(engine: Async
 async def test_the_built_registry_serves_the_seeded_catalog(engine: AsyncEngine) -> None:
     registry = build_registry(CreationSettings.from_env({}))
     await registry.check_catalog(engine)
-    assert registry.codes == {"stub"} and list(registry) == ["stub"]
-    assert registry["stub"].code == "stub" and len(registry) == 1
+    assert registry.codes == {"stub", "replicate", "fal"}
+    assert registry["stub"].code == "stub" and len(registry) == 3
     await registry.close()
 
 
@@ -83,8 +83,9 @@ async def test_an_enabled_model_without_an_adapter_stops_the_check(
     problems = registry.problems(await enabled_provider_codes(engine))
     assert problems == [
         "enabled models acme-one, acme-two use provider code 'acme', which has no adapter"
-        " (adapters: stub)",
-        "enabled model other-one uses provider code 'other', which has no adapter (adapters: stub)",
+        " (adapters: fal, replicate, stub)",
+        "enabled model other-one uses provider code 'other', which has no adapter"
+        " (adapters: fal, replicate, stub)",
     ]
     with pytest.raises(RegistryError, match="acme-one, acme-two use provider code 'acme'"):
         await registry.check_catalog(engine)
@@ -93,6 +94,50 @@ async def test_an_enabled_model_without_an_adapter_stops_the_check(
 async def test_a_disabled_model_needs_no_adapter(engine: AsyncEngine, add_model: AddModel) -> None:
     await add_model("acme-old", "acme", False)
     await build_registry(CreationSettings.from_env({})).check_catalog(engine)
+
+
+async def test_the_seeded_hosted_models_are_disabled_and_need_no_key(engine: AsyncEngine) -> None:
+    async with engine.connect() as connection:
+        rows = (
+            await connection.execute(
+                text(
+                    "SELECT model_id, provider_code, enabled FROM creation.models"
+                    " WHERE provider_code IN ('replicate', 'fal') ORDER BY model_id"
+                )
+            )
+        ).all()
+    assert [tuple(row) for row in rows] == [
+        ("fal-flux-dev", "fal", False),
+        ("fal-kontext", "fal", False),
+        ("replicate-kontext", "replicate", False),
+        ("replicate-sdxl", "replicate", False),
+    ]
+    await build_registry(CreationSettings.from_env({})).check_catalog(engine)
+
+
+@pytest.fixture
+async def enable_replicate_kontext(engine: AsyncEngine) -> AsyncIterator[None]:
+    """Flips the seeded row on for one test, as an operator would, and back after."""
+    flip = "UPDATE creation.models SET enabled = :on WHERE model_id = 'replicate-kontext'"
+    async with engine.begin() as connection:
+        await connection.execute(text(flip), {"on": True})
+    yield
+    async with engine.begin() as connection:
+        await connection.execute(text(flip), {"on": False})
+
+
+@pytest.mark.usefixtures("enable_replicate_kontext")
+async def test_an_enabled_hosted_model_needs_its_vendors_key(engine: AsyncEngine) -> None:
+    without = build_registry(CreationSettings.from_env({}))
+    with pytest.raises(RegistryError) as raised:
+        await without.check_catalog(engine)
+    assert "enabled model replicate-kontext needs provider 'replicate', but" in str(raised.value)
+    assert "ATELIER_REPLICATE_API_TOKEN is not set" in str(raised.value)
+    await without.close()
+    token = "r8_registry-test-token-0123456789"
+    with_key = build_registry(CreationSettings.from_env({"ATELIER_REPLICATE_API_TOKEN": token}))
+    await with_key.check_catalog(engine)
+    await with_key.close()
 
 
 def test_an_unknown_code_is_refused_by_name() -> None:
