@@ -97,3 +97,12 @@ async def test_a_lost_submit_answer_needs_attention_and_one_request(
     fal: Hosted, http: httpx.AsyncClient, mode: str
 ) -> None:
     await scenario.a_lost_submit_needs_attention(fal, http, mode)
+
+
+async def test_a_refused_key_fails_the_job_for_good(fal: Hosted, http: httpx.AsyncClient) -> None:
+    await scenario.a_refused_key_fails_the_job_without_showing_it(fal, http)
+
+
+def test_the_key_never_reached_the_workers_log(fal: Hosted) -> None:
+    """Last in the module: every call above went through this worker."""
+    scenario.the_key_is_in_no_log(fal)

@@ -3,6 +3,8 @@
 - a worker killed with SIGKILL while it polls: the next worker finds the expired lease and
   resumes polling the same prediction (Replicate) or queue request (fal); the vendor sees
   one submit, polls from both processes, and the job ends with the vendor's picture;
+- a worker refuses to start while an enabled model's vendor has no key, naming the model
+  and the setting (and no key it does have);
 - a worker told the vendors can reach media (ATELIER_PROVIDER_INPUT=url) hands the vendor
   media's signed URL, which the vendor fetches, instead of the photo inline."""
 
@@ -114,3 +116,25 @@ async def test_the_vendor_fetches_the_photo_from_medias_signed_url(
     [output] = done["outputs"]
     picture = pictures.decode((await http.get(output["url"])).content)
     assert pictures.mean_difference(picture, styled(job.photo)) < 2
+
+
+async def test_a_worker_without_the_key_of_an_enabled_vendor_refuses_to_start(
+    api_of_its_own: Stack,
+) -> None:
+    api = api_of_its_own
+    await enable_models(api.database_url, REPLICATE.model_id, FAL.model_id)
+    engine = create_async_engine(asyncpg_url(api.database_url))
+    try:
+        with running_fake(REPLICATE) as fake:
+            hosted = Hosted(api, REPLICATE, fake, engine)
+            worker = hosted.start_worker("replicate-only")  # no ATELIER_FAL_KEY
+            code = await exited(worker, within=30)
+            assert worker.child.log_path is not None
+            log = worker.child.log_path.read_text(errors="replace")
+    finally:
+        await enable_models(api.database_url, disable=[REPLICATE.model_id, FAL.model_id])
+        await engine.dispose()
+    assert code != 0
+    assert "ATELIER_FAL_KEY" in log and FAL.model_id in log
+    assert REPLICATE.key not in log
+    assert fake.requests == []

@@ -101,3 +101,14 @@ async def test_a_lost_create_answer_needs_attention_and_one_prediction(
     replicate: Hosted, http: httpx.AsyncClient, mode: str
 ) -> None:
     await scenario.a_lost_submit_needs_attention(replicate, http, mode)
+
+
+async def test_a_refused_key_fails_the_job_for_good(
+    replicate: Hosted, http: httpx.AsyncClient
+) -> None:
+    await scenario.a_refused_key_fails_the_job_without_showing_it(replicate, http)
+
+
+def test_the_key_never_reached_the_workers_log(replicate: Hosted) -> None:
+    """Last in the module: every call above went through this worker."""
+    scenario.the_key_is_in_no_log(replicate)

@@ -377,6 +377,34 @@ async def an_expired_output_fails_the_job(hosted: Hosted, http: httpx.AsyncClien
     assert not done.get("outputs")
 
 
+async def a_refused_key_fails_the_job_without_showing_it(
+    hosted: Hosted, http: httpx.AsyncClient
+) -> None:
+    """The vendor stops accepting our key (revoked, rotated): the vendor's 401 fails the
+    job for good (every attempt would be refused alike), the key shows nowhere."""
+    accepted = hosted.fake.token
+    hosted.fake.token = "a-rotated-key-we-do-not-have"
+    try:
+        job = await submit(hosted, http)
+        done = await final(hosted, http, job)
+    finally:
+        hosted.fake.token = accepted
+    assert done["status"] == "JOB_STATUS_FAILED", done
+    stored = await hosted.job(job.job_id)
+    assert stored.error_code == "AUTH_REJECTED"
+    assert hosted.vendor.key not in str(stored.error_message)
+    assert hosted.vendor.key not in str(done)
+    assert hosted.submits_for(job.marker) == []
+    assert await balance(hosted, http, job.user) == ("100", "0")
+
+
+def the_key_is_in_no_log(hosted: Hosted) -> None:
+    """After every call the module's worker made, its log never showed the vendor key."""
+    for worker in hosted.workers:
+        assert worker.child.log_path is not None
+        assert hosted.vendor.key not in worker.child.log_path.read_text(errors="replace")
+
+
 async def a_lost_submit_needs_attention(
     hosted: Hosted, http: httpx.AsyncClient, mode: str = "close"
 ) -> None:
