@@ -151,11 +151,14 @@ class Queued:
 
 
 async def queue_jobs(
-    db: AsyncEngine, users_with_inputs: Mapping[str, str], per_user: int
+    db: AsyncEngine,
+    users_with_inputs: Mapping[str, str],
+    per_user: int,
+    model_id: str = "stub-fast",
 ) -> list[Queued]:
-    """``per_user`` jobs for each user (user id -> input asset id), straight through the
-    store (the API's own submit), users in parallel. Each user's welcome points must
-    cover them (100 points at a price of 5: at most 20)."""
+    """``per_user`` jobs of ``model_id`` for each user (user id -> input asset id),
+    straight through the store (the API's own submit), users in parallel. Each user's
+    welcome points must cover them (100 points at stub-fast's price of 5: at most 20)."""
     limits = SubmitLimits(
         daily_quota=per_user, in_flight_limit=per_user, max_attempts=3, welcome_points=100
     )
@@ -165,7 +168,7 @@ async def queue_jobs(
         for _ in range(per_user):
             command, problems = validate(
                 idempotency_key=None,
-                model_id="stub-fast",
+                model_id=model_id,
                 style_id="watercolor",
                 input_asset_id=asset_id,
                 prompt="a fox in the snow",
