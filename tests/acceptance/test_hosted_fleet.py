@@ -7,18 +7,15 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 import pytest
-from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from services.creation.domain import Status
-from services.creation.tables import jobs
 from services.dev.stack import Stack
 from services.kit.db import asyncpg_url
 from tests.acceptance.test_jobs_edge import put_input
-from tests.support.hosted import FAL, REPLICATE, Hosted, Vendor, enable_models, running_fake
-from tests.support.workers import new_user, queue_jobs, read_jobs, serving, until
+from tests.support.hosted import FAL, REPLICATE, Vendor, hosted_alone
+from tests.support.workers import all_finished, new_user, queue_jobs, read_jobs, serving
 
 CAP = 3
 USERS = 10
@@ -28,12 +25,9 @@ JOBS = USERS * PER_USER
 
 @pytest.mark.parametrize("vendor", [REPLICATE, FAL], ids=lambda vendor: vendor.code)
 async def test_two_workers_never_exceed_the_cap_per_process(
-    api_of_its_own: Stack, http: httpx.AsyncClient, vendor: Vendor
+    api_of_its_own: Stack, vendor: Vendor
 ) -> None:
-    api = api_of_its_own
-    others = [v.model_id for v in (REPLICATE, FAL) if v is not vendor]
-    await enable_models(api.database_url, vendor.model_id, disable=others)
-    db = create_async_engine(asyncpg_url(api.database_url))
+    db = create_async_engine(asyncpg_url(api_of_its_own.database_url))
     prefix = vendor.code.upper()
     limits = {
         f"ATELIER_{prefix}_MAX_IN_FLIGHT": str(CAP),
@@ -43,38 +37,23 @@ async def test_two_workers_never_exceed_the_cap_per_process(
         "ATELIER_WORKER_CONCURRENCY": "8",
         "ATELIER_WORKER_CLAIM_BATCH": "8",
     }
-    with running_fake(vendor) as fake:
-        fake.pace(start_delay=0.05, duration=0.5, steps=5)
-        hosted = Hosted(api, vendor, fake, db)
-        try:
+    try:
+        async with hosted_alone(api_of_its_own, vendor) as hosted:
+            fake = hosted.fake
+            fake.pace(start_delay=0.05, duration=0.5, steps=5)
             users = [new_user(f"cap-{vendor.code}") for _ in range(USERS)]
-            inputs = await asyncio.gather(*(put_input(api, user) for user in users))
+            inputs = await asyncio.gather(*(put_input(hosted.api, user) for user in users))
             queued = await queue_jobs(
                 db, dict(zip(users, inputs, strict=True)), PER_USER, vendor.model_id
             )
             job_ids = {q.job_id for q in queued}
             workers = [hosted.start_worker(f"{vendor.code}-cap-{n}", **limits) for n in (1, 2)]
             await asyncio.gather(*(serving(w) for w in workers))
-
-            async def all_finished() -> bool | None:
-                async with db.connect() as connection:
-                    left = (
-                        await connection.execute(
-                            select(func.count())
-                            .select_from(jobs)
-                            .where(jobs.c.job_id.in_(list(job_ids)))
-                            .where(jobs.c.status.in_([Status.QUEUED.value, Status.RUNNING.value]))
-                        )
-                    ).scalar_one()
-                for worker in workers:
-                    assert worker.child.alive(), worker.child.log_tail()
-                return True if left == 0 else None
-
-            await until(all_finished, within=120, what="every job finished", every=0.25)
+            await all_finished(db, workers, within=120, job_ids=job_ids)
             finished = await read_jobs(db, job_ids)
-        finally:
-            codes = [worker.stop() for worker in hosted.workers]
-            await db.dispose()
+            codes = [worker.stop() for worker in workers]
+    finally:
+        await db.dispose()
     assert codes == [0, 0]
 
     assert {job.status for job in finished.values()} == {Status.SUCCEEDED}

@@ -14,19 +14,16 @@ import signal
 
 import httpx
 import pytest
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from services.dev.stack import Stack
-from services.kit.db import asyncpg_url
 from tests.support import pictures
 from tests.support.hosted import (
     FAL,
     REPLICATE,
-    Hosted,
     Vendor,
     enable_models,
     final,
-    running_fake,
+    hosted_alone,
     styled,
     submit,
 )
@@ -37,46 +34,35 @@ from tests.support.workers import exited, serving
 async def test_a_worker_killed_while_polling_is_resumed_on_the_same_request(
     api_of_its_own: Stack, http: httpx.AsyncClient, vendor: Vendor
 ) -> None:
-    api = api_of_its_own
-    others = [v.model_id for v in (REPLICATE, FAL) if v is not vendor]
-    await enable_models(api.database_url, vendor.model_id, disable=others)
-    engine = create_async_engine(asyncpg_url(api.database_url))
-    with running_fake(vendor) as fake:
-        hosted = Hosted(api, vendor, fake, engine)
+    async with hosted_alone(api_of_its_own, vendor) as hosted:
+        fake = hosted.fake
         fake.hold(progress=40)
-        try:
-            doomed = hosted.start_worker(f"{vendor.code}-doomed")
-            await serving(doomed)
-            job = await submit(hosted, http)
+        doomed = hosted.start_worker(f"{vendor.code}-doomed")
+        await serving(doomed)
+        job = await submit(hosted, http)
 
-            def polled_by(tag: str | None, other: bool = False) -> bool:
-                submits = hosted.submits_for(job.marker)
-                return bool(submits) and any(
-                    r.operation == vendor.poll
-                    and submits[0].generation_id in r.path
-                    and (r.tag != tag if other else r.tag == tag)
-                    for r in fake.requests
-                )
+        def polled_by(tag: str | None, other: bool = False) -> bool:
+            submits = hosted.submits_for(job.marker)
+            return bool(submits) and any(
+                r.operation == vendor.poll
+                and submits[0].generation_id in r.path
+                and (r.tag != tag if other else r.tag == tag)
+                for r in fake.requests
+            )
 
-            await fake.wait_for_async(lambda: len(hosted.submits_for(job.marker)) == 1)
-            [first] = hosted.submits_for(job.marker)
-            assert first.tag, "the adapter names its process on every call"
-            await fake.wait_for_async(lambda: polled_by(first.tag))
-            doomed.send(signal.SIGKILL)
-            assert await exited(doomed, within=10) == -signal.SIGKILL
+        await fake.wait_for_async(lambda: len(hosted.submits_for(job.marker)) == 1)
+        [first] = hosted.submits_for(job.marker)
+        assert first.tag, "the adapter names its process on every call"
+        await fake.wait_for_async(lambda: polled_by(first.tag))
+        doomed.send(signal.SIGKILL)
+        assert await exited(doomed, within=10) == -signal.SIGKILL
 
-            survivor = hosted.start_worker(f"{vendor.code}-survivor")
-            await serving(survivor)
-            # The survivor polls the dead worker's request (after the lease expires).
-            await fake.wait_for_async(lambda: polled_by(first.tag, other=True), within=30)
-            fake.release()
-            done = await final(hosted, http, job)
-        finally:
-            fake.release()
-            for worker in hosted.workers:
-                if worker.child.alive():
-                    worker.stop()
-            await engine.dispose()
+        survivor = hosted.start_worker(f"{vendor.code}-survivor")
+        await serving(survivor)
+        # The survivor polls the dead worker's request (after the lease expires).
+        await fake.wait_for_async(lambda: polled_by(first.tag, other=True), within=30)
+        fake.release()
+        done = await final(hosted, http, job)
 
     assert done["status"] == "JOB_STATUS_SUCCEEDED", done
     assert [s.generation_id for s in hosted.submits_for(job.marker)] == [first.generation_id]
@@ -92,20 +78,11 @@ async def test_the_vendor_fetches_the_photo_from_medias_signed_url(
     api_of_its_own: Stack, http: httpx.AsyncClient, vendor: Vendor
 ) -> None:
     api = api_of_its_own
-    others = [v.model_id for v in (REPLICATE, FAL) if v is not vendor]
-    await enable_models(api.database_url, vendor.model_id, disable=others)
-    engine = create_async_engine(asyncpg_url(api.database_url))
-    with running_fake(vendor) as fake:
-        hosted = Hosted(api, vendor, fake, engine)
-        try:
-            worker = hosted.start_worker(f"{vendor.code}-by-url", ATELIER_PROVIDER_INPUT="url")
-            await serving(worker)
-            job = await submit(hosted, http)
-            done = await final(hosted, http, job)
-        finally:
-            for worker in hosted.workers:
-                worker.stop()
-            await engine.dispose()
+    async with hosted_alone(api, vendor) as hosted:
+        worker = hosted.start_worker(f"{vendor.code}-by-url", ATELIER_PROVIDER_INPUT="url")
+        await serving(worker)
+        job = await submit(hosted, http)
+        done = await final(hosted, http, job)
     assert done["status"] == "JOB_STATUS_SUCCEEDED", done
     [sent] = hosted.submits_for(job.marker)
     body = sent.body.get("input", sent.body)
@@ -121,19 +98,14 @@ async def test_the_vendor_fetches_the_photo_from_medias_signed_url(
 async def test_a_worker_without_the_key_of_an_enabled_vendor_refuses_to_start(
     api_of_its_own: Stack,
 ) -> None:
-    api = api_of_its_own
-    await enable_models(api.database_url, REPLICATE.model_id, FAL.model_id)
-    engine = create_async_engine(asyncpg_url(api.database_url))
-    try:
-        with running_fake(REPLICATE) as fake:
-            hosted = Hosted(api, REPLICATE, fake, engine)
-            worker = hosted.start_worker("replicate-only")  # no ATELIER_FAL_KEY
-            code = await exited(worker, within=30)
-            assert worker.child.log_path is not None
-            log = worker.child.log_path.read_text(errors="replace")
-    finally:
-        await enable_models(api.database_url, disable=[REPLICATE.model_id, FAL.model_id])
-        await engine.dispose()
+    async with hosted_alone(api_of_its_own, REPLICATE) as hosted:
+        # fal's model on too, while this worker has only Replicate's key.
+        await enable_models(api_of_its_own.database_url, FAL.model_id)
+        worker = hosted.start_worker("replicate-only")
+        code = await exited(worker, within=30)
+        assert worker.child.log_path is not None
+        log = worker.child.log_path.read_text(errors="replace")
+        fake = hosted.fake
     assert code != 0
     assert "ATELIER_FAL_KEY" in log and FAL.model_id in log
     assert REPLICATE.key not in log

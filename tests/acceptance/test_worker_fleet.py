@@ -11,16 +11,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from services.creation.domain import Status
 from services.creation.providers.stub import read_ledger
-from services.creation.tables import jobs
 from services.dev.stack import Stack
 from services.kit.db import asyncpg_url
 from tests.acceptance.test_jobs_edge import put_input
 from tests.support.workers import (
+    all_finished,
     new_user,
     output_assets,
     output_ids,
@@ -30,7 +29,6 @@ from tests.support.workers import (
     read_points,
     serving,
     start_worker,
-    until,
 )
 
 USERS = 50
@@ -69,21 +67,7 @@ async def test_two_workers_run_each_of_a_thousand_jobs_exactly_once(
     workers = [start_worker(api, f"fleet-worker-{n}", env) for n in (1, 2)]
     try:
         await asyncio.gather(*(serving(w) for w in workers))
-
-        async def all_finished() -> bool | None:
-            async with db.connect() as connection:
-                left = (
-                    await connection.execute(
-                        select(func.count())
-                        .select_from(jobs)
-                        .where(jobs.c.status.in_([Status.QUEUED.value, Status.RUNNING.value]))
-                    )
-                ).scalar_one()
-            for worker in workers:
-                assert worker.child.alive(), worker.child.log_tail()
-            return True if left == 0 else None
-
-        await until(all_finished, within=240, what="every job finished", every=0.25)
+        await all_finished(db, workers, within=240)
         elapsed = time.monotonic() - started
     finally:
         codes = [w.stop() for w in workers]

@@ -173,20 +173,31 @@ class Hosted:
 
 
 @asynccontextmanager
-async def hosted_with_worker(api: Stack, vendor: Vendor) -> AsyncIterator[Hosted]:
-    """The vendor's fake and one worker for a module's tests (each test's own job)."""
-    await enable_models(api.database_url, vendor.model_id)
+async def hosted_alone(api: Stack, vendor: Vendor) -> AsyncIterator[Hosted]:
+    """The vendor's fake, with only this vendor's hosted model enabled (a worker refuses
+    to start while an enabled model's vendor has no key) and no worker yet; every worker
+    started through it stops at the end."""
+    others = [other.model_id for other in (REPLICATE, FAL) if other is not vendor]
+    await enable_models(api.database_url, vendor.model_id, disable=others)
     with running_fake(vendor) as fake:
         engine = create_async_engine(asyncpg_url(api.database_url))
         hosted = Hosted(api, vendor, fake, engine)
         try:
-            worker = hosted.start_worker(f"{vendor.code}-worker")
-            await serving(worker)
             yield hosted
         finally:
+            fake.release()
             for worker in hosted.workers:
-                worker.stop()
+                if worker.child.alive():
+                    worker.stop()
             await engine.dispose()
+
+
+@asynccontextmanager
+async def hosted_with_worker(api: Stack, vendor: Vendor) -> AsyncIterator[Hosted]:
+    """The vendor's fake and one worker for a module's tests (each test's own job)."""
+    async with hosted_alone(api, vendor) as hosted:
+        await serving(hosted.start_worker(f"{vendor.code}-worker"))
+        yield hosted
 
 
 @dataclass

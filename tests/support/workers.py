@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.creation.domain import Job
+from services.creation.domain import Job, Status
 from services.creation.store import jobs as store
 from services.creation.store.jobs import SubmitLimits
 from services.creation.store.rows import job_from_row
@@ -184,6 +184,31 @@ async def queue_jobs(
 
     batches = await asyncio.gather(*(for_user(u, a) for u, a in users_with_inputs.items()))
     return [queued for batch in batches for queued in batch]
+
+
+async def all_finished(
+    db: AsyncEngine, workers: Iterable[WorkerProcess], within: float, job_ids: Iterable[str] = ()
+) -> None:
+    """Returns once no job (of ``job_ids``, when given) is queued or running; fails after
+    ``within`` seconds, or at once when a worker died."""
+    only = list(job_ids)
+    query = (
+        select(func.count())
+        .select_from(jobs)
+        .where(jobs.c.status.in_([Status.QUEUED.value, Status.RUNNING.value]))
+    )
+    if only:
+        query = query.where(jobs.c.job_id.in_(only))
+    alive = list(workers)
+
+    async def probe() -> bool | None:
+        async with db.connect() as connection:
+            left = (await connection.execute(query)).scalar_one()
+        for worker in alive:
+            assert worker.child.alive(), worker.child.log_tail()
+        return True if left == 0 else None
+
+    await until(probe, within, "every job finished", every=0.25)
 
 
 def new_user(prefix: str) -> str:

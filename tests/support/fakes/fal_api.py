@@ -57,7 +57,7 @@ from typing import Any
 from aiohttp import web
 
 from tests.support.fakes.runner import serve_main
-from tests.support.fakes.vendor import Fault, Generation, VendorFake, base_url
+from tests.support.fakes.vendor import Fault, Generation, VendorFake, base_url, json_object
 
 IMAGE_KEYS = ("image_url", "image", "input_image_url")
 NO_USER = {"detail": "No user found for Key ID and Secret"}
@@ -129,11 +129,8 @@ class FalFake(VendorFake):
             )
 
     async def _submit(self, request: web.Request) -> web.StreamResponse:
-        try:
-            body = await request.json()
-        except ValueError:
-            body = None
-        if not isinstance(body, dict):
+        body = await json_object(request)
+        if body is None:
             return web.json_response(
                 {
                     "detail": [

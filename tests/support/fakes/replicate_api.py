@@ -61,7 +61,7 @@ from typing import Any
 from aiohttp import web
 
 from tests.support.fakes.runner import serve_main
-from tests.support.fakes.vendor import Fault, Generation, VendorFake, base_url
+from tests.support.fakes.vendor import Fault, Generation, VendorFake, base_url, json_object
 
 # Input keys an image-to-image model takes its photo under (models differ).
 IMAGE_KEYS = ("image", "input_image", "image_url", "init_image")
@@ -280,11 +280,8 @@ class ReplicateFake(VendorFake):
 
     @staticmethod
     async def _json(request: web.Request) -> dict[str, Any] | web.Response:
-        try:
-            body = await request.json()
-        except ValueError:
-            body = None
-        if not isinstance(body, dict):
+        body = await json_object(request)
+        if body is None:
             return web.json_response(
                 {
                     "title": "Invalid JSON",

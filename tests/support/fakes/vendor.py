@@ -627,3 +627,12 @@ def render_output(data: bytes, index: int) -> tuple[bytes, int, int]:
 def base_url(request: web.Request) -> str:
     """The fake's own origin as the client reached it (URLs in answers point back here)."""
     return f"{request.scheme}://{request.host}"
+
+
+async def json_object(request: web.Request) -> dict[str, Any] | None:
+    """The request's JSON body when it is an object, else None (the vendor's 4xx)."""
+    try:
+        body = await request.json()
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
