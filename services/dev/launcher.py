@@ -29,6 +29,7 @@ def run_dev() -> int:
     ports = StackPorts.from_env(reader)
     var = Path(reader.string("DEV_DIR", str(ROOT / "var"))).resolve()
     max_json_body = edge.max_json_body(reader)
+    edge_options = edge.EdgeOptions.read(reader)
     # The local APNs peer notify's sender talks to (pushes are printed as they arrive).
     apns_peer_port = port(reader, "APNS_PEER_PORT", 2197)
     reader.finish()
@@ -48,6 +49,7 @@ def run_dev() -> int:
         ports=ports,
         work_dir=var,
         edge_max_json_body=max_json_body,
+        edge_options=edge_options,
         apns_peer=True,
         apns_peer_port=apns_peer_port,
     )

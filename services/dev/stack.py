@@ -124,6 +124,8 @@ class Stack:
     log_dir: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     edge_max_json_body: int = edge.DEFAULT_MAX_JSON_BODY
+    # Trusted hops, rate limit, access log path, TLS listener (ATELIER_EDGE_* settings).
+    edge_options: edge.EdgeOptions = field(default_factory=edge.EdgeOptions)
     # creation's role: "all" runs the job engine beside the API; "api" leaves jobs queued
     # (benchmarks of the API alone).
     creation_role: str = "all"
@@ -170,6 +172,7 @@ class Stack:
                     admin_port=self.ports.envoy_admin,
                     upstream_ports=self.ports.upstreams(),
                     max_json_body=self.edge_max_json_body,
+                    options=self.edge_options,
                 ),
             )
             envoy = spawn(
@@ -181,6 +184,9 @@ class Stack:
                     "--disable-hot-restart",
                     "--log-level",
                     "warn",
+                    # Access log lines are written out within half a second.
+                    "--file-flush-interval-msec",
+                    "500",
                 ],
                 {},
                 self.log_dir,

@@ -159,6 +159,10 @@ def edge_in_front_of(upstream: int, work: Path, route_timeout: str | None = None
     for route in manager["typed_config"]["route_config"]["virtual_hosts"][0]["routes"]:
         if route_timeout and route.get("route", {}).get("timeout", "0s") != "0s":
             route["route"]["timeout"] = route_timeout
+            # A gRPC route's bound is its maximum stream duration (the route timeout does
+            # not apply to gRPC without a grpc-timeout).
+            if "max_stream_duration" in route["route"]:
+                route["route"]["max_stream_duration"]["max_stream_duration"] = route_timeout
     path = edge.write(work / "envoy.yaml", config)
     envoy = spawn(
         "envoy",

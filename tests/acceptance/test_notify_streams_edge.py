@@ -216,13 +216,14 @@ async def test_more_streams_than_the_default_circuit_breaker_allows_are_all_serv
     user, job = f"u-{uuid.uuid4().hex[:8]}", str(uuid.uuid4())
     await deliver(db, rep, job, user, 1, RUNNING, 5)
     # Clients on several connections, as phones are (one HTTP/2 connection to the edge
-    # carries at most 1,024 streams); each channel keeps its own connection.
+    # carries at most 100 streams, the edge's max_concurrent_streams); each channel keeps
+    # its own connection.
     channels = [
         grpc.aio.insecure_channel(
             the_edge.url.removeprefix("http://"),
             options=[("grpc.use_local_subchannel_pool", 1)],
         )
-        for _ in range(4)
+        for _ in range(12)
     ]
     stubs = [notify_service_pb2_grpc.NotifyServiceStub(c) for c in channels]
     calls = []
