@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -275,17 +276,20 @@ class Stack:
         self._wait_ready(child, timeout)
         return child
 
-    def start_replica(self, name: str, timeout: float = 60.0) -> Replica:
+    def start_replica(
+        self, name: str, timeout: float = 60.0, extra_env: Mapping[str, str] | None = None
+    ) -> Replica:
         """Another process of service ``name`` against the same database, on listeners of
         its own (a second notify is a second push sender, as a second pod would be); the
-        other services and the edge keep talking to the first. Returns once it is
-        SERVING."""
+        other services and the edge keep talking to the first. ``extra_env`` adds to (or
+        overrides) its settings. Returns once it is SERVING."""
         replica = f"{name}-{1 + sum(c.name.startswith(name) for c in self.children)}"
         key = name.upper()
         listeners = {kind: free_port() for kind in ("PUBLIC", "INTERNAL", "METRICS")}
         env = {
             **self._service_env(),
             **{f"ATELIER_{key}_{kind}_PORT": str(number) for kind, number in listeners.items()},
+            **(extra_env or {}),
         }
         argv = [sys.executable, "-m", f"services.{name}"]
         child = spawn(replica, argv, env, self.log_dir)
