@@ -66,6 +66,8 @@ def run_dev() -> int:
         common.jwt_secret, common.jwt_issuer, common.jwt_audience, "dev-user", 24 * 3600
     )
     _say(banner(ports, token))
+    if edge_options.tls:
+        _say(f"edge over TLS: https://127.0.0.1:{edge_options.tls_port} ({edge_options.tls_cert})")
     if stack.apns_env:
         _say(
             f"APNs: notify sends to the local peer on https://127.0.0.1:{apns_peer_port} "
