@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from services.dev.processes import venv_binary
 from services.kit.settings import EnvReader, port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -166,6 +167,21 @@ def _render_tls(listeners: list[dict[str, Any]], host: str, options: EdgeOptions
                 "private_key": {"filename": str(options.tls_key)},
             }
         ]
+
+
+def argv(config: Path) -> list[str]:
+    """How a local run starts Envoy on a rendered config."""
+    return [
+        venv_binary("envoy"),
+        "-c",
+        str(config),
+        "--disable-hot-restart",
+        "--log-level",
+        "warn",
+        # Access log lines are written out within half a second.
+        "--file-flush-interval-msec",
+        "500",
+    ]
 
 
 def write(path: Path, config: dict[str, Any]) -> Path:

@@ -18,7 +18,6 @@ from services.dev.processes import (
     grpc_serving,
     http_ok,
     spawn,
-    venv_binary,
     wait_until,
 )
 from services.kit import migrations
@@ -176,22 +175,7 @@ class Stack:
                     options=self.edge_options,
                 ),
             )
-            envoy = spawn(
-                "envoy",
-                [
-                    venv_binary("envoy"),
-                    "-c",
-                    str(config),
-                    "--disable-hot-restart",
-                    "--log-level",
-                    "warn",
-                    # Access log lines are written out within half a second.
-                    "--file-flush-interval-msec",
-                    "500",
-                ],
-                {},
-                self.log_dir,
-            )
+            envoy = spawn("envoy", edge.argv(config), {}, self.log_dir)
             self.children.append(envoy)
             wait_until(envoy, http_ok(f"http://127.0.0.1:{self.ports.envoy_admin}/ready"), timeout)
         except BaseException:

@@ -184,7 +184,7 @@ class ServerStack:
             started = time.perf_counter()
             code = grpc.StatusCode.OK
             failure: ApiError | None = None
-            metadata = tuple(context.invocation_metadata() or ())
+            metadata = () if public else tuple(context.invocation_metadata() or ())
             try:
                 if public:
                     await call()

@@ -88,19 +88,6 @@ def logged(child: Child, request_id: str, timeout: float = 10.0) -> dict[str, An
         time.sleep(0.1)
 
 
-def envoy_argv(config: Path) -> list[str]:
-    return [
-        venv_binary("envoy"),
-        "-c",
-        str(config),
-        "--disable-hot-restart",
-        "--log-level",
-        "warn",
-        "--file-flush-interval-msec",
-        "500",
-    ]
-
-
 @contextmanager
 def running_edge(config: dict[str, Any], work: Path, name: str = "envoy") -> Iterator[RunningEdge]:
     """Envoy on ``config`` (as render() returned it, possibly adjusted); its output,
@@ -109,7 +96,7 @@ def running_edge(config: dict[str, Any], work: Path, name: str = "envoy") -> Ite
     port = listener["address"]["socket_address"]["port_value"]
     admin = config["admin"]["address"]["socket_address"]["port_value"]
     path = edge.write(work / f"{name}.yaml", config)
-    child = spawn(name, envoy_argv(path), {}, work)
+    child = spawn(name, edge.argv(path), {}, work)
     try:
         wait_until(child, http_ok(f"http://127.0.0.1:{admin}/ready"), 30)
         yield RunningEdge(child, port, admin)
