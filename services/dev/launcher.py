@@ -29,6 +29,7 @@ def run_dev() -> int:
     ports = StackPorts.from_env(reader)
     var = Path(reader.string("DEV_DIR", str(ROOT / "var"))).resolve()
     max_json_body = edge.max_json_body(reader)
+    edge_options = edge.EdgeOptions.read(reader)
     # The local APNs peer notify's sender talks to (pushes are printed as they arrive).
     apns_peer_port = port(reader, "APNS_PEER_PORT", 2197)
     reader.finish()
@@ -48,6 +49,7 @@ def run_dev() -> int:
         ports=ports,
         work_dir=var,
         edge_max_json_body=max_json_body,
+        edge_options=edge_options,
         apns_peer=True,
         apns_peer_port=apns_peer_port,
     )
@@ -64,6 +66,8 @@ def run_dev() -> int:
         common.jwt_secret, common.jwt_issuer, common.jwt_audience, "dev-user", 24 * 3600
     )
     _say(banner(ports, token))
+    if edge_options.tls:
+        _say(f"edge over TLS: https://127.0.0.1:{edge_options.tls_port} ({edge_options.tls_cert})")
     if stack.apns_env:
         _say(
             f"APNs: notify sends to the local peer on https://127.0.0.1:{apns_peer_port} "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,7 +18,6 @@ from services.dev.processes import (
     grpc_serving,
     http_ok,
     spawn,
-    venv_binary,
     wait_until,
 )
 from services.kit import migrations
@@ -124,6 +124,8 @@ class Stack:
     log_dir: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     edge_max_json_body: int = edge.DEFAULT_MAX_JSON_BODY
+    # Trusted hops, rate limit, access log path, TLS listener (ATELIER_EDGE_* settings).
+    edge_options: edge.EdgeOptions = field(default_factory=edge.EdgeOptions)
     # creation's role: "all" runs the job engine beside the API; "api" leaves jobs queued
     # (benchmarks of the API alone).
     creation_role: str = "all"
@@ -170,21 +172,10 @@ class Stack:
                     admin_port=self.ports.envoy_admin,
                     upstream_ports=self.ports.upstreams(),
                     max_json_body=self.edge_max_json_body,
+                    options=self.edge_options,
                 ),
             )
-            envoy = spawn(
-                "envoy",
-                [
-                    venv_binary("envoy"),
-                    "-c",
-                    str(config),
-                    "--disable-hot-restart",
-                    "--log-level",
-                    "warn",
-                ],
-                {},
-                self.log_dir,
-            )
+            envoy = spawn("envoy", edge.argv(config), {}, self.log_dir)
             self.children.append(envoy)
             wait_until(envoy, http_ok(f"http://127.0.0.1:{self.ports.envoy_admin}/ready"), timeout)
         except BaseException:
@@ -269,17 +260,20 @@ class Stack:
         self._wait_ready(child, timeout)
         return child
 
-    def start_replica(self, name: str, timeout: float = 60.0) -> Replica:
+    def start_replica(
+        self, name: str, timeout: float = 60.0, extra_env: Mapping[str, str] | None = None
+    ) -> Replica:
         """Another process of service ``name`` against the same database, on listeners of
         its own (a second notify is a second push sender, as a second pod would be); the
-        other services and the edge keep talking to the first. Returns once it is
-        SERVING."""
+        other services and the edge keep talking to the first. ``extra_env`` adds to (or
+        overrides) its settings. Returns once it is SERVING."""
         replica = f"{name}-{1 + sum(c.name.startswith(name) for c in self.children)}"
         key = name.upper()
         listeners = {kind: free_port() for kind in ("PUBLIC", "INTERNAL", "METRICS")}
         env = {
             **self._service_env(),
             **{f"ATELIER_{key}_{kind}_PORT": str(number) for kind, number in listeners.items()},
+            **(extra_env or {}),
         }
         argv = [sys.executable, "-m", f"services.{name}"]
         child = spawn(replica, argv, env, self.log_dir)

@@ -184,11 +184,12 @@ class ServerStack:
             started = time.perf_counter()
             code = grpc.StatusCode.OK
             failure: ApiError | None = None
+            metadata = () if public else tuple(context.invocation_metadata() or ())
             try:
                 if public:
                     await call()
                 else:
-                    principal = authenticate(tuple(context.invocation_metadata() or ()))
+                    principal = authenticate(metadata)
                     token = set_principal(principal)
                     try:
                         await call()
@@ -217,8 +218,15 @@ class ServerStack:
                 elapsed = time.perf_counter() - started
                 metrics.observe_rpc(service, method, code.name, elapsed)
                 if not public:
+                    # The edge's request id and the client address it determined tie this
+                    # line to the edge's access log line.
                     log.info(
-                        "rpc_finished", method=method, code=code.name, seconds=round(elapsed, 6)
+                        "rpc_finished",
+                        method=method,
+                        code=code.name,
+                        seconds=round(elapsed, 6),
+                        request_id=_header(metadata, "x-request-id"),
+                        client=_header(metadata, "x-forwarded-for"),
                     )
             if failure is not None:
                 await _abort(context, failure)
@@ -283,6 +291,13 @@ class StackedServer:
                 for name, handler in method_handlers.items()
             },
         )
+
+
+def _header(metadata: Sequence[tuple[str, str | bytes]], name: str) -> str | None:
+    for key, value in metadata:
+        if key == name and isinstance(value, str):
+            return value
+    return None
 
 
 def _api_form(failure: DomainError, method: str, throttle: Throttle) -> ApiError:

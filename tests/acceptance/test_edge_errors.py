@@ -15,9 +15,10 @@ import httpx
 import pytest
 
 from services.dev import edge
-from services.dev.processes import Child, free_port, http_ok, spawn, venv_binary, wait_until
+from services.dev.processes import Child, free_port
 from services.dev.stack import Stack
 from services.kit.settings import EnvReader
+from tests.support.edges import SERVICES, routes, running_edge
 
 INVALID_TOKEN = {"authorization": "Bearer not.a.jwt"}
 OVER_LIMIT = edge.DEFAULT_MAX_JSON_BODY + 1
@@ -149,28 +150,20 @@ def test_the_services_own_errors_pass_unchanged(edge_url: str, token: str) -> No
 def edge_in_front_of(upstream: int, work: Path, route_timeout: str | None = None) -> Iterator[str]:
     """The same edge config, every cluster pointing at ``upstream``; optionally with a
     shorter timeout on the routes that have one."""
-    listen, admin = free_port(), free_port()
     config = edge.render(
-        listen_port=listen,
-        admin_port=admin,
-        upstream_ports=dict.fromkeys(("creation", "media", "notify", "media_http"), upstream),
+        listen_port=free_port(),
+        admin_port=free_port(),
+        upstream_ports=dict.fromkeys(SERVICES, upstream),
     )
-    manager = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
-    for route in manager["typed_config"]["route_config"]["virtual_hosts"][0]["routes"]:
+    for route in routes(config):
         if route_timeout and route.get("route", {}).get("timeout", "0s") != "0s":
             route["route"]["timeout"] = route_timeout
-    path = edge.write(work / "envoy.yaml", config)
-    envoy = spawn(
-        "envoy",
-        [venv_binary("envoy"), "-c", str(path), "--disable-hot-restart", "--log-level", "warn"],
-        {},
-        work,
-    )
-    try:
-        wait_until(envoy, http_ok(f"http://127.0.0.1:{admin}/ready"), 30)
-        yield f"http://127.0.0.1:{listen}"
-    finally:
-        envoy.stop()
+            # A gRPC route's bound is its maximum stream duration (the route timeout does
+            # not apply to gRPC without a grpc-timeout).
+            if "max_stream_duration" in route["route"]:
+                route["route"]["max_stream_duration"]["max_stream_duration"] = route_timeout
+    with running_edge(config, work) as running:
+        yield running.url
 
 
 @pytest.fixture(scope="module")

@@ -21,9 +21,10 @@ from atelier.creation.v1 import job_pb2
 from atelier.notify.v1 import notify_service_pb2 as pb
 from atelier.notify.v1 import notify_service_pb2_grpc
 from services.dev import edge
-from services.dev.processes import free_port, http_ok, spawn, venv_binary, wait_until
+from services.dev.processes import free_port
 from services.kit.db import asyncpg_url
 from tests.support.databases import migrated_database
+from tests.support.edges import running_edge
 from tests.support.notify_streams import Replica, replica, settings
 from tests.support.projection import apply, ensure_table, job_state
 
@@ -66,11 +67,10 @@ def edge_url(the_edge: Edge) -> str:
 @pytest.fixture(scope="module")
 def the_edge(rep: Replica, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Edge]:
     work: Path = tmp_path_factory.mktemp("stream-edge")
-    listen, admin = free_port(), free_port()
     nowhere = free_port()
     config = edge.render(
-        listen_port=listen,
-        admin_port=admin,
+        listen_port=free_port(),
+        admin_port=free_port(),
         upstream_ports={
             "creation": nowhere,
             "media": nowhere,
@@ -78,18 +78,8 @@ def the_edge(rep: Replica, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             "notify": rep.running.public_port,
         },
     )
-    path = edge.write(work / "envoy.yaml", config)
-    envoy = spawn(
-        "envoy",
-        [venv_binary("envoy"), "-c", str(path), "--disable-hot-restart", "--log-level", "warn"],
-        {},
-        work,
-    )
-    try:
-        wait_until(envoy, http_ok(f"http://127.0.0.1:{admin}/ready"), 30)
-        yield Edge(f"http://127.0.0.1:{listen}", admin)
-    finally:
-        envoy.stop()
+    with running_edge(config, work) as running:
+        yield Edge(running.url, running.admin_port)
 
 
 async def deliver(
@@ -216,13 +206,14 @@ async def test_more_streams_than_the_default_circuit_breaker_allows_are_all_serv
     user, job = f"u-{uuid.uuid4().hex[:8]}", str(uuid.uuid4())
     await deliver(db, rep, job, user, 1, RUNNING, 5)
     # Clients on several connections, as phones are (one HTTP/2 connection to the edge
-    # carries at most 1,024 streams); each channel keeps its own connection.
+    # carries at most 100 streams, the edge's max_concurrent_streams); each channel keeps
+    # its own connection.
     channels = [
         grpc.aio.insecure_channel(
             the_edge.url.removeprefix("http://"),
             options=[("grpc.use_local_subchannel_pool", 1)],
         )
-        for _ in range(4)
+        for _ in range(12)
     ]
     stubs = [notify_service_pb2_grpc.NotifyServiceStub(c) for c in channels]
     calls = []
