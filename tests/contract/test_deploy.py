@@ -192,19 +192,33 @@ def test_termination_grace_outlasts_the_drain(rendered: tuple[str, list[Manifest
     assert edge["terminationGracePeriodSeconds"] > drain_time + 5
 
 
-KNOWN_SETTING = re.compile(r'reader\.\w+\(\s*"([A-Z0-9_]+)"|port\(reader, "([A-Z0-9_]+)"')
+# A setting read by name: reader.seconds("LEASE_TTL", ...) or port(reader, "X_PORT", ...),
+# comments allowed before the name.
+KNOWN_SETTING = re.compile(r'(?:reader\.\w+\(|port\(reader,)\s*(?:#[^\n]*\n\s*)*"([A-Z0-9_]+)"')
+
+
+def settings_read_in(folder: Path) -> set[str]:
+    return {
+        "ATELIER_" + match.group(1)
+        for path in folder.rglob("*.py")
+        for match in KNOWN_SETTING.finditer(path.read_text())
+    }
 
 
 def known_settings() -> set[str]:
-    names = {"ATELIER_" + m for m in ("CREATION", "MEDIA", "NOTIFY")}
-    found: set[str] = set()
-    for path in (ROOT / "services").rglob("*.py"):
-        for match in KNOWN_SETTING.finditer(path.read_text()):
-            found.add("ATELIER_" + (match.group(1) or match.group(2)))
+    found = settings_read_in(ROOT / "services")
     for service in DEFAULT_PORTS:
         for kind in ("PUBLIC", "INTERNAL", "METRICS"):
             found.add(f"ATELIER_{service.upper()}_{kind}_PORT")
-    return found - names
+    return found
+
+
+def test_docs_operations_lists_every_setting_the_services_read() -> None:
+    """docs/operations.md, "Settings per service", names every ATELIER_* variable."""
+    documented = set(re.findall(r"ATELIER_[A-Z0-9_]+", (ROOT / "docs/operations.md").read_text()))
+    read = settings_read_in(ROOT / "services")
+    assert "ATELIER_MEDIA_CHUNK_BYTES" in read  # the pattern sees past comments
+    assert sorted(read - documented) == []
 
 
 def test_the_committed_settings_are_known_and_every_service_accepts_them(
@@ -406,6 +420,15 @@ def test_the_migration_job_runs_before_the_rollout(rendered: tuple[str, list[Man
     assert container["args"] == ["migrate", "all"]
     assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
     assert job["metadata"]["annotations"]["argocd.argoproj.io/hook"] == "PreSync"
+    # docs/operations.md applies these first, by label: the Job and the settings it reads.
+    first = {
+        doc["metadata"]["name"]
+        for doc in docs
+        if doc["metadata"].get("labels", {}).get("app.kubernetes.io/component")
+        in ("migration", "settings")
+    }
+    [settings_ref] = container["envFrom"]
+    assert first == {job["metadata"]["name"], settings_ref["configMapRef"]["name"]}
     # The image of the rollout it prepares.
     images = {
         c["image"]
