@@ -62,81 +62,91 @@ _METADATA = {
         "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
     },
 }
-KEDA_SCHEMAS: dict[str, dict[str, Any]] = {
-    "ScaledObject": {
+
+
+def _keda_kind(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A keda.sh/v1alpha1 object of ``kind`` whose spec is ``spec``."""
+    return {
         "type": "object",
         "required": ["apiVersion", "kind", "metadata", "spec"],
         "properties": {
             "apiVersion": {"const": "keda.sh/v1alpha1"},
-            "kind": {"const": "ScaledObject"},
+            "kind": {"const": kind},
             "metadata": _METADATA,
-            "spec": {
-                "type": "object",
-                "additionalProperties": False,
-                "required": ["scaleTargetRef", "triggers"],
-                "properties": {
-                    "scaleTargetRef": {
-                        "type": "object",
-                        "additionalProperties": False,
-                        "required": ["name"],
-                        "properties": {
-                            "name": {"type": "string"},
-                            "kind": {"type": "string"},
-                            "apiVersion": {"type": "string"},
-                            "envSourceContainerName": {"type": "string"},
+            "spec": spec,
+        },
+    }
+
+
+KEDA_SCHEMAS: dict[str, dict[str, Any]] = {
+    "ScaledObject": _keda_kind(
+        "ScaledObject",
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["scaleTargetRef", "triggers"],
+            "properties": {
+                "scaleTargetRef": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["name"],
+                    "properties": {
+                        "name": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "apiVersion": {"type": "string"},
+                        "envSourceContainerName": {"type": "string"},
+                    },
+                },
+                "minReplicaCount": {"type": "integer", "minimum": 0},
+                "maxReplicaCount": {"type": "integer", "minimum": 1},
+                "idleReplicaCount": {"type": "integer", "minimum": 0},
+                "pollingInterval": {"type": "integer", "minimum": 1},
+                "cooldownPeriod": {"type": "integer", "minimum": 0},
+                "advanced": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "restoreToOriginalReplicaCount": {"type": "boolean"},
+                        "horizontalPodAutoscalerConfig": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "properties": {
+                                "name": {"type": "string"},
+                                "behavior": {
+                                    "type": "object",
+                                    "additionalProperties": False,
+                                    "properties": {"scaleUp": _RULES, "scaleDown": _RULES},
+                                },
+                            },
                         },
                     },
-                    "minReplicaCount": {"type": "integer", "minimum": 0},
-                    "maxReplicaCount": {"type": "integer", "minimum": 1},
-                    "idleReplicaCount": {"type": "integer", "minimum": 0},
-                    "pollingInterval": {"type": "integer", "minimum": 1},
-                    "cooldownPeriod": {"type": "integer", "minimum": 0},
-                    "advanced": {
+                },
+                "triggers": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
                         "type": "object",
                         "additionalProperties": False,
+                        "required": ["type", "metadata"],
                         "properties": {
-                            "restoreToOriginalReplicaCount": {"type": "boolean"},
-                            "horizontalPodAutoscalerConfig": {
+                            "type": {"type": "string"},
+                            "name": {"type": "string"},
+                            "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
+                            "useCachedMetrics": {"type": "boolean"},
+                            "metadata": {
                                 "type": "object",
+                                "additionalProperties": {"type": "string"},
+                            },
+                            "authenticationRef": {
+                                **_NAME,
                                 "additionalProperties": False,
                                 "properties": {
                                     "name": {"type": "string"},
-                                    "behavior": {
-                                        "type": "object",
-                                        "additionalProperties": False,
-                                        "properties": {"scaleUp": _RULES, "scaleDown": _RULES},
-                                    },
-                                },
-                            },
-                        },
-                    },
-                    "triggers": {
-                        "type": "array",
-                        "minItems": 1,
-                        "items": {
-                            "type": "object",
-                            "additionalProperties": False,
-                            "required": ["type", "metadata"],
-                            "properties": {
-                                "type": {"type": "string"},
-                                "name": {"type": "string"},
-                                "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
-                                "useCachedMetrics": {"type": "boolean"},
-                                "metadata": {
-                                    "type": "object",
-                                    "additionalProperties": {"type": "string"},
-                                },
-                                "authenticationRef": {
-                                    **_NAME,
-                                    "additionalProperties": False,
-                                    "properties": {
-                                        "name": {"type": "string"},
-                                        "kind": {
-                                            "enum": [
-                                                "TriggerAuthentication",
-                                                "ClusterTriggerAuthentication",
-                                            ]
-                                        },
+                                    "kind": {
+                                        "enum": [
+                                            "TriggerAuthentication",
+                                            "ClusterTriggerAuthentication",
+                                        ]
                                     },
                                 },
                             },
@@ -145,36 +155,30 @@ KEDA_SCHEMAS: dict[str, dict[str, Any]] = {
                 },
             },
         },
-    },
-    "TriggerAuthentication": {
-        "type": "object",
-        "required": ["apiVersion", "kind", "metadata", "spec"],
-        "properties": {
-            "apiVersion": {"const": "keda.sh/v1alpha1"},
-            "kind": {"const": "TriggerAuthentication"},
-            "metadata": _METADATA,
-            "spec": {
-                "type": "object",
-                "additionalProperties": False,
-                "properties": {
-                    "secretTargetRef": {
-                        "type": "array",
-                        "minItems": 1,
-                        "items": {
-                            "type": "object",
-                            "additionalProperties": False,
-                            "required": ["parameter", "name", "key"],
-                            "properties": {
-                                "parameter": {"type": "string"},
-                                "name": {"type": "string"},
-                                "key": {"type": "string"},
-                            },
+    ),
+    "TriggerAuthentication": _keda_kind(
+        "TriggerAuthentication",
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "secretTargetRef": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["parameter", "name", "key"],
+                        "properties": {
+                            "parameter": {"type": "string"},
+                            "name": {"type": "string"},
+                            "key": {"type": "string"},
                         },
                     },
                 },
             },
         },
-    },
+    ),
 }
 # The PostgreSQL scaler's metadata: a query, a target, and nothing secret inline (the
 # connection comes through the TriggerAuthentication).
