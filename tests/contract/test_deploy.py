@@ -1,0 +1,509 @@
+"""deploy/: the image's Dockerfile and the Kubernetes manifests, as rendered.
+
+Each test names a property an operator relies on; breaking it in a manifest fails here
+(and `make deploy-check` validates the same renders against the schemas)."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scripts import deploy_check
+from services.cli import main as atelier_main
+from services.cli import parser as atelier_parser
+from services.creation.settings import CreationSettings, WorkerSettings
+from services.creation.tables import STATUSES
+from services.creation.tables import jobs as jobs_table
+from services.kit.server import LIVENESS_SERVICE
+from services.kit.settings import DEFAULT_PORTS, CommonSettings, EnvReader
+from services.media.settings import DEFAULT_HTTP_PORT, MediaSettings
+from services.notify.settings import NotifySettings
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = ROOT / "deploy" / "image" / "Dockerfile"
+IMAGE_UID = 10001
+
+Manifest = dict[str, Any]
+
+
+@pytest.fixture(scope="module", params=deploy_check.OVERLAYS)
+def rendered(request: pytest.FixtureRequest) -> tuple[str, list[Manifest]]:
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not on the PATH: the kustomizations cannot be rendered here")
+    return request.param, deploy_check.render(request.param)
+
+
+def of_kind(docs: list[Manifest], kind: str) -> list[Manifest]:
+    return [doc for doc in docs if doc["kind"] == kind]
+
+
+def named(docs: list[Manifest], kind: str, name: str) -> Manifest:
+    [doc] = [d for d in of_kind(docs, kind) if d["metadata"]["name"] == name]
+    return doc
+
+
+def workloads(docs: list[Manifest]) -> Iterator[tuple[Manifest, dict[str, Any]]]:
+    """Every Deployment and Job with its pod spec."""
+    for doc in docs:
+        if doc["kind"] in ("Deployment", "Job"):
+            yield doc, doc["spec"]["template"]["spec"]
+
+
+def settings_env(docs: list[Manifest]) -> dict[str, str]:
+    [config] = [
+        c
+        for c in of_kind(docs, "ConfigMap")
+        if c["metadata"]["name"].startswith("atelier-settings")
+    ]
+    return dict(config["data"])
+
+
+# Stand-ins for the Secret's values, to read the committed settings as a process would.
+PLACEHOLDER_SECRETS = {
+    "ATELIER_DATABASE_URL": "postgresql://atelier@db.invalid:5432/atelier",
+    "ATELIER_JWT_SECRET": "x" * 40,
+    "ATELIER_SERVICE_TOKEN": "y" * 40,
+    "ATELIER_MEDIA_URL_SECRET": "z" * 40,
+    "ATELIER_MEDIA_S3_ACCESS_KEY_ID": "placeholder-id",
+    "ATELIER_MEDIA_S3_SECRET_ACCESS_KEY": "placeholder-secret",
+    "ATELIER_APNS_KEY_ID": "KEYID",
+    "ATELIER_APNS_TEAM_ID": "TEAMID",
+    "ATELIER_APNS_BUNDLE_ID": "app.example",
+}
+
+
+def test_the_manifests_pass_the_kubernetes_and_keda_schemas(
+    rendered: tuple[str, list[Manifest]],
+) -> None:
+    overlay, docs = rendered
+    problems = [p for doc in docs for p in deploy_check.schema_problems(doc)]
+    assert problems == [], f"{overlay}: {problems}"
+    kinds = {doc["kind"] for doc in docs}
+    assert {"Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy", "Job"} <= kinds
+    assert {"ScaledObject", "TriggerAuthentication"} <= kinds
+
+
+def test_the_schema_check_refuses_broken_manifests(rendered: tuple[str, list[Manifest]]) -> None:
+    _, docs = rendered
+    deployment = copy.deepcopy(named(docs, "Deployment", "creation-api"))
+    deployment["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
+    assert deploy_check.schema_problems(deployment)
+    scaled = copy.deepcopy(named(docs, "ScaledObject", "creation-worker"))
+    del scaled["spec"]["scaleTargetRef"]
+    assert deploy_check.schema_problems(scaled)
+    inline = copy.deepcopy(named(docs, "ScaledObject", "creation-worker"))
+    inline["spec"]["triggers"][0]["metadata"]["connection"] = "postgresql://u:p@db/atelier"
+    assert deploy_check.schema_problems(inline)
+
+
+def test_every_process_is_an_atelier_command_that_parses(
+    rendered: tuple[str, list[Manifest]],
+) -> None:
+    _, docs = rendered
+    seen = set()
+    for _, pod in workloads(docs):
+        for container in pod.get("initContainers", []) + pod["containers"]:
+            if container.get("command"):
+                assert container["command"] == ["envoy"]
+                continue
+            args = atelier_parser().parse_args(container["args"])
+            seen.add((args.command, getattr(args, "service", None), getattr(args, "role", None)))
+    assert {
+        ("serve", "creation", "api"),
+        ("serve", "creation", "worker"),
+        ("serve", "media", "all"),
+        ("serve", "notify", "all"),
+        ("migrate", "all", None),
+        ("edge-config", None, None),
+    } <= seen
+
+
+def test_the_edge_init_container_names_every_cluster_of_the_envoy_config(
+    rendered: tuple[str, list[Manifest]], tmp_path: Path
+) -> None:
+    _, docs = rendered
+    pod = named(docs, "Deployment", "edge")["spec"]["template"]["spec"]
+    [init] = pod["initContainers"]
+    args = [
+        a.replace(
+            "/etc/envoy-template/envoy.yaml", str(ROOT / "deploy" / "envoy" / "envoy.yaml")
+        ).replace("/etc/envoy/envoy.yaml", str(tmp_path / "envoy.yaml"))
+        for a in init["args"]
+    ]
+    assert atelier_main(args) == 0
+    # Every upstream is a Service of the same overlay, at a port that Service has.
+    services = {s["metadata"]["name"]: s for s in of_kind(docs, "Service")}
+    for arg in init["args"]:
+        if arg.startswith("--upstream="):
+            host, port = arg.partition("=")[2].partition("=")[2].split(":")
+            assert services[host]["spec"].get("clusterIP") == "None", f"{host} is not headless"
+            assert int(port) in {p["port"] for p in services[host]["spec"]["ports"]}
+
+
+def test_every_service_container_has_grpc_probes_on_its_internal_listener(
+    rendered: tuple[str, list[Manifest]],
+) -> None:
+    _, docs = rendered
+    for deployment in of_kind(docs, "Deployment"):
+        for container in deployment["spec"]["template"]["spec"]["containers"]:
+            ready, alive = container["readinessProbe"], container["livenessProbe"]
+            if container["args"][0] != "serve":
+                # The edge: Envoy's admin /ready (fails while it drains) and liveness.
+                assert ready["httpGet"]["path"] == "/ready"
+                assert alive["httpGet"]["port"] == ready["httpGet"]["port"]
+                continue
+            internal = DEFAULT_PORTS[container["args"][1]].internal_port
+            # Readiness: the standard health service's overall status ("").
+            assert ready["grpc"] == {"port": internal}, deployment["metadata"]["name"]
+            # Liveness: the name that a database outage does not flip.
+            assert alive["grpc"] == {"port": internal, "service": LIVENESS_SERVICE}
+            assert container["startupProbe"]["grpc"]["service"] == LIVENESS_SERVICE
+            declared = {p["containerPort"] for p in container["ports"]}
+            assert internal in declared
+
+
+def test_termination_grace_outlasts_the_drain(rendered: tuple[str, list[Manifest]]) -> None:
+    _, docs = rendered
+    environ = {**settings_env(docs), **PLACEHOLDER_SECRETS}
+    common = CommonSettings.read(EnvReader(environ))
+    worker = WorkerSettings.read(EnvReader(environ))
+    # After SIGTERM: the drain window, the components (each within the grace), then the
+    # servers' stop(grace) — services/kit/server.py RunningService.stop.
+    drain = common.drain_window_seconds + 2 * common.drain_grace_seconds
+    assert common.drain_window_seconds > 0, "prod-shaped drain: balancers need the window"
+    assert worker.drain_seconds <= common.drain_grace_seconds
+    for deployment in of_kind(docs, "Deployment"):
+        pod = deployment["spec"]["template"]["spec"]
+        if pod["containers"][0]["args"][0] == "serve":
+            assert pod["terminationGracePeriodSeconds"] > drain + 5, deployment["metadata"]
+    # The edge drains in its preStop hook for --drain-time-s, inside its grace period.
+    edge = named(docs, "Deployment", "edge")["spec"]["template"]["spec"]
+    envoy = edge["containers"][0]
+    drain_time = int(envoy["args"][envoy["args"].index("--drain-time-s") + 1])
+    assert f"time.sleep({drain_time})" in envoy["lifecycle"]["preStop"]["exec"]["command"][-1]
+    assert edge["terminationGracePeriodSeconds"] > drain_time + 5
+
+
+# A setting read by name: reader.seconds("LEASE_TTL", ...) or port(reader, "X_PORT", ...),
+# comments allowed before the name.
+KNOWN_SETTING = re.compile(r'(?:reader\.\w+\(|port\(reader,)\s*(?:#[^\n]*\n\s*)*"([A-Z0-9_]+)"')
+
+
+def settings_read_in(folder: Path) -> set[str]:
+    return {
+        "ATELIER_" + match.group(1)
+        for path in folder.rglob("*.py")
+        for match in KNOWN_SETTING.finditer(path.read_text())
+    }
+
+
+def known_settings() -> set[str]:
+    found = settings_read_in(ROOT / "services")
+    for service in DEFAULT_PORTS:
+        for kind in ("PUBLIC", "INTERNAL", "METRICS"):
+            found.add(f"ATELIER_{service.upper()}_{kind}_PORT")
+    return found
+
+
+def test_docs_operations_lists_every_setting_the_services_read() -> None:
+    """docs/operations.md, "Settings per service", names every ATELIER_* variable."""
+    documented = set(re.findall(r"ATELIER_[A-Z0-9_]+", (ROOT / "docs/operations.md").read_text()))
+    read = settings_read_in(ROOT / "services")
+    assert "ATELIER_MEDIA_CHUNK_BYTES" in read  # the pattern sees past comments
+    assert sorted(read - documented) == []
+
+
+def test_the_committed_settings_are_known_and_every_service_accepts_them(
+    rendered: tuple[str, list[Manifest]],
+) -> None:
+    _, docs = rendered
+    env = settings_env(docs)
+    unknown = sorted(set(env) - known_settings())
+    assert unknown == [], f"no service reads {unknown}"
+    environ = {**env, **PLACEHOLDER_SECRETS, "ATELIER_APNS_KEY_PATH": __file__}
+    CreationSettings.from_env(environ)
+    MediaSettings.from_env(environ)
+    NotifySettings.from_env(environ)
+
+
+SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|DATABASE_URL|REDIS_URL|ACCESS_KEY|KEY_ID")
+
+
+def test_secrets_are_referenced_never_committed(rendered: tuple[str, list[Manifest]]) -> None:
+    _, docs = rendered
+    assert of_kind(docs, "Secret") == []
+    assert not any(SECRET_NAME.search(key) for key in settings_env(docs))
+    referenced = set()
+    for _, pod in workloads(docs):
+        for container in pod.get("initContainers", []) + pod["containers"]:
+            for var in container.get("env", []):
+                if SECRET_NAME.search(var["name"]):
+                    assert "value" not in var, var["name"]
+                    referenced.add(var["valueFrom"]["secretKeyRef"]["name"])
+    assert "atelier-secrets" in referenced
+    for path in (ROOT / "deploy").rglob("*"):
+        if path.is_file():
+            assert "PRIVATE KEY" not in path.read_text(errors="replace"), path
+
+
+def test_every_pod_runs_as_the_images_unprivileged_user(
+    rendered: tuple[str, list[Manifest]],
+) -> None:
+    _, docs = rendered
+    assert f"USER {IMAGE_UID}:{IMAGE_UID}" in DOCKERFILE.read_text()
+    for doc, pod in workloads(docs):
+        security = pod["securityContext"]
+        assert security["runAsNonRoot"] is True, doc["metadata"]["name"]
+        assert security["runAsUser"] == IMAGE_UID
+        assert pod["automountServiceAccountToken"] is False
+        for container in pod.get("initContainers", []) + pod["containers"]:
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False
+            assert context["readOnlyRootFilesystem"] is True
+            assert context["capabilities"]["drop"] == ["ALL"]
+            assert "runAsUser" not in context  # nothing overrides the pod's user
+            assert container["resources"]["limits"]["memory"]
+
+
+def test_every_deployment_has_a_disruption_budget(rendered: tuple[str, list[Manifest]]) -> None:
+    _, docs = rendered
+    budgets = [b["spec"]["selector"]["matchLabels"] for b in of_kind(docs, "PodDisruptionBudget")]
+    for deployment in of_kind(docs, "Deployment"):
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        matching = [b for b in budgets if b.items() <= labels.items()]
+        assert len(matching) == 1, deployment["metadata"]["name"]
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    if not selector:
+        return True
+    for key, value in selector.get("matchLabels", {}).items():
+        if labels.get(key) != value:
+            return False
+    for expression in selector.get("matchExpressions", []):
+        present = labels.get(expression["key"])
+        if expression["operator"] == "In" and present not in expression["values"]:
+            return False
+        if expression["operator"] == "NotIn" and present in expression["values"]:
+            return False
+    return True
+
+
+HERE = {"kubernetes.io/metadata.name": "atelier"}
+MONITORING = {"kubernetes.io/metadata.name": "monitoring"}
+ELSEWHERE = {"kubernetes.io/metadata.name": "elsewhere"}
+# A source: its namespace's labels and its pod's labels; None is outside the cluster.
+Source = tuple[dict[str, str], dict[str, str]] | None
+
+
+def _peer_admits(peer: dict[str, Any], source: Source) -> bool:
+    if source is None:
+        return "ipBlock" in peer
+    namespace, pod = source
+    if "ipBlock" in peer:
+        return False
+    if "namespaceSelector" in peer:
+        if not _selects(peer["namespaceSelector"], namespace):
+            return False
+    elif namespace != HERE:
+        return False  # a bare podSelector means this namespace only
+    return _selects(peer.get("podSelector", {}), pod)
+
+
+def reachable(docs: list[Manifest], source: Source, target: str, port: int) -> bool:
+    """Whether the NetworkPolicies let ``source`` open ``port`` on a pod of the
+    Deployment ``target`` (ingress rules only; the target pods' namespace is HERE)."""
+    labels = named(docs, "Deployment", target)["spec"]["template"]["metadata"]["labels"]
+    policies = [
+        p
+        for p in of_kind(docs, "NetworkPolicy")
+        if "Ingress" in p["spec"]["policyTypes"] and _selects(p["spec"]["podSelector"], labels)
+    ]
+    assert policies, f"{target} is selected by no policy: open to all"
+    for policy in policies:
+        for rule in policy["spec"].get("ingress", []):
+            ports = {p["port"] for p in rule.get("ports", [])}
+            if ports and port not in ports:
+                continue
+            peers = rule.get("from")
+            if not peers or any(_peer_admits(peer, source) for peer in peers):
+                return True
+    return False
+
+
+def pod_of(docs: list[Manifest], name: str) -> tuple[dict[str, str], dict[str, str]]:
+    labels: dict[str, str] = named(docs, "Deployment", name)["spec"]["template"]["metadata"][
+        "labels"
+    ]
+    return HERE, labels
+
+
+def test_public_listeners_only_from_the_edge_internal_only_from_the_services(
+    rendered: tuple[str, list[Manifest]],
+) -> None:
+    _, docs = rendered
+    edge = pod_of(docs, "edge")
+    worker = pod_of(docs, "creation-worker")
+    debug = {"app.kubernetes.io/name": "debug", "app.kubernetes.io/part-of": "other"}
+    strangers: list[Source] = [None, (HERE, debug), (ELSEWHERE, debug), (MONITORING, debug)]
+    # Another namespace's pod that copies our labels is still a stranger.
+    impostors: list[Source] = [(ELSEWHERE, edge[1]), (ELSEWHERE, worker[1])]
+    assert reachable(docs, None, "edge", 8080)
+    assert reachable(docs, None, "edge", 8443)
+    assert not reachable(docs, None, "edge", 9901)
+    assert not reachable(docs, edge, "edge", 9901)
+    targets = {"creation-api": "creation", "media": "media", "notify": "notify"}
+    for target, service in targets.items():
+        public = DEFAULT_PORTS[service].public_port
+        internal = DEFAULT_PORTS[service].internal_port
+        metrics = DEFAULT_PORTS[service].metrics_port
+        assert reachable(docs, edge, target, public)
+        assert not reachable(docs, worker, target, public)
+        assert not reachable(docs, edge, target, internal)
+        for source in strangers + impostors:
+            assert not reachable(docs, source, target, public), (source, target)
+            assert not reachable(docs, source, target, internal), (source, target)
+        assert reachable(docs, (MONITORING, debug), target, metrics)
+        assert not reachable(docs, (ELSEWHERE, debug), target, metrics)
+    assert reachable(docs, edge, "media", DEFAULT_HTTP_PORT)
+    assert not reachable(docs, None, "media", DEFAULT_HTTP_PORT)
+    assert not reachable(docs, worker, "media", DEFAULT_HTTP_PORT)
+    # Who calls whom inside: creation (both roles) → media and notify, notify → media.
+    api = pod_of(docs, "creation-api")
+    for source in (api, worker, pod_of(docs, "notify")):
+        assert reachable(docs, source, "media", DEFAULT_PORTS["media"].internal_port)
+    for source in (api, worker):
+        assert reachable(docs, source, "notify", DEFAULT_PORTS["notify"].internal_port)
+    for source in strangers + impostors:
+        assert not reachable(
+            docs, source, "creation-worker", DEFAULT_PORTS["creation"].internal_port
+        )
+        # Envoy's admin (its stats for Prometheus) only from the monitoring namespace.
+        assert not reachable(docs, source, "edge", 9901) or source == (MONITORING, debug)
+    assert reachable(docs, (MONITORING, debug), "edge", 9901)
+
+
+def test_workers_scale_on_the_queue_of_the_jobs_table(
+    rendered: tuple[str, list[Manifest]],
+) -> None:
+    _, docs = rendered
+    scaled = named(docs, "ScaledObject", "creation-worker")
+    target = named(docs, "Deployment", scaled["spec"]["scaleTargetRef"]["name"])
+    # The autoscaler owns the count: an apply that set it would undo the scaling.
+    assert "replicas" not in target["spec"]
+    [trigger] = scaled["spec"]["triggers"]
+    assert trigger["type"] == "postgresql"
+    query = trigger["metadata"]["query"]
+    assert "FROM creation.jobs" in query
+    for status in re.findall(r"status = '(\w+)'", query):
+        assert status in STATUSES
+    for column in re.findall(r"\b([a-z_]+) <=", query):
+        assert column in jobs_table.c
+    # One replica's share is what one worker runs at once.
+    environ = {**settings_env(docs), **PLACEHOLDER_SECRETS}
+    concurrency = WorkerSettings.read(EnvReader(environ)).concurrency
+    assert float(trigger["metadata"]["targetQueryValue"]) == concurrency
+    auth = named(docs, "TriggerAuthentication", trigger["authenticationRef"]["name"])
+    assert auth["spec"]["secretTargetRef"][0]["parameter"] == "connection"
+
+
+def test_the_migration_job_runs_before_the_rollout(rendered: tuple[str, list[Manifest]]) -> None:
+    _, docs = rendered
+    [job] = of_kind(docs, "Job")
+    [container] = job["spec"]["template"]["spec"]["containers"]
+    assert container["args"] == ["migrate", "all"]
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+    assert job["metadata"]["annotations"]["argocd.argoproj.io/hook"] == "PreSync"
+    # docs/operations.md applies these first, by label: the Job and the settings it reads.
+    first = {
+        doc["metadata"]["name"]
+        for doc in docs
+        if doc["metadata"].get("labels", {}).get("app.kubernetes.io/component")
+        in ("migration", "settings")
+    }
+    [settings_ref] = container["envFrom"]
+    assert first == {job["metadata"]["name"], settings_ref["configMapRef"]["name"]}
+    # The image of the rollout it prepares.
+    images = {
+        c["image"]
+        for d in of_kind(docs, "Deployment")
+        for c in d["spec"]["template"]["spec"]["containers"]
+    }
+    assert images == {container["image"]}
+
+
+# --- the image ---------------------------------------------------------------------------
+
+
+def test_the_dockerfile_passes_hadolint() -> None:
+    assert deploy_check.hadolint() == []
+
+
+def test_the_dockerfile_is_pinned_multi_stage_and_secret_free() -> None:
+    text = DOCKERFILE.read_text()
+    assert re.search(r"python:3\.\d+\.\d+-slim-\w+@sha256:[0-9a-f]{64}", text)
+    assert len(re.findall(r"^FROM ", text, re.M)) == 2
+    assert "-c constraints.txt" in text
+    assert "COPY gen ./gen" in text
+    assert 'ENTRYPOINT ["atelier"]' in text
+    assert "ATELIER_ENV=prod" in text
+    for line in re.findall(r"^\s*(?:ENV|ARG)\b.*$|^\s+ATELIER_\w+=.*$", text, re.M):
+        assert not SECRET_NAME.search(line), line
+    ignored = (ROOT / ".dockerignore").read_text().splitlines()
+    # Everything is left out, then what the image needs is let back in.
+    patterns = [line for line in ignored if line and not line.startswith("#")]
+    assert patterns[0] == "*"
+    allowed = {line[1:] for line in ignored if line.startswith("!")}
+    assert allowed == {"pyproject.toml", "constraints.txt", "README.md", "services/", "gen/"}
+
+
+@functools.cache
+def docker_engine() -> str | None:
+    """Why no image can be built here, or None when a Docker engine answers."""
+    docker = shutil.which("docker")
+    if docker is None:
+        return "no docker CLI on this machine"
+    answer = subprocess.run([docker, "info"], capture_output=True, text=True, timeout=30)
+    if answer.returncode != 0:
+        return "no Docker engine answers `docker info` here (the CLI is present, no daemon)"
+    return None
+
+
+@pytest.mark.skipif(docker_engine() is not None, reason=f"cannot build images: {docker_engine()}")
+def test_the_image_builds_runs_unprivileged_and_refuses_dev_secrets() -> None:
+    tag = "atelier:deploy-test"
+    subprocess.run(
+        ["docker", "build", "-f", str(DOCKERFILE), "-t", tag, str(ROOT)], check=True, timeout=1800
+    )
+    uid = subprocess.run(
+        ["docker", "run", "--rm", "--entrypoint", "id", tag, "-u"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    assert uid.stdout.strip() == str(IMAGE_UID)
+    # No secret in the image: a service started with none refuses to run (prod).
+    refused = subprocess.run(
+        ["docker", "run", "--rm", tag, "serve", "creation"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2
+    assert "ATELIER_JWT_SECRET must be set in prod" in refused.stderr
+    descriptor = subprocess.run(
+        ["docker", "run", "--rm", "--entrypoint", "ls", tag, "/opt/atelier/share/atelier.binpb"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert descriptor.returncode == 0

@@ -1,0 +1,93 @@
+"""`atelier edge-config`: the Envoy pod's init container points the repository's edge
+config at the Kubernetes Services (deploy/k8s/base/edge.yaml runs it)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from services.cli import main
+from services.dev.processes import venv_binary
+from services.edge_config import EdgeConfigError, point
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE = ROOT / "deploy" / "envoy" / "envoy.yaml"
+UPSTREAMS = {
+    "creation": ("creation-api", 50051),
+    "media": ("media", 50052),
+    "media_http": ("media", 50072),
+    "notify": ("notify", 50053),
+    "notify_streams": ("notify", 50053),
+}
+
+
+def args(out: Path, upstreams: dict[str, tuple[str, int]]) -> list[str]:
+    given = [f"--upstream={name}={host}:{port}" for name, (host, port) in upstreams.items()]
+    descriptor = str(ROOT / "gen" / "atelier.binpb")
+    return [
+        "edge-config",
+        f"--template={TEMPLATE}",
+        f"--out={out}",
+        f"--descriptor={descriptor}",
+        "--admin=0.0.0.0:9901",
+        *given,
+    ]
+
+
+def test_every_cluster_points_at_its_service_and_the_rest_is_kept(tmp_path: Path) -> None:
+    out = tmp_path / "envoy.yaml"
+    assert main(args(out, UPSTREAMS)) == 0
+    rendered = yaml.safe_load(out.read_text())
+    template = yaml.safe_load(TEMPLATE.read_text())
+    for cluster in rendered["static_resources"]["clusters"]:
+        [group] = cluster["load_assignment"]["endpoints"]
+        [endpoint] = group["lb_endpoints"]
+        address = endpoint["endpoint"]["address"]["socket_address"]
+        assert (address["address"], address["port_value"]) == UPSTREAMS[cluster["name"]]
+        assert cluster["type"] == "STRICT_DNS"  # resolves a headless Service to every pod
+    assert rendered["admin"]["address"]["socket_address"] == {
+        "address": "0.0.0.0",
+        "port_value": 9901,
+    }
+    # Routes, filters and limits are the repository's, untouched.
+    assert (
+        rendered["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
+            "typed_config"
+        ]["route_config"]
+        == (
+            template["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
+                "typed_config"
+            ]["route_config"]
+        )
+    )
+    assert str(ROOT / "gen" / "atelier.binpb") in out.read_text()
+
+
+def test_envoy_accepts_the_rendered_config(tmp_path: Path) -> None:
+    envoy = venv_binary("envoy")
+    out = tmp_path / "envoy.yaml"
+    assert main(args(out, UPSTREAMS)) == 0
+    checked = subprocess.run(
+        [envoy, "--mode", "validate", "-c", str(out)], capture_output=True, text=True, timeout=60
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_a_cluster_left_out_or_unknown_is_refused(tmp_path: Path) -> None:
+    config = yaml.safe_load(TEMPLATE.read_text())
+    partial = {k: v for k, v in UPSTREAMS.items() if k != "media_http"}
+    with pytest.raises(EdgeConfigError, match="missing media_http"):
+        point(config, partial, "/d.binpb")
+    with pytest.raises(EdgeConfigError, match="no such cluster search"):
+        point(config, {**UPSTREAMS, "search": ("search", 1)}, "/d.binpb")
+
+
+def test_bad_upstreams_exit_2_with_the_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(args(tmp_path / "a.yaml", {**UPSTREAMS, "media": ("media", 0)})) == 2
+    assert "--upstream media must be HOST:PORT" in capsys.readouterr().err
+    assert not (tmp_path / "a.yaml").exists()
