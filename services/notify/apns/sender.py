@@ -28,6 +28,8 @@ from services.notify.apns.store import ClaimedPush, Exchange, Outcome, PushStore
 
 log = get_logger(__name__)
 
+# A push round's outcome, as the store records it (Outcome.status).
+OUTCOMES = ("sent", "dropped", "failed", "pending")
 PUSHES = Counter(
     "atelier_apns_pushes_total",
     "Push rounds by outcome (sent, dropped, failed; pending: to be sent again) and reason "

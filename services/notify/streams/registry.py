@@ -19,8 +19,8 @@ OPEN_STREAMS = Gauge(
     "(WatchJobs, all of a user's jobs)",
     ["kind"],
 )
-_JOB_STREAMS = OPEN_STREAMS.labels("job")
-_USER_STREAMS = OPEN_STREAMS.labels("user")
+STREAM_KINDS = ("job", "user")
+_JOB_STREAMS, _USER_STREAMS = (OPEN_STREAMS.labels(kind) for kind in STREAM_KINDS)
 
 
 def job_channel(job_id: str) -> str:
