@@ -6,6 +6,7 @@ last values and says the reading failed."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -23,11 +24,13 @@ from services.creation.settings import CreationSettings
 from services.creation.store import jobs as store
 from services.creation.store import leases
 from services.creation.store.backlog import BACKLOG_SQL
+from services.creation.worker.lease_keeper import LeaseKeeper
 from services.dev import postgres
 from services.dev.processes import free_port
 from services.kit import migrations
 from services.kit.clock import system_clock
 from services.kit.db import asyncpg_url
+from services.kit.metrics import serve_metrics
 from services.kit.readings import PeriodicReading
 from services.kit.server import RunningService
 from services.kit.settings import ListenSettings
@@ -208,6 +211,31 @@ async def test_reaper_decisions_are_counted_by_decision(
         assert within(got.get("atelier_reaper_last_sweep_timestamp_seconds"), time.time() - 30)
         got = await served.fresh()
         assert got.get("atelier_jobs_needs_attention") == 1
+
+
+async def test_a_lease_a_worker_finds_taken_over_is_counted(engine: AsyncEngine) -> None:
+    job = await submit(engine)
+    now = system_clock()
+    [claimed] = await leases.claim(engine, "worker-slow", 1, timedelta(milliseconds=1), now)
+    keeper = LeaseKeeper(engine, "worker-slow", timedelta(seconds=30), 600, system_clock)
+    lease = keeper.hold(claimed)
+    lease.task = asyncio.create_task(asyncio.Event().wait())  # an attempt at work
+    # The worker stalled past its lease; the reaper queued the job again.
+    [reaped] = await leases.reap(engine, now + timedelta(minutes=1), 10)
+    assert reaped.job_id == job.job_id and reaped.status is Status.QUEUED
+    endpoint = serve_metrics("127.0.0.1", port := free_port(), "TEST_METRICS_PORT")
+    try:
+        name = "atelier_worker_leases_lost_total"
+        before = await scrape(port)
+        await keeper.beat()
+        assert lease.lost
+        got = await scrape(port)
+        assert got.get(name, why="taken_over") - before.get(name, why="taken_over") == 1
+        assert got.get(name, why="abandoned") == before.get(name, why="abandoned")
+    finally:
+        await asyncio.to_thread(endpoint.close)
+    with pytest.raises(asyncio.CancelledError):
+        await lease.task
 
 
 async def test_the_backlog_statement_rides_its_indexes(engine: AsyncEngine) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+from prometheus_client import REGISTRY
 
 from services.creation.store import jobs as store
 from services.creation.store import leases
@@ -63,8 +64,12 @@ async def test_beats_that_fail_for_a_lease_cancel_every_attempt(
         assert not lease.lost
         assert not lease.task.done()
         clock.advance(TTL.total_seconds())
+        abandoned = {"why": "abandoned"}
+        before = REGISTRY.get_sample_value("atelier_worker_leases_lost_total", abandoned)
         await keeper.beat()  # a lease's length without a beat: nobody can tell
         assert lease.lost
+        after = REGISTRY.get_sample_value("atelier_worker_leases_lost_total", abandoned)
+        assert after == (before or 0) + 1
         assert keeper.held == 0
         with pytest.raises(asyncio.CancelledError):
             await lease.task
