@@ -91,7 +91,8 @@ class PeriodicReading:
         if not pending.done():
             fresh = self._failed("deadline")
         elif pending.cancelled():
-            fresh = self._failed("cancelled")
+            # Only stop() cancels a reading: the process is going away, nothing failed.
+            fresh = False
         elif (error := pending.exception()) is not None:
             fresh = self._failed(self._kind(error))
         else:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -25,9 +25,7 @@ from services.creation.store import jobs as store
 from services.creation.store import leases
 from services.creation.store.backlog import BACKLOG_SQL
 from services.creation.worker.lease_keeper import LeaseKeeper
-from services.dev import postgres
 from services.dev.processes import free_port
-from services.kit import migrations
 from services.kit.clock import system_clock
 from services.kit.db import asyncpg_url
 from services.kit.metrics import serve_metrics
@@ -250,17 +248,6 @@ async def test_the_backlog_statement_rides_its_indexes(engine: AsyncEngine) -> N
 # -- a database outage ------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def own_pg() -> Iterator[tuple[OwnPostgres, str]]:
-    pg = OwnPostgres()
-    try:
-        url = postgres.ensure_database(pg.admin_url, "atelier")
-        migrations.upgrade("creation", url)
-        yield pg, url
-    finally:
-        pg.close()
-
-
 async def test_a_database_outage_keeps_the_last_values_and_says_the_reading_failed(
     own_pg: tuple[OwnPostgres, str],
 ) -> None:
@@ -280,26 +267,42 @@ async def test_a_database_outage_keeps_the_last_values_and_says_the_reading_fail
         got = await served.fresh()
         assert got.get("atelier_jobs_needs_attention") == 1
         assert got.get("atelier_reading_ok", reading=READING) == 1
-        read_at = got.get("atelier_reading_last_success_timestamp_seconds", reading=READING)
 
         pg.stop()
         try:
-            got = await served.fresh()  # /metrics still answers
+            # /metrics still answers, and says the reading failed.
+            got = await scrape_until(
+                served.metrics_port, lambda s: s.get("atelier_reading_ok", reading=READING) == 0
+            )
+            read_at = got.get("atelier_reading_last_success_timestamp_seconds", reading=READING)
+            got = await served.fresh()
             assert got.get("atelier_reading_ok", reading=READING) == 0
             assert got.get("atelier_jobs_needs_attention") == 1  # the last value, kept
-            assert (
-                got.get("atelier_reading_last_success_timestamp_seconds", reading=READING)
-                == read_at
-            )
+            stamp = got.get("atelier_reading_last_success_timestamp_seconds", reading=READING)
+            assert stamp == read_at
             failures = sum(
                 value
                 for (name, labels), value in got.samples.items()
                 if name == "atelier_reading_failures_total" and ("reading", READING) in labels
             )
-            assert failures >= 1
+            assert failures >= 2
         finally:
             pg.start()
         got = await scrape_until(
             served.metrics_port, lambda s: s.get("atelier_reading_ok", reading=READING) == 1
         )
         assert got.get("atelier_reading_last_success_timestamp_seconds", reading=READING) > read_at
+
+        # A frozen server answers nothing: the reading's deadline ends the round, and
+        # /metrics answers all along.
+        pg.freeze()
+        try:
+            got = await scrape_until(
+                served.metrics_port, lambda s: s.get("atelier_reading_ok", reading=READING) == 0
+            )
+            assert got.get("atelier_jobs_needs_attention") == 1
+        finally:
+            pg.thaw()
+        await scrape_until(
+            served.metrics_port, lambda s: s.get("atelier_reading_ok", reading=READING) == 1
+        )

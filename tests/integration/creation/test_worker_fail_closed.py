@@ -6,7 +6,6 @@ test's own, stopped on purpose."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -15,8 +14,6 @@ from prometheus_client import REGISTRY
 from services.creation.store import jobs as store
 from services.creation.store import leases
 from services.creation.worker.lease_keeper import LeaseKeeper
-from services.dev import postgres
-from services.kit import migrations
 from services.kit.clock import SettableClock
 from services.kit.db import Database
 from services.kit.settings import DatabaseSettings
@@ -31,17 +28,6 @@ FAST = DatabaseSettings(
     connect_timeout_seconds=0.5,
     pool_size=2,
 )
-
-
-@pytest.fixture(scope="module")
-def own_pg() -> Iterator[tuple[OwnPostgres, str]]:
-    pg = OwnPostgres()
-    try:
-        url = postgres.ensure_database(pg.admin_url, "atelier")
-        migrations.upgrade("creation", url)
-        yield pg, url
-    finally:
-        pg.close()
 
 
 async def test_beats_that_fail_for_a_lease_cancel_every_attempt(

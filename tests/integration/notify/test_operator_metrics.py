@@ -5,43 +5,23 @@ the real HTTP/2 APNs peer, on real PostgreSQL)."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
 
-import pytest
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from atelier.creation.v1 import job_pb2
 from services.dev.processes import free_port
-from services.kit.db import asyncpg_url
 from services.kit.settings import ListenSettings
 from tests.support.apns_peer import insert_push, insert_token, push_row, running_peer, settings_for
-from tests.support.databases import migrated_database
 from tests.support.notify_streams import replica, settings, watch_job, watch_jobs
-from tests.support.projection import apply, ensure_table, job_state
-from tests.support.push_tables import empty_push_tables
+from tests.support.projection import apply, job_state
 from tests.support.scrape import Scrape, scrape, scrape_until
 
 
-@pytest.fixture(scope="module")
-def notify_url(postgres_admin_url: str) -> Iterator[str]:
-    with migrated_database(postgres_admin_url, "notify") as url:
-        yield url
-
-
-@pytest.fixture
-async def db(notify_url: str) -> AsyncIterator[AsyncEngine]:
-    engine = create_async_engine(asyncpg_url(notify_url))
-    await ensure_table(engine)
-    await empty_push_tables(engine)
-    yield engine
-    await engine.dispose()
-
-
-async def change_push(db: AsyncEngine, push_id: int, assignments: str) -> None:
-    async with db.begin() as connection:
+async def change_push(engine: AsyncEngine, push_id: int, assignments: str) -> None:
+    async with engine.begin() as connection:
         await connection.execute(
             text(f"UPDATE notify.pushes SET {assignments} WHERE push_id = :push_id"),
             {"push_id": push_id},
@@ -52,10 +32,10 @@ def streams_open(got: Scrape, kind: str) -> float:
     return got.get("atelier_notify_open_streams", kind=kind)
 
 
-async def test_open_streams_are_counted_by_kind(db: AsyncEngine, notify_url: str) -> None:
+async def test_open_streams_are_counted_by_kind(engine: AsyncEngine, notify_url: str) -> None:
     port = free_port()
     user, job = f"user-{uuid.uuid4().hex[:8]}", str(uuid.uuid4())
-    await apply(db, [job_state(job, user, 1, job_pb2.JOB_STATUS_QUEUED)])
+    await apply(engine, [job_state(job, user, 1, job_pb2.JOB_STATUS_QUEUED)])
     async with replica(replace(settings(notify_url), listen=ListenSettings(0, 0, port))) as rep:
         before = await scrape(port)
         one_job = watch_job(rep, user, job)
@@ -79,22 +59,22 @@ async def test_open_streams_are_counted_by_kind(db: AsyncEngine, notify_url: str
 
 
 async def test_push_outcomes_are_counted_by_reason(
-    db: AsyncEngine, notify_url: str, tmp_path: Path
+    engine: AsyncEngine, notify_url: str, tmp_path: Path
 ) -> None:
     """One push sent, one to a token Apple says is gone (410 Unregistered), one that
     expired before it could go; the service's own sender handles them."""
     async with running_peer(tmp_path) as (peer, key_path):
-        sent_to, _ = await insert_token(db)
-        gone_to, gone_token = await insert_token(db)
+        sent_to, _ = await insert_token(engine)
+        gone_to, gone_token = await insert_token(engine)
         peer.fail(gone_token, 410, "Unregistered")
-        late_to, _ = await insert_token(db)
+        late_to, _ = await insert_token(engine)
         port = free_port()
         apns = settings_for(peer, key_path)
         notify = replace(settings(notify_url), listen=ListenSettings(0, 0, port), apns=apns)
         # Expired already, and not due until the sender runs (made due in one statement).
-        late = await insert_push(db, late_to)
+        late = await insert_push(engine, late_to)
         await change_push(
-            db,
+            engine,
             late,
             "expires_at = now() - interval '1 minute', next_attempt_at = now() + interval '1 hour'",
         )
@@ -102,11 +82,11 @@ async def test_push_outcomes_are_counted_by_reason(
             # Before the pushes are due, so the sender cannot have handled any of them yet.
             before = await scrape(port)
             pushes = {
-                "sent": await insert_push(db, sent_to),
-                "gone": await insert_push(db, gone_to),
+                "sent": await insert_push(engine, sent_to),
+                "gone": await insert_push(engine, gone_to),
                 "late": late,
             }
-            await change_push(db, late, "next_attempt_at = now()")
+            await change_push(engine, late, "next_attempt_at = now()")
             name = "atelier_apns_pushes_total"
 
             def counted(got: Scrape, outcome: str, reason: str) -> float:
@@ -122,5 +102,5 @@ async def test_push_outcomes_are_counted_by_reason(
                 ),
             )
             assert counted(got, "failed", "other") == 0
-        statuses = {k: (await push_row(db, v))["status"] for k, v in pushes.items()}
+        statuses = {k: (await push_row(engine, v))["status"] for k, v in pushes.items()}
         assert statuses == {"sent": "sent", "gone": "dropped", "late": "dropped"}
