@@ -22,6 +22,7 @@ from atelier.creation.v1 import (
     creation_service_pb2_grpc,
 )
 from services.creation.admin_servicer import AdminServicer
+from services.creation.gauges import backlog_reading
 from services.creation.jobs import Jobs
 from services.creation.media_client import MediaClient
 from services.creation.operators import Operators
@@ -43,6 +44,7 @@ from services.kit.components import Component
 from services.kit.db import Database
 from services.kit.outages import classify
 from services.kit.server import Binding, ServiceApp, run_service
+from services.kit.settings import DatabaseSettings
 
 ROLES = ("api", "worker", "all")
 
@@ -79,6 +81,11 @@ def _engine_components(
         # No provider registry wired in: the engine does not run (jobs stay queued).
         return []
     return components(settings, database, media, providers, clock=clock, on_point=on_point)
+
+
+def _reading_deadline(limits: DatabaseSettings) -> float:
+    """A reading waits for a pooled connection, then for its statement."""
+    return limits.pool_timeout_seconds + limits.statement_timeout_seconds
 
 
 async def _close_providers(providers: Mapping[str, Provider]) -> None:
@@ -118,6 +125,16 @@ def build(
         ),
         relay,
     ]
+    if role in ("worker", "all"):
+        # The roles that own the queue read its gauges (one replica's reading is the
+        # whole database's: alert on max(), not sum()).
+        background.append(
+            backlog_reading(
+                database.engine,
+                settings.gauges_period_seconds,
+                _reading_deadline(settings.common.database),
+            )
+        )
     cleanup = [media.close, notify.close, database.close]
     if role in ("worker", "all") and providers is not None:
         cleanup.append(functools.partial(_close_providers, providers))

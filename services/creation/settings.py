@@ -268,6 +268,8 @@ class CreationSettings:
     heartbeat_seconds: float
     progress_seconds: float
     reaper_period_seconds: float
+    # How often the worker and all roles read the queue, attention and outbox gauges.
+    gauges_period_seconds: float
     backoff_base_seconds: float
     backoff_max_seconds: float
     max_attempts: int
@@ -302,6 +304,7 @@ class CreationSettings:
             # update to watchers each); never less often than the heartbeat.
             progress_seconds=reader.seconds("PROGRESS_INTERVAL", 1, minimum=0.1, maximum=600),
             reaper_period_seconds=reader.seconds("REAPER_PERIOD", 15, minimum=0.5, maximum=600),
+            gauges_period_seconds=reader.seconds("GAUGES_PERIOD", 15, minimum=0.05, maximum=600),
             backoff_base_seconds=reader.seconds("BACKOFF_BASE", 2, minimum=0.1, maximum=600),
             backoff_max_seconds=reader.seconds("BACKOFF_MAX", 300, minimum=1, maximum=86400),
             max_attempts=reader.integer("MAX_ATTEMPTS", 3, minimum=1, maximum=20),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from prometheus_client import Counter, Histogram, start_http_server
@@ -34,10 +35,24 @@ def observe_rpc(service: str, method: str, code: str, seconds: float) -> None:
     duration.observe(seconds)
 
 
-def serve_metrics(host: str, port: int, variable: str) -> None:
+class MetricsEndpoint:
+    """A started /metrics listener (a daemon thread); ``close`` stops it and frees its port."""
+
+    def __init__(self, server: Any, thread: threading.Thread) -> None:
+        self._server = server
+        self._thread = thread
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+def serve_metrics(host: str, port: int, variable: str) -> MetricsEndpoint:
     """Starts the /metrics HTTP endpoint on a daemon thread; a port that cannot be
     listened on stops the process naming ``variable`` (e.g. CREATION_METRICS_PORT)."""
     try:
-        start_http_server(port, addr=host)
+        server, thread = start_http_server(port, addr=host)
     except OSError:
         raise PortUnavailable(host, port, variable) from None
+    return MetricsEndpoint(server, thread)

@@ -29,7 +29,7 @@ from services.kit.components import Component, Supervisor
 from services.kit.interceptors import ServerStack, StackedServer
 from services.kit.logging import configure as configure_logging
 from services.kit.logging import get_logger
-from services.kit.metrics import serve_metrics
+from services.kit.metrics import MetricsEndpoint, serve_metrics
 from services.kit.outages import Throttle, classify, log_unavailable
 from services.kit.ports import bind_grpc, listen_variable
 from services.kit.reflection import enable_documented_reflection
@@ -153,6 +153,7 @@ class RunningService:
         self._probe: asyncio.Task[bool] | None = None
         self._probe_log = Throttle()
         self.components = Supervisor(app.components)
+        self._metrics: MetricsEndpoint | None = None
 
     @property
     def failed(self) -> asyncio.Event:
@@ -177,7 +178,9 @@ class RunningService:
             listen_variable(name, "internal"),
         )
         if self._listen.metrics_port:
-            serve_metrics(host, self._listen.metrics_port, listen_variable(name, "metrics"))
+            self._metrics = serve_metrics(
+                host, self._listen.metrics_port, listen_variable(name, "metrics")
+            )
         for listener in self._listeners:
             await listener.server.start()
         await self._refresh_health()
@@ -260,6 +263,9 @@ class RunningService:
         )
         for cleanup in self.app.cleanup:
             await cleanup()
+        if self._metrics is not None:
+            # Last: a scrape during the drain still sees the final figures.
+            await asyncio.to_thread(self._metrics.close)
         log.info("service_stopped", service=self.app.name)
 
 

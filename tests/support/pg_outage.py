@@ -8,11 +8,14 @@ import shutil
 import signal
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
 
 from services.dev import postgres
+from services.kit import migrations
 
 
 class OwnPostgres:
@@ -72,6 +75,18 @@ class OwnPostgres:
 
     def answers(self) -> bool:
         return postgres.server_answers(self.admin_url, timeout=1.0)
+
+
+@contextmanager
+def own_migrated(service: str) -> Iterator[tuple[OwnPostgres, str]]:
+    """A PostgreSQL of the test's own with ``service``'s schema in database ``atelier``."""
+    pg = OwnPostgres()
+    try:
+        url = postgres.ensure_database(pg.admin_url, "atelier")
+        migrations.upgrade(service, url)
+        yield pg, url
+    finally:
+        pg.close()
 
 
 def wait_for(condition: object, timeout: float, what: str) -> float:

@@ -264,6 +264,14 @@ def _reap_values(decision: ReapDecision, job: Job, now: datetime) -> dict[str, A
     return {**queued, "step": None, "progress": 0}
 
 
+@dataclass(frozen=True)
+class Reaped:
+    """A job whose expired lease the reaper resolved, as written, and what it decided."""
+
+    job: Job
+    decision: ReapDecision
+
+
 async def reap(
     engine: AsyncEngine,
     now: datetime,
@@ -271,6 +279,18 @@ async def reap(
     idempotent_providers: Collection[str] = (),
     before_cancel: Callable[[Job], Awaitable[None]] | None = None,
 ) -> list[Job]:
+    """The jobs of :func:`reap_decided`."""
+    reaped = await reap_decided(engine, now, limit, idempotent_providers, before_cancel)
+    return [r.job for r in reaped]
+
+
+async def reap_decided(
+    engine: AsyncEngine,
+    now: datetime,
+    limit: int,
+    idempotent_providers: Collection[str] = (),
+    before_cancel: Callable[[Job], Awaitable[None]] | None = None,
+) -> list[Reaped]:
     """Handles running jobs whose lease expired (rides ix_jobs_lease_expiry; replicas skip
     each other's rows). A dead worker's job whose owner asked to cancel and whose request
     the provider holds goes through ``before_cancel`` (which tells the provider) while the
@@ -301,7 +321,7 @@ async def reap(
                 and before_cancel is not None
             ):
                 await before_cancel(job)
-            reaped.append(await _write_reaped(connection, job, decision, now))
+            reaped.append(Reaped(await _write_reaped(connection, job, decision, now), decision))
     return reaped
 
 

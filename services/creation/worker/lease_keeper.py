@@ -20,6 +20,7 @@ from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
+from prometheus_client import Counter
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.domain import Job
@@ -30,6 +31,16 @@ from services.kit.logging import get_logger
 from services.kit.outages import Throttle, classify
 
 log = get_logger(__name__)
+
+LEASES_LOST = Counter(
+    "atelier_worker_leases_lost",
+    "Attempts this worker stopped because it no longer held their lease: taken_over (a beat "
+    "found the job leased to someone else, most often after the reaper saw it expire) or "
+    "abandoned (beats failed for as long as a lease lasts)",
+    ["why"],
+)
+_TAKEN_OVER = LEASES_LOST.labels("taken_over")
+_ABANDONED = LEASES_LOST.labels("abandoned")
 
 
 class Lease:
@@ -171,6 +182,7 @@ class LeaseKeeper:
                 continue  # the attempt ended while the beat was on its way
             if lease.job_id not in result.held:
                 log.warning("lease_lost", job_id=lease.job_id, lease_epoch=lease.lease_epoch)
+                _TAKEN_OVER.inc()
                 self.release(lease)
                 lease.lose()
             elif result.held[lease.job_id]:
@@ -186,3 +198,4 @@ class LeaseKeeper:
             for lease in list(self._leases.values()):
                 self.release(lease)
                 lease.lose()
+                _ABANDONED.inc()

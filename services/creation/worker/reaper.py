@@ -11,9 +11,10 @@ import asyncio
 import contextlib
 from collections.abc import Mapping
 
+from prometheus_client import Counter, Gauge
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.creation.domain import Job
+from services.creation.domain import Job, ReapDecision
 from services.creation.media_client import MediaClient
 from services.creation.providers.base import Provider, ProviderError
 from services.creation.store import leases
@@ -23,6 +24,18 @@ from services.kit.logging import get_logger
 from services.kit.outages import Throttle, classify
 
 log = get_logger(__name__)
+
+DECISIONS = Counter(
+    "atelier_reaper_decisions",
+    "Expired leases the reaper resolved (one per job whose worker died or froze), by "
+    "decision: retry, resume, attention (now NEEDS_ATTENTION), fail, cancel",
+    ["decision"],
+)
+_DECIDED = {decision: DECISIONS.labels(decision.value) for decision in ReapDecision}
+LAST_SWEEP = Gauge(
+    "atelier_reaper_last_sweep_timestamp_seconds",
+    "Unix time the reaper of this process last completed a sweep",
+)
 
 BATCH = 100
 PROVIDER_CANCEL_TIMEOUT_SECONDS = 5.0
@@ -72,18 +85,26 @@ class Reaper:
         idempotent = [c for c, p in self._providers.items() if p.supports_idempotent_submit]
         reaped: list[Job] = []
         while True:
-            batch = await leases.reap(
+            batch = await leases.reap_decided(
                 self._engine, self._clock(), self._batch, idempotent, self._tell_provider
             )
-            for job in batch:
-                log.info("job_reaped", job_id=job.job_id, status=job.status.value)
-            reaped.extend(batch)
+            # Counted once the batch committed: a rolled-back decision is no decision.
+            for item in batch:
+                _DECIDED[item.decision].inc()
+                log.info(
+                    "job_reaped",
+                    job_id=item.job.job_id,
+                    status=item.job.status.value,
+                    decision=item.decision.value,
+                )
+            reaped.extend(item.job for item in batch)
             if len(batch) < self._batch or self._stopping.is_set():
                 break
         if self._media is not None:
             # After the leases: a job this sweep cancelled has its outputs purged at once.
             await self._purge_outputs(self._media)
         self.sweeps += 1
+        LAST_SWEEP.set_to_current_time()
         return reaped
 
     async def _purge_outputs(self, media: MediaClient) -> None:

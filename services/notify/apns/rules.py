@@ -13,6 +13,33 @@ LIVE_ACTIVITY_EVENTS = ("start", "update", "end")
 PRIORITIES = {"alert": ("5", "10", "1"), "background": ("5",), "liveactivity": ("5", "10")}
 COLLAPSE_ID_MAX_BYTES = 64
 
+# Reasons a push's outcome may carry, as a metric label: Apple's documented error reasons
+# and the sender's own (no answer, a token no longer active, a push that expired unsent).
+# Anything else is counted as "other", so a peer cannot grow the label without bound.
+APPLE_REASONS = frozenset(
+    {
+        "BadCollapseId", "BadDeviceToken", "BadExpirationDate", "BadMessageId", "BadPriority",
+        "BadTopic", "DeviceTokenNotForTopic", "DuplicateHeaders", "IdleTimeout",
+        "InvalidPushType", "MissingDeviceToken", "MissingTopic", "PayloadEmpty",
+        "TopicDisallowed", "BadCertificate", "BadCertificateEnvironment",
+        "ExpiredProviderToken", "Forbidden", "InvalidProviderToken", "MissingProviderToken",
+        "UnrelatedKeyIdInToken", "BadEnvironmentKeyIdInToken", "BadPath", "MethodNotAllowed",
+        "ExpiredToken", "Unregistered", "PayloadTooLarge", "TooManyProviderTokenUpdates",
+        "TooManyRequests", "InternalServerError", "ServiceUnavailable", "Shutdown",
+    }
+)  # fmt: skip
+SENDER_REASONS = frozenset(
+    {"Timeout", "ConnectionLost", "Expired", "TokenRetired", "TokenBad", "TokenInactive"}
+)
+
+
+def reason_label(reason: str | None) -> str:
+    """A push outcome's reason as a bounded label: "none" for a push sent."""
+    if not reason:
+        return "none"
+    return reason if reason in APPLE_REASONS or reason in SENDER_REASONS else "other"
+
+
 KEY_ID = re.compile(r"[A-Z0-9]{10}")
 TEAM_ID = re.compile(r"[A-Z0-9]{10}")
 # Reverse-DNS: at least two dot-separated labels of letters, digits and hyphens.

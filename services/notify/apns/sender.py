@@ -22,13 +22,20 @@ from services.kit.logging import get_logger
 from services.notify.apns.client import ApnsClient, apns_id_for
 from services.notify.apns.outcomes import Answer, Next, backoff_seconds, decide
 from services.notify.apns.provider_token import ProviderToken
-from services.notify.apns.rules import payload_limit, token_tail
+from services.notify.apns.rules import payload_limit, reason_label, token_tail
 from services.notify.apns.settings import ApnsSettings
 from services.notify.apns.store import ClaimedPush, Exchange, Outcome, PushStore
 
 log = get_logger(__name__)
 
-PUSHES = Counter("atelier_apns_pushes_total", "APNs pushes by final outcome", ["outcome"])
+# A push round's outcome, as the store records it (Outcome.status).
+OUTCOMES = ("sent", "dropped", "failed", "pending")
+PUSHES = Counter(
+    "atelier_apns_pushes_total",
+    "Push rounds by outcome (sent, dropped, failed; pending: to be sent again) and reason "
+    "(Apple's, or the sender's own: Timeout, ConnectionLost, Expired, TokenRetired, ...)",
+    ["outcome", "reason"],
+)
 EXCHANGES = Counter("atelier_apns_requests_total", "HTTP exchanges with APNs by status", ["status"])
 BAD_DEVICE_TOKENS = Counter(
     "atelier_apns_bad_device_token_total",
@@ -104,7 +111,7 @@ class Sender:
         )
         for push, result in zip(claimed, results, strict=True):
             await self._act_on_token(push, result)
-            PUSHES.labels(result.outcome.status).inc()
+            PUSHES.labels(result.outcome.status, reason_label(result.outcome.reason)).inc()
         return len(claimed)
 
     async def _send_one(self, push: ClaimedPush) -> _Sent:

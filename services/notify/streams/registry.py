@@ -8,8 +8,19 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from prometheus_client import Gauge
+
 from services.notify.streams.change import Change
 from services.notify.streams.inbox import EndReason, Inbox
+
+OPEN_STREAMS = Gauge(
+    "atelier_notify_open_streams",
+    "Watch streams open on this replica, by kind: job (WatchJob, one job) or user "
+    "(WatchJobs, all of a user's jobs)",
+    ["kind"],
+)
+STREAM_KINDS = ("job", "user")
+_JOB_STREAMS, _USER_STREAMS = (OPEN_STREAMS.labels(kind) for kind in STREAM_KINDS)
 
 
 def job_channel(job_id: str) -> str:
@@ -69,7 +80,8 @@ class StreamRegistry:
         """Returns once no local stream is open."""
         await self._empty.wait()
 
-    def _counted(self, delta: int) -> None:
+    def _counted(self, delta: int, series: Gauge) -> None:
+        series.inc(delta)
         self._count += delta
         if self._count:
             self._empty.clear()
@@ -80,7 +92,7 @@ class StreamRegistry:
         watchers = self._by_job.setdefault(job_id, set())
         if inbox not in watchers:
             watchers.add(inbox)
-            self._counted(1)
+            self._counted(1, _JOB_STREAMS)
         if len(watchers) == 1:
             self._announce_added(job_channel(job_id))
 
@@ -90,7 +102,7 @@ class StreamRegistry:
             return
         if inbox in watchers:
             watchers.discard(inbox)
-            self._counted(-1)
+            self._counted(-1, _JOB_STREAMS)
         if not watchers:
             del self._by_job[job_id]
             self._announce_removed(job_channel(job_id))
@@ -99,7 +111,7 @@ class StreamRegistry:
         watchers = self._by_user.setdefault(watch.user_id, set())
         if watch not in watchers:
             watchers.add(watch)
-            self._counted(1)
+            self._counted(1, _USER_STREAMS)
         if len(watchers) == 1:
             self._announce_added(user_channel(watch.user_id))
 
@@ -109,7 +121,7 @@ class StreamRegistry:
             return
         if watch in watchers:
             watchers.discard(watch)
-            self._counted(-1)
+            self._counted(-1, _USER_STREAMS)
         if not watchers:
             del self._by_user[watch.user_id]
             self._announce_removed(user_channel(watch.user_id))

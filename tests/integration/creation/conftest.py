@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from services.kit.db import asyncpg_url
 from tests.integration.creation.worker_kit import Engine, worker_stack
 from tests.support.databases import migrated_database
+from tests.support.pg_outage import OwnPostgres, own_migrated
 
 # Every table a test's jobs and points touch; the catalog (seeded by migration) stays.
 _JOB_TABLES = (
@@ -27,6 +28,14 @@ def creation_url(postgres_admin_url: str) -> Iterator[str]:
     """A database with creation's schema only, for this module alone."""
     with migrated_database(postgres_admin_url, "creation") as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+def own_pg() -> Iterator[tuple[OwnPostgres, str]]:
+    """A PostgreSQL of the module's own with creation's schema, which its tests may stop
+    and freeze (never the shared server)."""
+    with own_migrated("creation") as made:
+        yield made
 
 
 @pytest.fixture

@@ -6,16 +6,14 @@ test's own, stopped on purpose."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+from prometheus_client import REGISTRY
 
 from services.creation.store import jobs as store
 from services.creation.store import leases
 from services.creation.worker.lease_keeper import LeaseKeeper
-from services.dev import postgres
-from services.kit import migrations
 from services.kit.clock import SettableClock
 from services.kit.db import Database
 from services.kit.settings import DatabaseSettings
@@ -30,17 +28,6 @@ FAST = DatabaseSettings(
     connect_timeout_seconds=0.5,
     pool_size=2,
 )
-
-
-@pytest.fixture(scope="module")
-def own_pg() -> Iterator[tuple[OwnPostgres, str]]:
-    pg = OwnPostgres()
-    try:
-        url = postgres.ensure_database(pg.admin_url, "atelier")
-        migrations.upgrade("creation", url)
-        yield pg, url
-    finally:
-        pg.close()
 
 
 async def test_beats_that_fail_for_a_lease_cancel_every_attempt(
@@ -63,8 +50,12 @@ async def test_beats_that_fail_for_a_lease_cancel_every_attempt(
         assert not lease.lost
         assert not lease.task.done()
         clock.advance(TTL.total_seconds())
+        abandoned = {"why": "abandoned"}
+        before = REGISTRY.get_sample_value("atelier_worker_leases_lost_total", abandoned)
         await keeper.beat()  # a lease's length without a beat: nobody can tell
         assert lease.lost
+        after = REGISTRY.get_sample_value("atelier_worker_leases_lost_total", abandoned)
+        assert after == (before or 0) + 1
         assert keeper.held == 0
         with pytest.raises(asyncio.CancelledError):
             await lease.task

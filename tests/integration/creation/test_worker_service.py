@@ -38,11 +38,14 @@ def test_roles_worker_and_all_run_the_engine_given_a_registry(creation_url: str)
     def names(role: str, given: dict[str, Provider] | None) -> list[str]:
         return [c.name for c in build(settings, role, providers=given).components]
 
-    assert names("worker", providers) == ["worker", "reaper", "outbox-relay"]
-    assert names("all", providers) == ["worker", "reaper", "outbox-relay"]
-    # Every role writes job changes, so every role relays them to notify.
+    engine = ["worker", "reaper", "outbox-relay", "backlog-gauges"]
+    assert names("worker", providers) == engine
+    assert names("all", providers) == engine
+    # Every role writes job changes, so every role relays them to notify; the roles that
+    # own the queue read its gauges.
     assert names("api", providers) == ["outbox-relay"]
-    assert names("all", None) == ["outbox-relay"]  # no registry wired in: jobs wait
+    # No registry wired in: jobs wait, and the gauges show them waiting.
+    assert names("all", None) == ["outbox-relay", "backlog-gauges"]
 
 
 async def test_a_job_submitted_over_grpc_runs_to_succeeded(
