@@ -99,6 +99,21 @@ class EnvReader:
             return default
         return number
 
+    def ratio(self, name: str, default: float) -> float:
+        """A fraction from 0 to 1."""
+        value = self._raw(name)
+        if value is None:
+            return default
+        try:
+            number = float(value)
+        except ValueError:
+            self._problem(name, f"must be a number from 0 to 1 (got {value!r})")
+            return default
+        if not 0 <= number <= 1:
+            self._problem(name, f"must be from 0 to 1 (got {value})")
+            return default
+        return number
+
     def require(self, condition: bool, name: str, message: str) -> None:
         """Records a rule that spans several values."""
         if not condition:
@@ -147,6 +162,38 @@ class DatabaseSettings:
 
 
 @dataclass(frozen=True)
+class TracingSettings:
+    """OpenTelemetry traces (ATELIER_OTEL_*): off by default; ``otlp`` sends spans to an
+    OTLP/gRPC collector (an http:// endpoint is plaintext, https:// TLS)."""
+
+    exporter: str = "none"
+    endpoint: str = "http://127.0.0.1:4317"
+    # Of the traces that start here (a caller's sampling decision always stands).
+    sample_ratio: float = 1.0
+    # How long spans wait in the batch before they are sent, and a send's deadline.
+    export_delay_seconds: float = 5.0
+    export_timeout_seconds: float = 5.0
+
+    @classmethod
+    def read(cls, reader: EnvReader) -> TracingSettings:
+        settings = cls(
+            exporter=reader.string("OTEL_EXPORTER", "none", choices=("none", "otlp")),
+            endpoint=reader.string("OTEL_ENDPOINT", cls.endpoint),
+            sample_ratio=reader.ratio("OTEL_SAMPLE_RATIO", 1.0),
+            export_delay_seconds=reader.seconds("OTEL_EXPORT_DELAY", 5.0, minimum=0.01, maximum=60),
+            export_timeout_seconds=reader.seconds(
+                "OTEL_EXPORT_TIMEOUT", 5.0, minimum=0.1, maximum=60
+            ),
+        )
+        reader.require(
+            settings.endpoint.startswith(("http://", "https://")),
+            "OTEL_ENDPOINT",
+            "must be an http:// or https:// URL of an OTLP/gRPC collector",
+        )
+        return settings
+
+
+@dataclass(frozen=True)
 class CommonSettings:
     """What every service process needs."""
 
@@ -169,6 +216,7 @@ class CommonSettings:
     readiness_period_seconds: float = 1.0
     readiness_timeout_seconds: float = 1.5
     database: DatabaseSettings = DatabaseSettings()
+    tracing: TracingSettings = TracingSettings()
 
     @classmethod
     def read(cls, reader: EnvReader) -> CommonSettings:
@@ -200,6 +248,7 @@ class CommonSettings:
                 "READINESS_TIMEOUT", 1.5, minimum=0.1, maximum=60
             ),
             database=DatabaseSettings.read(reader),
+            tracing=TracingSettings.read(reader),
         )
         if env == "prod":
             reader.require(
