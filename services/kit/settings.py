@@ -84,33 +84,31 @@ class EnvReader:
         return number
 
     def seconds(self, name: str, default: float, *, minimum: float, maximum: float) -> float:
-        value = self._raw(name)
-        if value is None:
-            return default
-        try:
-            number = float(value)
-        except ValueError:
-            self._problem(name, f"must be a number of seconds (got {value!r})")
-            return default
-        if not minimum <= number <= maximum:
-            self._problem(
-                name, f"must be between {minimum:g} and {maximum:g} seconds (got {value})"
-            )
-            return default
-        return number
+        return self._real(
+            name,
+            default,
+            (minimum, maximum),
+            "a number of seconds",
+            f"between {minimum:g} and {maximum:g} seconds",
+        )
 
     def ratio(self, name: str, default: float) -> float:
         """A fraction from 0 to 1."""
+        return self._real(name, default, (0.0, 1.0), "a number from 0 to 1", "from 0 to 1")
+
+    def _real(
+        self, name: str, default: float, bounds: tuple[float, float], kind: str, within: str
+    ) -> float:
         value = self._raw(name)
         if value is None:
             return default
         try:
             number = float(value)
         except ValueError:
-            self._problem(name, f"must be a number from 0 to 1 (got {value!r})")
+            self._problem(name, f"must be {kind} (got {value!r})")
             return default
-        if not 0 <= number <= 1:
-            self._problem(name, f"must be from 0 to 1 (got {value})")
+        if not bounds[0] <= number <= bounds[1]:
+            self._problem(name, f"must be {within} (got {value})")
             return default
         return number
 
