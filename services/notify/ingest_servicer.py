@@ -33,6 +33,7 @@ from services.kit.outages import Throttle
 from services.notify import projection
 from services.notify.errors import Reason
 from services.notify.fanout import Publisher
+from services.notify.projection import AppliedState
 from services.notify.pushes.queue import PushQueue
 
 log = get_logger(__name__)
@@ -84,25 +85,32 @@ class NotifyIngestServicer(notify_ingest_service_pb2_grpc.NotifyIngestServiceSer
         if problems:
             raise invalid_argument(Reason.INVALID_DELIVERY, problems)
         tracer = tracing.tracer()
-        spans = [] if tracer is None else _message_spans(tracer, request.messages)
-        moved: set[tuple[str, int]] | None = None
-        try:
-            applied = await projection.apply(
-                self._engine,
-                [m.state for m in request.messages],
-                self._pushes.record if self._pushes else None,
-            )
-            moved = {(a.job_id, a.version) for a in applied} if spans else set()
+        if tracer is None:
+            applied = await self._apply(request.messages)
+        else:
+            spans = _message_spans(tracer, request.messages)
             try:
-                await self._publisher.publish(applied)
-            except Exception as error:
-                # Committed already: a lost announcement costs latency (the backstop reads
-                # the projection), so the relay must not deliver the batch again for it.
-                if self._log.admit(type(error).__name__) is not None:
-                    log.warning("publish_failed", error=type(error).__name__, changes=len(applied))
-        finally:
-            _end_message_spans(spans, moved)
+                applied = await self._apply(request.messages)
+            except BaseException:
+                _end_message_spans(spans, None)
+                raise
+            _end_message_spans(spans, {(a.job_id, a.version) for a in applied})
         return pb.DeliverResponse(applied_count=len(applied))
+
+    async def _apply(self, messages: Sequence[pb.OutboxMessage]) -> list[AppliedState]:
+        applied = await projection.apply(
+            self._engine,
+            [m.state for m in messages],
+            self._pushes.record if self._pushes else None,
+        )
+        try:
+            await self._publisher.publish(applied)
+        except Exception as error:
+            # Committed already: a lost announcement costs latency (the backstop reads
+            # the projection), so the relay must not deliver the batch again for it.
+            if self._log.admit(type(error).__name__) is not None:
+                log.warning("publish_failed", error=type(error).__name__, changes=len(applied))
+        return applied
 
 
 def _message_spans(
