@@ -195,6 +195,7 @@ async def submit_sql_anchor(database_url: str, requests: int) -> dict[int, Figur
                     payload=json.dumps({"jobId": job_id}),
                     now=now,
                     num_outputs=1,
+                    trace_parent=None,
                 )
                 row = await pool.fetchrow(SUBMIT_CALL, *arguments)
                 assert row["submit_outcome"] == "ok", row["submit_outcome"]

@@ -175,6 +175,8 @@ class Job:
     started_at: datetime | None
     completed_at: datetime | None
     updated_at: datetime
+    # The submit's trace context (W3C traceparent); None when it was not traced.
+    trace_parent: str | None = None
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from services.creation.store.jobs import Cursor, SubmitLimits
 from services.creation.submission import SubmitCommand
 from services.kit.clock import Clock, system_clock
 from services.kit.logging import get_logger
+from services.kit.tracing import current_traceparent
 
 log = get_logger(__name__)
 
@@ -61,7 +62,13 @@ class Jobs:
             if not vouched:
                 await self.check_input_asset(user_id, command.input_asset_id)
             submitted = await job_store.submit(
-                self._engine, user_id, command, self._limits, self._clock()
+                self._engine,
+                user_id,
+                command,
+                self._limits,
+                self._clock(),
+                # The job's life (attempts, deliveries) joins this submit's trace.
+                trace_parent=current_traceparent(),
             )
         job = submitted.job
         if submitted.replayed:

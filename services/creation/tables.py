@@ -170,6 +170,9 @@ jobs = Table(
     Column("started_at", DateTime(timezone=True)),
     Column("completed_at", DateTime(timezone=True)),
     Column("updated_at", DateTime(timezone=True), nullable=False),
+    # The W3C traceparent of the submit that made the job (NULL: not traced): the worker's
+    # attempts and the outbox relay's deliveries of the job join that trace.
+    Column("trace_parent", Text),
     CheckConstraint(f"status IN ({_quoted(STATUSES)})", name="status_known"),
     CheckConstraint(f"step IS NULL OR step IN ({_quoted(STEPS)})", name="step_known"),
     CheckConstraint("progress BETWEEN 0 AND 100", name="progress_percent"),

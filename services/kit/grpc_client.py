@@ -4,19 +4,23 @@ The channel is opened lazily (a grpc.aio channel belongs to the event loop that 
 and services are assembled before their loop starts), carries the service credential,
 reconnects within about a second of the peer coming back (gRPC's default backoff grows
 to two minutes), pings idle connections, and retries only the methods the caller names as
-idempotent, only on UNAVAILABLE, within each call's deadline.
+idempotent, only on UNAVAILABLE, within each call's deadline. While tracing is on, each
+call is a CLIENT span whose context goes to the peer as ``traceparent`` metadata.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
+from services.kit import tracing
 from services.kit.errors import STATUS_DETAILS_KEY
 
 # Keepalive must stay above the servers' min_ping_interval_without_data (10 s in
@@ -128,7 +132,13 @@ class InternalClient:
     @property
     def channel(self) -> grpc.aio.Channel:
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self._address, options=self._options)
+            tracer = tracing.tracer()
+            # No interceptor at all while tracing is off: grpc.aio runs an intercepted
+            # call in a task of its own.
+            interceptors = None if tracer is None else tracing_interceptors(tracer)
+            self._channel = grpc.aio.insecure_channel(
+                self._address, options=self._options, interceptors=interceptors
+            )
         return self._channel
 
     def call_options(self) -> dict[str, Any]:
@@ -139,3 +149,84 @@ class InternalClient:
         if self._channel is not None:
             await self._channel.close(grace=None)
             self._channel = None
+
+
+def tracing_interceptors(tracer: Tracer) -> list[Any]:
+    """Make each call a CLIENT span, child of the caller's current span, and send its
+    context as ``traceparent`` so the peer's SERVER span is its child. A call with one
+    answer ends its span before the caller sees the answer; a response stream, once the
+    caller has read it all (or closed it). One object per kind of call: a channel files
+    an interceptor under the first kind it implements only."""
+    return [_UnaryUnary(tracer), _UnaryStream(tracer), _StreamUnary(tracer)]
+
+
+class _Tracing:
+    def __init__(self, tracer: Tracer) -> None:
+        self._tracer = tracer
+
+    async def _start(self, continuation: Any, details: Any, request: Any) -> tuple[Span, Any]:
+        method = details.method.decode() if isinstance(details.method, bytes) else details.method
+        service, _, name = method.lstrip("/").partition("/")
+        span = self._tracer.start_span(
+            method.lstrip("/"),
+            kind=SpanKind.CLIENT,
+            attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": name},
+        )
+        traced = grpc.aio.ClientCallDetails(
+            details.method,
+            details.timeout,
+            grpc.aio.Metadata(*tracing.with_traceparent(details.metadata or (), span)),
+            details.credentials,
+            details.wait_for_ready,
+        )
+        try:
+            return span, await continuation(traced, request)
+        except BaseException:
+            span.set_status(Status(StatusCode.ERROR))
+            span.end()
+            raise
+
+    async def _one_answer(self, continuation: Any, details: Any, request: Any) -> Any:
+        span, call = await self._start(continuation, details, request)
+        await _end_span(span, call)
+        return call
+
+
+class _UnaryUnary(_Tracing, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
+    intercept_unary_unary = _Tracing._one_answer  # type: ignore[assignment]
+
+
+class _StreamUnary(_Tracing, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[type-arg]
+    intercept_stream_unary = _Tracing._one_answer  # type: ignore[assignment]
+
+
+class _UnaryStream(_Tracing, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[type-arg]
+    async def intercept_unary_stream(
+        self, continuation: Any, client_call_details: Any, request: Any
+    ) -> Any:
+        span, call = await self._start(continuation, client_call_details, request)
+        return _read_then_end(span, call)
+
+
+async def _read_then_end(span: Span, call: Any) -> AsyncIterator[Any]:
+    """The call's responses; its span ends after the last (or when the caller gives up
+    and the iterator is closed)."""
+    try:
+        async for response in call:
+            yield response
+    finally:
+        await _end_span(span, call)
+
+
+async def _end_span(span: Span, call: Any) -> None:
+    try:
+        code: grpc.StatusCode = await call.code()
+    except asyncio.CancelledError:
+        span.set_attribute("rpc.grpc.status_code", grpc.StatusCode.CANCELLED.value[0])
+        span.set_status(Status(StatusCode.ERROR, "CANCELLED"))
+        span.end()
+        raise
+    span.set_attribute("rpc.grpc.status_code", code.value[0])
+    if code is not grpc.StatusCode.OK:
+        span.set_status(Status(StatusCode.ERROR, code.name))
+    span.end()

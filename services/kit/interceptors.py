@@ -2,8 +2,9 @@
 it runs inside the RPC's own task: errors can be turned into rich statuses, and the
 caller's identity is visible to the handler through a context variable.
 
-Order (outermost first): observability (metrics, access log, error table) →
-authentication → handler. :func:`services.kit.server.build_stack` builds it.
+Order (outermost first): the RPC's span (only while tracing is on) → observability
+(metrics, access log, error table) → authentication → handler.
+:func:`services.kit.server.build_stack` builds it.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
 from grpc import aio
+from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 
 from services.kit import metrics
 from services.kit.auth import Authenticator, reset_principal, set_principal
 from services.kit.errors import ApiError, DomainError, Reason, internal, unimplemented
 from services.kit.logging import get_logger
 from services.kit.outages import DependencyUnavailable, Throttle, classify, log_unavailable
+from services.kit.tracing import context_from_metadata
 
 log = get_logger(__name__)
 
@@ -154,7 +157,8 @@ def wrap_handler(handler: Handler, around: Around) -> Handler:
 
 
 class ServerStack:
-    """What runs around every RPC, in this order: observability (counts and times it by
+    """What runs around every RPC, in this order: its span when a tracer is given (child
+    of the caller's ``traceparent``), observability (counts and times it by
     method and status code, logs it, maps exceptions to statuses), then authentication
     (every call but health and reflection; the principal reaches the handler through
     :func:`services.kit.auth.current_principal`), then the handler.
@@ -169,11 +173,16 @@ class ServerStack:
     chain on every call, which cost a cheap RPC more than its own work."""
 
     def __init__(
-        self, service: str, authenticator: Authenticator, throttle: Throttle | None = None
+        self,
+        service: str,
+        authenticator: Authenticator,
+        throttle: Throttle | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self._service = service
         self._authenticator = authenticator
         self._throttle = throttle or Throttle()
+        self._tracer = tracer
 
     def wrap(self, method: str, handler: Handler) -> Handler:
         authenticate = self._authenticator.authenticate
@@ -231,6 +240,9 @@ class ServerStack:
             if failure is not None:
                 await _abort(context, failure)
 
+        # Probes and tooling (health, reflection) make no spans: they would drown the rest.
+        if self._tracer is not None and not public:
+            return wrap_handler(handler, _traced(around, self._tracer, method))
         return wrap_handler(handler, around)
 
     def _unexpected(self, error: Exception, method: str) -> ApiError:
@@ -243,6 +255,56 @@ class ServerStack:
             self._throttle, outage.dependency, outage.kind, method=method, error=error_name
         )
         return outage.api_error()
+
+
+# Server-side codes that mean the server failed (OpenTelemetry's RPC conventions); the
+# others are the caller's problem and leave the span's status unset.
+_SERVER_FAULTS = frozenset(
+    {
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DATA_LOSS,
+    }
+)
+
+
+def _traced(around: Around, tracer: Tracer, method: str) -> Around:
+    """``around`` inside a SERVER span named for ``method``, child of the caller's span
+    when its metadata carries a ``traceparent`` (through the edge, the app's own); the
+    handler runs with it current, so what it calls and stores joins the trace."""
+    service, _, name = method.lstrip("/").partition("/")
+    attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name}
+    span_name = method.lstrip("/")
+
+    async def traced(context: Context, call: Callable[[], Awaitable[None]]) -> None:
+        parent = context_from_metadata(tuple(context.invocation_metadata() or ()))
+        with tracer.start_as_current_span(
+            span_name,
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes=attributes,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            code = grpc.StatusCode.UNKNOWN
+            try:
+                await around(context, call)
+                code = context.code() or grpc.StatusCode.OK
+            except asyncio.CancelledError:
+                code = grpc.StatusCode.CANCELLED
+                raise
+            except BaseException:
+                code = context.code() or grpc.StatusCode.UNKNOWN
+                raise
+            finally:
+                span.set_attribute("rpc.grpc.status_code", code.value[0])
+                if code in _SERVER_FAULTS:
+                    span.set_status(Status(StatusCode.ERROR, code.name))
+
+    return traced
 
 
 class _StackedGenericHandler(GenericHandler):

@@ -24,6 +24,7 @@ from google.protobuf.descriptor import ServiceDescriptor
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from services.kit import tracing
 from services.kit.auth import Authenticator, JwtAuthenticator, ServiceAuthenticator
 from services.kit.components import Component, Supervisor
 from services.kit.interceptors import ServerStack, StackedServer
@@ -94,9 +95,9 @@ class ServiceApp:
 
 
 def build_stack(service: str, authenticator: Authenticator) -> ServerStack:
-    """Observability outermost (it must see auth failures and every exception), then
-    authentication, then the handler."""
-    return ServerStack(service, authenticator)
+    """The RPC's span outermost (while tracing is on), then observability (it must see
+    auth failures and every exception), then authentication, then the handler."""
+    return ServerStack(service, authenticator, tracer=tracing.tracer())
 
 
 class _Listener:
@@ -300,9 +301,14 @@ async def serve_until_signalled(
 
 
 def run_service(app: ServiceApp, common: CommonSettings, listen: ListenSettings) -> int:
-    """The whole life of a service process: logs, serve until signalled, drain."""
+    """The whole life of a service process: logs and traces, serve until signalled,
+    drain, send the spans still buffered."""
     configure_logging(common.log_level, app.name)
-    return asyncio.run(serve_until_signalled(app, common, listen))
+    tracing.configure(common.tracing, app.name)
+    try:
+        return asyncio.run(serve_until_signalled(app, common, listen))
+    finally:
+        tracing.shutdown()
 
 
 def placeholder(base: Any) -> Any:

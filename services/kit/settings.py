@@ -84,18 +84,31 @@ class EnvReader:
         return number
 
     def seconds(self, name: str, default: float, *, minimum: float, maximum: float) -> float:
+        return self._real(
+            name,
+            default,
+            (minimum, maximum),
+            "a number of seconds",
+            f"between {minimum:g} and {maximum:g} seconds",
+        )
+
+    def ratio(self, name: str, default: float) -> float:
+        """A fraction from 0 to 1."""
+        return self._real(name, default, (0.0, 1.0), "a number from 0 to 1", "from 0 to 1")
+
+    def _real(
+        self, name: str, default: float, bounds: tuple[float, float], kind: str, within: str
+    ) -> float:
         value = self._raw(name)
         if value is None:
             return default
         try:
             number = float(value)
         except ValueError:
-            self._problem(name, f"must be a number of seconds (got {value!r})")
+            self._problem(name, f"must be {kind} (got {value!r})")
             return default
-        if not minimum <= number <= maximum:
-            self._problem(
-                name, f"must be between {minimum:g} and {maximum:g} seconds (got {value})"
-            )
+        if not bounds[0] <= number <= bounds[1]:
+            self._problem(name, f"must be {within} (got {value})")
             return default
         return number
 
@@ -147,6 +160,38 @@ class DatabaseSettings:
 
 
 @dataclass(frozen=True)
+class TracingSettings:
+    """OpenTelemetry traces (ATELIER_OTEL_*): off by default; ``otlp`` sends spans to an
+    OTLP/gRPC collector (an http:// endpoint is plaintext, https:// TLS)."""
+
+    exporter: str = "none"
+    endpoint: str = "http://127.0.0.1:4317"
+    # Of the traces that start here (a caller's sampling decision always stands).
+    sample_ratio: float = 1.0
+    # How long spans wait in the batch before they are sent, and a send's deadline.
+    export_delay_seconds: float = 5.0
+    export_timeout_seconds: float = 5.0
+
+    @classmethod
+    def read(cls, reader: EnvReader) -> TracingSettings:
+        settings = cls(
+            exporter=reader.string("OTEL_EXPORTER", "none", choices=("none", "otlp")),
+            endpoint=reader.string("OTEL_ENDPOINT", cls.endpoint),
+            sample_ratio=reader.ratio("OTEL_SAMPLE_RATIO", 1.0),
+            export_delay_seconds=reader.seconds("OTEL_EXPORT_DELAY", 5.0, minimum=0.01, maximum=60),
+            export_timeout_seconds=reader.seconds(
+                "OTEL_EXPORT_TIMEOUT", 5.0, minimum=0.1, maximum=60
+            ),
+        )
+        reader.require(
+            settings.endpoint.startswith(("http://", "https://")),
+            "OTEL_ENDPOINT",
+            "must be an http:// or https:// URL of an OTLP/gRPC collector",
+        )
+        return settings
+
+
+@dataclass(frozen=True)
 class CommonSettings:
     """What every service process needs."""
 
@@ -169,6 +214,7 @@ class CommonSettings:
     readiness_period_seconds: float = 1.0
     readiness_timeout_seconds: float = 1.5
     database: DatabaseSettings = DatabaseSettings()
+    tracing: TracingSettings = TracingSettings()
 
     @classmethod
     def read(cls, reader: EnvReader) -> CommonSettings:
@@ -200,6 +246,7 @@ class CommonSettings:
                 "READINESS_TIMEOUT", 1.5, minimum=0.1, maximum=60
             ),
             database=DatabaseSettings.read(reader),
+            tracing=TracingSettings.read(reader),
         )
         if env == "prod":
             reader.require(

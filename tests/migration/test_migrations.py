@@ -259,3 +259,75 @@ def test_an_attempt_ending_without_success_lists_its_outputs_for_purging(
         return listed
 
     assert run(scratch_database, play) == {name: listed for name, (_, listed) in cases.items()}
+
+
+SUBMIT_SIGNATURES = """
+    SELECT pg_get_function_identity_arguments(p.oid)
+    FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+    WHERE n.nspname = 'creation' AND p.proname = 'submit_job'
+"""
+
+
+def _submit_call(trace_parent: bool) -> str:
+    """A named-argument call of creation.submit_job that makes a job (with 0008's extra
+    argument when ``trace_parent``)."""
+    extra = ", p_trace_parent => :trace_parent" if trace_parent else ""
+    return f"""
+        SELECT submit_outcome, (job).job_id::text FROM creation.submit_job(
+          p_job_id => gen_random_uuid(), p_user_id => :user_id, p_idempotency_key => NULL,
+          p_model_id => 'stub-fast', p_style_id => 'watercolor',
+          p_input_asset_id => gen_random_uuid(), p_prompt => '', p_negative_prompt => '',
+          p_width => 512, p_height => 512, p_parameters => '{{}}', p_max_attempts => 3,
+          p_request_hash => repeat('0', 64), p_day_start => now() - interval '1 day',
+          p_daily_quota => 100, p_in_flight_limit => 100, p_welcome_points => 100,
+          p_payload => '{{}}', p_now => now(), p_num_outputs => 1{extra})
+    """
+
+
+def test_0008_replaces_the_submit_function_and_its_downgrade_restores_0007s(
+    scratch_database: str,
+) -> None:
+    """0008's submit_job takes the submit's traceparent and keeps it with the job, in place
+    of 0007's (one function, never two overloads); its downgrade brings 0007's back."""
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    migrations.upgrade("creation", scratch_database)
+
+    def submit_traced(connection: Connection) -> tuple[list[str], object]:
+        signatures = list(connection.execute(text(SUBMIT_SIGNATURES)).scalars())
+        outcome, job_id = connection.execute(
+            text(_submit_call(True)), {"user_id": "u-traced", "trace_parent": traceparent}
+        ).one()
+        assert outcome == "ok"
+        stored = connection.execute(
+            text("SELECT trace_parent FROM creation.jobs WHERE job_id = :j"), {"j": job_id}
+        ).scalar_one()
+        connection.commit()
+        return signatures, stored
+
+    signatures, stored = run(scratch_database, submit_traced)  # type: ignore[misc]
+    assert stored == traceparent
+    assert len(signatures) == 1
+    assert signatures[0].endswith("p_num_outputs integer, p_trace_parent text")
+
+    migrations.downgrade("creation", scratch_database, "0007")
+
+    def submit_untraced(connection: Connection) -> tuple[list[str], str, bool]:
+        signatures = list(connection.execute(text(SUBMIT_SIGNATURES)).scalars())
+        outcome, _ = connection.execute(text(_submit_call(False)), {"user_id": "u-0007"}).one()
+        column = connection.execute(
+            text(
+                "SELECT EXISTS (SELECT 1 FROM information_schema.columns WHERE"
+                " table_schema = 'creation' AND table_name = 'jobs'"
+                " AND column_name = 'trace_parent')"
+            )
+        ).scalar_one()
+        connection.commit()
+        return signatures, outcome, column
+
+    signatures, outcome, column = run(scratch_database, submit_untraced)  # type: ignore[misc]
+    assert outcome == "ok"
+    assert not column
+    assert len(signatures) == 1
+    assert signatures[0].endswith("p_num_outputs integer")
+    migrations.upgrade("creation", scratch_database)
+    assert differences(scratch_database, "creation") == []

@@ -8,6 +8,7 @@ from services.notify.settings import NotifySettings
 def test_defaults_are_valid() -> None:
     settings = CreationSettings.from_env({})
     assert settings.lease_ttl_seconds == 60
+    assert settings.common.tracing.exporter == "none"  # traces cost nothing unless asked
     assert settings.listen.public_port == 50051
     assert settings.common.jwt_secret == DEV_JWT_SECRET
 
@@ -39,6 +40,11 @@ def test_values_are_read_from_atelier_variables() -> None:
             "mysql://u:pw@db/x",
             "ATELIER_DATABASE_URL must be a postgresql:// URL",
         ),
+        ("ATELIER_OTEL_EXPORTER", "zipkin", "ATELIER_OTEL_EXPORTER must be one of none, otlp"),
+        ("ATELIER_OTEL_ENDPOINT", "collector:4317", "ATELIER_OTEL_ENDPOINT must be an http://"),
+        ("ATELIER_OTEL_SAMPLE_RATIO", "1.5", "ATELIER_OTEL_SAMPLE_RATIO must be from 0 to 1"),
+        ("ATELIER_OTEL_SAMPLE_RATIO", "half", "ATELIER_OTEL_SAMPLE_RATIO must be a number"),
+        ("ATELIER_OTEL_EXPORT_DELAY", "0", "ATELIER_OTEL_EXPORT_DELAY must be between"),
     ],
 )
 def test_bad_value_names_the_variable(variable: str, value: str, expected: str) -> None:
@@ -95,3 +101,20 @@ def test_the_token_lifetime_maximum_has_a_default_and_bounds() -> None:
     for value in ("0", "10", str(365 * 86400)):
         with pytest.raises(SettingsError, match="ATELIER_JWT_MAX_LIFETIME must be between"):
             CreationSettings.from_env({"ATELIER_JWT_MAX_LIFETIME": value})
+
+
+def test_tracing_is_read_from_otel_variables() -> None:
+    tracing = CreationSettings.from_env(
+        {
+            "ATELIER_OTEL_EXPORTER": "otlp",
+            "ATELIER_OTEL_ENDPOINT": "https://collector.internal:4317",
+            "ATELIER_OTEL_SAMPLE_RATIO": "0.25",
+            "ATELIER_OTEL_EXPORT_DELAY": "0.5",
+        }
+    ).common.tracing
+    assert (tracing.exporter, tracing.endpoint, tracing.sample_ratio) == (
+        "otlp",
+        "https://collector.internal:4317",
+        0.25,
+    )
+    assert tracing.export_delay_seconds == 0.5

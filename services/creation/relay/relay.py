@@ -11,6 +11,10 @@ wakes the relay; a poll is the fallback. While notify (or the database) is away 
 retries with exponential backoff and full jitter, logging one throttled line per kind of
 failure, and says once when deliveries flow again. Now and then it prunes delivered rows
 older than the retention period.
+
+While tracing is on, each message carries its job's submit trace context (notify's span
+for it joins the job's trace), and each Deliver is a span of its own linked to those
+traces: a batch holds many jobs' messages, and a span has one parent.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from google.protobuf import json_format
+from opentelemetry.trace import SpanKind
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from atelier.notify.v1 import notify_ingest_service_pb2 as pb
@@ -30,6 +35,7 @@ from services.creation.relay.notify_client import DeliveryFailed
 from services.creation.settings import RelaySettings
 from services.creation.store import outbox
 from services.creation.store.changes import OUTBOX_CHANNEL
+from services.kit import tracing
 from services.kit.clock import Clock, system_clock
 from services.kit.listen import Listener
 from services.kit.logging import get_logger
@@ -74,8 +80,10 @@ class OutboxRelay:
         # For tests and metrics: rows this replica marked delivered, Deliver calls made.
         self.delivered = 0
         self.calls = 0
+        self._traced = False
 
     async def run(self) -> None:
+        self._traced = tracing.tracer() is not None
         listening = asyncio.create_task(self.listener.run(), name=self.listener.name)
         log.info("relay_started", batch=self._settings.batch, fault=self._settings.fault)
         try:
@@ -128,7 +136,7 @@ class OutboxRelay:
 
     async def _deliver_batch(self) -> int:
         async with self._engine.begin() as connection:
-            rows = await outbox.take(connection, self._settings.batch)
+            rows = await outbox.take(connection, self._settings.batch, self._traced)
             if not rows:
                 return 0
             messages = [m for m in map(_message, rows) if m is not None]
@@ -155,7 +163,18 @@ class OutboxRelay:
 
     async def _call(self, messages: list[pb.OutboxMessage]) -> None:
         self.calls += 1
-        await self._notify.deliver(messages)
+        if not self._traced:
+            await self._notify.deliver(messages)
+            return
+        links = [link for m in messages if (link := tracing.link_to(m.traceparent))]
+        with tracing.span_in_trace(
+            "outbox deliver",
+            None,
+            kind=SpanKind.PRODUCER,
+            attributes={"messaging.batch.message_count": len(messages)},
+            links=links,
+        ):
+            await self._notify.deliver(messages)
 
     # --- failures -----------------------------------------------------------------------
 
@@ -212,7 +231,7 @@ class OutboxRelay:
 def _message(row: outbox.OutboxRow) -> pb.OutboxMessage | None:
     """The row as notify takes it; None (logged) for a payload that is no JobState: it
     can never be delivered, so it is marked delivered rather than block the queue."""
-    message = pb.OutboxMessage(outbox_id=row.outbox_id)
+    message = pb.OutboxMessage(outbox_id=row.outbox_id, traceparent=row.trace_parent or "")
     try:
         json_format.ParseDict(row.payload, message.state, ignore_unknown_fields=True)
     except json_format.ParseError:

@@ -117,12 +117,18 @@ def _refusal(row: Any, limits: SubmitLimits, now: datetime) -> Exception:
 
 
 async def submit(
-    engine: AsyncEngine, user_id: str, command: SubmitCommand, limits: SubmitLimits, now: datetime
+    engine: AsyncEngine,
+    user_id: str,
+    command: SubmitCommand,
+    limits: SubmitLimits,
+    now: datetime,
+    trace_parent: str | None = None,
 ) -> Submitted:
     """Creates the job, its submit event, its points reservation and its first outbox row
     in one transaction, serialised per user so limits and idempotency hold under races:
     one call that takes the user's lock, then decides and writes (see submit_statement).
-    Not retried on a dropped connection: the job may have been made."""
+    ``trace_parent`` (the submit's span) is kept with the job. Not retried on a dropped
+    connection: the job may have been made."""
     job_id = str(uuid.uuid4())
     arguments = submit_arguments(
         job_id=job_id,
@@ -145,6 +151,7 @@ async def submit(
         payload=json.dumps(submitted_payload(job_id, user_id, now)),
         now=now,
         num_outputs=command.num_outputs,
+        trace_parent=trace_parent,
     )
     try:
         async with user_turn(user_id), driver_connection(engine) as connection:

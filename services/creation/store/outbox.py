@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from services.creation.tables import outbox
+from services.creation.tables import jobs, outbox
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,8 @@ class OutboxRow:
     outbox_id: int
     # A JobState in protobuf's JSON form (see store/changes.py).
     payload: dict[str, Any]
+    # The job's submit trace context (read only while tracing is on).
+    trace_parent: str | None = None
 
 
 # Oldest first, rows another relay holds skipped: replicas share the queue without waiting
@@ -31,10 +33,25 @@ _TAKE = (
 )
 
 
-async def take(connection: AsyncConnection, limit: int) -> list[OutboxRow]:
-    """Locks up to ``limit`` undelivered rows until ``connection``'s transaction ends."""
-    rows = (await connection.execute(_TAKE.limit(limit))).all()
-    return [OutboxRow(int(row.outbox_id), row.payload) for row in rows]
+# The same with each row's job's trace context (the job by its primary key); only the
+# outbox rows are locked, never the jobs, which workers write meanwhile.
+_TAKE_TRACED = (
+    select(outbox.c.outbox_id, outbox.c.payload, jobs.c.trace_parent)
+    .select_from(outbox.join(jobs, jobs.c.job_id == outbox.c.job_id))
+    .where(outbox.c.delivered_at.is_(None))
+    .order_by(outbox.c.outbox_id)
+    .with_for_update(skip_locked=True, of=outbox)
+)
+
+
+async def take(connection: AsyncConnection, limit: int, traced: bool = False) -> list[OutboxRow]:
+    """Locks up to ``limit`` undelivered rows until ``connection``'s transaction ends;
+    ``traced``: with their jobs' trace contexts."""
+    if not traced:
+        rows = (await connection.execute(_TAKE.limit(limit))).all()
+        return [OutboxRow(int(row.outbox_id), row.payload) for row in rows]
+    traced_rows = (await connection.execute(_TAKE_TRACED.limit(limit))).all()
+    return [OutboxRow(int(r.outbox_id), r.payload, r.trace_parent) for r in traced_rows]
 
 
 # One statement whatever the batch size (an array, not an IN list of n parameters, so it

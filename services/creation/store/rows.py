@@ -50,4 +50,5 @@ def job_from_row(row: Mapping[Any, Any]) -> Job:
         started_at=row["started_at"],
         completed_at=row["completed_at"],
         updated_at=row["updated_at"],
+        trace_parent=row["trace_parent"],
     )

@@ -1,7 +1,8 @@
 """SubmitJob's whole decision and write as one call: ``creation.submit_job`` (migration
-0007) takes the user's advisory lock, then decides and writes in one statement (verdict,
-job, event, reservation, welcome, outbox row), in the call's own implicit transaction.
-One round trip to PostgreSQL per submit, prepared once per connection.
+0007; 0008 added the submit's trace context) takes the user's advisory lock, then decides
+and writes in one statement (verdict, job, event, reservation, welcome, outbox row), in
+the call's own implicit transaction. One round trip to PostgreSQL per submit, prepared
+once per connection.
 
 The verdicts, in the order the rules apply: ``replay``, ``model_not_available``,
 ``style_not_available``, ``style_model_mismatch``, ``daily_quota_exceeded``,
@@ -23,7 +24,7 @@ FROM creation.submit_job(
   p_width => $9, p_height => $10, p_parameters => $11, p_max_attempts => $12,
   p_request_hash => $13, p_day_start => $14, p_daily_quota => $15,
   p_in_flight_limit => $16, p_welcome_points => $17, p_payload => $18, p_now => $19,
-  p_num_outputs => $20)
+  p_num_outputs => $20, p_trace_parent => $21)
 """
 
 # The arguments of SUBMIT_CALL, in order.
@@ -48,6 +49,7 @@ SUBMIT_ARGUMENTS = (
     "payload",
     "now",
     "num_outputs",
+    "trace_parent",
 )
 
 # The DETAIL of the lock_not_available the function raises when the user's own lock was

@@ -21,6 +21,8 @@ from collections.abc import Awaitable, Sequence
 from datetime import datetime, timedelta
 from typing import TypeVar
 
+from opentelemetry.trace import Status as SpanStatus
+from opentelemetry.trace import StatusCode
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.domain import Job, Status, backoff, output_key
@@ -43,6 +45,7 @@ from services.creation.worker import output_purger
 from services.creation.worker.context import AttemptContext
 from services.creation.worker.lease_keeper import Lease
 from services.creation.worker.outcomes import AttemptFailed, LeaseLost
+from services.kit import tracing
 from services.kit.logging import get_logger
 from services.kit.outages import Throttle, classify, log_unavailable
 
@@ -59,6 +62,8 @@ POLL_ERRORS_BEFORE_HAND_BACK = 5
 # The longest an attempt waits between polls while holding its provider slot; a provider
 # asking for longer gets the job handed back with that delay (its request kept).
 LONGEST_POLL_PAUSE = timedelta(seconds=60)
+# Attempt endings that are failures of ours, not of the job (an error in its span).
+_BROKEN = frozenset({"crashed", "database_unavailable"})
 PROVIDER_CANCEL_TIMEOUT_SECONDS = 10.0
 
 
@@ -73,7 +78,24 @@ class Attempt:
         self._requested = job.provider_request_id is not None
 
     async def run(self) -> str:
-        """Runs the attempt; returns how it ended (the log's action for it)."""
+        """Runs the attempt; returns how it ended (the log's action for it). While tracing
+        is on the attempt is a span in its job's trace (a child of the submit), and its
+        calls to media are spans under it."""
+        job = self._job
+        attributes = {
+            "atelier.job_id": job.job_id,
+            "atelier.attempt": job.attempt,
+            "atelier.lease_epoch": job.lease_epoch,
+        }
+        with tracing.span_in_trace("job attempt", job.trace_parent, attributes=attributes) as span:
+            outcome = await self._run_and_log()
+            if span is not None:
+                span.set_attribute("atelier.attempt_outcome", outcome)
+                if outcome in _BROKEN:
+                    span.set_status(SpanStatus(StatusCode.ERROR, outcome))
+        return outcome
+
+    async def _run_and_log(self) -> str:
         job = self._job
         try:
             try:

@@ -161,6 +161,7 @@ async def test_in_flight_count_rides_the_in_flight_index(
         payload="{}",
         now=T0,
         num_outputs=1,
+        trace_parent=None,
     )
     statement = await _submit_statement(engine)
     assert "AS in_flight" in statement

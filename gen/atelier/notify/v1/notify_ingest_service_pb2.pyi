@@ -51,8 +51,14 @@ class OutboxMessage(_message.Message):
 
     OUTBOX_ID_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     outbox_id: _builtins.int
     """The outbox row id, for tracing duplicates."""
+    traceparent: _builtins.str
+    """The trace context of the submit that made the job, as a W3C `traceparent` header
+    value: notify's span for applying this message joins that trace. Empty when the
+    submit was not traced.
+    """
     @_builtins.property
     def state(self) -> _job_state_pb2.JobState:
         """The job's state at the row's version."""
@@ -62,10 +68,11 @@ class OutboxMessage(_message.Message):
         *,
         outbox_id: _builtins.int = ...,
         state: _job_state_pb2.JobState | None = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["outbox_id", b"outbox_id", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["outbox_id", b"outbox_id", "state", b"state", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
