@@ -3,6 +3,7 @@ addresses, ports, descriptor path and JSON body limit."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ def render(
     *,
     listen_port: int,
     admin_port: int,
-    upstream_ports: dict[str, int],
+    upstream_ports: Mapping[str, int | Sequence[int]],
     host: str = "127.0.0.1",
     descriptor: Path = DESCRIPTOR,
     max_json_body: int = DEFAULT_MAX_JSON_BODY,
@@ -48,13 +49,21 @@ def render(
             if http_filter["name"] == BUFFER:
                 http_filter["typed_config"]["max_request_bytes"] = max_json_body
     for cluster in config["static_resources"]["clusters"]:
-        port = upstream_ports[STREAM_CLUSTERS.get(cluster["name"], cluster["name"])]
+        ports = upstream_ports[STREAM_CLUSTERS.get(cluster["name"], cluster["name"])]
+        # Several ports: replicas of one service, one endpoint each (the cluster balances).
+        replicas = [ports] if isinstance(ports, int) else list(ports)
         for group in cluster["load_assignment"]["endpoints"]:
-            for endpoint in group["lb_endpoints"]:
-                endpoint["endpoint"]["address"]["socket_address"] = {
-                    "address": host,
-                    "port_value": port,
+            template = group["lb_endpoints"][0]
+            group["lb_endpoints"] = [
+                {
+                    **template,
+                    "endpoint": {
+                        **template["endpoint"],
+                        "address": {"socket_address": {"address": host, "port_value": port}},
+                    },
                 }
+                for port in replicas
+            ]
     return config
 
 
