@@ -121,7 +121,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=400)
     parser.add_argument("--kill", action="store_true")
     parser.add_argument("--database-url", help="an admin URL; default: the local one")
-    parser.add_argument("--redis-url", default=LOCAL_REDIS)
+    parser.add_argument(
+        "--redis-url", default=os.environ.get("ATELIER_TEST_REDIS_URL") or LOCAL_REDIS
+    )
     args = parser.parse_args()
     admin = args.database_url or os.environ.get("ATELIER_TEST_POSTGRES_URL") or LOCAL_POSTGRES
     print(
