@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import json
 import time
 import uuid
 from collections import Counter
@@ -91,11 +92,22 @@ class Errors:
     transport: list[tuple[str, str]] = field(default_factory=list)
 
     def summary(self) -> Counter[str]:
+        """How many of each: the call, and the HTTP status with its ErrorInfo reason or the
+        gRPC code."""
         return Counter(
-            [f"HTTP {status}" for _, status, _ in self.http]
-            + [f"gRPC {code}" for _, code, _ in self.grpc]
-            + [f"transport {kind}" for _, kind in self.transport]
+            [f"{what} HTTP {status} {reason_of(body)}" for what, status, body in self.http]
+            + [f"{what} gRPC {code}" for what, code, _ in self.grpc]
+            + [f"{what} transport {kind}" for what, kind in self.transport]
         )
+
+
+def reason_of(body: str) -> str:
+    """The ErrorInfo reason of a JSON google.rpc.Status body ("" when it has none)."""
+    try:
+        details = json.loads(body).get("details", [])
+    except (ValueError, AttributeError):
+        return ""
+    return next((str(d["reason"]) for d in details if "reason" in d), "")
 
 
 # The edge names the replica behind each stream in this response header (the fleet's edge
