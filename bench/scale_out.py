@@ -8,14 +8,15 @@ Idempotency-Key, follow it on a WatchJobs stream (half the users over gRPC, half
 HTTP/JSON) and with a read of the job every 0.3 s, then read it and download its picture
 through the edge. The stub provider finishes a job on its first poll. After a warm-up of
 ``--warm-up`` jobs, ``--jobs`` are measured: jobs/s, and CPU per job of each kind of
-process, Envoy, PostgreSQL's backends and the clients (one Python process).
+process, Envoy, PostgreSQL's backends and the clients (one Python process). Before the
+load, ``--idle`` seconds of CPU with the streams open and nothing moving are printed too.
 
 With ``--kill``, the 2-replica run goes on: one replica of each kind is killed (SIGKILL),
 and the jobs/s after it (once the jobs in flight at the kill have finished) is printed
 beside the time that took.
 
     .venv/bin/python bench/scale_out.py [--replicas 1 2] [--users 16] [--in-flight 3]
-        [--warm-up 60] [--jobs 400] [--kill] [--database-url URL]
+        [--warm-up 60] [--jobs 400] [--kill] [--idle 5] [--database-url URL]
 """
 
 from __future__ import annotations
@@ -58,6 +59,17 @@ async def measure(fleet: Fleet, database: str, args: argparse.Namespace) -> None
     load = Load(fleet.edge_url, fleet.edge_address, users=args.users, in_flight=args.in_flight)
     try:
         await load.prepare()
+        # What the processes cost doing nothing (polls, reapers, relays, backstops): CPU
+        # per second with the streams open and no job moving.
+        idle = meter(fleet, database)
+        idle.start()
+        await asyncio.sleep(args.idle)
+        at_rest = idle.per_op(1)
+        print(
+            f"{fleet.replicas} replica(s) of each kind, idle: CPU ms/s "
+            + ", ".join(f"{name} {ms / args.idle:.1f}" for name, ms in at_rest.items())
+            + f" (total {sum(at_rest.values()) / args.idle:.1f})"
+        )
         load.start()
         await load.completions(args.warm_up, within=300)
         cpu = meter(fleet, database)
@@ -120,6 +132,7 @@ def main() -> None:
     parser.add_argument("--warm-up", type=int, default=60)
     parser.add_argument("--jobs", type=int, default=400)
     parser.add_argument("--kill", action="store_true")
+    parser.add_argument("--idle", type=float, default=5.0, help="seconds of idle measured")
     parser.add_argument("--database-url", help="an admin URL; default: the local one")
     parser.add_argument(
         "--redis-url", default=os.environ.get("ATELIER_TEST_REDIS_URL") or LOCAL_REDIS

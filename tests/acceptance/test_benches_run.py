@@ -27,7 +27,15 @@ BENCHES = {
     # The sender's warm-up takes the first batch: more pushes than one batch.
     "apns_push": (["--pushes", "600", "--batch", "100"], "sender (claim"),
     "scale_out": (
-        ["--replicas", "2", "--users=2", "--in-flight=1", "--warm-up=2", "--jobs=4", "--kill"],
+        [
+            "--replicas=2",
+            "--users=2",
+            "--in-flight=1",
+            "--warm-up=2",
+            "--jobs=4",
+            "--idle=1",
+            "--kill",
+        ],
         "one of each kind killed",
     ),
 }

@@ -16,6 +16,7 @@ load one replica of each kind is killed (SIGKILL, no drain). Then:
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import time
@@ -36,7 +37,8 @@ from services.dev import postgres
 from services.dev.fleet import KINDS, Fleet
 from services.kit import migrations
 from services.kit.db import asyncpg_url
-from tests.support.scale_out import TERMINAL, Load, fleet_env
+from services.notify.tables import job_states
+from tests.support.scale_out import TERMINAL, Load, Watcher, fleet_env
 from tests.support.workers import read_jobs, read_points, until
 
 USERS = 8
@@ -107,6 +109,38 @@ async def held_by(
     return {str(r.job_id): str(r.step) for r in rows} or None
 
 
+async def missed(db: AsyncEngine, watchers: list[Watcher]) -> bool | None:
+    """True once every watcher's user has a job (new or not) whose projected version is
+    newer than what the user's stream delivered."""
+    async with db.connect() as connection:
+        rows = (
+            await connection.execute(
+                select(job_states.c.user_id, job_states.c.job_id, job_states.c.version)
+            )
+        ).all()
+    for watcher in watchers:
+        seen = watcher.versions_before(len(watcher.started_from))
+        if not any(
+            r.user_id == watcher.user_id and r.version > seen.get(str(r.job_id), 0) for r in rows
+        ):
+            return None
+    return True
+
+
+async def all_ended(db: AsyncEngine, job_ids: set[str]) -> bool | None:
+    """True once none of ``job_ids`` is QUEUED or RUNNING."""
+    async with db.connect() as connection:
+        left = (
+            await connection.execute(
+                select(func.count()).where(
+                    jobs.c.job_id.in_(list(job_ids)),
+                    jobs.c.status.in_([Status.QUEUED.value, Status.RUNNING.value]),
+                )
+            )
+        ).scalar_one()
+    return True if left == 0 else None
+
+
 def busiest_notify(fleet: Fleet, load: Load) -> int:
     """The notify replica holding the most of the clients' streams (the edge names the
     replica behind each stream)."""
@@ -128,17 +162,27 @@ async def test_killing_one_replica_of_each_kind_under_load_loses_nothing(
 
         # One of each kind, at once; for notify the one with the most streams on it.
         victims = {kind: 0 for kind in KINDS} | {"notify": busiest_notify(fleet, load)}
-        unfinished = load.unfinished()
         worker = await worker_id(fleet, victims["creation-worker"])
         # The worker dies holding jobs: wait until it has one mid-generation.
         await until(lambda: held_by(db, worker), within=30, what=f"{worker} generating")
+        killed_notify = f"127.0.0.1:{fleet.ports['notify'][victims['notify']].public}"
+        cut = [w for w in load.watchers.values() if w.upstreams[-1] == killed_notify]
+        gate = asyncio.Event()
+        for watcher in cut:
+            watcher.resume_gate = gate
+        unfinished = load.unfinished()
         for kind, index in victims.items():
             fleet.kill(kind, index)
         killed_at = time.monotonic()
         # Dead, it writes nothing more: what its leases still hold is what it died with.
         dropped = await held_by(db, worker, step=None) or {}
-        # The jobs in flight at the kill, on the dead worker's leases among them, finish.
+        # The cut streams reconnect once their users' jobs have moved on meanwhile: what
+        # they missed can only come from their cursors.
+        await until(lambda: missed(db, cut), within=30, what="a change while streams were cut")
+        gate.set()
+        # The jobs in flight at the kill, the dead worker's among them, finish.
         await load.all_finished(unfinished, within=45)
+        await until(lambda: all_ended(db, set(dropped)), within=45, what="the dead worker's jobs")
         recovered_in = time.monotonic() - killed_at
         counted = len(load.completed)
         await load.completions(counted + MEASURE, within=45)
@@ -198,7 +242,6 @@ async def test_killing_one_replica_of_each_kind_under_load_loses_nothing(
 
     # Every stream on the killed notify broke, and only those; each reconnected from the
     # cursor it had and got every state it missed, and no finished job twice.
-    killed_notify = f"127.0.0.1:{fleet.ports['notify'][victims['notify']].public}"
     breaks: Counter[str] = Counter()
     for user in load.users:
         watcher = load.watchers[user.user_id]
@@ -227,7 +270,17 @@ async def test_killing_one_replica_of_each_kind_under_load_loses_nothing(
                     assert later.version >= earlier.version, (job_id, seen)
                     assert earlier.status not in TERMINAL, (job_id, seen)
     print(f"streams broken by the kill, as the clients saw it: {dict(breaks)}")
-    assert sum(breaks.values()) >= 1, "no stream was on the killed notify"
+    assert cut and sum(breaks.values()) >= len(cut), "no stream was on the killed notify"
+    # Each cut stream's reconnect brought what changed while it was away.
+    for watcher in cut:
+        resumed = len(watcher.upstreams) - 1
+        had = watcher.versions_before(resumed)
+        caught_up = [
+            job_id
+            for job_id, seen in watcher.seen.items()
+            if any(v.connection == resumed and v.version > had.get(job_id, 0) for v in seen)
+        ]
+        assert caught_up, (watcher.started_from, had)
 
     # Throughput came back (the figures themselves are in docs/benchmarks.md).
     assert after >= before * 0.4, (before, after)

@@ -154,9 +154,24 @@ class Watcher:
         self.live = asyncio.Event()
         self.terminal: dict[str, asyncio.Event] = {}
         self._stopping = False
+        # When set, a broken stream reconnects only once this is set (a test holds it to
+        # make sure something changed while the stream was away).
+        self.resume_gate: asyncio.Event | None = None
         self._call: grpc.aio.UnaryStreamCall[pb.WatchJobsRequest, pb.WatchJobsResponse] | None
         self._call = None
         self._task = asyncio.create_task(self._run())
+
+    @property
+    def user_id(self) -> str:
+        return self._user.user_id
+
+    def versions_before(self, connection: int) -> dict[str, int]:
+        """The highest version of each job seen on connections before ``connection``."""
+        return {
+            job_id: max(v.version for v in seen if v.connection < connection)
+            for job_id, seen in self.seen.items()
+            if any(v.connection < connection for v in seen)
+        }
 
     def finished(self, job_id: str) -> asyncio.Event:
         return self.terminal.setdefault(job_id, asyncio.Event())
@@ -192,6 +207,8 @@ class Watcher:
                 await self._read_grpc(connection)
             if not self._stopping:
                 await asyncio.sleep(RETRY_DELAY)
+                if self.resume_gate is not None:
+                    await self.resume_gate.wait()
 
     async def _read_grpc(self, connection: int) -> None:
         assert self._stub is not None
