@@ -32,11 +32,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from sqlalchemy import distinct, func, select
+from sqlalchemy.ext.asyncio import create_async_engine
+
 from bench.cpu import CpuMeter
 from bench.submit_throughput import postgres_backends
+from services.creation.domain import Status
+from services.creation.tables import jobs
 from services.dev import postgres
 from services.dev.fleet import KINDS, Fleet
 from services.kit import migrations
+from services.kit.db import asyncpg_url
 from tests.support.scale_out import Load, fleet_env
 
 LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -53,6 +59,22 @@ def meter(fleet: Fleet, database: str) -> CpuMeter:
             "clients": lambda: [os.getpid()],
         }
     )
+
+
+async def every_worker_busy(fleet: Fleet) -> None:
+    """Returns once each worker process holds a RUNNING job."""
+    engine = create_async_engine(asyncpg_url(fleet.database_url))
+    query = select(func.count(distinct(jobs.c.lease_owner))).where(
+        jobs.c.status == Status.RUNNING.value
+    )
+    try:
+        while True:
+            async with engine.connect() as connection:
+                if (await connection.execute(query)).scalar_one() >= fleet.replicas:
+                    return
+            await asyncio.sleep(0.01)
+    finally:
+        await engine.dispose()
 
 
 async def measure(fleet: Fleet, database: str, args: argparse.Namespace) -> None:
@@ -84,6 +106,8 @@ async def measure(fleet: Fleet, database: str, args: argparse.Namespace) -> None
             + f" (total {sum(spent.values()):.1f})"
         )
         if args.kill and fleet.replicas > 1:
+            # Killed while every worker holds running jobs: the dead one's must come back.
+            await every_worker_busy(fleet)
             unfinished = load.unfinished()
             for kind in KINDS:
                 fleet.kill(kind, 0)
