@@ -4,6 +4,7 @@ aside, which has its own parameter)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,7 +101,7 @@ def render(
     *,
     listen_port: int,
     admin_port: int,
-    upstream_ports: dict[str, int],
+    upstream_ports: Mapping[str, int | Sequence[int]],
     host: str = "127.0.0.1",
     descriptor: Path = DESCRIPTOR,
     max_json_body: int = DEFAULT_MAX_JSON_BODY,
@@ -124,13 +125,21 @@ def render(
         if monitor["name"] == CONNECTIONS_MONITOR:
             monitor["typed_config"]["max_active_downstream_connections"] = options.max_connections
     for cluster in config["static_resources"]["clusters"]:
-        port = upstream_ports[STREAM_CLUSTERS.get(cluster["name"], cluster["name"])]
+        ports = upstream_ports[STREAM_CLUSTERS.get(cluster["name"], cluster["name"])]
+        # Several ports: replicas of one service, one endpoint each (the cluster balances).
+        replicas = [ports] if isinstance(ports, int) else list(ports)
         for group in cluster["load_assignment"]["endpoints"]:
-            for endpoint in group["lb_endpoints"]:
-                endpoint["endpoint"]["address"]["socket_address"] = {
-                    "address": host,
-                    "port_value": port,
+            template = group["lb_endpoints"][0]
+            group["lb_endpoints"] = [
+                {
+                    **template,
+                    "endpoint": {
+                        **template["endpoint"],
+                        "address": {"socket_address": {"address": host, "port_value": port}},
+                    },
                 }
+                for port in replicas
+            ]
     return config
 
 

@@ -26,6 +26,18 @@ BENCHES = {
     "push_planning": (["--jobs", "5", "--versions", "2"], "apply"),
     # The sender's warm-up takes the first batch: more pushes than one batch.
     "apns_push": (["--pushes", "600", "--batch", "100"], "sender (claim"),
+    "scale_out": (
+        [
+            "--replicas=2",
+            "--users=2",
+            "--in-flight=1",
+            "--warm-up=2",
+            "--jobs=4",
+            "--idle=1",
+            "--kill",
+        ],
+        "one of each kind killed",
+    ),
 }
 # The benches that take the admin URL as a flag; the others read ATELIER_TEST_POSTGRES_URL.
 TAKES_DATABASE_URL = {
@@ -35,11 +47,14 @@ TAKES_DATABASE_URL = {
     "end_to_end",
     "push_planning",
     "apns_push",
+    "scale_out",
 }
 
 
 @pytest.mark.parametrize("name", sorted(BENCHES))
-def test_the_bench_runs_and_prints_its_figures(name: str, postgres_admin_url: str) -> None:
+def test_the_bench_runs_and_prints_its_figures(
+    name: str, postgres_admin_url: str, redis_url: str
+) -> None:
     arguments, expected = BENCHES[name]
     if name in TAKES_DATABASE_URL:
         arguments = [*arguments, "--database-url", postgres_admin_url]
@@ -50,6 +65,7 @@ def test_the_bench_runs_and_prints_its_figures(name: str, postgres_admin_url: st
             **os.environ,
             "ATELIER_TEST_POSTGRES_URL": postgres_admin_url,
             "ATELIER_BENCH_POSTGRES_URL": postgres_admin_url,
+            "ATELIER_TEST_REDIS_URL": redis_url,
         },
         capture_output=True,
         text=True,

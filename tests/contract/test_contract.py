@@ -124,6 +124,29 @@ def test_edge_transcodes_and_routes_public_services_only() -> None:
         assert route["typed_per_filter_config"][edge.TRANSCODER]["disabled"] is True
 
 
+def test_edge_balances_over_every_replica_it_is_given() -> None:
+    """Several ports for a cluster: one endpoint each (replicas); one port: one endpoint,
+    as every single-process stack renders it."""
+    config = edge.render(
+        listen_port=1,
+        admin_port=2,
+        upstream_ports={"creation": [3, 13], "media": (4, 14, 24), "notify": 5, "media_http": [6]},
+    )
+
+    def ports(cluster: str) -> list[int]:
+        found = next(c for c in config["static_resources"]["clusters"] if c["name"] == cluster)
+        return [
+            endpoint["endpoint"]["address"]["socket_address"]["port_value"]
+            for group in found["load_assignment"]["endpoints"]
+            for endpoint in group["lb_endpoints"]
+        ]
+
+    assert ports("creation") == [3, 13]
+    assert ports("media") == [4, 14, 24]
+    assert ports("notify") == ports("notify_streams") == [5]
+    assert ports("media_http") == [6]
+
+
 @pytest.mark.parametrize("rendered", [False, True])
 def test_envoy_accepts_the_config(tmp_path: Path, rendered: bool) -> None:
     if rendered:
