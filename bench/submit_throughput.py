@@ -35,6 +35,7 @@ import aiohttp
 import asyncpg  # type: ignore[import-untyped]
 import grpc
 from PIL import Image
+from sqlalchemy import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -238,7 +239,7 @@ async def bench(stack: Stack, echo_address: str, requests: int, submit_only: boo
     print(f"{'path':<22} {'clients':>7} {'calls':>8} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
     echo = await echo_anchor(echo_address, requests)
     sql = await submit_sql_anchor(stack.database_url, requests)
-    meter = cpu_meter(stack, stack.database_url.rsplit("/", 1)[1])
+    meter = cpu_meter(stack, make_url(stack.database_url).database or "")
     cpu: dict[str, dict[str, float]] = {}
 
     async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.ports.public['creation']}") as channel:

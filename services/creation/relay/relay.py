@@ -74,6 +74,7 @@ class OutboxRelay:
         self._stopping = asyncio.Event()
         self._failures = 0  # consecutive failed rounds
         self._next_prune = 0.0
+        self._round_started = float("-inf")
         # Fault injection (tests): the previous batch, to be delivered once more, late.
         self._late: list[pb.OutboxMessage] = []
         # For tests and metrics: rows this replica marked delivered, Deliver calls made.
@@ -91,6 +92,7 @@ class OutboxRelay:
                 if await self._round():
                     await self._prune_if_due()
                     await self._wait_for_rows(listening)
+                    await self._space_rounds()
                 else:
                     await self._sleep(self._retry_delay())
         finally:
@@ -111,6 +113,7 @@ class OutboxRelay:
 
     async def _round(self) -> bool:
         """Delivers batches until one comes back short; False after a failure."""
+        self._round_started = asyncio.get_running_loop().time()
         try:
             while not self._stopping.is_set():
                 taken = await self._deliver_batch()
@@ -210,6 +213,15 @@ class OutboxRelay:
         finally:
             for waiter in waiters:
                 waiter.cancel()
+
+    async def _space_rounds(self) -> None:
+        """Under load (woken again soon after a round began), lets rows gather until the
+        spacing has passed: every round costs a transaction here and a Deliver, with its
+        transaction, in notify, however few rows it carries."""
+        loop = asyncio.get_running_loop()
+        remaining = self._round_started + self._settings.round_spacing_seconds - loop.time()
+        if remaining > 0:
+            await self._sleep(remaining)
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
