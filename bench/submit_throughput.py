@@ -6,9 +6,12 @@ database, stores one input photo per simulated user through media, then submits 
 and p50/p99 latency. In the same run it measures the anchors (a bare grpc.aio echo server
 in its own process; plain asyncpg running the very call the store sends for a submit, from
 this process, on a pool of its own) and the read RPCs at one client, and prints the
-ratios and the CPU spent per operation by creation, media, PostgreSQL and this client.
+ratios and the CPU spent per operation by creation, media, notify, PostgreSQL and this
+client. A submit phase's CPU is read once creation's outbox relay has delivered every row
+the phase wrote (so the relay's and notify's share of each submit is in the figure).
 
     .venv/bin/python bench/submit_throughput.py [--requests 2000] [--database-url URL]
+    .venv/bin/python bench/submit_throughput.py --submit-only   # anchors and gRPC submits
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import aiohttp
 import asyncpg  # type: ignore[import-untyped]
 import grpc
 from PIL import Image
+from sqlalchemy import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -43,6 +47,7 @@ from atelier.media.v1 import (
 )
 from bench.anchors import echo_call, echo_server
 from bench.cpu import CpuMeter, format_per_op
+from services.creation.store.changes import submitted_payload
 from services.creation.store.submit_statement import SUBMIT_CALL, submit_arguments
 from services.dev import postgres
 from services.dev.stack import Stack, StackPorts
@@ -147,12 +152,28 @@ def postgres_backends(database: str) -> list[int]:
     return pids
 
 
+async def outbox_drained(database_url: str, within: float = 60.0) -> None:
+    """Returns once creation's relay has marked every outbox row delivered."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        deadline = time.monotonic() + within
+        query = "SELECT count(*) FROM creation.outbox WHERE delivered_at IS NULL"
+        while await connection.fetchval(query):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the outbox relay left rows undelivered")
+            await asyncio.sleep(0.01)
+    finally:
+        await connection.close()
+
+
 def cpu_meter(stack: Stack, database: str) -> CpuMeter:
     pids = {child.name: child.process.pid for child in stack.children}
     return CpuMeter(
         {
             "creation": lambda: [pids["creation"]],
             "media": lambda: [pids["media"]],
+            # The outbox relay in creation hands every submit's row to notify's Deliver.
+            "notify": lambda: [pids["notify"]],
             "postgres": lambda: postgres_backends(database),
             "client": lambda: [os.getpid()],
         }
@@ -192,7 +213,10 @@ async def submit_sql_anchor(database_url: str, requests: int) -> dict[int, Figur
                     daily_quota=10**9,
                     in_flight_limit=10**9,
                     welcome_points=10**9,
-                    payload=json.dumps({"jobId": job_id}),
+                    # The payload the servicer writes: notify takes it, so the relay
+                    # delivers these rows like any others (a payload notify refused
+                    # would leave the relay retrying the same batch for the whole run).
+                    payload=json.dumps(submitted_payload(job_id, users[client], now)),
                     now=now,
                     num_outputs=1,
                     trace_parent=None,
@@ -203,19 +227,20 @@ async def submit_sql_anchor(database_url: str, requests: int) -> dict[int, Figur
             await run_clients(clients, 50 // clients or 1, submit)  # warm-up
             elapsed, latencies = await run_clients(clients, requests // clients, submit)
             figures[clients] = report("submit SQL (asyncpg)", clients, elapsed, latencies)
+            await outbox_drained(database_url)
     finally:
         await pool.close()
     return figures
 
 
-async def bench(stack: Stack, echo_address: str, requests: int) -> None:
+async def bench(stack: Stack, echo_address: str, requests: int, submit_only: bool) -> None:
     tokens: list[str] = []
     assets: list[str] = []
     submits: dict[tuple[str, int], Figure] = {}
     print(f"{'path':<22} {'clients':>7} {'calls':>8} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
     echo = await echo_anchor(echo_address, requests)
     sql = await submit_sql_anchor(stack.database_url, requests)
-    meter = cpu_meter(stack, stack.database_url.rsplit("/", 1)[1])
+    meter = cpu_meter(stack, make_url(stack.database_url).database or "")
     cpu: dict[str, dict[str, float]] = {}
 
     async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.ports.public['creation']}") as channel:
@@ -238,8 +263,22 @@ async def bench(stack: Stack, echo_address: str, requests: int) -> None:
             tokens[:], assets[:] = await new_users(stack)
             meter.start()
             elapsed, latencies = await run_clients(clients, requests // clients, over_grpc)
+            await outbox_drained(stack.database_url)
             cpu[f"SubmitJob gRPC x{clients}"] = meter.per_op(len(latencies))
             submits["grpc", clients] = report("SubmitJob gRPC", clients, elapsed, latencies)
+
+    if submit_only:
+        print()
+        for clients in (1, 16):
+            print(
+                f"ratios: SubmitJob gRPC / echo at {clients} client(s) "
+                f"{submits['grpc', clients].per_second / echo[clients].per_second:.3f}"
+                " (throughput)"
+            )
+        print()
+        for phase, spent in cpu.items():
+            print(f"{phase:<22} {format_per_op(spent)}")
+        return
 
     # aiohttp (C parser, keep-alive), not httpx: httpx's async client spent ~2 ms of CPU
     # per call here (httpcore 1.0 tries to import the absent sniffio on every request),
@@ -269,6 +308,7 @@ async def bench(stack: Stack, echo_address: str, requests: int) -> None:
             tokens[:], assets[:] = await new_users(stack)
             elapsed, latencies = await run_clients(clients, requests // clients, over_envoy)
             submits["json", clients] = report("SubmitJob via Envoy", clients, elapsed, latencies)
+            await outbox_drained(stack.database_url)
 
     reads = await read_latencies(stack, tokens[0], assets[0], requests, meter, cpu)
     print()
@@ -346,6 +386,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000, help="per path and concurrency")
     parser.add_argument("--database-url", help="an admin URL; default: local or embedded")
+    parser.add_argument(
+        "--submit-only",
+        action="store_true",
+        help="the anchors and SubmitJob over gRPC only (no Envoy, no reads)",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="atelier-bench-"))
     admin = args.database_url or (
@@ -375,7 +420,7 @@ def main() -> None:
     stack.start()
     try:
         with echo_server() as echo_address:
-            asyncio.run(bench(stack, echo_address, args.requests))
+            asyncio.run(bench(stack, echo_address, args.requests, args.submit_only))
     finally:
         stack.stop()
         postgres.drop_database(admin, name)

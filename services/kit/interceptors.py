@@ -88,6 +88,23 @@ class _TolerantParser:
             return UNPARSABLE
 
 
+class _PassingBytes:
+    """A streaming method's response serializer that sends a message already serialized
+    (bytes) as it is: a stream handler may yield the bytes of its response message, so
+    that one message sent to thousands of streams is serialized once. The wire carries
+    the same bytes either way."""
+
+    __slots__ = ("_serialize",)
+
+    def __init__(self, serialize: Callable[[Any], bytes]) -> None:
+        self._serialize = serialize
+
+    def __call__(self, message: Any) -> bytes:
+        if type(message) is bytes:
+            return message
+        return self._serialize(message)
+
+
 def _parsed(request: Any) -> Any:
     if request is UNPARSABLE:
         raise malformed_request()
@@ -108,11 +125,15 @@ def wrap_handler(handler: Handler, around: Around) -> Handler:
     """
     parse = handler.request_deserializer
     checks = parse is not None and not isinstance(parse, _TolerantParser)
+    streamed_requests = handler.stream_unary is not None or handler.stream_stream is not None
+    streamed_responses = handler.unary_stream is not None or handler.stream_stream is not None
+    serialize = handler.response_serializer
     kwargs: dict[str, Any] = {
         "request_deserializer": _TolerantParser(parse) if checks and parse else parse,
-        "response_serializer": handler.response_serializer,
+        "response_serializer": _PassingBytes(serialize)
+        if streamed_responses and serialize is not None and not isinstance(serialize, _PassingBytes)
+        else serialize,
     }
-    streamed_requests = handler.stream_unary is not None or handler.stream_stream is not None
 
     def checked(request: Any) -> Any:
         if not checks:

@@ -85,9 +85,15 @@ class OutputUrls:
         self._cache: OrderedDict[str, SignedUrl] = OrderedDict()
         self._in_flight: dict[str, asyncio.Future[SignedUrl | None]] = {}
 
-    async def fill(self, state: job_state_pb2.JobState) -> job_state_pb2.JobState:
+    @staticmethod
+    def needed(state: job_state_pb2.JobState) -> bool:
+        """Whether :meth:`fill` would add anything (a succeeded job with outputs): the
+        streams send every other state as it is, serialized once for all of them."""
         outputs: Any = getattr(state, "outputs", None)
-        if state.status != job_pb2.JOB_STATUS_SUCCEEDED or not outputs:
+        return state.status == job_pb2.JOB_STATUS_SUCCEEDED and bool(outputs)
+
+    async def fill(self, state: job_state_pb2.JobState) -> job_state_pb2.JobState:
+        if not self.needed(state):
             return state
         filled = job_state_pb2.JobState()
         filled.CopyFrom(state)

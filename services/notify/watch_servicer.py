@@ -130,9 +130,11 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
         self._latest_of_job = latest_of_job
         self._user_snapshot = user_snapshot
 
-    async def WatchJob(
+    # The streams may yield a response already serialized (bytes): the stack's response
+    # serializer sends it as it is (kit.interceptors), which the generated base cannot say.
+    async def WatchJob(  # type: ignore[override]
         self, request: pb.WatchJobRequest, context: Context
-    ) -> AsyncIterator[pb.WatchJobResponse]:
+    ) -> AsyncIterator[pb.WatchJobResponse | bytes]:
         user_id = current_principal().user_id
         job_id = _job_id(request.job_id)
         if request.after_version < 0:
@@ -157,12 +159,12 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
             try:
                 while True:
                     for change in inbox.take():
-                        state = await self._output_urls.fill(change.state)
-                        yield (
-                            change.job_response()
-                            if state is change.state
-                            else (pb.WatchJobResponse(job=state))
-                        )
+                        if self._output_urls.needed(change.state):
+                            state = await self._output_urls.fill(change.state)
+                            yield pb.WatchJobResponse(job=state)
+                        else:
+                            # Serialized once for every stream (see kit.interceptors).
+                            yield change.job_response()
                         inbox.last_sent = loop.time()
                         if change.terminal:
                             return
@@ -203,9 +205,9 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
             inbox.take()
         return await self._latest_of_job(job_id)
 
-    async def WatchJobs(
+    async def WatchJobs(  # type: ignore[override]
         self, request: pb.WatchJobsRequest, context: Context
-    ) -> AsyncIterator[pb.WatchJobsResponse]:
+    ) -> AsyncIterator[pb.WatchJobsResponse | bytes]:
         user_id = current_principal().user_id
         after_seq = decode_cursor(request.cursor)
         inbox = _inbox(self._settings, limit=self._settings.pending_limit)
@@ -229,7 +231,7 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
 
     async def _jobs_messages(
         self, inbox: Inbox, snapshot_cursor: int
-    ) -> AsyncIterator[pb.WatchJobsResponse]:
+    ) -> AsyncIterator[pb.WatchJobsResponse | bytes]:
         loop = asyncio.get_running_loop()
         cursor = 0
         snapshot_sent = False
@@ -237,8 +239,11 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
             while True:
                 for change in inbox.take():
                     cursor = max(cursor, change.seq)
-                    state = await self._output_urls.fill(change.state)
-                    yield pb.WatchJobsResponse(job=state, cursor=encode_cursor(cursor))
+                    if self._output_urls.needed(change.state):
+                        state = await self._output_urls.fill(change.state)
+                        yield pb.WatchJobsResponse(job=state, cursor=encode_cursor(cursor))
+                    else:
+                        yield change.jobs_response(encode_cursor(cursor))
                     inbox.last_sent = loop.time()
                 if not snapshot_sent:
                     snapshot_sent = True

@@ -1,10 +1,13 @@
 """The outbox relay, a component any number of creation processes run.
 
 Each round takes a batch of undelivered rows with ``FOR UPDATE SKIP LOCKED`` (replicas
-take different rows and never wait on each other), delivers it to notify's ``Deliver``
-and marks it delivered in the same transaction, so a row is marked only once notify has
-committed it, and a relay that dies mid-batch leaves its rows for the next. Delivery is
-therefore at least once; notify's version gate makes duplicates harmless.
+take different rows and never wait on each other) and marks it delivered in the same
+statement, delivers it to notify's ``Deliver``, and commits only then: a row counts as
+delivered only once notify has committed it, and a relay that dies mid-batch leaves its
+rows for the next. Delivery is therefore at least once; notify's version gate makes
+duplicates harmless. The round runs on the pool's asyncpg connection directly (no
+SQLAlchemy per statement), and payloads are read without ``json_format.ParseDict``
+(``states.py``): the relay runs in every creation process, beside SubmitJob.
 
 A NOTIFY on ``creation_outbox`` (a trigger sends it at the commit of every outbox insert)
 wakes the relay; a poll is the fallback. While notify (or the database) is away the relay
@@ -32,11 +35,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from atelier.notify.v1 import notify_ingest_service_pb2 as pb
 from services.creation.domain import backoff
 from services.creation.relay.notify_client import DeliveryFailed
+from services.creation.relay.states import read_state
 from services.creation.settings import RelaySettings
 from services.creation.store import outbox
 from services.creation.store.changes import OUTBOX_CHANNEL
 from services.kit import tracing
 from services.kit.clock import Clock, system_clock
+from services.kit.db import driver_connection
 from services.kit.listen import Listener
 from services.kit.logging import get_logger
 from services.kit.outages import Throttle, classify, log_unavailable
@@ -75,6 +80,7 @@ class OutboxRelay:
         self._stopping = asyncio.Event()
         self._failures = 0  # consecutive failed rounds
         self._next_prune = 0.0
+        self._round_started = float("-inf")
         # Fault injection (tests): the previous batch, to be delivered once more, late.
         self._late: list[pb.OutboxMessage] = []
         # For tests and metrics: rows this replica marked delivered, Deliver calls made.
@@ -94,6 +100,7 @@ class OutboxRelay:
                 if await self._round():
                     await self._prune_if_due()
                     await self._wait_for_rows(listening)
+                    await self._space_rounds()
                 else:
                     await self._sleep(self._retry_delay())
         finally:
@@ -114,6 +121,7 @@ class OutboxRelay:
 
     async def _round(self) -> bool:
         """Delivers batches until one comes back short; False after a failure."""
+        self._round_started = asyncio.get_running_loop().time()
         try:
             while not self._stopping.is_set():
                 taken = await self._deliver_batch()
@@ -135,14 +143,34 @@ class OutboxRelay:
         return True
 
     async def _deliver_batch(self) -> int:
-        async with self._engine.begin() as connection:
-            rows = await outbox.take(connection, self._settings.batch, self._traced)
-            if not rows:
-                return 0
-            messages = [m for m in map(_message, rows) if m is not None]
-            if messages:
-                await self._send(messages)
-            await outbox.mark_delivered(connection, [r.outbox_id for r in rows], self._clock())
+        # One statement takes and marks the batch, in a transaction that commits only
+        # once notify has it (BEGIN, the statement, COMMIT: three round trips a batch).
+        refused: DeliveryFailed | None = None
+        async with driver_connection(self._engine) as connection:
+            transaction = connection.transaction()
+            await transaction.start()
+            try:
+                rows = await outbox.take(
+                    connection, self._clock(), self._settings.batch, self._traced
+                )
+                messages = [m for m in map(_message, rows) if m is not None]
+                if messages:
+                    await self._send(messages)
+            except DeliveryFailed as failed:
+                # notify's answer, not the connection's: undo the marks, keep the
+                # connection.
+                refused = failed
+                await transaction.rollback()
+            except BaseException:
+                # The failure is what counts; a connection that cannot even roll back is
+                # discarded by driver_connection (the server ends the transaction).
+                with contextlib.suppress(Exception):
+                    await transaction.rollback()
+                raise
+            else:
+                await transaction.commit()
+        if refused is not None:
+            raise refused
         self.delivered += len(rows)
         return len(rows)
 
@@ -207,6 +235,15 @@ class OutboxRelay:
             for waiter in waiters:
                 waiter.cancel()
 
+    async def _space_rounds(self) -> None:
+        """Under load (woken again soon after a round began), lets rows gather until the
+        spacing has passed: every round costs a transaction here and a Deliver, with its
+        transaction, in notify, however few rows it carries."""
+        loop = asyncio.get_running_loop()
+        remaining = self._round_started + self._settings.round_spacing_seconds - loop.time()
+        if remaining > 0:
+            await self._sleep(remaining)
+
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), seconds)
@@ -233,7 +270,7 @@ def _message(row: outbox.OutboxRow) -> pb.OutboxMessage | None:
     can never be delivered, so it is marked delivered rather than block the queue."""
     message = pb.OutboxMessage(outbox_id=row.outbox_id, traceparent=row.trace_parent or "")
     try:
-        json_format.ParseDict(row.payload, message.state, ignore_unknown_fields=True)
+        read_state(row.payload, message.state)
     except json_format.ParseError:
         log.error("outbox_row_unreadable", outbox_id=row.outbox_id)
         return None

@@ -1,17 +1,17 @@
 """The outbox as the relay sees it: take a batch of undelivered rows (locked, skipping rows
-another relay holds), mark them delivered in the same transaction, prune old ones."""
+another relay holds) and mark them delivered in the same statement, prune old ones."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy import bindparam, select, text, update
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.tables import jobs, outbox
+from services.kit.db import DriverStatement
 
 
 @dataclass(frozen=True)
@@ -23,51 +23,59 @@ class OutboxRow:
     trace_parent: str | None = None
 
 
-# Oldest first, rows another relay holds skipped: replicas share the queue without waiting
-# on each other. Rides ix_outbox_undelivered.
-_TAKE = (
-    select(outbox.c.outbox_id, outbox.c.payload)
-    .where(outbox.c.delivered_at.is_(None))
-    .order_by(outbox.c.outbox_id)
+# Takes and marks a batch in one statement: the oldest undelivered rows, rows another
+# relay holds skipped (replicas share the queue without waiting on each other), marked
+# delivered as of ``now`` and locked until the caller's transaction ends. The caller
+# commits only once notify has the batch, and rolls back otherwise, so a row counts as
+# delivered only after notify committed it. The subquery rides ix_outbox_undelivered,
+# the update pk_outbox.
+_QUEUED = outbox.alias("queued")
+_DUE = (
+    select(_QUEUED.c.outbox_id)
+    .where(_QUEUED.c.delivered_at.is_(None))
+    .order_by(_QUEUED.c.outbox_id)
+    .limit(bindparam("limit"))
     .with_for_update(skip_locked=True)
+    .subquery("due")
+)
+TAKE = DriverStatement.of(
+    update(outbox)
+    .where(outbox.c.outbox_id == _DUE.c.outbox_id)
+    .values(delivered_at=bindparam("now"))
+    .returning(outbox.c.outbox_id, outbox.c.payload)
 )
 
 
 # The same with each row's job's trace context (the job by its primary key); only the
 # outbox rows are locked, never the jobs, which workers write meanwhile.
-_TAKE_TRACED = (
-    select(outbox.c.outbox_id, outbox.c.payload, jobs.c.trace_parent)
-    .select_from(outbox.join(jobs, jobs.c.job_id == outbox.c.job_id))
-    .where(outbox.c.delivered_at.is_(None))
-    .order_by(outbox.c.outbox_id)
-    .with_for_update(skip_locked=True, of=outbox)
+TAKE_TRACED = DriverStatement.of(
+    update(outbox)
+    .where(outbox.c.outbox_id == _DUE.c.outbox_id)
+    .values(delivered_at=bindparam("now"))
+    .returning(
+        outbox.c.outbox_id,
+        outbox.c.payload,
+        select(jobs.c.trace_parent)
+        .where(jobs.c.job_id == outbox.c.job_id)
+        .scalar_subquery()
+        .label("trace_parent"),
+    )
 )
 
 
-async def take(connection: AsyncConnection, limit: int, traced: bool = False) -> list[OutboxRow]:
-    """Locks up to ``limit`` undelivered rows until ``connection``'s transaction ends;
-    ``traced``: with their jobs' trace contexts."""
-    if not traced:
-        rows = (await connection.execute(_TAKE.limit(limit))).all()
-        return [OutboxRow(int(row.outbox_id), row.payload) for row in rows]
-    traced_rows = (await connection.execute(_TAKE_TRACED.limit(limit))).all()
-    return [OutboxRow(int(r.outbox_id), r.payload, r.trace_parent) for r in traced_rows]
-
-
-# One statement whatever the batch size (an array, not an IN list of n parameters, so it
-# is prepared once). Rides pk_outbox.
-_MARK_DELIVERED = text(
-    "UPDATE creation.outbox SET delivered_at = :now"
-    " WHERE outbox_id = ANY(CAST(:outbox_ids AS bigint[]))"
-)
-
-
-async def mark_delivered(
-    connection: AsyncConnection, outbox_ids: Sequence[int], now: datetime
-) -> None:
-    """Within the transaction that took them."""
-    if outbox_ids:
-        await connection.execute(_MARK_DELIVERED, {"now": now, "outbox_ids": list(outbox_ids)})
+async def take(connection: Any, now: datetime, limit: int, traced: bool = False) -> list[OutboxRow]:
+    """Up to ``limit`` undelivered rows, oldest first, marked delivered within the
+    transaction open on ``connection`` (an asyncpg connection of the pool, see
+    ``kit.db.driver_connection``); ``traced``: with their jobs' trace contexts."""
+    statement = TAKE_TRACED if traced else TAKE
+    rows = await connection.fetch(statement.sql, *statement.args(now=now, limit=limit))
+    return sorted(
+        (
+            OutboxRow(row["outbox_id"], row["payload"], row["trace_parent"] if traced else None)
+            for row in rows
+        ),
+        key=lambda row: row.outbox_id,
+    )
 
 
 # Rides ix_outbox_delivered; rows a pruning replica holds are skipped, not awaited.

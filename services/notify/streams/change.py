@@ -28,15 +28,27 @@ class Change:
     seq: int
     terminal: bool
     state: job_state_pb2.JobState
-    # The WatchJob message for this state, built once however many streams send it.
-    _response: list[notify_service_pb2.WatchJobResponse] = field(
-        default_factory=list, compare=False, repr=False
-    )
+    # The WatchJob and WatchJobs messages for this state, serialized once however many
+    # streams send them (a broadcast reaches thousands of streams).
+    _serialized: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
 
-    def job_response(self) -> notify_service_pb2.WatchJobResponse:
-        if not self._response:
-            self._response.append(notify_service_pb2.WatchJobResponse(job=self.state))
-        return self._response[0]
+    def job_response(self) -> bytes:
+        """``WatchJobResponse(job=state)``, serialized."""
+        cached = self._serialized.get("job")
+        if cached is None:
+            response = notify_service_pb2.WatchJobResponse(job=self.state)
+            cached = self._serialized["job"] = response.SerializeToString()
+        return cached
+
+    def jobs_response(self, cursor: str) -> bytes:
+        """``WatchJobsResponse(job=state, cursor=cursor)``, serialized: the state's part is
+        serialized once, the stream's own cursor appended (protobuf reads concatenated
+        messages as one, and the two parts set different fields)."""
+        cached = self._serialized.get("jobs")
+        if cached is None:
+            response = notify_service_pb2.WatchJobsResponse(job=self.state)
+            cached = self._serialized["jobs"] = response.SerializeToString()
+        return cached + notify_service_pb2.WatchJobsResponse(cursor=cursor).SerializeToString()
 
     def to_bytes(self) -> bytes:
         return _HEADER.pack(self.seq, self.terminal) + self.state.SerializeToString()

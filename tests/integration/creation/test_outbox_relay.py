@@ -311,3 +311,21 @@ async def test_a_row_that_is_no_job_state_is_logged_and_does_not_block_the_queue
     assert await projected(notify_db) == expected
     unreadable = [r for r in caplog.records if r.getMessage() == "outbox_row_unreadable"]
     assert len(unreadable) == 1 and unreadable[0].levelno == logging.ERROR
+
+
+async def test_rows_written_soon_after_a_round_began_wait_and_go_together(
+    engine: AsyncEngine, creation_url: str, notify: NotifyHarness, notify_db: AsyncEngine
+) -> None:
+    spaced = dataclasses.replace(FAST, poll_seconds=60, round_spacing_seconds=3)
+    async with relaying(engine, creation_url, notify.internal_address, spaced) as relay:
+        await relay.listener.connected.wait()
+        first = await jobs_with_versions(engine, jobs=1, versions=1)
+        await eventually(lambda: relay.delivered == 1, within=5)  # at once: a quiet spell
+        assert relay.calls == 1
+        # Five commits (five NOTIFYs) well within the spacing of the round that began.
+        later = {}
+        for _ in range(5):
+            later.update(await jobs_with_versions(engine, jobs=1, versions=1))
+        await eventually(lambda: relay.delivered == 6, within=15)
+        assert relay.calls == 2  # one Deliver for the five
+    assert await projected(notify_db) == {**first, **later}

@@ -180,11 +180,11 @@ async def test_operators_queue_rides_the_needs_attention_index(
 async def test_the_relay_takes_its_batches_from_the_undelivered_index(
     capturing: tuple[AsyncEngine, list[tuple[str, Any]]],
 ) -> None:
-    engine, sent = capturing
-    async with engine.begin() as connection:
-        await outbox.take(connection, 200)
-    statement, parameters = one_statement(sent, lambda s: "SKIP LOCKED" in s and "outbox" in s)
-    assert "ix_outbox_undelivered" in await generic_plan(engine, statement, parameters)
+    engine, _ = capturing
+    # The relay sends this statement on the pool's asyncpg connection, as compiled here.
+    arguments = outbox.TAKE.args(now=T0, limit=200)
+    assert "SKIP LOCKED" in outbox.TAKE.sql
+    assert "ix_outbox_undelivered" in await generic_plan(engine, outbox.TAKE.sql, arguments)
 
 
 async def test_the_relay_prunes_through_the_delivered_index(
