@@ -5,8 +5,7 @@ ATELIER_FAL_KEY) and flipping the row's ``enabled``; see docs/providers.md. Disa
 need no key: the worker's start-up check only asks for the keys of enabled models.
 
 Revision ID: 0009
-Revises: 0007 (merge note: 0008 comes from another branch; once both are in, this one
-    revises 0008)
+Revises: 0008
 Create Date: 2026-11-30
 """
 
@@ -16,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0009"
-down_revision: str | None = "0007"
+down_revision: str | None = "0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
