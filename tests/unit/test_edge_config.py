@@ -12,6 +12,7 @@ import yaml
 from services.cli import main
 from services.dev.processes import venv_binary
 from services.edge_config import EdgeConfigError, point
+from tests.support.certificates import self_signed
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "deploy" / "envoy" / "envoy.yaml"
@@ -70,6 +71,14 @@ def test_envoy_accepts_the_rendered_config(tmp_path: Path) -> None:
     envoy = venv_binary("envoy")
     out = tmp_path / "envoy.yaml"
     assert main(args(out, UPSTREAMS)) == 0
+    # The TLS listener reads the certificate a deployment mounts (deploy/k8s/base/edge.yaml);
+    # here, one made for the test at the same names.
+    cert, key = self_signed(tmp_path)
+    out.write_text(
+        out.read_text()
+        .replace("/etc/envoy/tls/tls.crt", str(cert))
+        .replace("/etc/envoy/tls/tls.key", str(key))
+    )
     checked = subprocess.run(
         [envoy, "--mode", "validate", "-c", str(out)], capture_output=True, text=True, timeout=60
     )
