@@ -4,10 +4,16 @@ config at the Kubernetes Services (deploy/k8s/base/edge.yaml runs it)."""
 from __future__ import annotations
 
 import subprocess
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from services.cli import main
 from services.dev.processes import venv_binary
@@ -15,6 +21,8 @@ from services.edge_config import EdgeConfigError, point
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "deploy" / "envoy" / "envoy.yaml"
+# Where the edge pod mounts its TLS Secret (deploy/k8s/base/edge.yaml).
+POD_TLS_DIR = "/etc/envoy/tls/"
 UPSTREAMS = {
     "creation": ("creation-api", 50051),
     "media": ("media", 50052),
@@ -66,10 +74,55 @@ def test_every_cluster_points_at_its_service_and_the_rest_is_kept(tmp_path: Path
     assert str(ROOT / "gen" / "atelier.binpb") in out.read_text()
 
 
+def self_signed(folder: Path) -> dict[str, Path]:
+    """A certificate and key for Envoy to load in place of the pod's TLS Secret."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "edge.test")])
+    now = datetime.now(UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=1))
+        .not_valid_after(now + timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    files = {"tls.crt": folder / "tls.crt", "tls.key": folder / "tls.key"}
+    files["tls.crt"].write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    files["tls.key"].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return files
+
+
+def with_local_tls_files(node: Any, files: dict[str, Path]) -> Any:
+    """The config with the files the pod mounts at /etc/envoy/tls/ read from ``files``."""
+    if isinstance(node, dict):
+        return {
+            key: str(files[Path(value).name])
+            if key == "filename" and str(value).startswith(POD_TLS_DIR)
+            else with_local_tls_files(value, files)
+            for key, value in node.items()
+        }
+    if isinstance(node, list):
+        return [with_local_tls_files(item, files) for item in node]
+    return node
+
+
 def test_envoy_accepts_the_rendered_config(tmp_path: Path) -> None:
     envoy = venv_binary("envoy")
     out = tmp_path / "envoy.yaml"
     assert main(args(out, UPSTREAMS)) == 0
+    # A TLS listener loads its certificate even to validate: give it one where the pod
+    # would have the Secret's.
+    rendered = with_local_tls_files(yaml.safe_load(out.read_text()), self_signed(tmp_path))
+    out.write_text(yaml.safe_dump(rendered, sort_keys=False))
     checked = subprocess.run(
         [envoy, "--mode", "validate", "-c", str(out)], capture_output=True, text=True, timeout=60
     )
