@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -16,6 +17,8 @@ from tests.support.certificates import self_signed
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "deploy" / "envoy" / "envoy.yaml"
+# Where the edge pod mounts its TLS Secret (deploy/k8s/base/edge.yaml).
+POD_TLS_DIR = "/etc/envoy/tls/"
 UPSTREAMS = {
     "creation": ("creation-api", 50051),
     "media": ("media", 50052),
@@ -67,18 +70,30 @@ def test_every_cluster_points_at_its_service_and_the_rest_is_kept(tmp_path: Path
     assert str(ROOT / "gen" / "atelier.binpb") in out.read_text()
 
 
+def with_local_tls_files(node: Any, files: dict[str, Path]) -> Any:
+    """The config with the files the pod mounts at /etc/envoy/tls/ read from ``files``."""
+    if isinstance(node, dict):
+        return {
+            key: str(files[Path(value).name])
+            if key == "filename" and str(value).startswith(POD_TLS_DIR)
+            else with_local_tls_files(value, files)
+            for key, value in node.items()
+        }
+    if isinstance(node, list):
+        return [with_local_tls_files(item, files) for item in node]
+    return node
+
+
 def test_envoy_accepts_the_rendered_config(tmp_path: Path) -> None:
     envoy = venv_binary("envoy")
     out = tmp_path / "envoy.yaml"
     assert main(args(out, UPSTREAMS)) == 0
-    # The TLS listener reads the certificate a deployment mounts (deploy/k8s/base/edge.yaml);
-    # here, one made for the test at the same names.
+    # A TLS listener loads its certificate even to validate: give it one where the pod
+    # would have the Secret's.
     cert, key = self_signed(tmp_path)
-    out.write_text(
-        out.read_text()
-        .replace("/etc/envoy/tls/tls.crt", str(cert))
-        .replace("/etc/envoy/tls/tls.key", str(key))
-    )
+    files = {"tls.crt": cert, "tls.key": key}
+    rendered = with_local_tls_files(yaml.safe_load(out.read_text()), files)
+    out.write_text(yaml.safe_dump(rendered, sort_keys=False))
     checked = subprocess.run(
         [envoy, "--mode", "validate", "-c", str(out)], capture_output=True, text=True, timeout=60
     )
