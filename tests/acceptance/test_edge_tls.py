@@ -5,8 +5,6 @@ grpcurl (native gRPC); plus every rendered form of the config passes
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import json
 import subprocess
 from collections.abc import Iterator
@@ -14,53 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from services.dev import edge
 from services.dev.processes import free_port, venv_binary
 from services.dev.stack import Stack
 from services.kit.settings import EnvReader, SettingsError
 from services.notify.settings import StreamSettings
+from tests.support.certificates import self_signed
 from tests.support.edges import RunningEdge, manager, routes, running_edge, validate
 
 DESCRIPTOR = Path(__file__).resolve().parents[2] / "gen" / "atelier.binpb"
-
-
-def self_signed(directory: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 and localhost, and its key (PEM files)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "atelier edge test")])
-    now = datetime.datetime.now(datetime.UTC)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = directory / "edge.crt", directory / "edge.key"
-    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_path, key_path
 
 
 @pytest.fixture(scope="module")
