@@ -15,6 +15,7 @@ from google.protobuf import descriptor_pb2
 
 from services.dev import edge
 from services.dev.processes import venv_binary
+from tests.support.certificates import self_signed
 
 ROOT = Path(__file__).resolve().parents[2]
 PUBLIC = {
@@ -109,15 +110,19 @@ def test_edge_transcodes_and_routes_public_services_only() -> None:
     assert set(transcoder["services"]) == PUBLIC
     assert transcoder["convert_grpc_status"] is True
     routes = manager["route_config"]["virtual_hosts"][0]["routes"]
-    prefixes = [r["match"]["prefix"] for r in routes]
-    assert not any(internal in p for p in prefixes for internal in INTERNAL)
+    # Routes match a prefix, an exact path or (reads of one service) a regular expression.
+    matches = [
+        r["match"].get("prefix") or r["match"].get("path") or r["match"]["safe_regex"]["regex"]
+        for r in routes
+    ]
+    assert not any(internal in m.replace("\\", "") for m in matches for internal in INTERNAL)
     # Streaming routes have no timeout; the catch-all answers 404.
-    watch = next(r for r in routes if "WatchJob" in r["match"]["prefix"])
+    watch = next(r for r, m in zip(routes, matches, strict=True) if "WatchJob" in m)
     assert watch["route"]["timeout"] == "0s"
     assert routes[-1]["direct_response"]["status"] == 404
     # media's signed object URLs are plain HTTP: routed (before the catch-all) to its object
     # listener, with the transcoder off, never to a gRPC cluster.
-    objects = [r for r in routes if r["match"]["prefix"] == "/media-objects/"]
+    objects = [r for r in routes if r["match"].get("prefix") == "/media-objects/"]
     assert objects and all(routes.index(r) < len(routes) - 1 for r in objects)
     assert {r["route"]["cluster"] for r in objects if "route" in r} == {"media_http"}
     for route in objects:
@@ -160,8 +165,13 @@ def test_envoy_accepts_the_config(tmp_path: Path, rendered: bool) -> None:
         )
     else:
         # The deployable file as it is, with the descriptor where it expects it.
-        text = edge.ENVOY_TEMPLATE.read_text().replace(
-            "/etc/envoy/atelier.binpb", str(edge.DESCRIPTOR)
+        # The certificate and key a deployment mounts, made here.
+        cert, key = self_signed(tmp_path)
+        text = (
+            edge.ENVOY_TEMPLATE.read_text()
+            .replace("/etc/envoy/atelier.binpb", str(edge.DESCRIPTOR))
+            .replace("/etc/envoy/tls/tls.crt", str(cert))
+            .replace("/etc/envoy/tls/tls.key", str(key))
         )
         config_path = tmp_path / "envoy.yaml"
         config_path.write_text(text)

@@ -1,4 +1,4 @@
-"""Certificates made for a test: the edge's TLS listener needs real PEM files."""
+"""Certificates made for a test."""
 
 from __future__ import annotations
 
