@@ -5,6 +5,7 @@ failure table — above all, which submits leave an unknown outcome."""
 from __future__ import annotations
 
 import base64
+import logging
 from typing import Any
 
 import httpx
@@ -434,6 +435,27 @@ async def test_the_token_is_in_no_error_and_no_repr() -> None:
             await call
         texts += [str(raised.value), raised.value.message, repr(raised.value)]
     assert all(REPLICATE_TOKEN not in text for text in texts)
+    await adapter.close()
+
+
+async def test_the_token_is_in_no_log_line_whatever_the_level(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    vendor = Vendor()
+    vendor.on(
+        "POST",
+        "/v1/models/acme/restyle/predictions",
+        httpx.Response(201, json=prediction("starting")),
+    )
+    vendor.on("GET", "/v1/predictions/p-1", httpx.Response(401, json={"detail": "bad token"}))
+    adapter = provider(vendor)
+    with caplog.at_level(logging.DEBUG):
+        await adapter.submit(request("acme/restyle"), "k")
+        with pytest.raises(ProviderError):
+            await adapter.poll("p-1")
+    assert vendor.seen[0].headers["authorization"].endswith(REPLICATE_TOKEN)
+    assert all(REPLICATE_TOKEN not in record.getMessage() for record in caplog.records)
+    assert REPLICATE_TOKEN not in caplog.text
     await adapter.close()
 
 

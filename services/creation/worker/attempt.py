@@ -56,6 +56,9 @@ W = TypeVar("W", Job, Written)
 # Consecutive poll errors the provider may answer with before the job is handed back
 # (keeping its request) for a later poll.
 POLL_ERRORS_BEFORE_HAND_BACK = 5
+# The longest an attempt waits between polls while holding its provider slot; a provider
+# asking for longer gets the job handed back with that delay (its request kept).
+LONGEST_POLL_PAUSE = timedelta(seconds=60)
 PROVIDER_CANCEL_TIMEOUT_SECONDS = 10.0
 
 
@@ -257,9 +260,14 @@ class Attempt:
                 if not is_retryable(error.code, error.retryable):
                     raise AttemptFailed(error.code, error.message, retryable=False) from None
                 errors += 1
-                if errors >= POLL_ERRORS_BEFORE_HAND_BACK:
-                    return await self._hand_back(self._backoff(errors))
-                await self._pause(self._backoff(errors).total_seconds())
+                delay = self._backoff(errors)
+                if error.retry_after_seconds is not None:
+                    # The provider said when to ask again (a 429's Retry-After): never
+                    # sooner; a long wait is the queue's, not a slot's.
+                    delay = max(delay, timedelta(seconds=error.retry_after_seconds))
+                if errors >= POLL_ERRORS_BEFORE_HAND_BACK or delay > LONGEST_POLL_PAUSE:
+                    return await self._hand_back(delay)
+                await self._pause(delay.total_seconds())
                 continue
             errors = 0
             if isinstance(result, Done):

@@ -9,6 +9,7 @@ paid generation: that is ``outcome_unknown`` and the job waits for an operator.
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 from collections.abc import Mapping
@@ -19,6 +20,11 @@ from enum import Enum
 import httpx
 
 from services.creation.providers.base import ProviderError
+
+# httpx logs every request at INFO (a line per poll of every job, with output URLs that
+# may be signed); our own log lines say what matters.
+for _name in ("httpx", "httpcore"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
 
 # Sent on every vendor call: which worker process made it. Vendors ignore it; the fake
 # vendors of the tests count requests in flight per process by it.
