@@ -63,11 +63,6 @@ async def test_a_throttled_submit_is_sent_again_after_retry_after(
     await scenario.a_throttled_submit_waits_retry_after(fal, http)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: the worker's poll loop (worker/attempt.py _poll) waits its own backoff"
-    " after a 429 and ignores the ProviderError's retry_after_seconds",
-)
 async def test_a_throttled_status_read_is_sent_again_after_retry_after(
     fal: Hosted, http: httpx.AsyncClient
 ) -> None:

@@ -71,3 +71,37 @@ async def test_two_workers_never_exceed_the_cap_per_process(
     assert max(peaks.values()) <= CAP, peaks
     # Each process did fill its slots: a cap that was never reached proves nothing.
     assert min(peaks.values()) == CAP, peaks
+
+
+async def test_a_job_waiting_longer_than_its_lease_for_a_slot_keeps_it(
+    api_of_its_own: Stack,
+) -> None:
+    """One slot, three claimed jobs of three seconds each: the last waits longer than the
+    lease (5 s) for the slot, and is still the same claim when it runs."""
+    db = create_async_engine(asyncpg_url(api_of_its_own.database_url))
+    limits = {
+        "ATELIER_REPLICATE_MAX_IN_FLIGHT": "1",
+        "ATELIER_WORKER_CONCURRENCY": "3",
+        "ATELIER_WORKER_CLAIM_BATCH": "3",
+    }
+    try:
+        async with hosted_alone(api_of_its_own, REPLICATE) as hosted:
+            hosted.fake.pace(start_delay=0.05, duration=3.0, steps=5)
+            user = new_user("slot-wait")
+            queued = await queue_jobs(
+                db, {user: await put_input(hosted.api, user)}, 3, REPLICATE.model_id
+            )
+            job_ids = {q.job_id for q in queued}
+            worker = hosted.start_worker("replicate-one-slot", **limits)
+            await serving(worker)
+            await all_finished(db, [worker], within=60, job_ids=job_ids)
+            finished = await read_jobs(db, job_ids)
+            submits = list(hosted.fake.submits)
+            peaks = hosted.fake.max_in_flight()
+    finally:
+        await db.dispose()
+    assert {job.status for job in finished.values()} == {Status.SUCCEEDED}
+    assert {(job.attempt, job.lease_epoch) for job in finished.values()} == {(1, 1)}
+    assert list(peaks.values()) == [1]
+    # The last submit came more than a lease after the first: that job waited that long.
+    assert submits[-1].at - submits[0].at > 5
