@@ -180,6 +180,38 @@ def cpu_meter(stack: Stack, database: str) -> CpuMeter:
     )
 
 
+def submit_call_arguments(user: str) -> list[object]:
+    """The store's submit call for a new job of ``user``, limits lifted (as for the
+    service below: every job stays queued)."""
+    job_id = str(uuid.uuid4())
+    now = datetime.now(UTC)
+    return submit_arguments(
+        job_id=job_id,
+        user_id=user,
+        idempotency_key=None,
+        model_id="stub-fast",
+        style_id="natural",
+        input_asset_id=str(uuid.uuid4()),
+        prompt="bench",
+        negative_prompt="",
+        width=512,
+        height=512,
+        parameters="{}",
+        max_attempts=3,
+        request_hash="0" * 64,
+        day_start=now.replace(hour=0, minute=0, second=0, microsecond=0),
+        daily_quota=10**9,
+        in_flight_limit=10**9,
+        welcome_points=10**9,
+        # The payload the servicer writes: notify takes it, so the relay delivers these
+        # rows like any others (a payload notify refused would leave the relay retrying
+        # the same batch for the whole run).
+        payload=json.dumps(submitted_payload(job_id, user, now)),
+        now=now,
+        num_outputs=1,
+    )
+
+
 async def submit_sql_anchor(database_url: str, requests: int) -> dict[int, Figure]:
     """Plain asyncpg sending the store's own submit call (one round trip per job) from
     this process, a pool of 16, each client its own user: the floor under SubmitJob's
@@ -192,34 +224,7 @@ async def submit_sql_anchor(database_url: str, requests: int) -> dict[int, Figur
             users[:] = [f"anchor-{uuid.uuid4().hex[:8]}-{i}" for i in range(clients)]
 
             async def submit(client: int, _: int) -> None:
-                job_id = str(uuid.uuid4())
-                now = datetime.now(UTC)
-                arguments = submit_arguments(
-                    job_id=job_id,
-                    user_id=users[client],
-                    idempotency_key=None,
-                    model_id="stub-fast",
-                    style_id="natural",
-                    input_asset_id=str(uuid.uuid4()),
-                    prompt="bench",
-                    negative_prompt="",
-                    width=512,
-                    height=512,
-                    parameters="{}",
-                    max_attempts=3,
-                    request_hash="0" * 64,
-                    day_start=now.replace(hour=0, minute=0, second=0, microsecond=0),
-                    # Limits lifted, as for the service below (every job stays queued).
-                    daily_quota=10**9,
-                    in_flight_limit=10**9,
-                    welcome_points=10**9,
-                    # The payload the servicer writes: notify takes it, so the relay
-                    # delivers these rows like any others (a payload notify refused
-                    # would leave the relay retrying the same batch for the whole run).
-                    payload=json.dumps(submitted_payload(job_id, users[client], now)),
-                    now=now,
-                    num_outputs=1,
-                )
+                arguments = submit_call_arguments(users[client])
                 row = await pool.fetchrow(SUBMIT_CALL, *arguments)
                 assert row["submit_outcome"] == "ok", row["submit_outcome"]
 
