@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import os
 import sys
-import tempfile
 import time
 import urllib.request
 import uuid
@@ -40,14 +39,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.cpu import CpuMeter, format_per_op
 from bench.submit_throughput import (
-    LOCAL_POSTGRES,
+    api_stack,
     outbox_drained,
     postgres_backends,
     submit_call_arguments,
 )
 from services.creation.store.submit_statement import SUBMIT_CALL
-from services.dev import postgres
-from services.dev.stack import Stack, StackPorts
+from services.dev.stack import Stack
 
 
 def deliver_calls(metrics_port: int) -> int:
@@ -116,29 +114,8 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=200.0, help="paced phase, rows per second")
     parser.add_argument("--database-url", help="an admin URL; default: local or embedded")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="atelier-bench-"))
-    admin = args.database_url or (
-        LOCAL_POSTGRES
-        if postgres.server_answers(LOCAL_POSTGRES)
-        else postgres.start_embedded(work / "pg")
-    )
-    name = f"atelier_bench_{uuid.uuid4().hex[:8]}"
-    url = postgres.ensure_database(admin, name)
-    stack = Stack(
-        database_url=url,
-        ports=StackPorts.free(),
-        work_dir=work,
-        log_dir=work / "logs",
-        creation_role="api",
-        extra_env={"ATELIER_LOG_LEVEL": "WARNING"},
-    )
-    stack.migrate()
-    stack.start()
-    try:
+    with api_stack(args.database_url, {}) as stack:
         asyncio.run(bench(stack, args.rows, args.rate))
-    finally:
-        stack.stop()
-        postgres.drop_database(admin, name)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -396,35 +397,43 @@ def main() -> None:
         help="the anchors and SubmitJob over gRPC only (no Envoy, no reads)",
     )
     args = parser.parse_args()
+    unlimited = "1000000"
+    # The API alone: no job engine takes CPU from it, every job stays queued, so the
+    # per-user limits are lifted.
+    limits_lifted = {
+        "ATELIER_DAILY_QUOTA": "100000",
+        "ATELIER_IN_FLIGHT_LIMIT": "1000",
+        "ATELIER_WELCOME_POINTS": unlimited,
+    }
+    with api_stack(args.database_url, limits_lifted) as stack, echo_server() as echo_address:
+        asyncio.run(bench(stack, echo_address, args.requests, args.submit_only))
+
+
+@contextmanager
+def api_stack(database_url: str | None, extra_env: dict[str, str]) -> Iterator[Stack]:
+    """The stack with creation in role ``api`` (its relay runs, no job engine), on a
+    throwaway database of ``database_url`` (an admin URL; default: the local server, else
+    an embedded one), logging warnings only; stopped and dropped afterwards."""
     work = Path(tempfile.mkdtemp(prefix="atelier-bench-"))
-    admin = args.database_url or (
+    admin = database_url or (
         LOCAL_POSTGRES
         if postgres.server_answers(LOCAL_POSTGRES)
         else postgres.start_embedded(work / "pg")
     )
     name = f"atelier_bench_{uuid.uuid4().hex[:8]}"
     url = postgres.ensure_database(admin, name)
-    unlimited = "1000000"
     stack = Stack(
         database_url=url,
         ports=StackPorts.free(),
         work_dir=work,
         log_dir=work / "logs",
-        # The API alone: no job engine takes CPU from it, every job stays queued, so the
-        # per-user limits are lifted.
         creation_role="api",
-        extra_env={
-            "ATELIER_DAILY_QUOTA": "100000",
-            "ATELIER_IN_FLIGHT_LIMIT": "1000",
-            "ATELIER_WELCOME_POINTS": unlimited,
-            "ATELIER_LOG_LEVEL": "WARNING",
-        },
+        extra_env={**extra_env, "ATELIER_LOG_LEVEL": "WARNING"},
     )
     stack.migrate()
     stack.start()
     try:
-        with echo_server() as echo_address:
-            asyncio.run(bench(stack, echo_address, args.requests, args.submit_only))
+        yield stack
     finally:
         stack.stop()
         postgres.drop_database(admin, name)
