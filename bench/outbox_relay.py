@@ -25,14 +25,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
-import tempfile
 import time
 import urllib.request
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg  # type: ignore[import-untyped]
@@ -41,11 +38,14 @@ from sqlalchemy import make_url
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.cpu import CpuMeter, format_per_op
-from bench.submit_throughput import LOCAL_POSTGRES, outbox_drained, postgres_backends
-from services.creation.store.changes import submitted_payload
-from services.creation.store.submit_statement import SUBMIT_CALL, submit_arguments
-from services.dev import postgres
-from services.dev.stack import Stack, StackPorts
+from bench.submit_throughput import (
+    api_stack,
+    outbox_drained,
+    postgres_backends,
+    submit_call_arguments,
+)
+from services.creation.store.submit_statement import SUBMIT_CALL
+from services.dev.stack import Stack
 
 
 def deliver_calls(metrics_port: int) -> int:
@@ -57,33 +57,6 @@ def deliver_calls(metrics_port: int) -> int:
         for line in text.splitlines()
         if line.startswith("atelier_rpc_total{")
         and 'method="/atelier.notify.v1.NotifyIngestService/Deliver"' in line
-    )
-
-
-def submit_args(user: str) -> list[object]:
-    job_id = str(uuid.uuid4())
-    now = datetime.now(UTC)
-    return submit_arguments(
-        job_id=job_id,
-        user_id=user,
-        idempotency_key=None,
-        model_id="stub-fast",
-        style_id="natural",
-        input_asset_id=str(uuid.uuid4()),
-        prompt="bench",
-        negative_prompt="",
-        width=512,
-        height=512,
-        parameters="{}",
-        max_attempts=3,
-        request_hash="0" * 64,
-        day_start=now.replace(hour=0, minute=0, second=0, microsecond=0),
-        daily_quota=10**9,
-        in_flight_limit=10**9,
-        welcome_points=10**9,
-        payload=json.dumps(submitted_payload(job_id, user, now)),
-        now=now,
-        num_outputs=1,
     )
 
 
@@ -103,14 +76,14 @@ async def bench(stack: Stack, rows: int, rate: float) -> None:
     try:
         # Warm-up: connections opened, statements prepared.
         for _ in range(20):
-            await writer.fetchrow(SUBMIT_CALL, *submit_args(user))
+            await writer.fetchrow(SUBMIT_CALL, *submit_call_arguments(user))
         await outbox_drained(stack.database_url)
 
         calls = deliver_calls(stack.ports.metrics["notify"])
         meter.start()
         started = time.perf_counter()
         for n in range(rows):
-            await writer.fetchrow(SUBMIT_CALL, *submit_args(user))
+            await writer.fetchrow(SUBMIT_CALL, *submit_call_arguments(user))
             delay = started + (n + 1) / rate - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -123,7 +96,7 @@ async def bench(stack: Stack, rows: int, rate: float) -> None:
         )
 
         async with writer.transaction():
-            arguments = [submit_args(user) for _ in range(rows)]
+            arguments = [submit_call_arguments(user) for _ in range(rows)]
             calls = deliver_calls(stack.ports.metrics["notify"])
             meter.start()
             await writer.executemany(SUBMIT_CALL, arguments)
@@ -141,29 +114,8 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=200.0, help="paced phase, rows per second")
     parser.add_argument("--database-url", help="an admin URL; default: local or embedded")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="atelier-bench-"))
-    admin = args.database_url or (
-        LOCAL_POSTGRES
-        if postgres.server_answers(LOCAL_POSTGRES)
-        else postgres.start_embedded(work / "pg")
-    )
-    name = f"atelier_bench_{uuid.uuid4().hex[:8]}"
-    url = postgres.ensure_database(admin, name)
-    stack = Stack(
-        database_url=url,
-        ports=StackPorts.free(),
-        work_dir=work,
-        log_dir=work / "logs",
-        creation_role="api",
-        extra_env={"ATELIER_LOG_LEVEL": "WARNING"},
-    )
-    stack.migrate()
-    stack.start()
-    try:
+    with api_stack(args.database_url, {}) as stack:
         asyncio.run(bench(stack, args.rows, args.rate))
-    finally:
-        stack.stop()
-        postgres.drop_database(admin, name)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -180,6 +181,39 @@ def cpu_meter(stack: Stack, database: str) -> CpuMeter:
     )
 
 
+def submit_call_arguments(user: str) -> list[object]:
+    """The store's submit call for a new job of ``user``, limits lifted (as for the
+    service below: every job stays queued)."""
+    job_id = str(uuid.uuid4())
+    now = datetime.now(UTC)
+    return submit_arguments(
+        job_id=job_id,
+        user_id=user,
+        idempotency_key=None,
+        model_id="stub-fast",
+        style_id="natural",
+        input_asset_id=str(uuid.uuid4()),
+        prompt="bench",
+        negative_prompt="",
+        width=512,
+        height=512,
+        parameters="{}",
+        max_attempts=3,
+        request_hash="0" * 64,
+        day_start=now.replace(hour=0, minute=0, second=0, microsecond=0),
+        daily_quota=10**9,
+        in_flight_limit=10**9,
+        welcome_points=10**9,
+        # The payload the servicer writes: notify takes it, so the relay delivers these
+        # rows like any others (a payload notify refused would leave the relay retrying
+        # the same batch for the whole run).
+        payload=json.dumps(submitted_payload(job_id, user, now)),
+        now=now,
+        num_outputs=1,
+        trace_parent=None,
+    )
+
+
 async def submit_sql_anchor(database_url: str, requests: int) -> dict[int, Figure]:
     """Plain asyncpg sending the store's own submit call (one round trip per job) from
     this process, a pool of 16, each client its own user: the floor under SubmitJob's
@@ -192,35 +226,7 @@ async def submit_sql_anchor(database_url: str, requests: int) -> dict[int, Figur
             users[:] = [f"anchor-{uuid.uuid4().hex[:8]}-{i}" for i in range(clients)]
 
             async def submit(client: int, _: int) -> None:
-                job_id = str(uuid.uuid4())
-                now = datetime.now(UTC)
-                arguments = submit_arguments(
-                    job_id=job_id,
-                    user_id=users[client],
-                    idempotency_key=None,
-                    model_id="stub-fast",
-                    style_id="natural",
-                    input_asset_id=str(uuid.uuid4()),
-                    prompt="bench",
-                    negative_prompt="",
-                    width=512,
-                    height=512,
-                    parameters="{}",
-                    max_attempts=3,
-                    request_hash="0" * 64,
-                    day_start=now.replace(hour=0, minute=0, second=0, microsecond=0),
-                    # Limits lifted, as for the service below (every job stays queued).
-                    daily_quota=10**9,
-                    in_flight_limit=10**9,
-                    welcome_points=10**9,
-                    # The payload the servicer writes: notify takes it, so the relay
-                    # delivers these rows like any others (a payload notify refused
-                    # would leave the relay retrying the same batch for the whole run).
-                    payload=json.dumps(submitted_payload(job_id, users[client], now)),
-                    now=now,
-                    num_outputs=1,
-                    trace_parent=None,
-                )
+                arguments = submit_call_arguments(users[client])
                 row = await pool.fetchrow(SUBMIT_CALL, *arguments)
                 assert row["submit_outcome"] == "ok", row["submit_outcome"]
 
@@ -392,35 +398,43 @@ def main() -> None:
         help="the anchors and SubmitJob over gRPC only (no Envoy, no reads)",
     )
     args = parser.parse_args()
+    unlimited = "1000000"
+    # The API alone: no job engine takes CPU from it, every job stays queued, so the
+    # per-user limits are lifted.
+    limits_lifted = {
+        "ATELIER_DAILY_QUOTA": "100000",
+        "ATELIER_IN_FLIGHT_LIMIT": "1000",
+        "ATELIER_WELCOME_POINTS": unlimited,
+    }
+    with api_stack(args.database_url, limits_lifted) as stack, echo_server() as echo_address:
+        asyncio.run(bench(stack, echo_address, args.requests, args.submit_only))
+
+
+@contextmanager
+def api_stack(database_url: str | None, extra_env: dict[str, str]) -> Iterator[Stack]:
+    """The stack with creation in role ``api`` (its relay runs, no job engine), on a
+    throwaway database of ``database_url`` (an admin URL; default: the local server, else
+    an embedded one), logging warnings only; stopped and dropped afterwards."""
     work = Path(tempfile.mkdtemp(prefix="atelier-bench-"))
-    admin = args.database_url or (
+    admin = database_url or (
         LOCAL_POSTGRES
         if postgres.server_answers(LOCAL_POSTGRES)
         else postgres.start_embedded(work / "pg")
     )
     name = f"atelier_bench_{uuid.uuid4().hex[:8]}"
     url = postgres.ensure_database(admin, name)
-    unlimited = "1000000"
     stack = Stack(
         database_url=url,
         ports=StackPorts.free(),
         work_dir=work,
         log_dir=work / "logs",
-        # The API alone: no job engine takes CPU from it, every job stays queued, so the
-        # per-user limits are lifted.
         creation_role="api",
-        extra_env={
-            "ATELIER_DAILY_QUOTA": "100000",
-            "ATELIER_IN_FLIGHT_LIMIT": "1000",
-            "ATELIER_WELCOME_POINTS": unlimited,
-            "ATELIER_LOG_LEVEL": "WARNING",
-        },
+        extra_env={**extra_env, "ATELIER_LOG_LEVEL": "WARNING"},
     )
     stack.migrate()
     stack.start()
     try:
-        with echo_server() as echo_address:
-            asyncio.run(bench(stack, echo_address, args.requests, args.submit_only))
+        yield stack
     finally:
         stack.stop()
         postgres.drop_database(admin, name)

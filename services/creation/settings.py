@@ -227,7 +227,7 @@ class RelaySettings:
     retention_seconds: float = 86400.0
     prune_period_seconds: float = 60.0
     fault: str | None = None
-    round_spacing_seconds: float = 0.01
+    round_spacing_seconds: float = 0.05
 
     @classmethod
     def read(cls, reader: EnvReader) -> RelaySettings:
@@ -259,7 +259,7 @@ class RelaySettings:
             # Rounds start at most this often: under load, rows wait up to this long and
             # go to notify together (one Deliver, one transaction there, for many rows);
             # a row after a quiet spell goes at once.
-            round_spacing_seconds=reader.seconds("RELAY_ROUND_SPACING", 0.01, minimum=0, maximum=1),
+            round_spacing_seconds=reader.seconds("RELAY_ROUND_SPACING", 0.05, minimum=0, maximum=1),
         )
 
 

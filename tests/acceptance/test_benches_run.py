@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # bench script, its tiny arguments, a line its output must hold.
 BENCHES = {
     "submit_throughput": (["--requests", "20"], "SubmitJob gRPC"),
+    "outbox_relay": (["--rows", "20"], "burst of"),
     "engine_drain": (["--jobs", "300", "--processes", "1"], "engine   1 proc"),
     "pickup_latency": (["--jobs", "20", "--rate", "40"], "worker  p50"),
     "end_to_end": (["--jobs", "40"], "end to end:"),
@@ -42,6 +43,7 @@ BENCHES = {
 # The benches that take the admin URL as a flag; the others read ATELIER_TEST_POSTGRES_URL.
 TAKES_DATABASE_URL = {
     "submit_throughput",
+    "outbox_relay",
     "engine_drain",
     "pickup_latency",
     "end_to_end",

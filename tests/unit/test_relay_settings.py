@@ -14,7 +14,7 @@ def test_defaults() -> None:
     assert (relay.batch, relay.poll_seconds, relay.fault) == (200, 1, None)
     assert (relay.backoff_base_seconds, relay.backoff_max_seconds) == (0.1, 2)
     assert (relay.retention_seconds, relay.prune_period_seconds) == (86400, 60)
-    assert relay.round_spacing_seconds == 0.01
+    assert relay.round_spacing_seconds == 0.05
 
 
 def test_the_round_spacing_is_read_and_bounded() -> None:
