@@ -312,6 +312,7 @@ class Load:
         self.watchers: dict[str, Watcher] = {}
         self._running = True
         self._loops: list[asyncio.Task[None]] = []
+        self.failure: Exception | None = None
 
     async def _request(self, what: str, method: str, url: str, **kwargs: object) -> httpx.Response:
         """The answer once it is not a retryable error; each retryable one is kept."""
@@ -426,8 +427,16 @@ class Load:
             self.completion.notify_all()
 
     async def _user_loop(self, user: LoadUser) -> None:
-        while self._running:
-            await self._one_job(user)
+        try:
+            while self._running:
+                await self._one_job(user)
+        except Exception as error:
+            # A client that fails (an answer no client should get) stops the run at once,
+            # not when some later wait times out.
+            async with self.completion:
+                self.failure = error
+                self.completion.notify_all()
+            raise
 
     def start(self) -> None:
         self._loops = [
@@ -439,7 +448,11 @@ class Load:
     async def completions(self, count: int, within: float) -> float:
         """The time at which ``count`` jobs had completed; fails after ``within`` seconds."""
         async with asyncio.timeout(within), self.completion:
-            await self.completion.wait_for(lambda: len(self.completed) >= count)
+            await self.completion.wait_for(
+                lambda: len(self.completed) >= count or self.failure is not None
+            )
+            if self.failure is not None:
+                raise self.failure
             return self.completed[count - 1][0]
 
     async def all_finished(self, job_ids: set[str], within: float) -> None:
