@@ -45,7 +45,10 @@ def fleet_env(stub_duration: float) -> dict[str, str]:
         "ATELIER_STUB_LATENCY": "0",
         "ATELIER_WORKER_PROVIDER_POLL": "0.2",
         "ATELIER_WORKER_POLL": "0.5",
-        "ATELIER_WORKER_CONCURRENCY": "16",
+        "ATELIER_WORKER_CONCURRENCY": "8",
+        # Eight processes share one PostgreSQL (in tests, with every other suite's
+        # stacks): small pools keep the fleet well under its connection limit.
+        "ATELIER_DB_POOL_SIZE": "4",
         "ATELIER_HEARTBEAT": "1",
         "ATELIER_LEASE_TTL": "5",
         "ATELIER_REAPER_PERIOD": "1",
