@@ -48,7 +48,7 @@ def fleet_env(stub_duration: float) -> dict[str, str]:
         "ATELIER_WORKER_CONCURRENCY": "8",
         # Eight processes share one PostgreSQL (in tests, with every other suite's
         # stacks): small pools keep the fleet well under its connection limit.
-        "ATELIER_DB_POOL_SIZE": "4",
+        "ATELIER_DB_POOL_SIZE": "2",
         "ATELIER_HEARTBEAT": "1",
         "ATELIER_LEASE_TTL": "5",
         "ATELIER_REAPER_PERIOD": "1",
@@ -364,8 +364,9 @@ class Load:
         )
         return asset_id
 
-    async def prepare(self) -> None:
-        """Each user's photo uploaded and stream live (its snapshot ended)."""
+    async def prepare(self, within: float = 60) -> None:
+        """Each user's photo uploaded and stream live (its snapshot ended); fails after
+        ``within`` seconds."""
         data = picture()
         for user, asset in zip(
             self.users,
@@ -379,7 +380,8 @@ class Load:
             else:
                 watcher = Watcher(user, self.errors, channel=self._channel)
             self.watchers[user.user_id] = watcher
-        await asyncio.gather(*(w.live.wait() for w in self.watchers.values()))
+        async with asyncio.timeout(within):
+            await asyncio.gather(*(w.live.wait() for w in self.watchers.values()))
 
     async def submit(self, user: LoadUser) -> str:
         key = uuid.uuid4().hex
