@@ -68,11 +68,12 @@ async def every_worker_busy(fleet: Fleet) -> None:
         jobs.c.status == Status.RUNNING.value
     )
     try:
-        while True:
-            async with engine.connect() as connection:
-                if (await connection.execute(query)).scalar_one() >= fleet.replicas:
-                    return
-            await asyncio.sleep(0.01)
+        async with asyncio.timeout(120):
+            while True:
+                async with engine.connect() as connection:
+                    if (await connection.execute(query)).scalar_one() >= fleet.replicas:
+                        return
+                await asyncio.sleep(0.01)
     finally:
         await engine.dispose()
 

@@ -45,7 +45,10 @@ def fleet_env(stub_duration: float) -> dict[str, str]:
         "ATELIER_STUB_LATENCY": "0",
         "ATELIER_WORKER_PROVIDER_POLL": "0.2",
         "ATELIER_WORKER_POLL": "0.5",
-        "ATELIER_WORKER_CONCURRENCY": "16",
+        "ATELIER_WORKER_CONCURRENCY": "8",
+        # Eight processes share one PostgreSQL (in tests, with every other suite's
+        # stacks): small pools keep the fleet well under its connection limit.
+        "ATELIER_DB_POOL_SIZE": "2",
         "ATELIER_HEARTBEAT": "1",
         "ATELIER_LEASE_TTL": "5",
         "ATELIER_REAPER_PERIOD": "1",
@@ -312,6 +315,7 @@ class Load:
         self.watchers: dict[str, Watcher] = {}
         self._running = True
         self._loops: list[asyncio.Task[None]] = []
+        self.failure: Exception | None = None
 
     async def _request(self, what: str, method: str, url: str, **kwargs: object) -> httpx.Response:
         """The answer once it is not a retryable error; each retryable one is kept."""
@@ -360,8 +364,9 @@ class Load:
         )
         return asset_id
 
-    async def prepare(self) -> None:
-        """Each user's photo uploaded and stream live (its snapshot ended)."""
+    async def prepare(self, within: float = 60) -> None:
+        """Each user's photo uploaded and stream live (its snapshot ended); fails after
+        ``within`` seconds."""
         data = picture()
         for user, asset in zip(
             self.users,
@@ -375,7 +380,8 @@ class Load:
             else:
                 watcher = Watcher(user, self.errors, channel=self._channel)
             self.watchers[user.user_id] = watcher
-        await asyncio.gather(*(w.live.wait() for w in self.watchers.values()))
+        async with asyncio.timeout(within):
+            await asyncio.gather(*(w.live.wait() for w in self.watchers.values()))
 
     async def submit(self, user: LoadUser) -> str:
         key = uuid.uuid4().hex
@@ -426,8 +432,16 @@ class Load:
             self.completion.notify_all()
 
     async def _user_loop(self, user: LoadUser) -> None:
-        while self._running:
-            await self._one_job(user)
+        try:
+            while self._running:
+                await self._one_job(user)
+        except Exception as error:
+            # A client that fails (an answer no client should get) stops the run at once,
+            # not when some later wait times out.
+            async with self.completion:
+                self.failure = error
+                self.completion.notify_all()
+            raise
 
     def start(self) -> None:
         self._loops = [
@@ -439,7 +453,11 @@ class Load:
     async def completions(self, count: int, within: float) -> float:
         """The time at which ``count`` jobs had completed; fails after ``within`` seconds."""
         async with asyncio.timeout(within), self.completion:
-            await self.completion.wait_for(lambda: len(self.completed) >= count)
+            await self.completion.wait_for(
+                lambda: len(self.completed) >= count or self.failure is not None
+            )
+            if self.failure is not None:
+                raise self.failure
             return self.completed[count - 1][0]
 
     async def all_finished(self, job_ids: set[str], within: float) -> None:
