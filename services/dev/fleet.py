@@ -82,12 +82,10 @@ def targets(ports: list[int]) -> str:
 
 
 def fail_over(config: dict[str, Any]) -> dict[str, Any]:
-    """What the edge needs so that a replica killed without warning costs clients no more
-    than the requests it held: a request that never reached an upstream (connection
-    refused or reset before it was sent) is tried again on another replica, and a replica
-    that refuses connections is ejected for a while. Both are safe for any method, reads
-    and writes alike: the failed attempt never reached a service. Each answer also names
-    the replica that gave it (UPSTREAM_HEADER)."""
+    """The edge's own config (deploy/envoy/envoy.yaml already sends a request that never
+    reached a replica to another one), with two changes for a test on one machine: a
+    replica that refuses one connection is ejected at once, and each answer names the
+    replica that gave it (UPSTREAM_HEADER), so a test knows which streams a kill cut."""
     for cluster in config["static_resources"]["clusters"]:
         cluster["outlier_detection"] = {
             "split_external_local_origin_errors": True,
@@ -108,20 +106,6 @@ def fail_over(config: dict[str, Any]) -> dict[str, Any]:
                         "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
                     }
                 ]
-                route["route"]["retry_policy"] = {
-                    "retry_on": "connect-failure,refused-stream,reset-before-request",
-                    "num_retries": 3,
-                    "retry_host_predicate": [
-                        {
-                            "name": "envoy.retry_host_predicates.previous_hosts",
-                            "typed_config": {
-                                "@type": "type.googleapis.com/envoy.extensions.retry.host."
-                                "previous_hosts.v3.PreviousHostsPredicate"
-                            },
-                        }
-                    ],
-                    "host_selection_retry_max_attempts": 3,
-                }
     return config
 
 
