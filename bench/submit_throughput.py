@@ -10,7 +10,7 @@ ratios and the CPU spent per operation by creation, media, notify, PostgreSQL an
 client. A submit phase's CPU is read once creation's outbox relay has delivered every row
 the phase wrote (so the relay's and notify's share of each submit is in the figure).
 
-    .venv/bin/python bench/submit_throughput.py [--requests 2000] [--database-url URL]
+    .venv/bin/python bench/submit_throughput.py [--requests 1000] [--database-url URL]
     .venv/bin/python bench/submit_throughput.py --submit-only   # anchors and gRPC submits
 """
 
@@ -388,9 +388,15 @@ async def read_latencies(
     return figures
 
 
+# The most jobs one user may have queued (ATELIER_IN_FLIGHT_LIMIT's upper bound).
+MAX_REQUESTS = 1000
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=2000, help="per path and concurrency")
+    parser.add_argument(
+        "--requests", type=int, default=MAX_REQUESTS, help="per path and concurrency"
+    )
     parser.add_argument("--database-url", help="an admin URL; default: local or embedded")
     parser.add_argument(
         "--submit-only",
@@ -398,12 +404,15 @@ def main() -> None:
         help="the anchors and SubmitJob over gRPC only (no Envoy, no reads)",
     )
     args = parser.parse_args()
+    if not 1 <= args.requests <= MAX_REQUESTS:
+        # At one client every job is one user's, and they all stay queued.
+        parser.error(f"--requests must be 1 to {MAX_REQUESTS} (ATELIER_IN_FLIGHT_LIMIT's bound)")
     unlimited = "1000000"
     # The API alone: no job engine takes CPU from it, every job stays queued, so the
     # per-user limits are lifted.
     limits_lifted = {
         "ATELIER_DAILY_QUOTA": "100000",
-        "ATELIER_IN_FLIGHT_LIMIT": "1000",
+        "ATELIER_IN_FLIGHT_LIMIT": str(MAX_REQUESTS),
         "ATELIER_WELCOME_POINTS": unlimited,
     }
     with api_stack(args.database_url, limits_lifted) as stack, echo_server() as echo_address:
