@@ -58,6 +58,11 @@ SERVER_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.max_receive_message_length", 8 * 1024 * 1024),
+    # Between its soft (8 KiB) and hard (16 KiB) metadata limits gRPC refuses calls at
+    # random; one limit makes the answer to a large header (a long token) the same each
+    # time: checked by the service under 16 KiB, RESOURCE_EXHAUSTED over it.
+    ("grpc.max_metadata_size", 16 * 1024),
+    ("grpc.absolute_max_metadata_size", 16 * 1024),
     # gRPC sets SO_REUSEPORT by default: a second process would share a taken port.
     ("grpc.so_reuseport", 0),
 ]
