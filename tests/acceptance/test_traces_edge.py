@@ -113,14 +113,24 @@ async def test_a_job_submitted_through_the_edge_is_one_trace_across_the_services
             if s.name == "job state ingest"
         }
 
+    def served() -> set[tuple[str, str]]:
+        spans = in_trace(collector, trace_id)
+        return {(s.service, s.name.rpartition("/")[2]) for s in spans if s.kind == "server"}
+
+    # Each service exports on its own schedule: wait for every one the job passed through,
+    # not just notify's, before judging the tree.
+    media_calls = {("media", "GetAssetInfo"), ("media", "ReadAsset"), ("media", "PutAsset")}
     await collector.wait_for(
-        lambda: ingested() >= set(range(1, final + 1)), what="notify's span for each state"
+        lambda: (
+            ingested() >= set(range(1, final + 1))
+            and media_calls | {("creation", "SubmitJob")} <= served()
+            and any(s.name == "job attempt" for s in in_trace(collector, trace_id))
+        ),
+        what="notify's span for each state, media's for each call, creation's attempt",
     )
     spans = in_trace(collector, trace_id)
     (submit,) = [s for s in spans if s.name.endswith("/SubmitJob")]
     assert (submit.service, submit.kind, submit.parent_span_id) == ("creation", "server", span_id)
-    served = {(s.service, s.name.rpartition("/")[2]) for s in spans if s.kind == "server"}
-    assert {("media", "GetAssetInfo"), ("media", "ReadAsset"), ("media", "PutAsset")} <= served
     (attempt,) = [s for s in spans if s.name == "job attempt"]
     assert (attempt.service, attempt.parent_span_id) == ("creation", submit.span_id)
     assert attempt.attributes["atelier.attempt_outcome"] == "succeeded"
