@@ -89,6 +89,7 @@ class CreationServiceServicer:
 
     def GetJob(self, request, context):
         """Returns one of the caller's jobs, with fresh output URLs when it succeeded.
+        Output URLs follow the rule ListJobs states.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -96,6 +97,10 @@ class CreationServiceServicer:
 
     def ListJobs(self, request, context):
         """Lists the caller's jobs, newest first.
+        Each SUCCEEDED job's outputs carry a fresh url and thumbnail_url (a history grid is
+        one call). When media cannot sign them (down, slow past its 2 s deadline) the jobs
+        are still answered, with those URLs empty: the list itself never fails for a picture,
+        so show a placeholder and fetch the job (GetJob) or the page again later.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

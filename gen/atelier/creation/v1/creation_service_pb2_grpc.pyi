@@ -40,9 +40,16 @@ class CreationServiceStub:
     SubmitJob: _grpc.UnaryUnaryMultiCallable[_creation_service_pb2.SubmitJobRequest, _creation_service_pb2.SubmitJobResponse]
     """Submits a generation job. Idempotent by request_id (or the Idempotency-Key header)."""
     GetJob: _grpc.UnaryUnaryMultiCallable[_creation_service_pb2.GetJobRequest, _creation_service_pb2.GetJobResponse]
-    """Returns one of the caller's jobs, with fresh output URLs when it succeeded."""
+    """Returns one of the caller's jobs, with fresh output URLs when it succeeded.
+    Output URLs follow the rule ListJobs states.
+    """
     ListJobs: _grpc.UnaryUnaryMultiCallable[_creation_service_pb2.ListJobsRequest, _creation_service_pb2.ListJobsResponse]
-    """Lists the caller's jobs, newest first."""
+    """Lists the caller's jobs, newest first.
+    Each SUCCEEDED job's outputs carry a fresh url and thumbnail_url (a history grid is
+    one call). When media cannot sign them (down, slow past its 2 s deadline) the jobs
+    are still answered, with those URLs empty: the list itself never fails for a picture,
+    so show a placeholder and fetch the job (GetJob) or the page again later.
+    """
     CancelJob: _grpc.UnaryUnaryMultiCallable[_creation_service_pb2.CancelJobRequest, _creation_service_pb2.CancelJobResponse]
     """Cancels a job: at once when queued, at the worker's next safe point when running."""
     GetBalance: _grpc.UnaryUnaryMultiCallable[_creation_service_pb2.GetBalanceRequest, _creation_service_pb2.GetBalanceResponse]
@@ -60,9 +67,16 @@ class CreationServiceAsyncStub(CreationServiceStub):
     SubmitJob: _aio.UnaryUnaryMultiCallable[_creation_service_pb2.SubmitJobRequest, _creation_service_pb2.SubmitJobResponse]  # type: ignore[assignment]
     """Submits a generation job. Idempotent by request_id (or the Idempotency-Key header)."""
     GetJob: _aio.UnaryUnaryMultiCallable[_creation_service_pb2.GetJobRequest, _creation_service_pb2.GetJobResponse]  # type: ignore[assignment]
-    """Returns one of the caller's jobs, with fresh output URLs when it succeeded."""
+    """Returns one of the caller's jobs, with fresh output URLs when it succeeded.
+    Output URLs follow the rule ListJobs states.
+    """
     ListJobs: _aio.UnaryUnaryMultiCallable[_creation_service_pb2.ListJobsRequest, _creation_service_pb2.ListJobsResponse]  # type: ignore[assignment]
-    """Lists the caller's jobs, newest first."""
+    """Lists the caller's jobs, newest first.
+    Each SUCCEEDED job's outputs carry a fresh url and thumbnail_url (a history grid is
+    one call). When media cannot sign them (down, slow past its 2 s deadline) the jobs
+    are still answered, with those URLs empty: the list itself never fails for a picture,
+    so show a placeholder and fetch the job (GetJob) or the page again later.
+    """
     CancelJob: _aio.UnaryUnaryMultiCallable[_creation_service_pb2.CancelJobRequest, _creation_service_pb2.CancelJobResponse]  # type: ignore[assignment]
     """Cancels a job: at once when queued, at the worker's next safe point when running."""
     GetBalance: _aio.UnaryUnaryMultiCallable[_creation_service_pb2.GetBalanceRequest, _creation_service_pb2.GetBalanceResponse]  # type: ignore[assignment]
@@ -95,7 +109,9 @@ class CreationServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _creation_service_pb2.GetJobRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_creation_service_pb2.GetJobResponse, _abc.Awaitable[_creation_service_pb2.GetJobResponse]]:
-        """Returns one of the caller's jobs, with fresh output URLs when it succeeded."""
+        """Returns one of the caller's jobs, with fresh output URLs when it succeeded.
+        Output URLs follow the rule ListJobs states.
+        """
 
     @_abc_1.abstractmethod
     def ListJobs(
@@ -103,7 +119,12 @@ class CreationServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _creation_service_pb2.ListJobsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_creation_service_pb2.ListJobsResponse, _abc.Awaitable[_creation_service_pb2.ListJobsResponse]]:
-        """Lists the caller's jobs, newest first."""
+        """Lists the caller's jobs, newest first.
+        Each SUCCEEDED job's outputs carry a fresh url and thumbnail_url (a history grid is
+        one call). When media cannot sign them (down, slow past its 2 s deadline) the jobs
+        are still answered, with those URLs empty: the list itself never fails for a picture,
+        so show a placeholder and fetch the job (GetJob) or the page again later.
+        """
 
     @_abc_1.abstractmethod
     def CancelJob(

@@ -168,15 +168,26 @@ class JobOutput(_message.Message):
     ASSET_ID_FIELD_NUMBER: _builtins.int
     URL_FIELD_NUMBER: _builtins.int
     URL_EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    THUMBNAIL_URL_FIELD_NUMBER: _builtins.int
+    THUMBNAIL_URL_EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     asset_id: _builtins.str
     """The media asset holding the image (purpose ai_output, owned by the job's user)."""
     url: _builtins.str
-    """A short-lived download URL for the image; set by GetJob (and by notify), empty where
-    a URL is not handed out.
+    """A short-lived download URL for the image; set by GetJob, ListJobs and notify's
+    streams, empty where a URL is not handed out (media unavailable, asset gone).
+    """
+    thumbnail_url: _builtins.str
+    """A short-lived download URL for a small preview of the image (WebP, longest side at
+    most 256 px, EXIF orientation applied), made by media when the output landed; set
+    wherever url is, empty where media made no preview (or a URL is not handed out).
     """
     @_builtins.property
     def url_expire_time(self) -> _timestamp_pb2.Timestamp:
         """When url stops working."""
+
+    @_builtins.property
+    def thumbnail_url_expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When thumbnail_url stops working."""
 
     def __init__(
         self,
@@ -184,10 +195,12 @@ class JobOutput(_message.Message):
         asset_id: _builtins.str = ...,
         url: _builtins.str = ...,
         url_expire_time: _timestamp_pb2.Timestamp | None = ...,
+        thumbnail_url: _builtins.str = ...,
+        thumbnail_url_expire_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["url_expire_time", b"url_expire_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["thumbnail_url_expire_time", b"thumbnail_url_expire_time", "url_expire_time", b"url_expire_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["asset_id", b"asset_id", "url", b"url", "url_expire_time", b"url_expire_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["asset_id", b"asset_id", "thumbnail_url", b"thumbnail_url", "thumbnail_url_expire_time", b"thumbnail_url_expire_time", "url", b"url", "url_expire_time", b"url_expire_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

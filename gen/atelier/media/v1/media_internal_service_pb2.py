@@ -27,7 +27,7 @@ from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior_
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-atelier/media/v1/media_internal_service.proto\x12\x10\x61telier.media.v1\x1a\x1c\x61telier/media/v1/asset.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9f\x01\n\x0ePutAssetHeader\x12\x1b\n\rowner_user_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x35\n\x07purpose\x18\x02 \x01(\x0e\x32\x1e.atelier.media.v1.AssetPurposeB\x04\xe2\x41\x01\x02\x12\x1a\n\x0c\x63ontent_type\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1d\n\x0fidempotency_key\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"^\n\x0fPutAssetRequest\x12\x32\n\x06header\x18\x01 \x01(\x0b\x32 .atelier.media.v1.PutAssetHeaderH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\":\n\x10PutAssetResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\"*\n\x10ReadAssetRequest\x12\x16\n\x08\x61sset_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\"V\n\x11ReadAssetResponse\x12(\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.AssetH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\",\n\x12GetAssetUrlRequest\x12\x16\n\x08\x61sset_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\"\x84\x01\n\x13GetAssetUrlResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\x12\x14\n\x0c\x64ownload_url\x18\x02 \x01(\t\x12/\n\x0b\x65xpire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"-\n\x13GetAssetInfoRequest\x12\x16\n\x08\x61sset_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\">\n\x14GetAssetInfoResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\",\n\x12\x44\x65leteAssetRequest\x12\x16\n\x08\x61sset_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\"=\n\x13\x44\x65leteAssetResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\"W\n\x18\x44\x65leteKeyedAssetsRequest\x12\x1b\n\rowner_user_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1e\n\x10idempotency_keys\x18\x02 \x03(\tB\x04\xe2\x41\x01\x02\"D\n\x19\x44\x65leteKeyedAssetsResponse\x12\'\n\x06\x61ssets\x18\x01 \x03(\x0b\x32\x17.atelier.media.v1.Asset2\xc8\x04\n\x14MediaInternalService\x12S\n\x08PutAsset\x12!.atelier.media.v1.PutAssetRequest\x1a\".atelier.media.v1.PutAssetResponse(\x01\x12V\n\tReadAsset\x12\".atelier.media.v1.ReadAssetRequest\x1a#.atelier.media.v1.ReadAssetResponse0\x01\x12Z\n\x0bGetAssetUrl\x12$.atelier.media.v1.GetAssetUrlRequest\x1a%.atelier.media.v1.GetAssetUrlResponse\x12]\n\x0cGetAssetInfo\x12%.atelier.media.v1.GetAssetInfoRequest\x1a&.atelier.media.v1.GetAssetInfoResponse\x12Z\n\x0b\x44\x65leteAsset\x12$.atelier.media.v1.DeleteAssetRequest\x1a%.atelier.media.v1.DeleteAssetResponse\x12l\n\x11\x44\x65leteKeyedAssets\x12*.atelier.media.v1.DeleteKeyedAssetsRequest\x1a+.atelier.media.v1.DeleteKeyedAssetsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-atelier/media/v1/media_internal_service.proto\x12\x10\x61telier.media.v1\x1a\x1c\x61telier/media/v1/asset.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9f\x01\n\x0ePutAssetHeader\x12\x1b\n\rowner_user_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x35\n\x07purpose\x18\x02 \x01(\x0e\x32\x1e.atelier.media.v1.AssetPurposeB\x04\xe2\x41\x01\x02\x12\x1a\n\x0c\x63ontent_type\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1d\n\x0fidempotency_key\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"^\n\x0fPutAssetRequest\x12\x32\n\x06header\x18\x01 \x01(\x0b\x32 .atelier.media.v1.PutAssetHeaderH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\":\n\x10PutAssetResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\"*\n\x10ReadAssetRequest\x12\x16\n\x08\x61sset_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\"V\n\x11ReadAssetResponse\x12(\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.AssetH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\",\n\x12GetAssetUrlRequest\x12\x16\n\x08\x61sset_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\"\xda\x01\n\x13GetAssetUrlResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\x12\x14\n\x0c\x64ownload_url\x18\x02 \x01(\t\x12/\n\x0b\x65xpire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rthumbnail_url\x18\x04 \x01(\t\x12=\n\x19thumbnail_url_expire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\".\n\x13GetAssetUrlsRequest\x12\x17\n\tasset_ids\x18\x01 \x03(\tB\x04\xe2\x41\x01\x02\"\xb5\x01\n\tAssetUrls\x12\x10\n\x08\x61sset_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x33\n\x0furl_expire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rthumbnail_url\x18\x04 \x01(\t\x12=\n\x19thumbnail_url_expire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"C\n\x14GetAssetUrlsResponse\x12+\n\x06\x61ssets\x18\x01 \x03(\x0b\x32\x1b.atelier.media.v1.AssetUrls\"-\n\x13GetAssetInfoRequest\x12\x16\n\x08\x61sset_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\">\n\x14GetAssetInfoResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\",\n\x12\x44\x65leteAssetRequest\x12\x16\n\x08\x61sset_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\"=\n\x13\x44\x65leteAssetResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\"W\n\x18\x44\x65leteKeyedAssetsRequest\x12\x1b\n\rowner_user_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1e\n\x10idempotency_keys\x18\x02 \x03(\tB\x04\xe2\x41\x01\x02\"D\n\x19\x44\x65leteKeyedAssetsResponse\x12\'\n\x06\x61ssets\x18\x01 \x03(\x0b\x32\x17.atelier.media.v1.Asset2\xa7\x05\n\x14MediaInternalService\x12S\n\x08PutAsset\x12!.atelier.media.v1.PutAssetRequest\x1a\".atelier.media.v1.PutAssetResponse(\x01\x12V\n\tReadAsset\x12\".atelier.media.v1.ReadAssetRequest\x1a#.atelier.media.v1.ReadAssetResponse0\x01\x12Z\n\x0bGetAssetUrl\x12$.atelier.media.v1.GetAssetUrlRequest\x1a%.atelier.media.v1.GetAssetUrlResponse\x12]\n\x0cGetAssetUrls\x12%.atelier.media.v1.GetAssetUrlsRequest\x1a&.atelier.media.v1.GetAssetUrlsResponse\x12]\n\x0cGetAssetInfo\x12%.atelier.media.v1.GetAssetInfoRequest\x1a&.atelier.media.v1.GetAssetInfoResponse\x12Z\n\x0b\x44\x65leteAsset\x12$.atelier.media.v1.DeleteAssetRequest\x1a%.atelier.media.v1.DeleteAssetResponse\x12l\n\x11\x44\x65leteKeyedAssets\x12*.atelier.media.v1.DeleteKeyedAssetsRequest\x1a+.atelier.media.v1.DeleteKeyedAssetsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,6 +46,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_READASSETREQUEST'].fields_by_name['asset_id']._serialized_options = b'\342A\001\002'
   _globals['_GETASSETURLREQUEST'].fields_by_name['asset_id']._loaded_options = None
   _globals['_GETASSETURLREQUEST'].fields_by_name['asset_id']._serialized_options = b'\342A\001\002'
+  _globals['_GETASSETURLSREQUEST'].fields_by_name['asset_ids']._loaded_options = None
+  _globals['_GETASSETURLSREQUEST'].fields_by_name['asset_ids']._serialized_options = b'\342A\001\002'
   _globals['_GETASSETINFOREQUEST'].fields_by_name['asset_id']._loaded_options = None
   _globals['_GETASSETINFOREQUEST'].fields_by_name['asset_id']._serialized_options = b'\342A\001\002'
   _globals['_DELETEASSETREQUEST'].fields_by_name['asset_id']._loaded_options = None
@@ -67,19 +69,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETASSETURLREQUEST']._serialized_start=613
   _globals['_GETASSETURLREQUEST']._serialized_end=657
   _globals['_GETASSETURLRESPONSE']._serialized_start=660
-  _globals['_GETASSETURLRESPONSE']._serialized_end=792
-  _globals['_GETASSETINFOREQUEST']._serialized_start=794
-  _globals['_GETASSETINFOREQUEST']._serialized_end=839
-  _globals['_GETASSETINFORESPONSE']._serialized_start=841
-  _globals['_GETASSETINFORESPONSE']._serialized_end=903
-  _globals['_DELETEASSETREQUEST']._serialized_start=905
-  _globals['_DELETEASSETREQUEST']._serialized_end=949
-  _globals['_DELETEASSETRESPONSE']._serialized_start=951
-  _globals['_DELETEASSETRESPONSE']._serialized_end=1012
-  _globals['_DELETEKEYEDASSETSREQUEST']._serialized_start=1014
-  _globals['_DELETEKEYEDASSETSREQUEST']._serialized_end=1101
-  _globals['_DELETEKEYEDASSETSRESPONSE']._serialized_start=1103
-  _globals['_DELETEKEYEDASSETSRESPONSE']._serialized_end=1171
-  _globals['_MEDIAINTERNALSERVICE']._serialized_start=1174
-  _globals['_MEDIAINTERNALSERVICE']._serialized_end=1758
+  _globals['_GETASSETURLRESPONSE']._serialized_end=878
+  _globals['_GETASSETURLSREQUEST']._serialized_start=880
+  _globals['_GETASSETURLSREQUEST']._serialized_end=926
+  _globals['_ASSETURLS']._serialized_start=929
+  _globals['_ASSETURLS']._serialized_end=1110
+  _globals['_GETASSETURLSRESPONSE']._serialized_start=1112
+  _globals['_GETASSETURLSRESPONSE']._serialized_end=1179
+  _globals['_GETASSETINFOREQUEST']._serialized_start=1181
+  _globals['_GETASSETINFOREQUEST']._serialized_end=1226
+  _globals['_GETASSETINFORESPONSE']._serialized_start=1228
+  _globals['_GETASSETINFORESPONSE']._serialized_end=1290
+  _globals['_DELETEASSETREQUEST']._serialized_start=1292
+  _globals['_DELETEASSETREQUEST']._serialized_end=1336
+  _globals['_DELETEASSETRESPONSE']._serialized_start=1338
+  _globals['_DELETEASSETRESPONSE']._serialized_end=1399
+  _globals['_DELETEKEYEDASSETSREQUEST']._serialized_start=1401
+  _globals['_DELETEKEYEDASSETSREQUEST']._serialized_end=1488
+  _globals['_DELETEKEYEDASSETSRESPONSE']._serialized_start=1490
+  _globals['_DELETEKEYEDASSETSRESPONSE']._serialized_end=1558
+  _globals['_MEDIAINTERNALSERVICE']._serialized_start=1561
+  _globals['_MEDIAINTERNALSERVICE']._serialized_end=2240
 # @@protoc_insertion_point(module_scope)

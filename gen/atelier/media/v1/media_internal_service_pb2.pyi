@@ -194,8 +194,12 @@ class GetAssetUrlResponse(_message.Message):
     ASSET_FIELD_NUMBER: _builtins.int
     DOWNLOAD_URL_FIELD_NUMBER: _builtins.int
     EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    THUMBNAIL_URL_FIELD_NUMBER: _builtins.int
+    THUMBNAIL_URL_EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     download_url: _builtins.str
     """A short-lived URL to GET the bytes."""
+    thumbnail_url: _builtins.str
+    """A short-lived URL to GET the asset's thumbnail; empty when it has none."""
     @_builtins.property
     def asset(self) -> _asset_pb2.Asset:
         """The asset."""
@@ -204,20 +208,120 @@ class GetAssetUrlResponse(_message.Message):
     def expire_time(self) -> _timestamp_pb2.Timestamp:
         """When download_url stops working."""
 
+    @_builtins.property
+    def thumbnail_url_expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When thumbnail_url stops working."""
+
     def __init__(
         self,
         *,
         asset: _asset_pb2.Asset | None = ...,
         download_url: _builtins.str = ...,
         expire_time: _timestamp_pb2.Timestamp | None = ...,
+        thumbnail_url: _builtins.str = ...,
+        thumbnail_url_expire_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["asset", b"asset", "expire_time", b"expire_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["asset", b"asset", "expire_time", b"expire_time", "thumbnail_url_expire_time", b"thumbnail_url_expire_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["asset", b"asset", "download_url", b"download_url", "expire_time", b"expire_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["asset", b"asset", "download_url", b"download_url", "expire_time", b"expire_time", "thumbnail_url", b"thumbnail_url", "thumbnail_url_expire_time", b"thumbnail_url_expire_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetAssetUrlResponse: _TypeAlias = GetAssetUrlResponse  # noqa: Y015
+
+@_typing.final
+class GetAssetUrlsRequest(_message.Message):
+    """Request for GetAssetUrls."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ASSET_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def asset_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The assets (at most 100; repeats are answered once). An id that is not a UUID names
+        no asset and is left out like any other.
+        """
+
+    def __init__(
+        self,
+        *,
+        asset_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["asset_ids", b"asset_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetAssetUrlsRequest: _TypeAlias = GetAssetUrlsRequest  # noqa: Y015
+
+@_typing.final
+class AssetUrls(_message.Message):
+    """The signed URLs of one asset."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ASSET_ID_FIELD_NUMBER: _builtins.int
+    URL_FIELD_NUMBER: _builtins.int
+    URL_EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    THUMBNAIL_URL_FIELD_NUMBER: _builtins.int
+    THUMBNAIL_URL_EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    asset_id: _builtins.str
+    """The asset."""
+    url: _builtins.str
+    """A short-lived URL to GET the bytes."""
+    thumbnail_url: _builtins.str
+    """A short-lived URL to GET the thumbnail (WebP, longest side at most 256 px); empty
+    when the asset has none (inputs, outputs stored before thumbnails existed).
+    """
+    @_builtins.property
+    def url_expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When url stops working."""
+
+    @_builtins.property
+    def thumbnail_url_expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When thumbnail_url stops working."""
+
+    def __init__(
+        self,
+        *,
+        asset_id: _builtins.str = ...,
+        url: _builtins.str = ...,
+        url_expire_time: _timestamp_pb2.Timestamp | None = ...,
+        thumbnail_url: _builtins.str = ...,
+        thumbnail_url_expire_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["thumbnail_url_expire_time", b"thumbnail_url_expire_time", "url_expire_time", b"url_expire_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["asset_id", b"asset_id", "thumbnail_url", b"thumbnail_url", "thumbnail_url_expire_time", b"thumbnail_url_expire_time", "url", b"url", "url_expire_time", b"url_expire_time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AssetUrls: _TypeAlias = AssetUrls  # noqa: Y015
+
+@_typing.final
+class GetAssetUrlsResponse(_message.Message):
+    """Response for GetAssetUrls."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ASSETS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def assets(self) -> _containers.RepeatedCompositeFieldContainer[Global___AssetUrls]:
+        """One entry per READY asset asked for, in no particular order."""
+
+    def __init__(
+        self,
+        *,
+        assets: _abc.Iterable[Global___AssetUrls] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assets", b"assets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetAssetUrlsResponse: _TypeAlias = GetAssetUrlsResponse  # noqa: Y015
 
 @_typing.final
 class GetAssetInfoRequest(_message.Message):

@@ -51,6 +51,11 @@ class MediaInternalServiceStub:
                 request_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetUrlRequest.SerializeToString,
                 response_deserializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetUrlResponse.FromString,
                 _registered_method=True)
+        self.GetAssetUrls = channel.unary_unary(
+                '/atelier.media.v1.MediaInternalService/GetAssetUrls',
+                request_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetUrlsRequest.SerializeToString,
+                response_deserializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetUrlsResponse.FromString,
+                _registered_method=True)
         self.GetAssetInfo = channel.unary_unary(
                 '/atelier.media.v1.MediaInternalService/GetAssetInfo',
                 request_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetInfoRequest.SerializeToString,
@@ -96,6 +101,15 @@ class MediaInternalServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetAssetUrls(self, request, context):
+        """Presigns download URLs (and thumbnail URLs) for many assets in one call, so a page
+        of jobs costs one call. Assets that are unknown, not READY or deleted are left out
+        of the answer, never an error for the whole batch.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetAssetInfo(self, request, context):
         """Returns an asset's metadata whatever its status, so another service can check an
         asset a user names (owner, purpose, readiness) before relying on it.
@@ -136,6 +150,11 @@ def add_MediaInternalServiceServicer_to_server(servicer, server):
                     servicer.GetAssetUrl,
                     request_deserializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetUrlRequest.FromString,
                     response_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetUrlResponse.SerializeToString,
+            ),
+            'GetAssetUrls': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAssetUrls,
+                    request_deserializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetUrlsRequest.FromString,
+                    response_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetUrlsResponse.SerializeToString,
             ),
             'GetAssetInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetAssetInfo,
@@ -236,6 +255,33 @@ class MediaInternalService:
             '/atelier.media.v1.MediaInternalService/GetAssetUrl',
             atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetUrlRequest.SerializeToString,
             atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetUrlResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAssetUrls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atelier.media.v1.MediaInternalService/GetAssetUrls',
+            atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetUrlsRequest.SerializeToString,
+            atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetUrlsResponse.FromString,
             options,
             channel_credentials,
             insecure,

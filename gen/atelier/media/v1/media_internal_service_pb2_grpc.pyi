@@ -44,6 +44,11 @@ class MediaInternalServiceStub:
     """Streams an asset's bytes: its metadata first, then chunks."""
     GetAssetUrl: _grpc.UnaryUnaryMultiCallable[_media_internal_service_pb2.GetAssetUrlRequest, _media_internal_service_pb2.GetAssetUrlResponse]
     """Returns an asset's metadata and a presigned download URL."""
+    GetAssetUrls: _grpc.UnaryUnaryMultiCallable[_media_internal_service_pb2.GetAssetUrlsRequest, _media_internal_service_pb2.GetAssetUrlsResponse]
+    """Presigns download URLs (and thumbnail URLs) for many assets in one call, so a page
+    of jobs costs one call. Assets that are unknown, not READY or deleted are left out
+    of the answer, never an error for the whole batch.
+    """
     GetAssetInfo: _grpc.UnaryUnaryMultiCallable[_media_internal_service_pb2.GetAssetInfoRequest, _media_internal_service_pb2.GetAssetInfoResponse]
     """Returns an asset's metadata whatever its status, so another service can check an
     asset a user names (owner, purpose, readiness) before relying on it.
@@ -71,6 +76,11 @@ class MediaInternalServiceAsyncStub(MediaInternalServiceStub):
     """Streams an asset's bytes: its metadata first, then chunks."""
     GetAssetUrl: _aio.UnaryUnaryMultiCallable[_media_internal_service_pb2.GetAssetUrlRequest, _media_internal_service_pb2.GetAssetUrlResponse]  # type: ignore[assignment]
     """Returns an asset's metadata and a presigned download URL."""
+    GetAssetUrls: _aio.UnaryUnaryMultiCallable[_media_internal_service_pb2.GetAssetUrlsRequest, _media_internal_service_pb2.GetAssetUrlsResponse]  # type: ignore[assignment]
+    """Presigns download URLs (and thumbnail URLs) for many assets in one call, so a page
+    of jobs costs one call. Assets that are unknown, not READY or deleted are left out
+    of the answer, never an error for the whole batch.
+    """
     GetAssetInfo: _aio.UnaryUnaryMultiCallable[_media_internal_service_pb2.GetAssetInfoRequest, _media_internal_service_pb2.GetAssetInfoResponse]  # type: ignore[assignment]
     """Returns an asset's metadata whatever its status, so another service can check an
     asset a user names (owner, purpose, readiness) before relying on it.
@@ -113,6 +123,17 @@ class MediaInternalServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_media_internal_service_pb2.GetAssetUrlResponse, _abc.Awaitable[_media_internal_service_pb2.GetAssetUrlResponse]]:
         """Returns an asset's metadata and a presigned download URL."""
+
+    @_abc_1.abstractmethod
+    def GetAssetUrls(
+        self,
+        request: _media_internal_service_pb2.GetAssetUrlsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_media_internal_service_pb2.GetAssetUrlsResponse, _abc.Awaitable[_media_internal_service_pb2.GetAssetUrlsResponse]]:
+        """Presigns download URLs (and thumbnail URLs) for many assets in one call, so a page
+        of jobs costs one call. Assets that are unknown, not READY or deleted are left out
+        of the answer, never an error for the whole batch.
+        """
 
     @_abc_1.abstractmethod
     def GetAssetInfo(

@@ -195,8 +195,14 @@ class GetAssetResponse(_message.Message):
     ASSET_FIELD_NUMBER: _builtins.int
     DOWNLOAD_URL_FIELD_NUMBER: _builtins.int
     DOWNLOAD_URL_EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    THUMBNAIL_URL_FIELD_NUMBER: _builtins.int
+    THUMBNAIL_URL_EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     download_url: _builtins.str
     """A short-lived URL to GET the bytes; empty unless the asset is READY."""
+    thumbnail_url: _builtins.str
+    """A short-lived URL to GET a small preview (WebP, longest side at most 256 px); empty
+    unless the asset is READY and has one (generated outputs do).
+    """
     @_builtins.property
     def asset(self) -> _asset_pb2.Asset:
         """The asset."""
@@ -205,16 +211,22 @@ class GetAssetResponse(_message.Message):
     def download_url_expire_time(self) -> _timestamp_pb2.Timestamp:
         """When download_url stops working."""
 
+    @_builtins.property
+    def thumbnail_url_expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When thumbnail_url stops working."""
+
     def __init__(
         self,
         *,
         asset: _asset_pb2.Asset | None = ...,
         download_url: _builtins.str = ...,
         download_url_expire_time: _timestamp_pb2.Timestamp | None = ...,
+        thumbnail_url: _builtins.str = ...,
+        thumbnail_url_expire_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["asset", b"asset", "download_url_expire_time", b"download_url_expire_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["asset", b"asset", "download_url_expire_time", b"download_url_expire_time", "thumbnail_url_expire_time", b"thumbnail_url_expire_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["asset", b"asset", "download_url", b"download_url", "download_url_expire_time", b"download_url_expire_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["asset", b"asset", "download_url", b"download_url", "download_url_expire_time", b"download_url_expire_time", "thumbnail_url", b"thumbnail_url", "thumbnail_url_expire_time", b"thumbnail_url_expire_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
