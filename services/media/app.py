@@ -26,6 +26,7 @@ from services.media.storage.local import LocalStorage
 from services.media.storage.s3 import S3Storage
 from services.media.storage.signing import UrlSigner
 from services.media.store import AssetStore
+from services.media.thumbnails import Thumbnailer
 
 
 def open_storage(settings: MediaSettings) -> ObjectStorage:
@@ -56,6 +57,7 @@ def build(
             chunk_bytes=settings.chunk_bytes,
         ),
         clock,
+        Thumbnailer(settings.max_image_pixels),
     )
     housekeeper = Housekeeper(
         store,

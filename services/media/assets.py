@@ -36,7 +36,15 @@ from services.media.errors import (
     UploadExpired,
 )
 from services.media.images import ImageInspector
-from services.media.model import Asset, ContentFacts, Purpose, Status, object_key
+from services.media.model import (
+    Asset,
+    ContentFacts,
+    Purpose,
+    Status,
+    object_key,
+    parse_asset_id,
+    thumbnail_key,
+)
 from services.media.spool import Spooled, SpoolLimitExceeded, read_chunks, spool
 from services.media.storage import (
     ObjectExists,
@@ -46,11 +54,14 @@ from services.media.storage import (
     SignedRequest,
     WholeObject,
 )
-from services.media.store import AssetStore
+from services.media.store import AssetStore, Signable
+from services.media.thumbnails import Thumbnail, Thumbnailer
 
 log = get_logger(__name__)
 
 Clock = Callable[[], datetime]
+# GetAssetUrls signs at most this many assets per call.
+MAX_URL_BATCH = 100
 # An object up to this size stays in memory on its way through (a generated image, a
 # photo); past it, it goes to a temporary file, so a put's memory stays bounded.
 SPOOL_MEMORY_BYTES = 1024 * 1024
@@ -81,6 +92,18 @@ class Download:
     # None unless the asset is ready.
     request: SignedRequest | None
     expires_at: datetime | None
+    # None unless the asset is ready and has a thumbnail (same expiry).
+    thumbnail: SignedRequest | None = None
+
+
+@dataclass(frozen=True)
+class SignedUrls:
+    """A ready asset's download URLs, as GetAssetUrls hands them out."""
+
+    asset_id: uuid.UUID
+    request: SignedRequest
+    thumbnail: SignedRequest | None
+    expires_at: datetime
 
 
 class Assets:
@@ -91,12 +114,15 @@ class Assets:
         inspector: ImageInspector,
         limits: Limits,
         clock: Clock = utc_now,
+        thumbnailer: Thumbnailer | None = None,
     ) -> None:
+        """``thumbnailer``: makes the previews of generated outputs (None: no previews)."""
         self._store = store
         self._storage = storage
         self._inspector = inspector
         self._limits = limits
         self._clock = clock
+        self._thumbnailer = thumbnailer
 
     def _new_asset(
         self,
@@ -246,11 +272,14 @@ class Assets:
                 spooled.file, content_type, spooled.in_memory
             )
             facts = ContentFacts(spooled.size, spooled.sha256, dimensions.width, dimensions.height)
+            thumbnail = await self._thumbnail(purpose, content_type, spooled)
             if idempotency_key is None:
-                ready = await self._put_new(owner_user_id, purpose, content_type, spooled, facts)
+                ready = await self._put_new(
+                    owner_user_id, purpose, content_type, spooled, facts, thumbnail
+                )
             else:
                 ready = await self._put_keyed(
-                    owner_user_id, purpose, content_type, spooled, facts, idempotency_key
+                    owner_user_id, purpose, content_type, spooled, facts, idempotency_key, thumbnail
                 )
         finally:
             spooled.close()
@@ -262,6 +291,19 @@ class Assets:
         )
         return ready
 
+    async def _thumbnail(
+        self, purpose: Purpose, content_type: str, spooled: Spooled
+    ) -> Thumbnail | None:
+        """A generated output's preview; None for inputs, or when it cannot be made (the
+        output is still stored: a grid shows it without a preview rather than lose it)."""
+        if self._thumbnailer is None or purpose is not Purpose.AI_OUTPUT:
+            return None
+        try:
+            return await self._thumbnailer.make(spooled.file, content_type)
+        except ContentRejected as refused:
+            log.warning("thumbnail_not_made", reason=refused.reason)
+            return None
+
     async def _put_new(
         self,
         owner_user_id: str,
@@ -269,18 +311,22 @@ class Assets:
         content_type: str,
         spooled: Spooled,
         facts: ContentFacts,
+        thumbnail: Thumbnail | None,
     ) -> Asset:
         asset, _ = self._new_asset(owner_user_id, purpose, content_type)
         await self._store.insert_uploading(asset)
         try:
             await self._store_object(asset, spooled)
+            await self._store_thumbnail(asset, thumbnail)
         except BaseException:
             await asyncio.shield(self._discard(asset))
             raise
-        ready = await self._store.mark_ready(asset.asset_id, facts, self._clock(), 0)
+        ready = await self._store.mark_ready(
+            asset.asset_id, facts, self._clock(), 0, _content_type(thumbnail)
+        )
         if ready is None:
             # Housekeeping judged it abandoned (the store took longer than the TTL).
-            await self._storage.delete(asset.object_key)
+            await self._remove_objects(asset)
             raise StoringTookTooLong()
         return ready
 
@@ -292,6 +338,7 @@ class Assets:
         spooled: Spooled,
         facts: ContentFacts,
         key: str,
+        thumbnail: Thumbnail | None,
     ) -> Asset:
         """The row is claimed under the key first, with the bytes' hash declared: a repeat
         with the same bytes finds it and returns it (or finishes it, when the first call
@@ -310,7 +357,11 @@ class Assets:
         # the row declares their hash) and died before the asset was marked ready.
         with contextlib.suppress(ObjectExists):
             await self._store_object(asset, spooled)
-        ready = await self._store.mark_ready(asset.asset_id, facts, self._clock(), 0)
+        with contextlib.suppress(ObjectExists):
+            await self._store_thumbnail(asset, thumbnail)
+        ready = await self._store.mark_ready(
+            asset.asset_id, facts, self._clock(), 0, _content_type(thumbnail)
+        )
         if ready is not None:
             return ready
         # Someone finished it first (a racing repeat), or it was deleted meanwhile.
@@ -328,8 +379,19 @@ class Assets:
         )
         await self._storage.put(asset.object_key, chunks, asset.content_type)
 
-    async def _discard(self, asset: Asset) -> None:
+    async def _store_thumbnail(self, asset: Asset, thumbnail: Thumbnail | None) -> None:
+        if thumbnail is None:
+            return
+        chunks = WholeObject(thumbnail.data, self._limits.chunk_bytes)
+        await self._storage.put(thumbnail_key(asset.object_key), chunks, thumbnail.content_type)
+
+    async def _remove_objects(self, asset: Asset) -> None:
+        """The asset's object and its thumbnail's (whether or not one was made)."""
         await self._storage.delete(asset.object_key)
+        await self._storage.delete(thumbnail_key(asset.object_key))
+
+    async def _discard(self, asset: Asset) -> None:
+        await self._remove_objects(asset)
         await self._store.mark_deleted(asset.asset_id, self._clock())
 
     # -- reading -------------------------------------------------------------------------
@@ -364,9 +426,42 @@ class Assets:
             raise ObjectLost() from None
 
     async def _download(self, asset: Asset) -> Download:
-        expires_at = self._clock() + timedelta(seconds=self._limits.download_url_ttl_seconds)
+        expires_at = self._download_expiry()
         request = await self._storage.presign_get(asset.object_key, asset.content_type, expires_at)
-        return Download(asset, request, expires_at)
+        thumbnail = await self._presign_thumbnail(
+            asset.object_key, asset.thumbnail_content_type, expires_at
+        )
+        return Download(asset, request, expires_at, thumbnail)
+
+    async def download_urls(self, asset_ids: list[str]) -> list[SignedUrls]:
+        """Download (and thumbnail) URLs of those of the assets that are ready, read in
+        one statement; an id that names no ready asset is left out (a malformed one too:
+        it names none). At most MAX_URL_BATCH distinct ids (the caller checks)."""
+        parsed = {found for found in map(parse_asset_id, asset_ids) if found is not None}
+        if not parsed:
+            return []
+        ready = await self._store.ready_for_urls(sorted(parsed))
+        expires_at = self._download_expiry()
+        return [await self._sign(asset, expires_at) for asset in ready]
+
+    async def _sign(self, asset: Signable, expires_at: datetime) -> SignedUrls:
+        request = await self._storage.presign_get(asset.object_key, asset.content_type, expires_at)
+        thumbnail = await self._presign_thumbnail(
+            asset.object_key, asset.thumbnail_content_type, expires_at
+        )
+        return SignedUrls(asset.asset_id, request, thumbnail, expires_at)
+
+    async def _presign_thumbnail(
+        self, asset_object_key: str, content_type: str | None, expires_at: datetime
+    ) -> SignedRequest | None:
+        if content_type is None:
+            return None
+        return await self._storage.presign_get(
+            thumbnail_key(asset_object_key), content_type, expires_at
+        )
+
+    def _download_expiry(self) -> datetime:
+        return self._clock() + timedelta(seconds=self._limits.download_url_ttl_seconds)
 
     # -- deleting ------------------------------------------------------------------------
 
@@ -377,7 +472,7 @@ class Assets:
             owner_user_id, idempotency_keys, self._clock()
         )
         for asset in deleted:
-            await self._storage.delete(asset.object_key)
+            await self._remove_objects(asset)
             log.info("asset_deleted", asset_id=str(asset.asset_id), by="idempotency_key")
         return deleted
 
@@ -388,9 +483,13 @@ class Assets:
         asset = await self._store.mark_deleted(asset_id, self._clock())
         if asset is None:
             raise AssetNotFound()
-        await self._storage.delete(asset.object_key)
+        await self._remove_objects(asset)
         log.info("asset_deleted", asset_id=str(asset_id))
         return asset
+
+
+def _content_type(thumbnail: Thumbnail | None) -> str | None:
+    return None if thumbnail is None else thumbnail.content_type
 
 
 def _require_completable(asset: Asset, now: datetime) -> None:

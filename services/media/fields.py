@@ -40,6 +40,15 @@ def asset_id(text: str) -> uuid.UUID:
     return parsed
 
 
+def asset_ids(values: Sequence[str], field: str, maximum: int) -> list[str]:
+    """GetAssetUrls' ids: at most ``maximum`` distinct ones (an empty list asks nothing).
+    Malformed ids are kept: they name no asset, which the answer says by leaving them out."""
+    distinct = list(dict.fromkeys(values))
+    if len(distinct) > maximum:
+        raise bad_field(Reason.INVALID_ASSET_ID, field, f"must hold at most {maximum} ids")
+    return distinct
+
+
 def upload_purpose(value: int) -> Purpose:
     """Clients may upload inputs only; outputs are written by the server."""
     if value != asset_pb2.ASSET_PURPOSE_AI_INPUT:

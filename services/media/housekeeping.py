@@ -1,7 +1,8 @@
 """What media cleans up after the fact, so that nothing a crash, a timeout or a late
 client leaves behind stays forever:
 
-- uploads never completed within their expiry: the object goes, the row is marked deleted;
+- uploads never completed within their expiry: the object (and a thumbnail a put may have
+  stored beside it) goes, the row is marked deleted;
 - objects of deleted assets: a crash between marking a row deleted and removing its
   object, or a presigned S3 upload that arrives after the deletion, leaves one behind.
   A deleted asset stays watched until no upload URL of it can add an object any more
@@ -32,6 +33,7 @@ from datetime import datetime, timedelta
 from services.kit.logging import get_logger
 from services.media.assets import Clock, utc_now
 from services.media.errors import MediaError
+from services.media.model import thumbnail_key
 from services.media.storage import ObjectStorage
 from services.media.store import AssetStore
 
@@ -46,6 +48,12 @@ class Purge:
     objects_removed: int
     # Deleted assets no longer watched: their objects are gone for good.
     settled: int
+
+
+def _keys(asset_object_key: str) -> tuple[str, str]:
+    """Every object an asset may have: its bytes and its thumbnail (derived keys, so a
+    crash between storing one and recording it leaves nothing unfound)."""
+    return asset_object_key, thumbnail_key(asset_object_key)
 
 
 class Housekeeper:
@@ -80,7 +88,8 @@ class Housekeeper:
         removed: list[uuid.UUID] = []
         while True:
             async with self._store.claim_expired_uploads(now, self._batch_size) as batch:
-                await asyncio.gather(*(self._storage.delete(u.object_key) for u in batch.uploads))
+                keys = [key for u in batch.uploads for key in _keys(u.object_key)]
+                await asyncio.gather(*(self._storage.delete(key) for key in keys))
                 await batch.mark_deleted()
             removed.extend(u.asset_id for u in batch.uploads)
             if len(batch.uploads) < self._batch_size:
@@ -98,9 +107,8 @@ class Housekeeper:
             async with self._store.claim_unpurged(
                 after, self._batch_size, now, self._abandoned_write_age
             ) as batch:
-                found = await asyncio.gather(
-                    *(self._remove_if_present(a.object_key) for a in batch.assets)
-                )
+                keys = [key for a in batch.assets for key in _keys(a.object_key)]
+                found = await asyncio.gather(*(self._remove_if_present(key) for key in keys))
                 done = [a.asset_id for a in batch.assets if a.settled]
                 await batch.mark_purged(done)
             removed += sum(found)

@@ -36,7 +36,7 @@ from services.media.http_answers import (
     failure_answer,
     internal_answer,
 )
-from services.media.model import KEY_PATTERN, Status
+from services.media.model import KEY_PATTERN, Status, owning_object_key
 from services.media.storage.base import ObjectExists
 from services.media.storage.local import LocalStorage
 from services.media.storage.signing import OBJECTS_PATH, Verdict
@@ -205,7 +205,8 @@ class ObjectHttpServer:
         content_type = _single(request, "type")
         self._check(request, "GET", key, content_type, None)
         if self._rows is not None:
-            status = await self._rows.status_by_key(key)
+            # A thumbnail is served while its asset is.
+            status = await self._rows.status_by_key(owning_object_key(key))
             if status is not Status.READY:
                 raise _gone(status)
         path = self._storage.path_of(key)

@@ -35,7 +35,7 @@ class Dimensions:
 
 
 @contextlib.contextmanager
-def _rejecting(max_pixels: int) -> Iterator[None]:
+def rejecting(max_pixels: int) -> Iterator[None]:
     """Pillow's complaints about the bytes become ContentRejected."""
     try:
         yield
@@ -50,12 +50,12 @@ def _rejecting(max_pixels: int) -> Iterator[None]:
         ) from None
 
 
-def _open_checked(file: IO[bytes], content_type: str, max_pixels: int) -> Image.Image:
+def open_checked(file: IO[bytes], content_type: str, max_pixels: int) -> Image.Image:
     """The image's header, read and checked (format, pixel count); nothing decoded yet.
     The caller closes the image. Raises ContentRejected."""
     expected = CONTENT_TYPES[content_type]
     file.seek(0)
-    with _rejecting(max_pixels):
+    with rejecting(max_pixels):
         image = Image.open(file, formats=_FORMATS)
     try:
         width, height = image.size
@@ -79,7 +79,7 @@ def _open_checked(file: IO[bytes], content_type: str, max_pixels: int) -> Image.
 def _decode(image: Image.Image, max_pixels: int) -> None:
     """Decodes every pixel (JPEG at the coarsest DCT scale): truncated or corrupt data
     shows here. Raises ContentRejected. Blocking."""
-    with _rejecting(max_pixels):
+    with rejecting(max_pixels):
         if image.format == "JPEG":
             width, height = image.size
             # Pillow picks the coarsest DCT scale that still covers the size asked.
@@ -89,7 +89,7 @@ def _decode(image: Image.Image, max_pixels: int) -> None:
 
 def inspect(file: IO[bytes], content_type: str, max_pixels: int) -> Dimensions:
     """Checks the image in ``file`` (from its start); raises ContentRejected. Blocking."""
-    with _open_checked(file, content_type, max_pixels) as image:
+    with open_checked(file, content_type, max_pixels) as image:
         # Read before decoding: a JPEG draft shrinks the size Pillow reports.
         width, height = image.size
         _decode(image, max_pixels)
@@ -111,7 +111,7 @@ class ImageInspector:
     ) -> Dimensions:
         """``in_memory``: ``file`` is an io.BytesIO (reading its header never blocks)."""
         if in_memory:
-            with _open_checked(file, content_type, self._max_pixels) as image:
+            with open_checked(file, content_type, self._max_pixels) as image:
                 width, height = image.size
                 if width * height <= INLINE_DECODE_PIXELS:
                     _decode(image, self._max_pixels)

@@ -11,8 +11,8 @@ from grpc import aio
 from atelier.media.v1 import media_internal_service_pb2 as pb
 from atelier.media.v1 import media_internal_service_pb2_grpc
 from services.media import fields
-from services.media.assets import Assets
-from services.media.wire import asset_message, timestamp
+from services.media.assets import MAX_URL_BATCH, Assets
+from services.media.wire import asset_message, asset_urls_message, timestamp
 
 
 class MediaInternalServicer(media_internal_service_pb2_grpc.MediaInternalServiceServicer):
@@ -54,7 +54,17 @@ class MediaInternalServicer(media_internal_service_pb2_grpc.MediaInternalService
         if found.request is not None and found.expires_at is not None:
             reply.download_url = found.request.url
             reply.expire_time.CopyFrom(timestamp(found.expires_at))
+            if found.thumbnail is not None:
+                reply.thumbnail_url = found.thumbnail.url
+                reply.thumbnail_url_expire_time.CopyFrom(timestamp(found.expires_at))
         return reply
+
+    async def GetAssetUrls(
+        self, request: pb.GetAssetUrlsRequest, context: aio.ServicerContext[Any, Any]
+    ) -> pb.GetAssetUrlsResponse:
+        ids = fields.asset_ids(request.asset_ids, "asset_ids", MAX_URL_BATCH)
+        signed = await self._assets.download_urls(ids)
+        return pb.GetAssetUrlsResponse(assets=[asset_urls_message(s) for s in signed])
 
     async def GetAssetInfo(
         self, request: pb.GetAssetInfoRequest, context: aio.ServicerContext[Any, Any]

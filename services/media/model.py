@@ -29,10 +29,14 @@ CONTENT_TYPES: dict[str, str] = {
 }
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-# Every key media writes; the local HTTP listener refuses any other path.
+# An asset's thumbnail lives beside its object, under the object's key plus this.
+THUMBNAIL_SUFFIX = ".thumb"
+# Every key media writes (objects and their thumbnails); the local HTTP listener refuses
+# any other path.
 KEY_PATTERN = re.compile(
     r"(ai_input|ai_output)/[0-9]{4}/[0-9]{2}/"
     r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+    rf"(?:{re.escape(THUMBNAIL_SUFFIX)})?"
 )
 
 
@@ -40,6 +44,17 @@ def object_key(purpose: Purpose, asset_id: uuid.UUID, created_at: datetime) -> s
     """``<purpose>/<yyyy>/<mm>/<asset_id>``: made only of server values, so no user input
     ever reaches storage paths."""
     return f"{purpose.value}/{created_at:%Y}/{created_at:%m}/{asset_id}"
+
+
+def thumbnail_key(asset_object_key: str) -> str:
+    """Where the thumbnail of the asset stored under ``asset_object_key`` goes. Derived,
+    never stored: whoever removes an object can remove its thumbnail without a lookup."""
+    return asset_object_key + THUMBNAIL_SUFFIX
+
+
+def owning_object_key(key: str) -> str:
+    """The asset object key a stored key belongs to (itself, or a thumbnail's asset's)."""
+    return key.removesuffix(THUMBNAIL_SUFFIX)
 
 
 def parse_asset_id(text: str) -> uuid.UUID | None:
@@ -85,6 +100,8 @@ class Asset:
     deleted_at: datetime | None
     # A calling service's key that makes its PutAsset repeatable (None for uploads).
     idempotency_key: str | None = None
+    # The thumbnail's MIME type when media stored one (under thumbnail_key(object_key)).
+    thumbnail_content_type: str | None = None
 
     def upload_expired(self, now: datetime) -> bool:
         """An upload that was never completed and whose time ran out."""

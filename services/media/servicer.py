@@ -59,4 +59,7 @@ class MediaServicer(media_service_pb2_grpc.MediaServiceServicer):
         if found.request is not None and found.expires_at is not None:
             reply.download_url = found.request.url
             reply.download_url_expire_time.CopyFrom(timestamp(found.expires_at))
+            if found.thumbnail is not None:
+                reply.thumbnail_url = found.thumbnail.url
+                reply.thumbnail_url_expire_time.CopyFrom(timestamp(found.expires_at))
         return reply

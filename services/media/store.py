@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
-from sqlalchemy import Row, bindparam, insert, literal_column, select, update
+from sqlalchemy import Row, bindparam, func, insert, literal_column, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
@@ -122,8 +122,16 @@ MARK_READY = DriverStatement.of(
         width=bindparam("width"),
         height=bindparam("height"),
         ready_at=bindparam("ready_at"),
+        thumbnail_content_type=bindparam("thumbnail_content_type"),
     )
     .returning(*assets.c)
+)
+# What signing download URLs needs of many ready assets, in one statement (rides pk_assets).
+READY_FOR_URLS = DriverStatement.of(
+    select(_c.asset_id, _c.object_key, _c.content_type, _c.thumbnail_content_type).where(
+        _c.asset_id == func.any(bindparam("asset_ids")),
+        _c.status == literal_column(f"'{Status.READY.value}'"),
+    )
 )
 
 
@@ -164,7 +172,18 @@ def _asset(row: Row[Any] | Any) -> Asset:
         ready_at=values["ready_at"],
         deleted_at=values["deleted_at"],
         idempotency_key=values["idempotency_key"],
+        thumbnail_content_type=values["thumbnail_content_type"],
     )
+
+
+@dataclass(frozen=True)
+class Signable:
+    """What signing a ready asset's download URLs needs."""
+
+    asset_id: uuid.UUID
+    object_key: str
+    content_type: str
+    thumbnail_content_type: str | None
 
 
 @dataclass(frozen=True)
@@ -294,12 +313,33 @@ class AssetStore:
         return _asset(rows[0]) if rows else None
 
     @_database
+    async def ready_for_urls(self, asset_ids: Sequence[uuid.UUID]) -> list[Signable]:
+        """Those of the assets that are ready, with what signing their URLs needs; the
+        others (unknown, uploading, deleted) are simply absent (rides pk_assets)."""
+        rows = await driver_fetch(self._engine, READY_FOR_URLS, asset_ids=list(asset_ids))
+        return [
+            Signable(
+                row["asset_id"],
+                row["object_key"],
+                row["content_type"],
+                row["thumbnail_content_type"],
+            )
+            for row in rows
+        ]
+
+    @_database
     async def mark_ready(
-        self, asset_id: uuid.UUID, facts: ContentFacts, now: datetime, rejected_uploads: int
+        self,
+        asset_id: uuid.UUID,
+        facts: ContentFacts,
+        now: datetime,
+        rejected_uploads: int,
+        thumbnail_content_type: str | None = None,
     ) -> Asset | None:
-        """uploading → ready with the measured facts, if no upload was rejected since the
-        caller read the asset. None when it was no longer uploading (completed by someone
-        else, or removed) or a rejection came in between (rides pk_assets)."""
+        """uploading → ready with the measured facts (and the thumbnail stored beside the
+        object, if any), if no upload was rejected since the caller read the asset. None
+        when it was no longer uploading (completed by someone else, or removed) or a
+        rejection came in between (rides pk_assets)."""
         rows = await self._write(
             MARK_READY,
             asset_id=asset_id,
@@ -309,6 +349,7 @@ class AssetStore:
             width=facts.width,
             height=facts.height,
             ready_at=now,
+            thumbnail_content_type=thumbnail_content_type,
         )
         return _asset(rows[0]) if rows else None
 

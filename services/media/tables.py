@@ -63,6 +63,11 @@ CHECKS: dict[str, str] = {
     ),
     "purged_only_when_deleted": "object_purged_at IS NULL OR status = 'deleted'",
     # Server puts only (they never carry a declared size); printable, bounded.
+    # A thumbnail (stored under the object key + ".thumb") comes only with a ready image.
+    "thumbnail_content_type_known": (
+        "thumbnail_content_type IS NULL OR thumbnail_content_type IN ('image/webp', 'image/jpeg')"
+    ),
+    "thumbnail_only_when_ready": "thumbnail_content_type IS NULL OR ready_at IS NOT NULL",
     "idempotency_key_shape": (
         "idempotency_key IS NULL OR (declared_size_bytes IS NULL"
         " AND idempotency_key ~ '^[A-Za-z0-9._:-]{1,200}$')"
@@ -100,6 +105,8 @@ assets = Table(
     Column("object_purged_at", DateTime(timezone=True)),
     # A calling service's key for a repeatable PutAsset (see the unique index below).
     Column("idempotency_key", Text),
+    # Set when media stored a thumbnail beside the object (model.thumbnail_key): its type.
+    Column("thumbnail_content_type", Text),
     *(CheckConstraint(rule, name=name) for name, rule in CHECKS.items()),
 )
 

@@ -6,7 +6,8 @@ from datetime import datetime
 
 from google.protobuf import timestamp_pb2
 
-from atelier.media.v1 import asset_pb2
+from atelier.media.v1 import asset_pb2, media_internal_service_pb2
+from services.media.assets import SignedUrls
 from services.media.model import Asset, Purpose, Status
 
 _PURPOSES = {
@@ -42,4 +43,15 @@ def asset_message(asset: Asset) -> asset_pb2.Asset:
     )
     if asset.ready_at is not None:
         message.ready_time.CopyFrom(timestamp(asset.ready_at))
+    return message
+
+
+def asset_urls_message(signed: SignedUrls) -> media_internal_service_pb2.AssetUrls:
+    expire_time = timestamp(signed.expires_at)
+    message = media_internal_service_pb2.AssetUrls(
+        asset_id=str(signed.asset_id), url=signed.request.url, url_expire_time=expire_time
+    )
+    if signed.thumbnail is not None:
+        message.thumbnail_url = signed.thumbnail.url
+        message.thumbnail_url_expire_time.CopyFrom(expire_time)
     return message

@@ -32,7 +32,7 @@ from services.kit.settings import DEV_JWT_SECRET, DEV_SERVICE_TOKEN
 from services.media.assets import Assets, Limits
 from services.media.housekeeping import DEFAULT_ABANDONED_WRITE_AGE, Housekeeper
 from services.media.images import ImageInspector
-from services.media.model import Asset, Purpose, Status
+from services.media.model import Asset, Purpose, Status, thumbnail_key
 from services.media.settings import S3Settings
 from services.media.storage.local import INCOMING, PART_SUFFIX, LocalStorage
 from services.media.storage.s3 import S3Storage
@@ -223,10 +223,13 @@ async def test_objects_of_deleted_assets_are_removed_once_in_batches(
         media.housekeeper(batch_size=2).purge_deleted(media.clock.now),
         media.housekeeper(batch_size=3).purge_deleted(media.clock.now),
     )
-    assert first.objects_removed + second.objects_removed == len(orphans)
+    # Each output's thumbnail is left behind with it, and removed with it.
+    assert first.objects_removed + second.objects_removed == 2 * len(orphans)
     for asset in orphans:
         assert await media.storage.stat(asset.object_key) is None
+        assert await media.storage.stat(thumbnail_key(asset.object_key)) is None
     assert await media.storage.stat(kept.object_key) is not None
+    assert await media.storage.stat(thumbnail_key(kept.object_key)) is not None
 
     # PutAsset's rows carry an upload expiry: until it (and the write grace) passed, the
     # rows stay watched; then one sweep settles them and later sweeps leave them alone.
