@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -10,6 +11,7 @@ from google.protobuf import struct_pb2, timestamp_pb2
 from atelier.creation.v1 import job_pb2
 from atelier.notify.v1 import job_state_pb2
 from services.creation.domain import Actor, Event, Job, Status, Step
+from services.creation.media_client import OutputUrls
 
 STATUS_TO_PROTO = {
     Status.QUEUED: job_pb2.JOB_STATUS_QUEUED,
@@ -104,6 +106,21 @@ def job_message(job: Job) -> job_pb2.Job:
         complete_time=timestamp(job.completed_at),
         update_time=timestamp(job.updated_at),
     )
+
+
+def fill_output_urls(message: job_pb2.Job, urls: Mapping[str, OutputUrls]) -> job_pb2.Job:
+    """Sets each output's url and thumbnail_url that ``urls`` has (by asset id); the
+    message, for use in expressions."""
+    for output in message.outputs:
+        signed = urls.get(output.asset_id)
+        if signed is None:
+            continue
+        output.url = signed.image.url
+        output.url_expire_time.FromDatetime(signed.image.expires_at)
+        if signed.thumbnail is not None:
+            output.thumbnail_url = signed.thumbnail.url
+            output.thumbnail_url_expire_time.FromDatetime(signed.thumbnail.expires_at)
+    return message
 
 
 def job_state(job: Job) -> job_state_pb2.JobState:

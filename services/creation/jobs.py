@@ -4,14 +4,14 @@ store runs SQL; the rules that need both the store and media live here."""
 
 from __future__ import annotations
 
-import asyncio
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.domain import Job, Status
 from services.creation.errors import InputAssetNotFound, InputAssetNotReady, InvalidRequest, Reason
-from services.creation.media_client import DownloadUrl, MediaClient
+from services.creation.media_client import MediaClient, OutputUrls
 from services.creation.ready_inputs import ReadyInputs
 from services.creation.store import jobs as job_store
 from services.creation.store import ledger
@@ -26,11 +26,11 @@ log = get_logger(__name__)
 
 @dataclass(frozen=True)
 class JobView:
-    """A job as its owner sees it: a fresh download link per output (None where media
-    could not give one)."""
+    """A job as its owner sees it: fresh download links of its outputs, by asset id
+    (absent where media could not give one)."""
 
     job: Job
-    urls: tuple[DownloadUrl | None, ...] = ()
+    urls: Mapping[str, OutputUrls] = field(default_factory=dict)
 
 
 class Jobs:
@@ -103,10 +103,15 @@ class Jobs:
 
     async def get(self, user_id: str, job_id: str) -> JobView:
         job = await job_store.get(self._engine, user_id, job_id)
-        if not job.outputs:
-            return JobView(job)
-        urls = await asyncio.gather(*(self._media.download_url(a) for a in job.outputs))
-        return JobView(job, tuple(urls))
+        return JobView(job, await self.output_urls([job]))
+
+    async def output_urls(self, jobs: Sequence[Job]) -> Mapping[str, OutputUrls]:
+        """Fresh URLs (picture and thumbnail) of the succeeded jobs' outputs, by asset id,
+        from one call to media for a whole page; empty where media could not sign."""
+        asset_ids = [a for job in jobs if job.status is Status.SUCCEEDED for a in job.outputs]
+        if not asset_ids:
+            return {}
+        return await self._media.output_urls(asset_ids)
 
     async def list_page(
         self, user_id: str, status: Status | None, limit: int, after: Cursor | None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -44,9 +44,28 @@ class DownloadUrl:
     expires_at: datetime
 
 
+@dataclass(frozen=True)
+class OutputUrls:
+    """An output's picture and its thumbnail (None when media made none), both signed."""
+
+    image: DownloadUrl
+    thumbnail: DownloadUrl | None
+
+
+# GetAssetUrls takes at most this many ids per call.
+MAX_URL_BATCH = 100
+
+
 # Reads, and deletes that may be repeated: a retry after UNAVAILABLE can do no harm.
 # PutAsset is not here: a call without a key stores a new asset.
-_IDEMPOTENT = ("GetAssetInfo", "GetAssetUrl", "ReadAsset", "DeleteAsset", "DeleteKeyedAssets")
+_IDEMPOTENT = (
+    "GetAssetInfo",
+    "GetAssetUrl",
+    "GetAssetUrls",
+    "ReadAsset",
+    "DeleteAsset",
+    "DeleteKeyedAssets",
+)
 # Moving an image's bytes takes longer than a metadata call.
 TRANSFER_TIMEOUT_SECONDS = 30.0
 CHUNK_BYTES = 256 * 1024
@@ -135,11 +154,30 @@ class MediaClient:
                 **self._client.call_options(),
             )
         except grpc.aio.AioRpcError as error:
-            failure = RemoteFailure.of(error)
-            if _log_throttle.admit(f"GetAssetUrl:{failure.reason}") is not None:
-                log.warning("media_call_failed", call="GetAssetUrl", reason=failure.reason)
+            _without_urls("GetAssetUrl", error)
             return None
         return DownloadUrl(reply.download_url, reply.expire_time.ToDatetime(tzinfo=UTC))
+
+    async def output_urls(self, asset_ids: Sequence[str]) -> dict[str, OutputUrls]:
+        """Fresh URLs of the ready assets among ``asset_ids`` (a page of jobs' outputs),
+        in one call to media per MAX_URL_BATCH ids. Assets media cannot sign are absent;
+        when media fails the answer is empty (logged, not raised: jobs are still worth
+        showing without their pictures)."""
+        distinct = list(dict.fromkeys(asset_ids))
+        found: dict[str, OutputUrls] = {}
+        for start in range(0, len(distinct), MAX_URL_BATCH):
+            batch = distinct[start : start + MAX_URL_BATCH]
+            try:
+                reply = await self._stub.GetAssetUrls(
+                    media_internal_service_pb2.GetAssetUrlsRequest(asset_ids=batch),
+                    **self._client.call_options(),
+                )
+            except grpc.aio.AioRpcError as error:
+                _without_urls("GetAssetUrls", error)
+                return {}
+            for signed in reply.assets:
+                found[signed.asset_id] = _output_urls(signed)
+        return found
 
     async def read_asset(self, asset_id: str, max_bytes: int) -> AssetBytes:
         """A ready asset's bytes, in memory, refused past ``max_bytes``."""
@@ -227,8 +265,25 @@ class MediaClient:
         return len(reply.assets)
 
 
+def _output_urls(signed: media_internal_service_pb2.AssetUrls) -> OutputUrls:
+    image = DownloadUrl(signed.url, signed.url_expire_time.ToDatetime(tzinfo=UTC))
+    if not signed.thumbnail_url:
+        return OutputUrls(image, None)
+    thumbnail = DownloadUrl(
+        signed.thumbnail_url, signed.thumbnail_url_expire_time.ToDatetime(tzinfo=UTC)
+    )
+    return OutputUrls(image, thumbnail)
+
+
 # An outage fails every call: one line per call and reason per window is enough.
 _log_throttle = Throttle()
+
+
+def _without_urls(call: str, error: grpc.aio.AioRpcError) -> None:
+    """A URL call failed: the caller answers without URLs; said once per reason a window."""
+    failure = RemoteFailure.of(error)
+    if _log_throttle.admit(f"{call}:{failure.reason}") is not None:
+        log.warning("media_call_failed", call=call, reason=failure.reason)
 
 
 def _unavailable(call: str, failure: RemoteFailure) -> MediaUnavailable:

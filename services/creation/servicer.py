@@ -122,10 +122,7 @@ class CreationServicer(creation_service_pb2_grpc.CreationServiceServicer):
     ) -> creation_service_pb2.GetJobResponse:
         view = await self._jobs.get(current_principal().user_id, _job_id(request.job_id))
         message = convert.job_message(view.job)
-        for output, url in zip(message.outputs, view.urls, strict=True):
-            if url is not None:
-                output.url = url.url
-                output.url_expire_time.FromDatetime(url.expires_at)
+        convert.fill_output_urls(message, view.urls)
         return creation_service_pb2.GetJobResponse(job=message)
 
     async def ListJobs(
@@ -142,8 +139,9 @@ class CreationServicer(creation_service_pb2_grpc.CreationServiceServicer):
         found, cursor = await self._jobs.list_page(
             current_principal().user_id, status, limit, after
         )
+        urls = await self._jobs.output_urls(found)
         return creation_service_pb2.ListJobsResponse(
-            jobs=[convert.job_message(j) for j in found],
+            jobs=[convert.fill_output_urls(convert.job_message(j), urls) for j in found],
             next_page_token=JOB_PAGES.encode(cursor, binding) if cursor else "",
         )
 

@@ -1,5 +1,6 @@
 """creation's client for media when media is not there: SubmitJob must answer
-UNAVAILABLE (retryable), GetJob must still show the job, just without its picture."""
+UNAVAILABLE (retryable), GetJob and ListJobs must still show the jobs, just without their
+pictures."""
 
 from __future__ import annotations
 
@@ -22,5 +23,6 @@ async def test_media_down_is_unavailable_for_checks_and_no_url_for_reads() -> No
         assert caught.value.to_api_error().code == grpc.StatusCode.UNAVAILABLE
         assert caught.value.to_api_error().reason == "MEDIA_UNAVAILABLE"
         assert await client.download_url(ASSET) is None
+        assert await client.output_urls([ASSET, ASSET]) == {}
     finally:
         await client.close()
