@@ -1,14 +1,15 @@
-"""Download URLs for a succeeded job's outputs, filled in when a stream sends the state, so
-a client never needs a second call. The projection stores asset ids only (a URL expires);
-media signs. One URL per asset is reused until shortly before it expires, so a state
-sent to thousands of streams costs one call to media."""
+"""Download URLs (picture and thumbnail) for a succeeded job's outputs, filled in when a
+stream sends the state, so a client never needs a second call. The projection stores
+asset ids only (a URL expires); media signs, all of a state's outputs in one call. The
+URLs of an asset are reused until shortly before they expire, so a state sent to
+thousands of streams costs one call to media."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,47 +34,65 @@ CACHE_SIZE = 10_000
 
 @dataclass(frozen=True)
 class SignedUrl:
+    """An asset's signed URLs: the picture, and its thumbnail when media made one."""
+
     url: str
     expire_time: timestamp_pb2.Timestamp
+    thumbnail_url: str = ""
+    thumbnail_expire_time: timestamp_pb2.Timestamp | None = None
 
     @property
     def seconds_left(self) -> float:
-        return self.expire_time.ToMicroseconds() / 1e6 - time.time()
+        moments = [self.expire_time]
+        if self.thumbnail_expire_time is not None:
+            moments.append(self.thumbnail_expire_time)
+        return min(m.ToMicroseconds() for m in moments) / 1e6 - time.time()
 
 
-# asset id -> a signed URL, or None when media could not give one.
-Sign = Callable[[str], Awaitable[SignedUrl | None]]
+# asset ids -> the signed URLs of those media could sign (none when media failed).
+Sign = Callable[[Sequence[str]], Awaitable[dict[str, SignedUrl]]]
 
 
 class MediaSigner:
-    """GetAssetUrl on media's internal listener, with the service credential."""
+    """GetAssetUrls on media's internal listener, with the service credential."""
 
     def __init__(self, address: str, service_token: str) -> None:
         self._client = InternalClient(
-            address, service_token, service=_SERVICE, idempotent_methods=("GetAssetUrl",)
+            address, service_token, service=_SERVICE, idempotent_methods=("GetAssetUrls",)
         )
         self._stub: Any = None
         self._throttle = Throttle()
 
-    async def __call__(self, asset_id: str) -> SignedUrl | None:
+    async def __call__(self, asset_ids: Sequence[str]) -> dict[str, SignedUrl]:
         if self._stub is None:
             self._stub = media_internal_service_pb2_grpc.MediaInternalServiceStub(
                 self._client.channel
             )
         try:
-            reply = await self._stub.GetAssetUrl(
-                media_internal_service_pb2.GetAssetUrlRequest(asset_id=asset_id),
+            reply = await self._stub.GetAssetUrls(
+                media_internal_service_pb2.GetAssetUrlsRequest(asset_ids=list(asset_ids)),
                 **self._client.call_options(),
             )
         except grpc.aio.AioRpcError as error:
             failure = RemoteFailure.of(error)
-            if self._throttle.admit(f"GetAssetUrl:{failure.reason}") is not None:
-                log.warning("media_call_failed", call="GetAssetUrl", reason=failure.reason)
-            return None
-        return SignedUrl(reply.download_url, reply.expire_time)
+            if self._throttle.admit(f"GetAssetUrls:{failure.reason}") is not None:
+                log.warning("media_call_failed", call="GetAssetUrls", reason=failure.reason)
+            return {}
+        return {signed.asset_id: _signed(signed) for signed in reply.assets}
 
     async def close(self) -> None:
         await self._client.close()
+
+
+def _signed(signed: media_internal_service_pb2.AssetUrls) -> SignedUrl:
+    if not signed.thumbnail_url:
+        return SignedUrl(signed.url, signed.url_expire_time)
+    return SignedUrl(
+        signed.url,
+        signed.url_expire_time,
+        signed.thumbnail_url,
+        signed.thumbnail_url_expire_time,
+    )
 
 
 class OutputUrls:
@@ -97,38 +116,62 @@ class OutputUrls:
             return state
         filled = job_state_pb2.JobState()
         filled.CopyFrom(state)
-        for output in getattr(filled, "outputs", ()):
-            if not output.asset_id:
+        signed = await self.urls([o.asset_id for o in filled.outputs if o.asset_id])
+        for output in filled.outputs:
+            found = signed.get(output.asset_id)
+            if found is None:
                 continue
-            signed = await self.url(output.asset_id)
-            if signed is not None:
-                output.url = signed.url
-                output.url_expire_time.CopyFrom(signed.expire_time)
+            output.url = found.url
+            output.url_expire_time.CopyFrom(found.expire_time)
+            if found.thumbnail_expire_time is not None:
+                output.thumbnail_url = found.thumbnail_url
+                output.thumbnail_url_expire_time.CopyFrom(found.thumbnail_expire_time)
         return filled
 
-    async def url(self, asset_id: str) -> SignedUrl | None:
-        """A URL for the asset with time left, signing it (once, however many ask at
-        the same moment) when none is cached."""
-        cached = self._cache.get(asset_id)
-        if cached is not None and cached.seconds_left > FRESH_FOR_SECONDS:
-            self._cache.move_to_end(asset_id)
-            return cached
-        pending = self._in_flight.get(asset_id)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        future: asyncio.Future[SignedUrl | None] = asyncio.get_running_loop().create_future()
-        self._in_flight[asset_id] = future
+    async def urls(self, asset_ids: Sequence[str]) -> dict[str, SignedUrl]:
+        """URLs with time left for those of the assets media signs: cached ones as they
+        are, the rest signed in one call (an asset being signed for another stream at the
+        same moment is waited for, not signed twice)."""
+        found: dict[str, SignedUrl] = {}
+        waiting: dict[str, asyncio.Future[SignedUrl | None]] = {}
+        to_sign: list[str] = []
+        for asset_id in dict.fromkeys(asset_ids):
+            cached = self._cache.get(asset_id)
+            if cached is not None and cached.seconds_left > FRESH_FOR_SECONDS:
+                self._cache.move_to_end(asset_id)
+                found[asset_id] = cached
+            elif asset_id in self._in_flight:
+                waiting[asset_id] = self._in_flight[asset_id]
+            else:
+                to_sign.append(asset_id)
+        if to_sign:
+            found.update(await self._sign_now(to_sign))
+        for asset_id, pending in waiting.items():
+            signed = await asyncio.shield(pending)
+            if signed is not None:
+                found[asset_id] = signed
+        return found
+
+    async def _sign_now(self, asset_ids: list[str]) -> dict[str, SignedUrl]:
+        loop = asyncio.get_running_loop()
+        futures = {asset_id: loop.create_future() for asset_id in asset_ids}
+        self._in_flight.update(futures)
         try:
-            signed = await self._sign(asset_id)
-            future.set_result(signed)
+            signed = await self._sign(asset_ids)
+            for asset_id, future in futures.items():
+                future.set_result(signed.get(asset_id))
         except BaseException as error:
-            future.set_exception(error)
-            future.exception()  # retrieved: waiters see it, nobody else must
+            for future in futures.values():
+                if not future.done():
+                    future.set_exception(error)
+                    future.exception()  # retrieved: waiters see it, nobody else must
             raise
         finally:
-            del self._in_flight[asset_id]
-        if signed is not None:
-            self._cache[asset_id] = signed
-            while len(self._cache) > CACHE_SIZE:
-                self._cache.popitem(last=False)
-        return signed
+            for asset_id in asset_ids:
+                del self._in_flight[asset_id]
+        for asset_id, url in signed.items():
+            if asset_id in futures:
+                self._cache[asset_id] = url
+        while len(self._cache) > CACHE_SIZE:
+            self._cache.popitem(last=False)
+        return {a: u for a, u in signed.items() if a in futures}

@@ -3,6 +3,7 @@ Redis payload: no network."""
 
 import asyncio
 import time
+from collections.abc import Sequence
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -183,38 +184,63 @@ def test_applied_states_are_read_by_attribute_and_terminal_comes_from_the_status
 
 class CountingSigner:
     def __init__(self, seconds_to_live: float) -> None:
-        self.calls = 0
+        self.calls: list[list[str]] = []
         self.seconds_to_live = seconds_to_live
         self.release = asyncio.Event()
 
-    async def __call__(self, asset_id: str) -> SignedUrl | None:
-        self.calls += 1
+    async def __call__(self, asset_ids: Sequence[str]) -> dict[str, SignedUrl]:
+        self.calls.append(list(asset_ids))
         await self.release.wait()
         expire = Timestamp()
         expire.FromMicroseconds(int((time.time() + self.seconds_to_live) * 1e6))
-        return SignedUrl(f"https://media.example/{asset_id}?n={self.calls}", expire)
+        n = len(self.calls)
+        return {
+            a: SignedUrl(f"https://media.example/{a}?n={n}", expire, f"https://t/{a}", expire)
+            for a in asset_ids
+            if a != "gone"  # media leaves out what it cannot sign
+        }
 
 
 async def test_output_urls_sign_once_for_many_streams_at_once_and_reuse_while_fresh() -> None:
     signer = CountingSigner(seconds_to_live=3600)
     urls = OutputUrls(signer)
-    waiting = [asyncio.create_task(urls.url("asset-1")) for _ in range(50)]
+    waiting = [asyncio.create_task(urls.urls(["asset-1"])) for _ in range(50)]
     await asyncio.sleep(0)
     signer.release.set()
     signed = await asyncio.gather(*waiting)
-    assert signer.calls == 1
-    assert {s.url for s in signed if s is not None} == {"https://media.example/asset-1?n=1"}
-    assert (await urls.url("asset-1")) == signed[0]
-    assert signer.calls == 1
+    assert signer.calls == [["asset-1"]]
+    assert {s["asset-1"].url for s in signed} == {"https://media.example/asset-1?n=1"}
+    assert (await urls.urls(["asset-1"])) == signed[0]
+    assert len(signer.calls) == 1
+
+
+async def test_output_urls_sign_all_outputs_of_a_state_in_one_call_with_thumbnails() -> None:
+    signer = CountingSigner(seconds_to_live=3600)
+    signer.release.set()
+    urls = OutputUrls(signer)
+    await urls.urls(["asset-1"])
+    state = change(JOB_A, 5, seq=5, terminal=True).state
+    state.outputs.extend(
+        job_pb2.JobOutput(asset_id=a) for a in ("asset-1", "asset-2", "asset-3", "gone")
+    )
+    filled = await urls.fill(state)
+    # The cached one is reused; the others go to media together.
+    assert signer.calls == [["asset-1"], ["asset-2", "asset-3", "gone"]]
+    by_id = {o.asset_id: o for o in filled.outputs}
+    assert by_id["asset-2"].url == "https://media.example/asset-2?n=2"
+    assert by_id["asset-2"].thumbnail_url == "https://t/asset-2"
+    assert by_id["asset-2"].HasField("thumbnail_url_expire_time")
+    assert by_id["gone"].url == "" and by_id["gone"].thumbnail_url == ""
+    assert not state.outputs[0].url  # the shared state is left as it was
 
 
 async def test_output_urls_sign_again_when_the_cached_one_is_about_to_expire() -> None:
     signer = CountingSigner(seconds_to_live=30)  # under FRESH_FOR_SECONDS
     signer.release.set()
     urls = OutputUrls(signer)
-    await urls.url("asset-1")
-    await urls.url("asset-1")
-    assert signer.calls == 2
+    await urls.urls(["asset-1"])
+    await urls.urls(["asset-1"])
+    assert len(signer.calls) == 2
 
 
 async def test_output_urls_leave_states_other_than_succeeded_alone() -> None:
@@ -222,7 +248,7 @@ async def test_output_urls_leave_states_other_than_succeeded_alone() -> None:
     urls = OutputUrls(signer)
     running = change(JOB_A, 2, seq=2).state
     assert await urls.fill(running) is running
-    assert signer.calls == 0
+    assert signer.calls == []
 
 
 async def test_first_states_of_streams_opening_together_share_queries() -> None:
