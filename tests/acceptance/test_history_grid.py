@@ -1,0 +1,128 @@
+"""A phone's history grid in one call, over the whole stack through the edge: a succeeded
+job's ListJobs entry and its stream state both carry the output's url and thumbnail_url,
+each downloading an image, the thumbnail a small WebP; with media stopped for real the
+list still answers at once (URLs empty), and the URLs come back with media."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from PIL import Image
+
+from services.dev.stack import Stack
+from tests.acceptance.test_jobs_edge import User, job_body, put_input
+from tests.support.media import noisy_png
+from tests.support.stacks import stack_of_its_own
+
+# creation's deadline on media is 2 s; a stopped media refuses at once.
+ANSWER_WITHOUT_MEDIA = 3.0
+
+
+@pytest.fixture(scope="module")
+def running(postgres_admin_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    work = tmp_path_factory.mktemp("grid")
+    engine_env = {
+        "ATELIER_STUB_DURATION": "0.3",
+        "ATELIER_WORKER_PROVIDER_POLL": "0.1",
+        # Stopping media waits for nothing in flight.
+        "ATELIER_DRAIN_GRACE": "0",
+    }
+    with stack_of_its_own(postgres_admin_url, work, "all", engine_env) as stack:
+        yield stack
+
+
+async def watched_to_the_end(
+    http: httpx.AsyncClient, url: str, user: User, job_id: str
+) -> dict[str, Any]:
+    """The last state WatchJob streams (newline-delimited JSON); the stream ends after it."""
+    states = []
+    async with http.stream(
+        "GET", f"{url}/v1/jobs/{job_id}:watch", headers=user.headers, timeout=30
+    ) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if line.strip() and "job" in (message := json.loads(line)):
+                states.append(message["job"])
+    assert states[-1]["status"] == "JOB_STATUS_SUCCEEDED"
+    return states[-1]
+
+
+async def list_jobs(http: httpx.AsyncClient, url: str, user: User) -> list[dict[str, Any]]:
+    listed = await http.get(f"{url}/v1/jobs", headers=user.headers, params={"pageSize": 10})
+    assert listed.status_code == 200, listed.text
+    jobs: list[dict[str, Any]] = listed.json()["jobs"]
+    return jobs
+
+
+async def image_at(http: httpx.AsyncClient, link: str) -> tuple[Image.Image, int]:
+    download = await http.get(link)
+    assert download.status_code == 200
+    image = Image.open(io.BytesIO(download.content))
+    image.load()
+    return image, len(download.content)
+
+
+async def test_a_history_grid_is_one_call_with_pictures_and_thumbnails(
+    running: Stack, http: httpx.AsyncClient
+) -> None:
+    url = f"http://127.0.0.1:{running.ports.envoy}"
+    user = User()
+    asset = await put_input(running, user.user_id, data=noisy_png(640, 480))
+    submitted = await http.post(f"{url}/v1/jobs", headers=user.headers, json=job_body(asset))
+    assert submitted.status_code == 200, submitted.text
+    job_id = submitted.json()["job"]["jobId"]
+
+    # The stream's terminal state carries both URLs.
+    [streamed] = (await watched_to_the_end(http, url, user, job_id))["outputs"]
+    assert streamed["url"] and streamed["thumbnailUrl"] and streamed["thumbnailUrlExpireTime"]
+    _, streamed_bytes = await image_at(http, streamed["thumbnailUrl"])
+
+    # So does the list: the grid needs no call per job.
+    [job] = await list_jobs(http, url, user)
+    assert job["jobId"] == job_id and job["status"] == "JOB_STATUS_SUCCEEDED"
+    [output] = job["outputs"]
+    assert output["assetId"] == streamed["assetId"]
+    assert output["urlExpireTime"] and output["thumbnailUrlExpireTime"]
+    picture, picture_bytes = await image_at(http, output["url"])
+    thumbnail, thumbnail_bytes = await image_at(http, output["thumbnailUrl"])
+    assert picture.size == (640, 480)
+    assert (thumbnail.format, thumbnail.size) == ("WEBP", (256, 192))
+    assert thumbnail_bytes == streamed_bytes < picture_bytes // 10
+
+
+async def test_without_media_the_list_still_answers_and_the_urls_come_back_with_it(
+    running: Stack, http: httpx.AsyncClient
+) -> None:
+    url = f"http://127.0.0.1:{running.ports.envoy}"
+    user = User()
+    asset = await put_input(running, user.user_id)
+    submitted = await http.post(f"{url}/v1/jobs", headers=user.headers, json=job_body(asset))
+    job_id = submitted.json()["job"]["jobId"]
+    await watched_to_the_end(http, url, user, job_id)
+
+    running.stop_service("media")
+    try:
+        asked = time.monotonic()
+        [job] = await list_jobs(http, url, user)
+        assert time.monotonic() - asked < ANSWER_WITHOUT_MEDIA
+        assert job["status"] == "JOB_STATUS_SUCCEEDED"
+        [output] = job["outputs"]
+        # The job and its asset id, without links: a placeholder, not an error screen.
+        assert output["assetId"] and not output.get("url") and not output.get("thumbnailUrl")
+        got = await http.get(f"{url}/v1/jobs/{job_id}", headers=user.headers)
+        assert got.status_code == 200 and not got.json()["job"]["outputs"][0].get("url")
+    finally:
+        running.start_service("media")
+
+    # creation's channel reconnects within about two seconds of media's return.
+    deadline = time.monotonic() + 10
+    while not (await list_jobs(http, url, user))[0]["outputs"][0].get("thumbnailUrl"):
+        assert time.monotonic() < deadline, "the URLs did not come back with media"
+        await asyncio.sleep(0.2)
