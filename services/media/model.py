@@ -85,6 +85,8 @@ class Asset:
     deleted_at: datetime | None
     # A calling service's key that makes its PutAsset repeatable (None for uploads).
     idempotency_key: str | None = None
+    # A client's request_id that makes its CreateUpload repeatable (None for server puts).
+    upload_request_id: str | None = None
 
     def upload_expired(self, now: datetime) -> bool:
         """An upload that was never completed and whose time ran out."""
