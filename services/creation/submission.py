@@ -12,16 +12,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.creation.domain import MAX_OUTPUTS, MIN_OUTPUTS
+from services.kit import idempotency
 from services.kit.errors import FieldViolation
 
 MIN_SIDE, MAX_SIDE, SIDE_MULTIPLE = 64, 2048, 8
 MAX_PROMPT, MAX_NEGATIVE_PROMPT = 2000, 1000
 MAX_PARAMETERS, MAX_PARAMETER_STRING = 20, 200
-MAX_KEY_LENGTH = 128
+# SubmitJob's request_id / Idempotency-Key rule is every service's.
+choose_idempotency_key = idempotency.choose_key
 
 _CATALOG_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 _PARAMETER_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,39}$")
-_IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 # Control characters other than tab and newlines; PostgreSQL text cannot even hold NUL.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
@@ -64,29 +65,6 @@ def is_uuid(value: str) -> bool:
         return str(uuid.UUID(value)) == value.lower()
     except ValueError:
         return False
-
-
-def choose_idempotency_key(
-    field: str, header: str | None
-) -> tuple[str | None, list[FieldViolation]]:
-    """The key from the request field or the Idempotency-Key header; both must agree."""
-    field = field.strip()
-    header = header.strip() if header else ""
-    if field and header and field != header:
-        return None, [
-            FieldViolation("request_id", "differs from the Idempotency-Key header; send one")
-        ]
-    key = field or header
-    if not key:
-        return None, []
-    if not _IDEMPOTENCY_KEY.match(key):
-        return None, [
-            FieldViolation(
-                "request_id",
-                f"must be 1-{MAX_KEY_LENGTH} characters of letters, digits and . _ : -",
-            )
-        ]
-    return key, []
 
 
 def has_control_characters(value: str) -> bool:

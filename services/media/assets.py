@@ -29,11 +29,14 @@ from services.media.errors import (
     ObjectLost,
     ObjectMissing,
     Reason,
+    ReplayedUploadCompleted,
+    ReplayedUploadExpired,
     StoringTookTooLong,
     StreamTooLarge,
     UploadAlreadyCompleted,
     UploadChanged,
     UploadExpired,
+    UploadRequestReused,
 )
 from services.media.images import ImageInspector
 from services.media.model import (
@@ -132,6 +135,7 @@ class Assets:
         declared_size_bytes: int | None = None,
         declared_sha256: str | None = None,
         idempotency_key: str | None = None,
+        upload_request_id: str | None = None,
     ) -> tuple[Asset, datetime]:
         """A new uploading asset and the time its upload expires. PutAsset's rows expire
         too: if it dies before the asset is ready, housekeeping cleans up."""
@@ -157,18 +161,38 @@ class Assets:
             ready_at=None,
             deleted_at=None,
             idempotency_key=idempotency_key,
+            upload_request_id=upload_request_id,
         )
         return asset, expires_at
 
     # -- client uploads ------------------------------------------------------------------
 
     async def create_upload(
-        self, owner_user_id: str, content_type: str, size_bytes: int, sha256: str | None
+        self,
+        owner_user_id: str,
+        content_type: str,
+        size_bytes: int,
+        sha256: str | None,
+        request_id: str | None = None,
     ) -> Upload:
+        """A new upload; with ``request_id``, the upload that request id made when it is
+        the same request and still open (with a fresh URL, good until the same expiry)."""
         asset, expires_at = self._new_asset(
-            owner_user_id, Purpose.AI_INPUT, content_type, size_bytes, sha256
+            owner_user_id,
+            Purpose.AI_INPUT,
+            content_type,
+            size_bytes,
+            sha256,
+            upload_request_id=request_id,
         )
-        await self._store.insert_uploading(asset)
+        if request_id is None:
+            await self._store.insert_uploading(asset)
+        else:
+            stored = await self._store.insert_requested(asset)
+            if stored.asset_id != asset.asset_id:
+                expires_at = _replayable(stored, asset, self._clock())
+                asset = stored
+                log.info("upload_replayed", asset_id=str(asset.asset_id))
         request = await self._storage.presign_put(
             asset.object_key, content_type, size_bytes, expires_at
         )
@@ -499,6 +523,26 @@ def _require_completable(asset: Asset, now: datetime) -> None:
         raise UploadExpired()
     if asset.status == Status.DELETED:
         raise AssetDeleted()
+
+
+def _replayable(stored: Asset, requested: Asset, now: datetime) -> datetime:
+    """The expiry of the upload a request id made, if ``requested`` repeats its request
+    and it is still open; otherwise why it cannot be handed out again."""
+    if (
+        stored.content_type != requested.content_type
+        or stored.declared_size_bytes != requested.declared_size_bytes
+        or stored.declared_sha256 != requested.declared_sha256
+    ):
+        raise UploadRequestReused()
+    if stored.status == Status.READY:
+        raise ReplayedUploadCompleted(str(stored.asset_id))
+    if (
+        stored.status == Status.DELETED
+        or stored.upload_expires_at is None
+        or stored.upload_expired(now)
+    ):
+        raise ReplayedUploadExpired()
+    return stored.upload_expires_at
 
 
 def _require_same_put(asset: Asset, purpose: Purpose, content_type: str, sha256: str) -> None:

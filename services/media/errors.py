@@ -113,6 +113,29 @@ class ObjectMissing(_WrongState):
     message = "no bytes were uploaded yet: PUT them to upload_url first"
 
 
+class ReplayedUploadExpired(_WrongState):
+    """A CreateUpload replay whose upload expired or was deleted: its request id is spent."""
+
+    reason = Reason.UPLOAD_EXPIRED
+    message = "the upload made for this request_id expired; start again with a new request_id"
+
+
+class ReplayedUploadCompleted(MediaError):
+    """A CreateUpload replay whose upload is already complete: the asset to use instead."""
+
+    def __init__(self, asset_id: str) -> None:
+        super().__init__(asset_id)
+        self.asset_id = asset_id
+
+    def to_api_error(self) -> ApiError:
+        return ApiError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            Reason.UPLOAD_ALREADY_COMPLETED,
+            "the upload made for this request_id is already complete",
+            metadata={"asset_id": self.asset_id},
+        )
+
+
 class UploadChanged(MediaError):
     def to_api_error(self) -> ApiError:
         return ApiError(
@@ -122,15 +145,26 @@ class UploadChanged(MediaError):
         )
 
 
-class IdempotencyKeyReused(MediaError):
-    """A keyed PutAsset whose key already holds different bytes (or purpose, or type)."""
+class _KeyReused(MediaError):
+    """An idempotency key that already made something else (ALREADY_EXISTS)."""
+
+    message = ""
 
     def to_api_error(self) -> ApiError:
-        return ApiError(
-            grpc.StatusCode.ALREADY_EXISTS,
-            Reason.IDEMPOTENCY_KEY_REUSED,
-            "the idempotency key already stored different content",
-        )
+        return ApiError(grpc.StatusCode.ALREADY_EXISTS, Reason.IDEMPOTENCY_KEY_REUSED, self.message)
+
+
+class IdempotencyKeyReused(_KeyReused):
+    """A keyed PutAsset whose key already holds different bytes (or purpose, or type)."""
+
+    message = "the idempotency key already stored different content"
+
+
+class UploadRequestReused(_KeyReused):
+    """A CreateUpload whose request id already made an upload of another content type,
+    size or hash."""
+
+    message = "this request_id was already used for a different upload"
 
 
 class StreamTooLarge(MediaError):

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from atelier.media.v1 import asset_pb2
 from atelier.media.v1 import media_internal_service_pb2 as internal_pb2
 from services.kit.errors import ApiError, FieldViolation, invalid_argument
+from services.kit.idempotency import choose_key
 from services.media.errors import Reason
 from services.media.model import (
     CONTENT_TYPES,
@@ -120,6 +121,14 @@ def idempotency_key(text: str, field: str) -> str | None:
     if not _IDEMPOTENCY_KEY.fullmatch(text):
         raise bad_field(Reason.INVALID_IDEMPOTENCY_KEY, field, f"must be {_KEY_RULE}")
     return text
+
+
+def request_id(field: str, header: str | None) -> str | None:
+    """CreateUpload's request_id or Idempotency-Key header (the kit's rule for both)."""
+    key, problems = choose_key(field, header)
+    if problems:
+        raise invalid_argument(Reason.INVALID_IDEMPOTENCY_KEY, problems)
+    return key
 
 
 def idempotency_keys(values: Sequence[str], field: str) -> list[str]:

@@ -102,6 +102,8 @@ class Asset:
     idempotency_key: str | None = None
     # The thumbnail's MIME type when media stored one (under thumbnail_key(object_key)).
     thumbnail_content_type: str | None = None
+    # A client's request_id that makes its CreateUpload repeatable (None for server puts).
+    upload_request_id: str | None = None
 
     def upload_expired(self, now: datetime) -> bool:
         """An upload that was never completed and whose time ran out."""

@@ -9,6 +9,7 @@ from grpc import aio
 
 from atelier.media.v1 import media_service_pb2, media_service_pb2_grpc
 from services.kit.auth import current_principal
+from services.kit.idempotency import header_key
 from services.media import fields
 from services.media.assets import Assets
 from services.media.wire import asset_message, timestamp
@@ -28,8 +29,9 @@ class MediaServicer(media_service_pb2_grpc.MediaServiceServicer):
         content_type = fields.content_type(request.content_type, "content_type")
         size_bytes = fields.size_bytes(request.size_bytes, self._max_upload_bytes)
         sha256 = fields.sha256(request.sha256)
+        request_id = fields.request_id(request.request_id, header_key(context))
         upload = await self._assets.create_upload(
-            current_principal().user_id, content_type, size_bytes, sha256
+            current_principal().user_id, content_type, size_bytes, sha256, request_id
         )
         return media_service_pb2.CreateUploadResponse(
             asset=asset_message(upload.asset),

@@ -80,6 +80,15 @@ ASSET_BY_IDEMPOTENCY_KEY = DriverStatement.of(
         _c.idempotency_key.is_not(None),
     )
 )
+# The upload an owner's CreateUpload request id made (rides
+# uq_assets_owner_upload_request_id).
+ASSET_BY_UPLOAD_REQUEST_ID = DriverStatement.of(
+    select(assets).where(
+        _c.owner_user_id == bindparam("owner_user_id"),
+        _c.upload_request_id == bindparam("upload_request_id"),
+        _c.upload_request_id.is_not(None),
+    )
+)
 _UPLOADING: ColumnElement[str] = literal_column(f"'{Status.UPLOADING.value}'")
 # The writes of every PutAsset, the same way: one statement, one round trip, no
 # transaction around it (a single statement is atomic by itself).
@@ -96,6 +105,7 @@ _NEW_ROW: dict[str, BindParameter[Any]] = {
         "created_at",
         "upload_expires_at",
         "idempotency_key",
+        "upload_request_id",
     )
 }
 INSERT_UPLOADING = DriverStatement.of(insert(assets).values(status=_UPLOADING, **_NEW_ROW))
@@ -105,6 +115,15 @@ INSERT_KEYED = DriverStatement.of(
     .on_conflict_do_nothing(
         index_elements=[_c.owner_user_id, _c.idempotency_key],
         index_where=_c.idempotency_key.is_not(None),
+    )
+    .returning(*assets.c)
+)
+INSERT_REQUESTED = DriverStatement.of(
+    pg_insert(assets)
+    .values(status=_UPLOADING, **_NEW_ROW)
+    .on_conflict_do_nothing(
+        index_elements=[_c.owner_user_id, _c.upload_request_id],
+        index_where=_c.upload_request_id.is_not(None),
     )
     .returning(*assets.c)
 )
@@ -147,6 +166,7 @@ def _new_row(asset: Asset) -> dict[str, Any]:
         "created_at": asset.created_at,
         "upload_expires_at": asset.upload_expires_at,
         "idempotency_key": asset.idempotency_key,
+        "upload_request_id": asset.upload_request_id,
     }
 
 
@@ -173,6 +193,7 @@ def _asset(row: Row[Any] | Any) -> Asset:
         deleted_at=values["deleted_at"],
         idempotency_key=values["idempotency_key"],
         thumbnail_content_type=values["thumbnail_content_type"],
+        upload_request_id=values["upload_request_id"],
     )
 
 
@@ -260,21 +281,36 @@ class AssetStore:
         """A new asset waiting for its bytes (CreateUpload, and PutAsset before it stores)."""
         await self._write(INSERT_UPLOADING, **_new_row(asset))
 
+    async def _insert_or_found(
+        self, insert: DriverStatement, found: DriverStatement, asset: Asset, **key: Any
+    ) -> Asset:
+        """The new row, or the row its owner's key already made, unchanged."""
+        rows = await self._write(insert, **_new_row(asset))
+        if not rows:
+            # The key is taken; its row is never removed (deleted assets keep their
+            # keys), so it is there to read.
+            rows = await driver_fetch(self._engine, found, owner_user_id=asset.owner_user_id, **key)
+        return _asset(rows[0])
+
     @_database
     async def insert_keyed(self, asset: Asset) -> Asset:
         """A new uploading asset under its idempotency key, or the asset the key already
         made (whatever its status), unchanged (rides uq_assets_owner_idempotency_key)."""
-        rows = await self._write(INSERT_KEYED, **_new_row(asset))
-        if not rows:
-            # The key is taken; its row is never removed (deleted assets keep their key),
-            # so it is there to read.
-            rows = await driver_fetch(
-                self._engine,
-                ASSET_BY_IDEMPOTENCY_KEY,
-                owner_user_id=asset.owner_user_id,
-                idempotency_key=asset.idempotency_key,
-            )
-        return _asset(rows[0])
+        return await self._insert_or_found(
+            INSERT_KEYED, ASSET_BY_IDEMPOTENCY_KEY, asset, idempotency_key=asset.idempotency_key
+        )
+
+    @_database
+    async def insert_requested(self, asset: Asset) -> Asset:
+        """A new upload under the client's request id, or the asset that request id
+        already made (whatever its status), unchanged (rides
+        uq_assets_owner_upload_request_id)."""
+        return await self._insert_or_found(
+            INSERT_REQUESTED,
+            ASSET_BY_UPLOAD_REQUEST_ID,
+            asset,
+            upload_request_id=asset.upload_request_id,
+        )
 
     @_database
     async def mark_keyed_deleted(

@@ -72,6 +72,11 @@ CHECKS: dict[str, str] = {
         "idempotency_key IS NULL OR (declared_size_bytes IS NULL"
         " AND idempotency_key ~ '^[A-Za-z0-9._:-]{1,200}$')"
     ),
+    # Client uploads only (they always declare a size); the kit's idempotency key rule.
+    "upload_request_id_shape": (
+        "upload_request_id IS NULL OR (purpose = 'ai_input' AND declared_size_bytes IS NOT NULL"
+        " AND upload_request_id ~ '^[A-Za-z0-9._:-]{1,128}$')"
+    ),
 }
 
 assets = Table(
@@ -107,6 +112,8 @@ assets = Table(
     Column("idempotency_key", Text),
     # Set when media stored a thumbnail beside the object (model.thumbnail_key): its type.
     Column("thumbnail_content_type", Text),
+    # A client's request_id that makes its CreateUpload repeatable (see the index below).
+    Column("upload_request_id", Text),
     *(CheckConstraint(rule, name=name) for name, rule in CHECKS.items()),
 )
 
@@ -133,4 +140,15 @@ Index(
     assets.c.idempotency_key,
     unique=True,
     postgresql_where=text("idempotency_key IS NOT NULL"),
+)
+
+# CreateUpload's idempotency: one asset per owner and request id, for good (a deleted or
+# expired upload keeps its key, so a replay can never make a second asset). Apart from
+# PutAsset's keys: a client's key never names a server-made asset.
+Index(
+    "uq_assets_owner_upload_request_id",
+    assets.c.owner_user_id,
+    assets.c.upload_request_id,
+    unique=True,
+    postgresql_where=text("upload_request_id IS NOT NULL"),
 )

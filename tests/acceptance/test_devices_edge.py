@@ -95,16 +95,25 @@ async def test_a_device_and_its_live_activity_over_json(http: httpx.AsyncClient)
 
     job = new_job_id()
     activity = await http.post(
-        f"/v1/jobs/{job}/live-activities",
+        f"/v1/jobs/{job}/liveActivities",
         json={"deviceId": device["deviceId"], "pushToken": "0c" * 50, "activityId": "a-1"},
         headers=headers("frank"),
     )
     assert activity.status_code == 200, activity.text
     assert activity.json()["activityId"] == "a-1"
-    removed = await http.delete(f"/v1/jobs/{job}/live-activities/a-1", headers=headers("frank"))
+    removed = await http.delete(f"/v1/jobs/{job}/liveActivities/a-1", headers=headers("frank"))
     assert removed.status_code == 200, removed.text
-    gone = await http.delete(f"/v1/jobs/{job}/live-activities/a-1", headers=headers("frank"))
+    gone = await http.delete(f"/v1/jobs/{job}/liveActivities/a-1", headers=headers("frank"))
     assert gone.status_code == 404
+    assert gone.json()["details"][0]["reason"] == "LIVE_ACTIVITY_NOT_FOUND"
+    # The pre-AIP path is no route at all (not a 404 from notify).
+    for old in (
+        http.post(f"/v1/jobs/{job}/live-activities", json={}, headers=headers("frank")),
+        http.delete(f"/v1/jobs/{job}/live-activities/a-1", headers=headers("frank")),
+    ):
+        answer = await old
+        assert answer.status_code == 404
+        assert answer.json()["details"][0]["reason"] == "ROUTE_NOT_FOUND"
 
     not_graces = await http.delete(f"/v1/devices/{device['deviceId']}", headers=headers("grace"))
     assert not_graces.status_code == 404

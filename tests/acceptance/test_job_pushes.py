@@ -103,7 +103,7 @@ async def test_a_job_run_records_a_start_throttled_updates_an_end_and_an_alert(
         await recorded(db, job_id, {"la_start"}, 10)
         # The push started the activity on the phone; the app registers its token.
         activity = await http.post(
-            f"{url}/v1/jobs/{job_id}/live-activities",
+            f"{url}/v1/jobs/{job_id}/liveActivities",
             headers=headers,
             json={
                 "deviceId": device.json()["device"]["deviceId"],

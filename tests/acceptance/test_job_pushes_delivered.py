@@ -159,7 +159,7 @@ async def test_a_job_run_reaches_the_apns_peer_as_one_start_updates_one_end_one_
         # its token, as the app does.
         await until("la_start at the peer", 20, started)
         activity = await http.post(
-            f"{url}/v1/jobs/{job_id}/live-activities",
+            f"{url}/v1/jobs/{job_id}/liveActivities",
             headers=headers,
             json={
                 "deviceId": device.json()["device"]["deviceId"],

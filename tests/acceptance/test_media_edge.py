@@ -77,7 +77,7 @@ def test_upload_round_trip_as_json_through_the_edge(
     assert put.status_code == 200, put.text
 
     completed = client.post(
-        f"{edge_url}/v1/assets/{asset_id}:complete", headers=auth(token), json={}
+        f"{edge_url}/v1/uploads/{asset_id}:complete", headers=auth(token), json={}
     )
     assert completed.status_code == 200, completed.text
     asset = completed.json()["asset"]
@@ -94,7 +94,7 @@ def test_upload_round_trip_as_json_through_the_edge(
     assert download.headers["content-type"] == "image/jpeg"
     assert download.content == PHOTO
 
-    again = client.post(f"{edge_url}/v1/assets/{asset_id}:complete", headers=auth(token), json={})
+    again = client.post(f"{edge_url}/v1/uploads/{asset_id}:complete", headers=auth(token), json={})
     assert again.status_code == 400
     assert again.json()["details"][0]["reason"] == "UPLOAD_ALREADY_COMPLETED"
 
@@ -104,7 +104,7 @@ def test_another_users_asset_is_404(client: httpx.Client, edge_url: str, token: 
     mallory = issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", "mallory", 600)
     for response in (
         client.get(f"{edge_url}/v1/assets/{asset_id}", headers=auth(mallory)),
-        client.post(f"{edge_url}/v1/assets/{asset_id}:complete", headers=auth(mallory), json={}),
+        client.post(f"{edge_url}/v1/uploads/{asset_id}:complete", headers=auth(mallory), json={}),
     ):
         assert response.status_code == 404
         assert response.json()["details"][0]["reason"] == "ASSET_NOT_FOUND"
@@ -265,7 +265,9 @@ async def test_hostile_and_stale_object_urls_through_the_edge(
 
         assert (await client.put(url, content=PHOTO, headers=headers)).status_code == 200
         asset_id = upload["asset"]["assetId"]
-        await client.post(f"{edge_url}/v1/assets/{asset_id}:complete", headers=auth(token), json={})
+        await client.post(
+            f"{edge_url}/v1/uploads/{asset_id}:complete", headers=auth(token), json={}
+        )
         got = await client.get(f"{edge_url}/v1/assets/{asset_id}", headers=auth(token))
         download_url = got.json()["downloadUrl"]
         await internal.DeleteAsset(
@@ -276,3 +278,38 @@ async def test_hostile_and_stale_object_urls_through_the_edge(
     for response in (again, stale):
         assert response.status_code == 404
         assert response.json()["details"][0]["reason"] == "ASSET_DELETED"
+
+
+def test_create_upload_replays_by_idempotency_key_header_through_the_edge(
+    client: httpx.Client, edge_url: str, token: str
+) -> None:
+    key = {"idempotency-key": "edge-replay-1"}
+    body = {
+        "purpose": "ASSET_PURPOSE_AI_INPUT",
+        "contentType": "image/jpeg",
+        "sizeBytes": str(len(PHOTO)),
+    }
+    first = client.post(f"{edge_url}/v1/uploads", headers={**auth(token), **key}, json=body)
+    again = client.post(f"{edge_url}/v1/uploads", headers={**auth(token), **key}, json=body)
+    assert first.status_code == again.status_code == 200, again.text
+    assert again.json()["asset"]["assetId"] == first.json()["asset"]["assetId"]
+
+    other = client.post(
+        f"{edge_url}/v1/uploads",
+        headers={**auth(token), **key},
+        json={**body, "sizeBytes": str(len(PHOTO) + 1)},
+    )
+    assert other.status_code == 409
+    assert other.json()["details"][0]["reason"] == "IDEMPOTENCY_KEY_REUSED"
+
+
+def test_complete_upload_lives_under_uploads_only(
+    client: httpx.Client, edge_url: str, token: str
+) -> None:
+    asset_id = create_upload(client, edge_url, token).json()["asset"]["assetId"]
+    old = client.post(f"{edge_url}/v1/assets/{asset_id}:complete", headers=auth(token), json={})
+    assert old.status_code == 404
+    assert old.json()["details"][0]["reason"] == "ROUTE_NOT_FOUND"
+    new = client.post(f"{edge_url}/v1/uploads/{asset_id}:complete", headers=auth(token), json={})
+    assert new.status_code == 400  # routed to media: nothing was PUT yet
+    assert new.json()["details"][0]["reason"] == "OBJECT_MISSING"

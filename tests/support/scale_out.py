@@ -358,7 +358,7 @@ class Load:
         await self._request(
             "CompleteUpload",
             "POST",
-            f"{self.edge_url}/v1/assets/{asset_id}:complete",
+            f"{self.edge_url}/v1/uploads/{asset_id}:complete",
             headers=user.headers,
             json={},
         )

@@ -84,6 +84,13 @@ SEEN = [
         grpc.StatusCode.ALREADY_EXISTS,
         Reason.IDEMPOTENCY_KEY_REUSED,
     ),
+    (errors.UploadRequestReused(), grpc.StatusCode.ALREADY_EXISTS, Reason.IDEMPOTENCY_KEY_REUSED),
+    (
+        errors.ReplayedUploadCompleted("a"),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        Reason.UPLOAD_ALREADY_COMPLETED,
+    ),
+    (errors.ReplayedUploadExpired(), grpc.StatusCode.FAILED_PRECONDITION, Reason.UPLOAD_EXPIRED),
     (
         errors.ContentRejected(Reason.NOT_AN_IMAGE, "no"),
         grpc.StatusCode.INVALID_ARGUMENT,

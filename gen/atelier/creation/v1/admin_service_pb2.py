@@ -24,9 +24,10 @@ _sym_db = _symbol_database.Default()
 
 from atelier.creation.v1 import job_pb2 as atelier_dot_creation_dot_v1_dot_job__pb2
 from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
+from google.api import resource_pb2 as google_dot_api_dot_resource__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'atelier/creation/v1/admin_service.proto\x12\x13\x61telier.creation.v1\x1a\x1d\x61telier/creation/v1/job.proto\x1a\x1fgoogle/api/field_behavior.proto\"M\n\x18ListAttentionJobsRequest\x12\x17\n\tpage_size\x18\x01 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\"\\\n\x19ListAttentionJobsResponse\x12&\n\x04jobs\x18\x01 \x03(\x0b\x32\x18.atelier.creation.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x92\x01\n\x11ResolveJobRequest\x12\x14\n\x06job_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x39\n\nresolution\x18\x02 \x01(\x0e\x32\x1f.atelier.creation.v1.ResolutionB\x04\xe2\x41\x01\x02\x12\x16\n\x08operator\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06reason\x18\x04 \x01(\tB\x04\xe2\x41\x01\x02\";\n\x12ResolveJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.atelier.creation.v1.Job\"_\n\x14ListJobEventsRequest\x12\x14\n\x06job_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tpage_size\x18\x02 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x03 \x01(\tB\x04\xe2\x41\x01\x01\"_\n\x15ListJobEventsResponse\x12-\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1d.atelier.creation.v1.JobEvent\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"q\n\x12GrantPointsRequest\x12\x15\n\x07user_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06\x61mount\x18\x02 \x01(\x03\x42\x04\xe2\x41\x01\x02\x12\x18\n\nrequest_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06reason\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"/\n\x13GrantPointsResponse\x12\x18\n\x10\x61vailable_points\x18\x01 \x01(\x03*j\n\nResolution\x12\x1a\n\x16RESOLUTION_UNSPECIFIED\x10\x00\x12\x14\n\x10RESOLUTION_RETRY\x10\x01\x12\x13\n\x0fRESOLUTION_FAIL\x10\x02\x12\x15\n\x11RESOLUTION_CANCEL\x10\x03\x32\xab\x03\n\x0c\x41\x64minService\x12r\n\x11ListAttentionJobs\x12-.atelier.creation.v1.ListAttentionJobsRequest\x1a..atelier.creation.v1.ListAttentionJobsResponse\x12]\n\nResolveJob\x12&.atelier.creation.v1.ResolveJobRequest\x1a\'.atelier.creation.v1.ResolveJobResponse\x12\x66\n\rListJobEvents\x12).atelier.creation.v1.ListJobEventsRequest\x1a*.atelier.creation.v1.ListJobEventsResponse\x12`\n\x0bGrantPoints\x12\'.atelier.creation.v1.GrantPointsRequest\x1a(.atelier.creation.v1.GrantPointsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'atelier/creation/v1/admin_service.proto\x12\x13\x61telier.creation.v1\x1a\x1d\x61telier/creation/v1/job.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\"M\n\x18ListAttentionJobsRequest\x12\x17\n\tpage_size\x18\x01 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\"\\\n\x19ListAttentionJobsResponse\x12&\n\x04jobs\x18\x01 \x03(\x0b\x32\x18.atelier.creation.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xaf\x01\n\x11ResolveJobRequest\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x02\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\x12\x39\n\nresolution\x18\x02 \x01(\x0e\x32\x1f.atelier.creation.v1.ResolutionB\x04\xe2\x41\x01\x02\x12\x16\n\x08operator\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06reason\x18\x04 \x01(\tB\x04\xe2\x41\x01\x02\";\n\x12ResolveJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.atelier.creation.v1.Job\"|\n\x14ListJobEventsRequest\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x02\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\x12\x17\n\tpage_size\x18\x02 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x03 \x01(\tB\x04\xe2\x41\x01\x01\"_\n\x15ListJobEventsResponse\x12-\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1d.atelier.creation.v1.JobEvent\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"q\n\x12GrantPointsRequest\x12\x15\n\x07user_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06\x61mount\x18\x02 \x01(\x03\x42\x04\xe2\x41\x01\x02\x12\x18\n\nrequest_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06reason\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"/\n\x13GrantPointsResponse\x12\x18\n\x10\x61vailable_points\x18\x01 \x01(\x03*j\n\nResolution\x12\x1a\n\x16RESOLUTION_UNSPECIFIED\x10\x00\x12\x14\n\x10RESOLUTION_RETRY\x10\x01\x12\x13\n\x0fRESOLUTION_FAIL\x10\x02\x12\x15\n\x11RESOLUTION_CANCEL\x10\x03\x32\xab\x03\n\x0c\x41\x64minService\x12r\n\x11ListAttentionJobs\x12-.atelier.creation.v1.ListAttentionJobsRequest\x1a..atelier.creation.v1.ListAttentionJobsResponse\x12]\n\nResolveJob\x12&.atelier.creation.v1.ResolveJobRequest\x1a\'.atelier.creation.v1.ResolveJobResponse\x12\x66\n\rListJobEvents\x12).atelier.creation.v1.ListJobEventsRequest\x1a*.atelier.creation.v1.ListJobEventsResponse\x12`\n\x0bGrantPoints\x12\'.atelier.creation.v1.GrantPointsRequest\x1a(.atelier.creation.v1.GrantPointsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,7 +39,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTATTENTIONJOBSREQUEST'].fields_by_name['page_token']._loaded_options = None
   _globals['_LISTATTENTIONJOBSREQUEST'].fields_by_name['page_token']._serialized_options = b'\342A\001\001'
   _globals['_RESOLVEJOBREQUEST'].fields_by_name['job_id']._loaded_options = None
-  _globals['_RESOLVEJOBREQUEST'].fields_by_name['job_id']._serialized_options = b'\342A\001\002'
+  _globals['_RESOLVEJOBREQUEST'].fields_by_name['job_id']._serialized_options = b'\342A\001\002\372A\032\n\030creation.atelier.dev/Job'
   _globals['_RESOLVEJOBREQUEST'].fields_by_name['resolution']._loaded_options = None
   _globals['_RESOLVEJOBREQUEST'].fields_by_name['resolution']._serialized_options = b'\342A\001\002'
   _globals['_RESOLVEJOBREQUEST'].fields_by_name['operator']._loaded_options = None
@@ -46,7 +47,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RESOLVEJOBREQUEST'].fields_by_name['reason']._loaded_options = None
   _globals['_RESOLVEJOBREQUEST'].fields_by_name['reason']._serialized_options = b'\342A\001\002'
   _globals['_LISTJOBEVENTSREQUEST'].fields_by_name['job_id']._loaded_options = None
-  _globals['_LISTJOBEVENTSREQUEST'].fields_by_name['job_id']._serialized_options = b'\342A\001\002'
+  _globals['_LISTJOBEVENTSREQUEST'].fields_by_name['job_id']._serialized_options = b'\342A\001\002\372A\032\n\030creation.atelier.dev/Job'
   _globals['_LISTJOBEVENTSREQUEST'].fields_by_name['page_size']._loaded_options = None
   _globals['_LISTJOBEVENTSREQUEST'].fields_by_name['page_size']._serialized_options = b'\342A\001\001'
   _globals['_LISTJOBEVENTSREQUEST'].fields_by_name['page_token']._loaded_options = None
@@ -59,24 +60,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GRANTPOINTSREQUEST'].fields_by_name['request_id']._serialized_options = b'\342A\001\002'
   _globals['_GRANTPOINTSREQUEST'].fields_by_name['reason']._loaded_options = None
   _globals['_GRANTPOINTSREQUEST'].fields_by_name['reason']._serialized_options = b'\342A\001\001'
-  _globals['_RESOLUTION']._serialized_start=869
-  _globals['_RESOLUTION']._serialized_end=975
-  _globals['_LISTATTENTIONJOBSREQUEST']._serialized_start=128
-  _globals['_LISTATTENTIONJOBSREQUEST']._serialized_end=205
-  _globals['_LISTATTENTIONJOBSRESPONSE']._serialized_start=207
-  _globals['_LISTATTENTIONJOBSRESPONSE']._serialized_end=299
-  _globals['_RESOLVEJOBREQUEST']._serialized_start=302
-  _globals['_RESOLVEJOBREQUEST']._serialized_end=448
-  _globals['_RESOLVEJOBRESPONSE']._serialized_start=450
-  _globals['_RESOLVEJOBRESPONSE']._serialized_end=509
-  _globals['_LISTJOBEVENTSREQUEST']._serialized_start=511
-  _globals['_LISTJOBEVENTSREQUEST']._serialized_end=606
-  _globals['_LISTJOBEVENTSRESPONSE']._serialized_start=608
-  _globals['_LISTJOBEVENTSRESPONSE']._serialized_end=703
-  _globals['_GRANTPOINTSREQUEST']._serialized_start=705
-  _globals['_GRANTPOINTSREQUEST']._serialized_end=818
-  _globals['_GRANTPOINTSRESPONSE']._serialized_start=820
-  _globals['_GRANTPOINTSRESPONSE']._serialized_end=867
-  _globals['_ADMINSERVICE']._serialized_start=978
-  _globals['_ADMINSERVICE']._serialized_end=1405
+  _globals['_RESOLUTION']._serialized_start=954
+  _globals['_RESOLUTION']._serialized_end=1060
+  _globals['_LISTATTENTIONJOBSREQUEST']._serialized_start=155
+  _globals['_LISTATTENTIONJOBSREQUEST']._serialized_end=232
+  _globals['_LISTATTENTIONJOBSRESPONSE']._serialized_start=234
+  _globals['_LISTATTENTIONJOBSRESPONSE']._serialized_end=326
+  _globals['_RESOLVEJOBREQUEST']._serialized_start=329
+  _globals['_RESOLVEJOBREQUEST']._serialized_end=504
+  _globals['_RESOLVEJOBRESPONSE']._serialized_start=506
+  _globals['_RESOLVEJOBRESPONSE']._serialized_end=565
+  _globals['_LISTJOBEVENTSREQUEST']._serialized_start=567
+  _globals['_LISTJOBEVENTSREQUEST']._serialized_end=691
+  _globals['_LISTJOBEVENTSRESPONSE']._serialized_start=693
+  _globals['_LISTJOBEVENTSRESPONSE']._serialized_end=788
+  _globals['_GRANTPOINTSREQUEST']._serialized_start=790
+  _globals['_GRANTPOINTSREQUEST']._serialized_end=903
+  _globals['_GRANTPOINTSRESPONSE']._serialized_start=905
+  _globals['_GRANTPOINTSRESPONSE']._serialized_end=952
+  _globals['_ADMINSERVICE']._serialized_start=1063
+  _globals['_ADMINSERVICE']._serialized_end=1490
 # @@protoc_insertion_point(module_scope)

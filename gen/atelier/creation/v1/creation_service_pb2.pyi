@@ -90,8 +90,12 @@ class SubmitJobRequest(_message.Message):
     PARAMETERS_FIELD_NUMBER: _builtins.int
     NUM_OUTPUTS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
-    """Idempotency key, unique per user (AIP-155). The Idempotency-Key header is accepted
-    too; when both are given they must be equal.
+    """Idempotency key, unique per user (AIP-155): 1 to 128 letters, digits and . _ : -.
+    The Idempotency-Key header is accepted too; when both are given they must be equal.
+    The same key with the same request returns the job it made; with a different request
+    it is ALREADY_EXISTS (reason IDEMPOTENCY_KEY_REUSED). Retention: a key lives as long
+    as its job, and jobs are never deleted, so a key is never freed or reused: it is kept
+    for good.
     """
     model_id: _builtins.str
     """A model from ListCatalog."""

@@ -23,11 +23,12 @@ _sym_db = _symbol_database.Default()
 
 
 from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
+from google.api import resource_pb2 as google_dot_api_dot_resource__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61telier/creation/v1/job.proto\x12\x13\x61telier.creation.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"5\n\x08JobError\x12\x12\n\x04\x63ode\x18\x01 \x01(\tB\x04\xe2\x41\x01\x03\x12\x15\n\x07message\x18\x02 \x01(\tB\x04\xe2\x41\x01\x03\"\xd3\x01\n\tJobOutput\x12\x16\n\x08\x61sset_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x03\x12\x11\n\x03url\x18\x02 \x01(\tB\x04\xe2\x41\x01\x03\x12\x39\n\x0furl_expire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x1b\n\rthumbnail_url\x18\x04 \x01(\tB\x04\xe2\x41\x01\x03\x12\x43\n\x19thumbnail_url_expire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\"\xcb\x07\n\x03Job\x12\x14\n\x06job_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x03\x12\x15\n\x07user_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x03\x12\x16\n\x08model_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x03\x12\x16\n\x08style_id\x18\x04 \x01(\tB\x04\xe2\x41\x01\x03\x12\x1c\n\x0einput_asset_id\x18\x05 \x01(\tB\x04\xe2\x41\x01\x03\x12\x14\n\x06prompt\x18\x06 \x01(\tB\x04\xe2\x41\x01\x03\x12\x1d\n\x0fnegative_prompt\x18\x07 \x01(\tB\x04\xe2\x41\x01\x03\x12\x13\n\x05width\x18\x08 \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x14\n\x06height\x18\t \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x31\n\nparameters\x18\n \x01(\x0b\x32\x17.google.protobuf.StructB\x04\xe2\x41\x01\x03\x12\x34\n\x06status\x18\x0b \x01(\x0e\x32\x1e.atelier.creation.v1.JobStatusB\x04\xe2\x41\x01\x03\x12\x1e\n\x10progress_percent\x18\x0c \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x30\n\x04step\x18\r \x01(\x0e\x32\x1c.atelier.creation.v1.JobStepB\x04\xe2\x41\x01\x03\x12\x15\n\x07\x61ttempt\x18\x0e \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x1a\n\x0cmax_attempts\x18\x0f \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x1e\n\x10\x63\x61ncel_requested\x18\x10 \x01(\x08\x42\x04\xe2\x41\x01\x03\x12\x1a\n\x0cprice_points\x18\x11 \x01(\x03\x42\x04\xe2\x41\x01\x03\x12\x32\n\x05\x65rror\x18\x15 \x01(\x0b\x32\x1d.atelier.creation.v1.JobErrorB\x04\xe2\x41\x01\x03\x12\x15\n\x07version\x18\x16 \x01(\x03\x42\x04\xe2\x41\x01\x03\x12\x35\n\x0b\x63reate_time\x18\x17 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x34\n\nstart_time\x18\x18 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x37\n\rcomplete_time\x18\x19 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x35\n\x0bupdate_time\x18\x1a \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x19\n\x0bnum_outputs\x18\x1b \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x35\n\x07outputs\x18\x1c \x03(\x0b\x32\x1e.atelier.creation.v1.JobOutputB\x04\xe2\x41\x01\x03J\x04\x08\x12\x10\x13J\x04\x08\x13\x10\x14J\x04\x08\x14\x10\x15R\x0foutput_asset_idR\noutput_urlR\x16output_url_expire_time\"\xca\x02\n\x08JobEvent\x12\x14\n\x06job_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x03\x12\x15\n\x07version\x18\x02 \x01(\x03\x42\x04\xe2\x41\x01\x03\x12\x39\n\x0b\x66rom_status\x18\x03 \x01(\x0e\x32\x1e.atelier.creation.v1.JobStatusB\x04\xe2\x41\x01\x03\x12\x37\n\tto_status\x18\x04 \x01(\x0e\x32\x1e.atelier.creation.v1.JobStatusB\x04\xe2\x41\x01\x03\x12\x38\n\nactor_kind\x18\x05 \x01(\x0e\x32\x1e.atelier.creation.v1.ActorKindB\x04\xe2\x41\x01\x03\x12\x16\n\x08\x61\x63tor_id\x18\x06 \x01(\tB\x04\xe2\x41\x01\x03\x12\x14\n\x06reason\x18\x07 \x01(\tB\x04\xe2\x41\x01\x03\x12\x35\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03*\xc1\x01\n\tJobStatus\x12\x1a\n\x16JOB_STATUS_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_STATUS_QUEUED\x10\x01\x12\x16\n\x12JOB_STATUS_RUNNING\x10\x02\x12\x18\n\x14JOB_STATUS_SUCCEEDED\x10\x03\x12\x15\n\x11JOB_STATUS_FAILED\x10\x04\x12\x18\n\x14JOB_STATUS_CANCELLED\x10\x05\x12\x1e\n\x1aJOB_STATUS_NEEDS_ATTENTION\x10\x06*\x96\x01\n\x07JobStep\x12\x18\n\x14JOB_STEP_UNSPECIFIED\x10\x00\x12\x16\n\x12JOB_STEP_PREPARING\x10\x01\x12\x17\n\x13JOB_STEP_SUBMITTING\x10\x02\x12\x17\n\x13JOB_STEP_GENERATING\x10\x03\x12\x14\n\x10JOB_STEP_STORING\x10\x04\x12\x11\n\rJOB_STEP_DONE\x10\x05*\x83\x01\n\tActorKind\x12\x1a\n\x16\x41\x43TOR_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x41\x43TOR_KIND_USER\x10\x01\x12\x15\n\x11\x41\x43TOR_KIND_WORKER\x10\x02\x12\x15\n\x11\x41\x43TOR_KIND_REAPER\x10\x03\x12\x17\n\x13\x41\x43TOR_KIND_OPERATOR\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61telier/creation/v1/job.proto\x12\x13\x61telier.creation.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"5\n\x08JobError\x12\x12\n\x04\x63ode\x18\x01 \x01(\tB\x04\xe2\x41\x01\x03\x12\x15\n\x07message\x18\x02 \x01(\tB\x04\xe2\x41\x01\x03\"\xef\x01\n\tJobOutput\x12\x32\n\x08\x61sset_id\x18\x01 \x01(\tB \xe2\x41\x01\x03\xfa\x41\x19\n\x17media.atelier.dev/Asset\x12\x11\n\x03url\x18\x02 \x01(\tB\x04\xe2\x41\x01\x03\x12\x39\n\x0furl_expire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x1b\n\rthumbnail_url\x18\x04 \x01(\tB\x04\xe2\x41\x01\x03\x12\x43\n\x19thumbnail_url_expire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\"\xa5\x08\n\x03Job\x12\x14\n\x06job_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x03\x12\x15\n\x07user_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x03\x12\x16\n\x08model_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x03\x12\x16\n\x08style_id\x18\x04 \x01(\tB\x04\xe2\x41\x01\x03\x12\x38\n\x0einput_asset_id\x18\x05 \x01(\tB \xe2\x41\x01\x03\xfa\x41\x19\n\x17media.atelier.dev/Asset\x12\x14\n\x06prompt\x18\x06 \x01(\tB\x04\xe2\x41\x01\x03\x12\x1d\n\x0fnegative_prompt\x18\x07 \x01(\tB\x04\xe2\x41\x01\x03\x12\x13\n\x05width\x18\x08 \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x14\n\x06height\x18\t \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x31\n\nparameters\x18\n \x01(\x0b\x32\x17.google.protobuf.StructB\x04\xe2\x41\x01\x03\x12\x34\n\x06status\x18\x0b \x01(\x0e\x32\x1e.atelier.creation.v1.JobStatusB\x04\xe2\x41\x01\x03\x12\x1e\n\x10progress_percent\x18\x0c \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x30\n\x04step\x18\r \x01(\x0e\x32\x1c.atelier.creation.v1.JobStepB\x04\xe2\x41\x01\x03\x12\x15\n\x07\x61ttempt\x18\x0e \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x1a\n\x0cmax_attempts\x18\x0f \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x1e\n\x10\x63\x61ncel_requested\x18\x10 \x01(\x08\x42\x04\xe2\x41\x01\x03\x12\x1a\n\x0cprice_points\x18\x11 \x01(\x03\x42\x04\xe2\x41\x01\x03\x12\x32\n\x05\x65rror\x18\x15 \x01(\x0b\x32\x1d.atelier.creation.v1.JobErrorB\x04\xe2\x41\x01\x03\x12\x15\n\x07version\x18\x16 \x01(\x03\x42\x04\xe2\x41\x01\x03\x12\x35\n\x0b\x63reate_time\x18\x17 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x34\n\nstart_time\x18\x18 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x37\n\rcomplete_time\x18\x19 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x35\n\x0bupdate_time\x18\x1a \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x19\n\x0bnum_outputs\x18\x1b \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x35\n\x07outputs\x18\x1c \x03(\x0b\x32\x1e.atelier.creation.v1.JobOutputB\x04\xe2\x41\x01\x03:<\xea\x41\x39\n\x18\x63reation.atelier.dev/Job\x12\njobs/{job}\x1a\x06job_id*\x04jobs2\x03jobJ\x04\x08\x12\x10\x13J\x04\x08\x13\x10\x14J\x04\x08\x14\x10\x15R\x0foutput_asset_idR\noutput_urlR\x16output_url_expire_time\"\xe7\x02\n\x08JobEvent\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x03\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\x12\x15\n\x07version\x18\x02 \x01(\x03\x42\x04\xe2\x41\x01\x03\x12\x39\n\x0b\x66rom_status\x18\x03 \x01(\x0e\x32\x1e.atelier.creation.v1.JobStatusB\x04\xe2\x41\x01\x03\x12\x37\n\tto_status\x18\x04 \x01(\x0e\x32\x1e.atelier.creation.v1.JobStatusB\x04\xe2\x41\x01\x03\x12\x38\n\nactor_kind\x18\x05 \x01(\x0e\x32\x1e.atelier.creation.v1.ActorKindB\x04\xe2\x41\x01\x03\x12\x16\n\x08\x61\x63tor_id\x18\x06 \x01(\tB\x04\xe2\x41\x01\x03\x12\x14\n\x06reason\x18\x07 \x01(\tB\x04\xe2\x41\x01\x03\x12\x35\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03*\xc1\x01\n\tJobStatus\x12\x1a\n\x16JOB_STATUS_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_STATUS_QUEUED\x10\x01\x12\x16\n\x12JOB_STATUS_RUNNING\x10\x02\x12\x18\n\x14JOB_STATUS_SUCCEEDED\x10\x03\x12\x15\n\x11JOB_STATUS_FAILED\x10\x04\x12\x18\n\x14JOB_STATUS_CANCELLED\x10\x05\x12\x1e\n\x1aJOB_STATUS_NEEDS_ATTENTION\x10\x06*\x96\x01\n\x07JobStep\x12\x18\n\x14JOB_STEP_UNSPECIFIED\x10\x00\x12\x16\n\x12JOB_STEP_PREPARING\x10\x01\x12\x17\n\x13JOB_STEP_SUBMITTING\x10\x02\x12\x17\n\x13JOB_STEP_GENERATING\x10\x03\x12\x14\n\x10JOB_STEP_STORING\x10\x04\x12\x11\n\rJOB_STEP_DONE\x10\x05*\x83\x01\n\tActorKind\x12\x1a\n\x16\x41\x43TOR_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x41\x43TOR_KIND_USER\x10\x01\x12\x15\n\x11\x41\x43TOR_KIND_WORKER\x10\x02\x12\x15\n\x11\x41\x43TOR_KIND_REAPER\x10\x03\x12\x17\n\x13\x41\x43TOR_KIND_OPERATOR\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,7 +40,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOBERROR'].fields_by_name['message']._loaded_options = None
   _globals['_JOBERROR'].fields_by_name['message']._serialized_options = b'\342A\001\003'
   _globals['_JOBOUTPUT'].fields_by_name['asset_id']._loaded_options = None
-  _globals['_JOBOUTPUT'].fields_by_name['asset_id']._serialized_options = b'\342A\001\003'
+  _globals['_JOBOUTPUT'].fields_by_name['asset_id']._serialized_options = b'\342A\001\003\372A\031\n\027media.atelier.dev/Asset'
   _globals['_JOBOUTPUT'].fields_by_name['url']._loaded_options = None
   _globals['_JOBOUTPUT'].fields_by_name['url']._serialized_options = b'\342A\001\003'
   _globals['_JOBOUTPUT'].fields_by_name['url_expire_time']._loaded_options = None
@@ -57,7 +58,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOB'].fields_by_name['style_id']._loaded_options = None
   _globals['_JOB'].fields_by_name['style_id']._serialized_options = b'\342A\001\003'
   _globals['_JOB'].fields_by_name['input_asset_id']._loaded_options = None
-  _globals['_JOB'].fields_by_name['input_asset_id']._serialized_options = b'\342A\001\003'
+  _globals['_JOB'].fields_by_name['input_asset_id']._serialized_options = b'\342A\001\003\372A\031\n\027media.atelier.dev/Asset'
   _globals['_JOB'].fields_by_name['prompt']._loaded_options = None
   _globals['_JOB'].fields_by_name['prompt']._serialized_options = b'\342A\001\003'
   _globals['_JOB'].fields_by_name['negative_prompt']._loaded_options = None
@@ -98,8 +99,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOB'].fields_by_name['num_outputs']._serialized_options = b'\342A\001\003'
   _globals['_JOB'].fields_by_name['outputs']._loaded_options = None
   _globals['_JOB'].fields_by_name['outputs']._serialized_options = b'\342A\001\003'
+  _globals['_JOB']._loaded_options = None
+  _globals['_JOB']._serialized_options = b'\352A9\n\030creation.atelier.dev/Job\022\njobs/{job}\032\006job_id*\004jobs2\003job'
   _globals['_JOBEVENT'].fields_by_name['job_id']._loaded_options = None
-  _globals['_JOBEVENT'].fields_by_name['job_id']._serialized_options = b'\342A\001\003'
+  _globals['_JOBEVENT'].fields_by_name['job_id']._serialized_options = b'\342A\001\003\372A\032\n\030creation.atelier.dev/Job'
   _globals['_JOBEVENT'].fields_by_name['version']._loaded_options = None
   _globals['_JOBEVENT'].fields_by_name['version']._serialized_options = b'\342A\001\003'
   _globals['_JOBEVENT'].fields_by_name['from_status']._loaded_options = None
@@ -114,18 +117,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOBEVENT'].fields_by_name['reason']._serialized_options = b'\342A\001\003'
   _globals['_JOBEVENT'].fields_by_name['create_time']._loaded_options = None
   _globals['_JOBEVENT'].fields_by_name['create_time']._serialized_options = b'\342A\001\003'
-  _globals['_JOBSTATUS']._serialized_start=1727
-  _globals['_JOBSTATUS']._serialized_end=1920
-  _globals['_JOBSTEP']._serialized_start=1923
-  _globals['_JOBSTEP']._serialized_end=2073
-  _globals['_ACTORKIND']._serialized_start=2076
-  _globals['_ACTORKIND']._serialized_end=2207
-  _globals['_JOBERROR']._serialized_start=150
-  _globals['_JOBERROR']._serialized_end=203
-  _globals['_JOBOUTPUT']._serialized_start=206
-  _globals['_JOBOUTPUT']._serialized_end=417
-  _globals['_JOB']._serialized_start=420
-  _globals['_JOB']._serialized_end=1391
-  _globals['_JOBEVENT']._serialized_start=1394
-  _globals['_JOBEVENT']._serialized_end=1724
+  _globals['_JOBSTATUS']._serialized_start=1901
+  _globals['_JOBSTATUS']._serialized_end=2094
+  _globals['_JOBSTEP']._serialized_start=2097
+  _globals['_JOBSTEP']._serialized_end=2247
+  _globals['_ACTORKIND']._serialized_start=2250
+  _globals['_ACTORKIND']._serialized_end=2381
+  _globals['_JOBERROR']._serialized_start=177
+  _globals['_JOBERROR']._serialized_end=230
+  _globals['_JOBOUTPUT']._serialized_start=233
+  _globals['_JOBOUTPUT']._serialized_end=472
+  _globals['_JOB']._serialized_start=475
+  _globals['_JOB']._serialized_end=1536
+  _globals['_JOBEVENT']._serialized_start=1539
+  _globals['_JOBEVENT']._serialized_end=1898
 # @@protoc_insertion_point(module_scope)

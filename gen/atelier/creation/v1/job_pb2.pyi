@@ -208,7 +208,12 @@ Global___JobOutput: _TypeAlias = JobOutput  # noqa: Y015
 
 @_typing.final
 class Job(_message.Message):
-    """One generation: an input photo, a model and a style, turned into output images."""
+    """One generation: an input photo, a model and a style, turned into output images.
+
+    As a resource (AIP-122) its name is `jobs/{job}`, the path its routes use
+    (`/v1/jobs/{job_id}`); messages carry the last segment only, in job_id. Jobs are
+    per user without the user in the name: the caller's token says whose they are.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -23,10 +23,11 @@ _sym_db = _symbol_database.Default()
 
 
 from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
+from google.api import resource_pb2 as google_dot_api_dot_resource__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x61telier/media/v1/asset.proto\x12\x10\x61telier.media.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8c\x03\n\x05\x41sset\x12\x16\n\x08\x61sset_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x03\x12\x1b\n\rowner_user_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x03\x12\x35\n\x07purpose\x18\x03 \x01(\x0e\x32\x1e.atelier.media.v1.AssetPurposeB\x04\xe2\x41\x01\x03\x12\x33\n\x06status\x18\x04 \x01(\x0e\x32\x1d.atelier.media.v1.AssetStatusB\x04\xe2\x41\x01\x03\x12\x1a\n\x0c\x63ontent_type\x18\x05 \x01(\tB\x04\xe2\x41\x01\x03\x12\x18\n\nsize_bytes\x18\x06 \x01(\x03\x42\x04\xe2\x41\x01\x03\x12\x14\n\x06sha256\x18\x07 \x01(\tB\x04\xe2\x41\x01\x03\x12\x13\n\x05width\x18\x08 \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x14\n\x06height\x18\t \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x35\n\x0b\x63reate_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x34\n\nready_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03*f\n\x0c\x41ssetPurpose\x12\x1d\n\x19\x41SSET_PURPOSE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x41SSET_PURPOSE_AI_INPUT\x10\x01\x12\x1b\n\x17\x41SSET_PURPOSE_AI_OUTPUT\x10\x02*y\n\x0b\x41ssetStatus\x12\x1c\n\x18\x41SSET_STATUS_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x41SSET_STATUS_UPLOADING\x10\x01\x12\x16\n\x12\x41SSET_STATUS_READY\x10\x02\x12\x18\n\x14\x41SSET_STATUS_DELETED\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x61telier/media/v1/asset.proto\x12\x10\x61telier.media.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd3\x03\n\x05\x41sset\x12\x16\n\x08\x61sset_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x03\x12\x1b\n\rowner_user_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x03\x12\x35\n\x07purpose\x18\x03 \x01(\x0e\x32\x1e.atelier.media.v1.AssetPurposeB\x04\xe2\x41\x01\x03\x12\x33\n\x06status\x18\x04 \x01(\x0e\x32\x1d.atelier.media.v1.AssetStatusB\x04\xe2\x41\x01\x03\x12\x1a\n\x0c\x63ontent_type\x18\x05 \x01(\tB\x04\xe2\x41\x01\x03\x12\x18\n\nsize_bytes\x18\x06 \x01(\x03\x42\x04\xe2\x41\x01\x03\x12\x14\n\x06sha256\x18\x07 \x01(\tB\x04\xe2\x41\x01\x03\x12\x13\n\x05width\x18\x08 \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x14\n\x06height\x18\t \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x35\n\x0b\x63reate_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x34\n\nready_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03:E\xea\x41\x42\n\x17media.atelier.dev/Asset\x12\x0e\x61ssets/{asset}\x1a\x08\x61sset_id*\x06\x61ssets2\x05\x61sset*f\n\x0c\x41ssetPurpose\x12\x1d\n\x19\x41SSET_PURPOSE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x41SSET_PURPOSE_AI_INPUT\x10\x01\x12\x1b\n\x17\x41SSET_PURPOSE_AI_OUTPUT\x10\x02*y\n\x0b\x41ssetStatus\x12\x1c\n\x18\x41SSET_STATUS_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x41SSET_STATUS_UPLOADING\x10\x01\x12\x16\n\x12\x41SSET_STATUS_READY\x10\x02\x12\x18\n\x14\x41SSET_STATUS_DELETED\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -55,10 +56,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ASSET'].fields_by_name['create_time']._serialized_options = b'\342A\001\003'
   _globals['_ASSET'].fields_by_name['ready_time']._loaded_options = None
   _globals['_ASSET'].fields_by_name['ready_time']._serialized_options = b'\342A\001\003'
-  _globals['_ASSETPURPOSE']._serialized_start=515
-  _globals['_ASSETPURPOSE']._serialized_end=617
-  _globals['_ASSETSTATUS']._serialized_start=619
-  _globals['_ASSETSTATUS']._serialized_end=740
-  _globals['_ASSET']._serialized_start=117
-  _globals['_ASSET']._serialized_end=513
+  _globals['_ASSET']._loaded_options = None
+  _globals['_ASSET']._serialized_options = b'\352AB\n\027media.atelier.dev/Asset\022\016assets/{asset}\032\010asset_id*\006assets2\005asset'
+  _globals['_ASSETPURPOSE']._serialized_start=613
+  _globals['_ASSETPURPOSE']._serialized_end=715
+  _globals['_ASSETSTATUS']._serialized_start=717
+  _globals['_ASSETSTATUS']._serialized_end=838
+  _globals['_ASSET']._serialized_start=144
+  _globals['_ASSET']._serialized_end=611
 # @@protoc_insertion_point(module_scope)

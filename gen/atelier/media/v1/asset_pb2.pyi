@@ -72,7 +72,12 @@ Global___AssetStatus: _TypeAlias = AssetStatus  # noqa: Y015
 
 @_typing.final
 class Asset(_message.Message):
-    """A stored image and what media knows about it."""
+    """A stored image and what media knows about it.
+
+    As a resource (AIP-122) its name is `assets/{asset}`, the path of GetAsset's route
+    (`/v1/assets/{asset_id}`); messages carry the last segment only, in asset_id. The
+    caller's token says whose assets they are.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -24,10 +24,11 @@ _sym_db = _symbol_database.Default()
 
 from atelier.media.v1 import asset_pb2 as atelier_dot_media_dot_v1_dot_asset__pb2
 from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
+from google.api import resource_pb2 as google_dot_api_dot_resource__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-atelier/media/v1/media_internal_service.proto\x12\x10\x61telier.media.v1\x1a\x1c\x61telier/media/v1/asset.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9f\x01\n\x0ePutAssetHeader\x12\x1b\n\rowner_user_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x35\n\x07purpose\x18\x02 \x01(\x0e\x32\x1e.atelier.media.v1.AssetPurposeB\x04\xe2\x41\x01\x02\x12\x1a\n\x0c\x63ontent_type\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1d\n\x0fidempotency_key\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"^\n\x0fPutAssetRequest\x12\x32\n\x06header\x18\x01 \x01(\x0b\x32 .atelier.media.v1.PutAssetHeaderH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\":\n\x10PutAssetResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\"*\n\x10ReadAssetRequest\x12\x16\n\x08\x61sset_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\"V\n\x11ReadAssetResponse\x12(\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.AssetH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\",\n\x12GetAssetUrlRequest\x12\x16\n\x08\x61sset_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\"\xda\x01\n\x13GetAssetUrlResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\x12\x14\n\x0c\x64ownload_url\x18\x02 \x01(\t\x12/\n\x0b\x65xpire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rthumbnail_url\x18\x04 \x01(\t\x12=\n\x19thumbnail_url_expire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\".\n\x13GetAssetUrlsRequest\x12\x17\n\tasset_ids\x18\x01 \x03(\tB\x04\xe2\x41\x01\x02\"\xb5\x01\n\tAssetUrls\x12\x10\n\x08\x61sset_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x33\n\x0furl_expire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rthumbnail_url\x18\x04 \x01(\t\x12=\n\x19thumbnail_url_expire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"C\n\x14GetAssetUrlsResponse\x12+\n\x06\x61ssets\x18\x01 \x03(\x0b\x32\x1b.atelier.media.v1.AssetUrls\"-\n\x13GetAssetInfoRequest\x12\x16\n\x08\x61sset_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\">\n\x14GetAssetInfoResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\",\n\x12\x44\x65leteAssetRequest\x12\x16\n\x08\x61sset_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\"=\n\x13\x44\x65leteAssetResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\"W\n\x18\x44\x65leteKeyedAssetsRequest\x12\x1b\n\rowner_user_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1e\n\x10idempotency_keys\x18\x02 \x03(\tB\x04\xe2\x41\x01\x02\"D\n\x19\x44\x65leteKeyedAssetsResponse\x12\'\n\x06\x61ssets\x18\x01 \x03(\x0b\x32\x17.atelier.media.v1.Asset2\xa7\x05\n\x14MediaInternalService\x12S\n\x08PutAsset\x12!.atelier.media.v1.PutAssetRequest\x1a\".atelier.media.v1.PutAssetResponse(\x01\x12V\n\tReadAsset\x12\".atelier.media.v1.ReadAssetRequest\x1a#.atelier.media.v1.ReadAssetResponse0\x01\x12Z\n\x0bGetAssetUrl\x12$.atelier.media.v1.GetAssetUrlRequest\x1a%.atelier.media.v1.GetAssetUrlResponse\x12]\n\x0cGetAssetUrls\x12%.atelier.media.v1.GetAssetUrlsRequest\x1a&.atelier.media.v1.GetAssetUrlsResponse\x12]\n\x0cGetAssetInfo\x12%.atelier.media.v1.GetAssetInfoRequest\x1a&.atelier.media.v1.GetAssetInfoResponse\x12Z\n\x0b\x44\x65leteAsset\x12$.atelier.media.v1.DeleteAssetRequest\x1a%.atelier.media.v1.DeleteAssetResponse\x12l\n\x11\x44\x65leteKeyedAssets\x12*.atelier.media.v1.DeleteKeyedAssetsRequest\x1a+.atelier.media.v1.DeleteKeyedAssetsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-atelier/media/v1/media_internal_service.proto\x12\x10\x61telier.media.v1\x1a\x1c\x61telier/media/v1/asset.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9f\x01\n\x0ePutAssetHeader\x12\x1b\n\rowner_user_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x35\n\x07purpose\x18\x02 \x01(\x0e\x32\x1e.atelier.media.v1.AssetPurposeB\x04\xe2\x41\x01\x02\x12\x1a\n\x0c\x63ontent_type\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1d\n\x0fidempotency_key\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"^\n\x0fPutAssetRequest\x12\x32\n\x06header\x18\x01 \x01(\x0b\x32 .atelier.media.v1.PutAssetHeaderH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\":\n\x10PutAssetResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\"F\n\x10ReadAssetRequest\x12\x32\n\x08\x61sset_id\x18\x01 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\"V\n\x11ReadAssetResponse\x12(\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.AssetH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"H\n\x12GetAssetUrlRequest\x12\x32\n\x08\x61sset_id\x18\x01 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\"\xda\x01\n\x13GetAssetUrlResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\x12\x14\n\x0c\x64ownload_url\x18\x02 \x01(\t\x12/\n\x0b\x65xpire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rthumbnail_url\x18\x04 \x01(\t\x12=\n\x19thumbnail_url_expire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\".\n\x13GetAssetUrlsRequest\x12\x17\n\tasset_ids\x18\x01 \x03(\tB\x04\xe2\x41\x01\x02\"\xb5\x01\n\tAssetUrls\x12\x10\n\x08\x61sset_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x33\n\x0furl_expire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rthumbnail_url\x18\x04 \x01(\t\x12=\n\x19thumbnail_url_expire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"C\n\x14GetAssetUrlsResponse\x12+\n\x06\x61ssets\x18\x01 \x03(\x0b\x32\x1b.atelier.media.v1.AssetUrls\"I\n\x13GetAssetInfoRequest\x12\x32\n\x08\x61sset_id\x18\x01 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\">\n\x14GetAssetInfoResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\"H\n\x12\x44\x65leteAssetRequest\x12\x32\n\x08\x61sset_id\x18\x01 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\"=\n\x13\x44\x65leteAssetResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\"W\n\x18\x44\x65leteKeyedAssetsRequest\x12\x1b\n\rowner_user_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1e\n\x10idempotency_keys\x18\x02 \x03(\tB\x04\xe2\x41\x01\x02\"D\n\x19\x44\x65leteKeyedAssetsResponse\x12\'\n\x06\x61ssets\x18\x01 \x03(\x0b\x32\x17.atelier.media.v1.Asset2\xa7\x05\n\x14MediaInternalService\x12S\n\x08PutAsset\x12!.atelier.media.v1.PutAssetRequest\x1a\".atelier.media.v1.PutAssetResponse(\x01\x12V\n\tReadAsset\x12\".atelier.media.v1.ReadAssetRequest\x1a#.atelier.media.v1.ReadAssetResponse0\x01\x12Z\n\x0bGetAssetUrl\x12$.atelier.media.v1.GetAssetUrlRequest\x1a%.atelier.media.v1.GetAssetUrlResponse\x12]\n\x0cGetAssetUrls\x12%.atelier.media.v1.GetAssetUrlsRequest\x1a&.atelier.media.v1.GetAssetUrlsResponse\x12]\n\x0cGetAssetInfo\x12%.atelier.media.v1.GetAssetInfoRequest\x1a&.atelier.media.v1.GetAssetInfoResponse\x12Z\n\x0b\x44\x65leteAsset\x12$.atelier.media.v1.DeleteAssetRequest\x1a%.atelier.media.v1.DeleteAssetResponse\x12l\n\x11\x44\x65leteKeyedAssets\x12*.atelier.media.v1.DeleteKeyedAssetsRequest\x1a+.atelier.media.v1.DeleteKeyedAssetsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,51 +44,51 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PUTASSETHEADER'].fields_by_name['idempotency_key']._loaded_options = None
   _globals['_PUTASSETHEADER'].fields_by_name['idempotency_key']._serialized_options = b'\342A\001\001'
   _globals['_READASSETREQUEST'].fields_by_name['asset_id']._loaded_options = None
-  _globals['_READASSETREQUEST'].fields_by_name['asset_id']._serialized_options = b'\342A\001\002'
+  _globals['_READASSETREQUEST'].fields_by_name['asset_id']._serialized_options = b'\342A\001\002\372A\031\n\027media.atelier.dev/Asset'
   _globals['_GETASSETURLREQUEST'].fields_by_name['asset_id']._loaded_options = None
-  _globals['_GETASSETURLREQUEST'].fields_by_name['asset_id']._serialized_options = b'\342A\001\002'
+  _globals['_GETASSETURLREQUEST'].fields_by_name['asset_id']._serialized_options = b'\342A\001\002\372A\031\n\027media.atelier.dev/Asset'
   _globals['_GETASSETURLSREQUEST'].fields_by_name['asset_ids']._loaded_options = None
   _globals['_GETASSETURLSREQUEST'].fields_by_name['asset_ids']._serialized_options = b'\342A\001\002'
   _globals['_GETASSETINFOREQUEST'].fields_by_name['asset_id']._loaded_options = None
-  _globals['_GETASSETINFOREQUEST'].fields_by_name['asset_id']._serialized_options = b'\342A\001\002'
+  _globals['_GETASSETINFOREQUEST'].fields_by_name['asset_id']._serialized_options = b'\342A\001\002\372A\031\n\027media.atelier.dev/Asset'
   _globals['_DELETEASSETREQUEST'].fields_by_name['asset_id']._loaded_options = None
-  _globals['_DELETEASSETREQUEST'].fields_by_name['asset_id']._serialized_options = b'\342A\001\002'
+  _globals['_DELETEASSETREQUEST'].fields_by_name['asset_id']._serialized_options = b'\342A\001\002\372A\031\n\027media.atelier.dev/Asset'
   _globals['_DELETEKEYEDASSETSREQUEST'].fields_by_name['owner_user_id']._loaded_options = None
   _globals['_DELETEKEYEDASSETSREQUEST'].fields_by_name['owner_user_id']._serialized_options = b'\342A\001\002'
   _globals['_DELETEKEYEDASSETSREQUEST'].fields_by_name['idempotency_keys']._loaded_options = None
   _globals['_DELETEKEYEDASSETSREQUEST'].fields_by_name['idempotency_keys']._serialized_options = b'\342A\001\002'
-  _globals['_PUTASSETHEADER']._serialized_start=164
-  _globals['_PUTASSETHEADER']._serialized_end=323
-  _globals['_PUTASSETREQUEST']._serialized_start=325
-  _globals['_PUTASSETREQUEST']._serialized_end=419
-  _globals['_PUTASSETRESPONSE']._serialized_start=421
-  _globals['_PUTASSETRESPONSE']._serialized_end=479
-  _globals['_READASSETREQUEST']._serialized_start=481
-  _globals['_READASSETREQUEST']._serialized_end=523
-  _globals['_READASSETRESPONSE']._serialized_start=525
-  _globals['_READASSETRESPONSE']._serialized_end=611
-  _globals['_GETASSETURLREQUEST']._serialized_start=613
-  _globals['_GETASSETURLREQUEST']._serialized_end=657
-  _globals['_GETASSETURLRESPONSE']._serialized_start=660
-  _globals['_GETASSETURLRESPONSE']._serialized_end=878
-  _globals['_GETASSETURLSREQUEST']._serialized_start=880
-  _globals['_GETASSETURLSREQUEST']._serialized_end=926
-  _globals['_ASSETURLS']._serialized_start=929
-  _globals['_ASSETURLS']._serialized_end=1110
-  _globals['_GETASSETURLSRESPONSE']._serialized_start=1112
-  _globals['_GETASSETURLSRESPONSE']._serialized_end=1179
-  _globals['_GETASSETINFOREQUEST']._serialized_start=1181
-  _globals['_GETASSETINFOREQUEST']._serialized_end=1226
-  _globals['_GETASSETINFORESPONSE']._serialized_start=1228
-  _globals['_GETASSETINFORESPONSE']._serialized_end=1290
-  _globals['_DELETEASSETREQUEST']._serialized_start=1292
-  _globals['_DELETEASSETREQUEST']._serialized_end=1336
-  _globals['_DELETEASSETRESPONSE']._serialized_start=1338
-  _globals['_DELETEASSETRESPONSE']._serialized_end=1399
-  _globals['_DELETEKEYEDASSETSREQUEST']._serialized_start=1401
-  _globals['_DELETEKEYEDASSETSREQUEST']._serialized_end=1488
-  _globals['_DELETEKEYEDASSETSRESPONSE']._serialized_start=1490
-  _globals['_DELETEKEYEDASSETSRESPONSE']._serialized_end=1558
-  _globals['_MEDIAINTERNALSERVICE']._serialized_start=1561
-  _globals['_MEDIAINTERNALSERVICE']._serialized_end=2240
+  _globals['_PUTASSETHEADER']._serialized_start=191
+  _globals['_PUTASSETHEADER']._serialized_end=350
+  _globals['_PUTASSETREQUEST']._serialized_start=352
+  _globals['_PUTASSETREQUEST']._serialized_end=446
+  _globals['_PUTASSETRESPONSE']._serialized_start=448
+  _globals['_PUTASSETRESPONSE']._serialized_end=506
+  _globals['_READASSETREQUEST']._serialized_start=508
+  _globals['_READASSETREQUEST']._serialized_end=578
+  _globals['_READASSETRESPONSE']._serialized_start=580
+  _globals['_READASSETRESPONSE']._serialized_end=666
+  _globals['_GETASSETURLREQUEST']._serialized_start=668
+  _globals['_GETASSETURLREQUEST']._serialized_end=740
+  _globals['_GETASSETURLRESPONSE']._serialized_start=743
+  _globals['_GETASSETURLRESPONSE']._serialized_end=961
+  _globals['_GETASSETURLSREQUEST']._serialized_start=963
+  _globals['_GETASSETURLSREQUEST']._serialized_end=1009
+  _globals['_ASSETURLS']._serialized_start=1012
+  _globals['_ASSETURLS']._serialized_end=1193
+  _globals['_GETASSETURLSRESPONSE']._serialized_start=1195
+  _globals['_GETASSETURLSRESPONSE']._serialized_end=1262
+  _globals['_GETASSETINFOREQUEST']._serialized_start=1264
+  _globals['_GETASSETINFOREQUEST']._serialized_end=1337
+  _globals['_GETASSETINFORESPONSE']._serialized_start=1339
+  _globals['_GETASSETINFORESPONSE']._serialized_end=1401
+  _globals['_DELETEASSETREQUEST']._serialized_start=1403
+  _globals['_DELETEASSETREQUEST']._serialized_end=1475
+  _globals['_DELETEASSETRESPONSE']._serialized_start=1477
+  _globals['_DELETEASSETRESPONSE']._serialized_end=1538
+  _globals['_DELETEKEYEDASSETSREQUEST']._serialized_start=1540
+  _globals['_DELETEKEYEDASSETSREQUEST']._serialized_end=1627
+  _globals['_DELETEKEYEDASSETSRESPONSE']._serialized_start=1629
+  _globals['_DELETEKEYEDASSETSRESPONSE']._serialized_end=1697
+  _globals['_MEDIAINTERNALSERVICE']._serialized_start=1700
+  _globals['_MEDIAINTERNALSERVICE']._serialized_end=2379
 # @@protoc_insertion_point(module_scope)

@@ -25,10 +25,11 @@ _sym_db = _symbol_database.Default()
 from atelier.media.v1 import asset_pb2 as atelier_dot_media_dot_v1_dot_asset__pb2
 from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
 from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
+from google.api import resource_pb2 as google_dot_api_dot_resource__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$atelier/media/v1/media_service.proto\x12\x10\x61telier.media.v1\x1a\x1c\x61telier/media/v1/asset.proto\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x98\x01\n\x13\x43reateUploadRequest\x12\x35\n\x07purpose\x18\x01 \x01(\x0e\x32\x1e.atelier.media.v1.AssetPurposeB\x04\xe2\x41\x01\x02\x12\x1a\n\x0c\x63ontent_type\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x18\n\nsize_bytes\x18\x03 \x01(\x03\x42\x04\xe2\x41\x01\x02\x12\x14\n\x06sha256\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"\xa3\x02\n\x14\x43reateUploadResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\x12\x12\n\nupload_url\x18\x02 \x01(\t\x12\x15\n\rupload_method\x18\x03 \x01(\t\x12Q\n\x0eupload_headers\x18\x04 \x03(\x0b\x32\x39.atelier.media.v1.CreateUploadResponse.UploadHeadersEntry\x12/\n\x0b\x65xpire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a\x34\n\x12UploadHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"/\n\x15\x43ompleteUploadRequest\x12\x16\n\x08\x61sset_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\"@\n\x16\x43ompleteUploadResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\")\n\x0fGetAssetRequest\x12\x16\n\x08\x61sset_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\"\xe4\x01\n\x10GetAssetResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\x12\x14\n\x0c\x64ownload_url\x18\x02 \x01(\t\x12<\n\x18\x64ownload_url_expire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rthumbnail_url\x18\x04 \x01(\t\x12=\n\x19thumbnail_url_expire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp2\x88\x03\n\x0cMediaService\x12u\n\x0c\x43reateUpload\x12%.atelier.media.v1.CreateUploadRequest\x1a&.atelier.media.v1.CreateUploadResponse\"\x16\x82\xd3\xe4\x93\x02\x10\"\x0b/v1/uploads:\x01*\x12\x8e\x01\n\x0e\x43ompleteUpload\x12\'.atelier.media.v1.CompleteUploadRequest\x1a(.atelier.media.v1.CompleteUploadResponse\")\x82\xd3\xe4\x93\x02#\"\x1e/v1/assets/{asset_id}:complete:\x01*\x12p\n\x08GetAsset\x12!.atelier.media.v1.GetAssetRequest\x1a\".atelier.media.v1.GetAssetResponse\"\x1d\x82\xd3\xe4\x93\x02\x17\x12\x15/v1/assets/{asset_id}b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$atelier/media/v1/media_service.proto\x12\x10\x61telier.media.v1\x1a\x1c\x61telier/media/v1/asset.proto\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb2\x01\n\x13\x43reateUploadRequest\x12\x35\n\x07purpose\x18\x01 \x01(\x0e\x32\x1e.atelier.media.v1.AssetPurposeB\x04\xe2\x41\x01\x02\x12\x1a\n\x0c\x63ontent_type\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x18\n\nsize_bytes\x18\x03 \x01(\x03\x42\x04\xe2\x41\x01\x02\x12\x14\n\x06sha256\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\x12\x18\n\nrequest_id\x18\x05 \x01(\tB\x04\xe2\x41\x01\x01\"\xa3\x02\n\x14\x43reateUploadResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\x12\x12\n\nupload_url\x18\x02 \x01(\t\x12\x15\n\rupload_method\x18\x03 \x01(\t\x12Q\n\x0eupload_headers\x18\x04 \x03(\x0b\x32\x39.atelier.media.v1.CreateUploadResponse.UploadHeadersEntry\x12/\n\x0b\x65xpire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a\x34\n\x12UploadHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"K\n\x15\x43ompleteUploadRequest\x12\x32\n\x08\x61sset_id\x18\x01 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\"@\n\x16\x43ompleteUploadResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\"E\n\x0fGetAssetRequest\x12\x32\n\x08\x61sset_id\x18\x01 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\"\xe4\x01\n\x10GetAssetResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\x12\x14\n\x0c\x64ownload_url\x18\x02 \x01(\t\x12<\n\x18\x64ownload_url_expire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rthumbnail_url\x18\x04 \x01(\t\x12=\n\x19thumbnail_url_expire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp2\x89\x03\n\x0cMediaService\x12u\n\x0c\x43reateUpload\x12%.atelier.media.v1.CreateUploadRequest\x1a&.atelier.media.v1.CreateUploadResponse\"\x16\x82\xd3\xe4\x93\x02\x10\"\x0b/v1/uploads:\x01*\x12\x8f\x01\n\x0e\x43ompleteUpload\x12\'.atelier.media.v1.CompleteUploadRequest\x1a(.atelier.media.v1.CompleteUploadResponse\"*\x82\xd3\xe4\x93\x02$\"\x1f/v1/uploads/{asset_id}:complete:\x01*\x12p\n\x08GetAsset\x12!.atelier.media.v1.GetAssetRequest\x1a\".atelier.media.v1.GetAssetResponse\"\x1d\x82\xd3\xe4\x93\x02\x17\x12\x15/v1/assets/{asset_id}b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,32 +44,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CREATEUPLOADREQUEST'].fields_by_name['size_bytes']._serialized_options = b'\342A\001\002'
   _globals['_CREATEUPLOADREQUEST'].fields_by_name['sha256']._loaded_options = None
   _globals['_CREATEUPLOADREQUEST'].fields_by_name['sha256']._serialized_options = b'\342A\001\001'
+  _globals['_CREATEUPLOADREQUEST'].fields_by_name['request_id']._loaded_options = None
+  _globals['_CREATEUPLOADREQUEST'].fields_by_name['request_id']._serialized_options = b'\342A\001\001'
   _globals['_CREATEUPLOADRESPONSE_UPLOADHEADERSENTRY']._loaded_options = None
   _globals['_CREATEUPLOADRESPONSE_UPLOADHEADERSENTRY']._serialized_options = b'8\001'
   _globals['_COMPLETEUPLOADREQUEST'].fields_by_name['asset_id']._loaded_options = None
-  _globals['_COMPLETEUPLOADREQUEST'].fields_by_name['asset_id']._serialized_options = b'\342A\001\002'
+  _globals['_COMPLETEUPLOADREQUEST'].fields_by_name['asset_id']._serialized_options = b'\342A\001\002\372A\031\n\027media.atelier.dev/Asset'
   _globals['_GETASSETREQUEST'].fields_by_name['asset_id']._loaded_options = None
-  _globals['_GETASSETREQUEST'].fields_by_name['asset_id']._serialized_options = b'\342A\001\002'
+  _globals['_GETASSETREQUEST'].fields_by_name['asset_id']._serialized_options = b'\342A\001\002\372A\031\n\027media.atelier.dev/Asset'
   _globals['_MEDIASERVICE'].methods_by_name['CreateUpload']._loaded_options = None
   _globals['_MEDIASERVICE'].methods_by_name['CreateUpload']._serialized_options = b'\202\323\344\223\002\020\"\013/v1/uploads:\001*'
   _globals['_MEDIASERVICE'].methods_by_name['CompleteUpload']._loaded_options = None
-  _globals['_MEDIASERVICE'].methods_by_name['CompleteUpload']._serialized_options = b'\202\323\344\223\002#\"\036/v1/assets/{asset_id}:complete:\001*'
+  _globals['_MEDIASERVICE'].methods_by_name['CompleteUpload']._serialized_options = b'\202\323\344\223\002$\"\037/v1/uploads/{asset_id}:complete:\001*'
   _globals['_MEDIASERVICE'].methods_by_name['GetAsset']._loaded_options = None
   _globals['_MEDIASERVICE'].methods_by_name['GetAsset']._serialized_options = b'\202\323\344\223\002\027\022\025/v1/assets/{asset_id}'
-  _globals['_CREATEUPLOADREQUEST']._serialized_start=185
-  _globals['_CREATEUPLOADREQUEST']._serialized_end=337
-  _globals['_CREATEUPLOADRESPONSE']._serialized_start=340
-  _globals['_CREATEUPLOADRESPONSE']._serialized_end=631
-  _globals['_CREATEUPLOADRESPONSE_UPLOADHEADERSENTRY']._serialized_start=579
-  _globals['_CREATEUPLOADRESPONSE_UPLOADHEADERSENTRY']._serialized_end=631
-  _globals['_COMPLETEUPLOADREQUEST']._serialized_start=633
-  _globals['_COMPLETEUPLOADREQUEST']._serialized_end=680
-  _globals['_COMPLETEUPLOADRESPONSE']._serialized_start=682
-  _globals['_COMPLETEUPLOADRESPONSE']._serialized_end=746
-  _globals['_GETASSETREQUEST']._serialized_start=748
-  _globals['_GETASSETREQUEST']._serialized_end=789
-  _globals['_GETASSETRESPONSE']._serialized_start=792
-  _globals['_GETASSETRESPONSE']._serialized_end=1020
-  _globals['_MEDIASERVICE']._serialized_start=1023
-  _globals['_MEDIASERVICE']._serialized_end=1415
+  _globals['_CREATEUPLOADREQUEST']._serialized_start=212
+  _globals['_CREATEUPLOADREQUEST']._serialized_end=390
+  _globals['_CREATEUPLOADRESPONSE']._serialized_start=393
+  _globals['_CREATEUPLOADRESPONSE']._serialized_end=684
+  _globals['_CREATEUPLOADRESPONSE_UPLOADHEADERSENTRY']._serialized_start=632
+  _globals['_CREATEUPLOADRESPONSE_UPLOADHEADERSENTRY']._serialized_end=684
+  _globals['_COMPLETEUPLOADREQUEST']._serialized_start=686
+  _globals['_COMPLETEUPLOADREQUEST']._serialized_end=761
+  _globals['_COMPLETEUPLOADRESPONSE']._serialized_start=763
+  _globals['_COMPLETEUPLOADRESPONSE']._serialized_end=827
+  _globals['_GETASSETREQUEST']._serialized_start=829
+  _globals['_GETASSETREQUEST']._serialized_end=898
+  _globals['_GETASSETRESPONSE']._serialized_start=901
+  _globals['_GETASSETRESPONSE']._serialized_end=1129
+  _globals['_MEDIASERVICE']._serialized_start=1132
+  _globals['_MEDIASERVICE']._serialized_end=1525
 # @@protoc_insertion_point(module_scope)

@@ -30,6 +30,7 @@ class CreateUploadRequest(_message.Message):
     CONTENT_TYPE_FIELD_NUMBER: _builtins.int
     SIZE_BYTES_FIELD_NUMBER: _builtins.int
     SHA256_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     purpose: _asset_pb2.AssetPurpose.ValueType
     """Must be AI_INPUT: clients may only upload inputs."""
     content_type: _builtins.str
@@ -38,6 +39,19 @@ class CreateUploadRequest(_message.Message):
     """Exact size of the bytes that will be uploaded."""
     sha256: _builtins.str
     """Lowercase hex SHA-256 of the bytes; checked on completion when given."""
+    request_id: _builtins.str
+    """Idempotency key, unique per user (AIP-155): 1 to 128 letters, digits and . _ : -.
+    The Idempotency-Key header is accepted too; when both are given they must be equal.
+    The same key with the same request (purpose, content_type, size_bytes, sha256)
+    returns the same asset with a fresh upload_url (signed until the same expire_time)
+    while the asset is still UPLOADING; once it is READY, FAILED_PRECONDITION
+    UPLOAD_ALREADY_COMPLETED (metadata `asset_id`); once it expired or was deleted,
+    FAILED_PRECONDITION UPLOAD_EXPIRED. The same key with a different request is
+    ALREADY_EXISTS (reason IDEMPOTENCY_KEY_REUSED).
+    Retention: a key lives as long as its asset's row, and media never deletes asset
+    rows (a deleted asset keeps its row and key), so a key is kept for good and never
+    makes a second asset.
+    """
     def __init__(
         self,
         *,
@@ -45,10 +59,11 @@ class CreateUploadRequest(_message.Message):
         content_type: _builtins.str = ...,
         size_bytes: _builtins.int = ...,
         sha256: _builtins.str = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content_type", b"content_type", "purpose", b"purpose", "sha256", b"sha256", "size_bytes", b"size_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content_type", b"content_type", "purpose", b"purpose", "request_id", b"request_id", "sha256", b"sha256", "size_bytes", b"size_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

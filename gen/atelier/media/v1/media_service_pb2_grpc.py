@@ -59,7 +59,8 @@ class MediaServiceServicer:
     """
 
     def CreateUpload(self, request, context):
-        """Reserves an asset and returns a presigned URL to PUT its bytes to.
+        """Reserves an asset and returns a presigned URL to PUT its bytes to. Idempotent by
+        request_id (or the Idempotency-Key header), like SubmitJob.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -67,6 +68,8 @@ class MediaServiceServicer:
 
     def CompleteUpload(self, request, context):
         """Checks the uploaded bytes (size, hash, a decodable image) and marks the asset ready.
+        The resource completed is the upload (hence /v1/uploads/...:complete); its id is the
+        asset's id that CreateUpload returned.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -36,9 +36,14 @@ class MediaServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> MediaServiceAsyncStub: ...
     CreateUpload: _grpc.UnaryUnaryMultiCallable[_media_service_pb2.CreateUploadRequest, _media_service_pb2.CreateUploadResponse]
-    """Reserves an asset and returns a presigned URL to PUT its bytes to."""
+    """Reserves an asset and returns a presigned URL to PUT its bytes to. Idempotent by
+    request_id (or the Idempotency-Key header), like SubmitJob.
+    """
     CompleteUpload: _grpc.UnaryUnaryMultiCallable[_media_service_pb2.CompleteUploadRequest, _media_service_pb2.CompleteUploadResponse]
-    """Checks the uploaded bytes (size, hash, a decodable image) and marks the asset ready."""
+    """Checks the uploaded bytes (size, hash, a decodable image) and marks the asset ready.
+    The resource completed is the upload (hence /v1/uploads/...:complete); its id is the
+    asset's id that CreateUpload returned.
+    """
     GetAsset: _grpc.UnaryUnaryMultiCallable[_media_service_pb2.GetAssetRequest, _media_service_pb2.GetAssetResponse]
     """Returns an asset's metadata and a short-lived download URL."""
 
@@ -50,9 +55,14 @@ class MediaServiceAsyncStub(MediaServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     CreateUpload: _aio.UnaryUnaryMultiCallable[_media_service_pb2.CreateUploadRequest, _media_service_pb2.CreateUploadResponse]  # type: ignore[assignment]
-    """Reserves an asset and returns a presigned URL to PUT its bytes to."""
+    """Reserves an asset and returns a presigned URL to PUT its bytes to. Idempotent by
+    request_id (or the Idempotency-Key header), like SubmitJob.
+    """
     CompleteUpload: _aio.UnaryUnaryMultiCallable[_media_service_pb2.CompleteUploadRequest, _media_service_pb2.CompleteUploadResponse]  # type: ignore[assignment]
-    """Checks the uploaded bytes (size, hash, a decodable image) and marks the asset ready."""
+    """Checks the uploaded bytes (size, hash, a decodable image) and marks the asset ready.
+    The resource completed is the upload (hence /v1/uploads/...:complete); its id is the
+    asset's id that CreateUpload returned.
+    """
     GetAsset: _aio.UnaryUnaryMultiCallable[_media_service_pb2.GetAssetRequest, _media_service_pb2.GetAssetResponse]  # type: ignore[assignment]
     """Returns an asset's metadata and a short-lived download URL."""
 
@@ -67,7 +77,9 @@ class MediaServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _media_service_pb2.CreateUploadRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_media_service_pb2.CreateUploadResponse, _abc.Awaitable[_media_service_pb2.CreateUploadResponse]]:
-        """Reserves an asset and returns a presigned URL to PUT its bytes to."""
+        """Reserves an asset and returns a presigned URL to PUT its bytes to. Idempotent by
+        request_id (or the Idempotency-Key header), like SubmitJob.
+        """
 
     @_abc_1.abstractmethod
     def CompleteUpload(
@@ -75,7 +87,10 @@ class MediaServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _media_service_pb2.CompleteUploadRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_media_service_pb2.CompleteUploadResponse, _abc.Awaitable[_media_service_pb2.CompleteUploadResponse]]:
-        """Checks the uploaded bytes (size, hash, a decodable image) and marks the asset ready."""
+        """Checks the uploaded bytes (size, hash, a decodable image) and marks the asset ready.
+        The resource completed is the upload (hence /v1/uploads/...:complete); its id is the
+        asset's id that CreateUpload returned.
+        """
 
     @_abc_1.abstractmethod
     def GetAsset(

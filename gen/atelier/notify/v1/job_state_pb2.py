@@ -24,10 +24,11 @@ _sym_db = _symbol_database.Default()
 
 from atelier.creation.v1 import job_pb2 as atelier_dot_creation_dot_v1_dot_job__pb2
 from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
+from google.api import resource_pb2 as google_dot_api_dot_resource__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!atelier/notify/v1/job_state.proto\x12\x11\x61telier.notify.v1\x1a\x1d\x61telier/creation/v1/job.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x97\x04\n\x08JobState\x12\x14\n\x06job_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x03\x12\x15\n\x07user_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x03\x12\x15\n\x07version\x18\x03 \x01(\x03\x42\x04\xe2\x41\x01\x03\x12\x34\n\x06status\x18\x04 \x01(\x0e\x32\x1e.atelier.creation.v1.JobStatusB\x04\xe2\x41\x01\x03\x12\x30\n\x04step\x18\x05 \x01(\x0e\x32\x1c.atelier.creation.v1.JobStepB\x04\xe2\x41\x01\x03\x12\x1e\n\x10progress_percent\x18\x06 \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x1e\n\x10\x63\x61ncel_requested\x18\x07 \x01(\x08\x42\x04\xe2\x41\x01\x03\x12\x32\n\x05\x65rror\x18\t \x01(\x0b\x32\x1d.atelier.creation.v1.JobErrorB\x04\xe2\x41\x01\x03\x12\x35\n\x0bupdate_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x35\n\x07outputs\x18\x0b \x03(\x0b\x32\x1e.atelier.creation.v1.JobOutputB\x04\xe2\x41\x01\x03\x12\x12\n\x04\x64one\x18\x0c \x01(\x08\x42\x04\xe2\x41\x01\x03\x12\x15\n\x07\x61ttempt\x18\r \x01(\x05\x42\x04\xe2\x41\x01\x03\x12;\n\x11next_attempt_time\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03J\x04\x08\x08\x10\tR\x0foutput_asset_idb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!atelier/notify/v1/job_state.proto\x12\x11\x61telier.notify.v1\x1a\x1d\x61telier/creation/v1/job.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb4\x04\n\x08JobState\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x03\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\x12\x15\n\x07user_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x03\x12\x15\n\x07version\x18\x03 \x01(\x03\x42\x04\xe2\x41\x01\x03\x12\x34\n\x06status\x18\x04 \x01(\x0e\x32\x1e.atelier.creation.v1.JobStatusB\x04\xe2\x41\x01\x03\x12\x30\n\x04step\x18\x05 \x01(\x0e\x32\x1c.atelier.creation.v1.JobStepB\x04\xe2\x41\x01\x03\x12\x1e\n\x10progress_percent\x18\x06 \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x1e\n\x10\x63\x61ncel_requested\x18\x07 \x01(\x08\x42\x04\xe2\x41\x01\x03\x12\x32\n\x05\x65rror\x18\t \x01(\x0b\x32\x1d.atelier.creation.v1.JobErrorB\x04\xe2\x41\x01\x03\x12\x35\n\x0bupdate_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x35\n\x07outputs\x18\x0b \x03(\x0b\x32\x1e.atelier.creation.v1.JobOutputB\x04\xe2\x41\x01\x03\x12\x12\n\x04\x64one\x18\x0c \x01(\x08\x42\x04\xe2\x41\x01\x03\x12\x15\n\x07\x61ttempt\x18\r \x01(\x05\x42\x04\xe2\x41\x01\x03\x12;\n\x11next_attempt_time\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03J\x04\x08\x08\x10\tR\x0foutput_asset_idb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,7 +36,7 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'atelier.notify.v1.job_state
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_JOBSTATE'].fields_by_name['job_id']._loaded_options = None
-  _globals['_JOBSTATE'].fields_by_name['job_id']._serialized_options = b'\342A\001\003'
+  _globals['_JOBSTATE'].fields_by_name['job_id']._serialized_options = b'\342A\001\003\372A\032\n\030creation.atelier.dev/Job'
   _globals['_JOBSTATE'].fields_by_name['user_id']._loaded_options = None
   _globals['_JOBSTATE'].fields_by_name['user_id']._serialized_options = b'\342A\001\003'
   _globals['_JOBSTATE'].fields_by_name['version']._loaded_options = None
@@ -60,6 +61,6 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOBSTATE'].fields_by_name['attempt']._serialized_options = b'\342A\001\003'
   _globals['_JOBSTATE'].fields_by_name['next_attempt_time']._loaded_options = None
   _globals['_JOBSTATE'].fields_by_name['next_attempt_time']._serialized_options = b'\342A\001\003'
-  _globals['_JOBSTATE']._serialized_start=154
-  _globals['_JOBSTATE']._serialized_end=689
+  _globals['_JOBSTATE']._serialized_start=181
+  _globals['_JOBSTATE']._serialized_end=745
 # @@protoc_insertion_point(module_scope)

@@ -25,12 +25,13 @@ _sym_db = _symbol_database.Default()
 from atelier.notify.v1 import job_state_pb2 as atelier_dot_notify_dot_v1_dot_job__state__pb2
 from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
 from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
+from google.api import resource_pb2 as google_dot_api_dot_resource__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&atelier/notify/v1/notify_service.proto\x12\x11\x61telier.notify.v1\x1a!atelier/notify/v1/job_state.proto\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17google/rpc/status.proto\"D\n\x0fWatchJobRequest\x12\x14\n\x06job_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1b\n\rafter_version\x18\x02 \x01(\x03\x42\x04\xe2\x41\x01\x01\":\n\tKeepAlive\x12-\n\tsend_time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"o\n\tStreamEnd\x12\x32\n\x06reason\x18\x01 \x01(\x0e\x32\".atelier.notify.v1.StreamEndReason\x12.\n\x0bretry_delay\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xcd\x01\n\x10WatchJobResponse\x12*\n\x03job\x18\x01 \x01(\x0b\x32\x1b.atelier.notify.v1.JobStateH\x00\x12\x32\n\nkeep_alive\x18\x02 \x01(\x0b\x32\x1c.atelier.notify.v1.KeepAliveH\x00\x12#\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x12+\n\x03\x65nd\x18\x04 \x01(\x0b\x32\x1c.atelier.notify.v1.StreamEndH\x00\x42\x07\n\x05\x65vent\"(\n\x10WatchJobsRequest\x12\x14\n\x06\x63ursor\x18\x01 \x01(\tB\x04\xe2\x41\x01\x01\"\r\n\x0bSnapshotEnd\"\x96\x02\n\x11WatchJobsResponse\x12*\n\x03job\x18\x01 \x01(\x0b\x32\x1b.atelier.notify.v1.JobStateH\x00\x12\x32\n\nkeep_alive\x18\x02 \x01(\x0b\x32\x1c.atelier.notify.v1.KeepAliveH\x00\x12#\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x12\x36\n\x0csnapshot_end\x18\x05 \x01(\x0b\x32\x1e.atelier.notify.v1.SnapshotEndH\x00\x12+\n\x03\x65nd\x18\x06 \x01(\x0b\x32\x1c.atelier.notify.v1.StreamEndH\x00\x12\x0e\n\x06\x63ursor\x18\x04 \x01(\tB\x07\n\x05\x65vent\"\xa4\x02\n\x06\x44\x65vice\x12\x17\n\tdevice_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x03\x12=\n\x0b\x65nvironment\x18\x02 \x01(\x0e\x32\".atelier.notify.v1.ApnsEnvironmentB\x04\xe2\x41\x01\x03\x12\x17\n\tbundle_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x03\x12%\n\x17has_push_to_start_token\x18\x04 \x01(\x08\x42\x04\xe2\x41\x01\x03\x12\x35\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x35\n\x0bupdate_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x14\n\x06locale\x18\x07 \x01(\tB\x04\xe2\x41\x01\x03\"\xc4\x01\n\x15RegisterDeviceRequest\x12\x1a\n\x0c\x64\x65vice_token\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12=\n\x0b\x65nvironment\x18\x02 \x01(\x0e\x32\".atelier.notify.v1.ApnsEnvironmentB\x04\xe2\x41\x01\x02\x12\x17\n\tbundle_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12!\n\x13push_to_start_token\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\x12\x14\n\x06locale\x18\x05 \x01(\tB\x04\xe2\x41\x01\x01\"C\n\x16RegisterDeviceResponse\x12)\n\x06\x64\x65vice\x18\x01 \x01(\x0b\x32\x19.atelier.notify.v1.Device\"G\n\x12ListDevicesRequest\x12\x17\n\tpage_size\x18\x01 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\"Z\n\x13ListDevicesResponse\x12*\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x19.atelier.notify.v1.Device\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\".\n\x13\x44\x65leteDeviceRequest\x12\x17\n\tdevice_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\"\x16\n\x14\x44\x65leteDeviceResponse\"\x81\x01\n\x1bRegisterLiveActivityRequest\x12\x14\n\x06job_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tdevice_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x18\n\npush_token\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x19\n\x0b\x61\x63tivity_id\x18\x04 \x01(\tB\x04\xe2\x41\x01\x02\"v\n\x1cRegisterLiveActivityResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x31\n\rregister_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x61\x63tivity_id\x18\x03 \x01(\t\"L\n\x19\x44\x65leteLiveActivityRequest\x12\x14\n\x06job_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x19\n\x0b\x61\x63tivity_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\"\x1c\n\x1a\x44\x65leteLiveActivityResponse*\x9b\x01\n\x0fStreamEndReason\x12!\n\x1dSTREAM_END_REASON_UNSPECIFIED\x10\x00\x12\x1e\n\x1aSTREAM_END_REASON_DRAINING\x10\x01\x12\"\n\x1eSTREAM_END_REASON_MAX_DURATION\x10\x02\x12!\n\x1dSTREAM_END_REASON_SLOW_READER\x10\x03*r\n\x0f\x41pnsEnvironment\x12 \n\x1c\x41PNS_ENVIRONMENT_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x41PNS_ENVIRONMENT_PRODUCTION\x10\x01\x12\x1c\n\x18\x41PNS_ENVIRONMENT_SANDBOX\x10\x02\x32\xc3\x07\n\rNotifyService\x12v\n\x08WatchJob\x12\".atelier.notify.v1.WatchJobRequest\x1a#.atelier.notify.v1.WatchJobResponse\"\x1f\x82\xd3\xe4\x93\x02\x19\x12\x17/v1/jobs/{job_id}:watch0\x01\x12p\n\tWatchJobs\x12#.atelier.notify.v1.WatchJobsRequest\x1a$.atelier.notify.v1.WatchJobsResponse\"\x16\x82\xd3\xe4\x93\x02\x10\x12\x0e/v1/jobs:watch0\x01\x12}\n\x0eRegisterDevice\x12(.atelier.notify.v1.RegisterDeviceRequest\x1a).atelier.notify.v1.RegisterDeviceResponse\"\x16\x82\xd3\xe4\x93\x02\x10\"\x0b/v1/devices:\x01*\x12q\n\x0bListDevices\x12%.atelier.notify.v1.ListDevicesRequest\x1a&.atelier.notify.v1.ListDevicesResponse\"\x13\x82\xd3\xe4\x93\x02\r\x12\x0b/v1/devices\x12\x80\x01\n\x0c\x44\x65leteDevice\x12&.atelier.notify.v1.DeleteDeviceRequest\x1a\'.atelier.notify.v1.DeleteDeviceResponse\"\x1f\x82\xd3\xe4\x93\x02\x19*\x17/v1/devices/{device_id}\x12\xa5\x01\n\x14RegisterLiveActivity\x12..atelier.notify.v1.RegisterLiveActivityRequest\x1a/.atelier.notify.v1.RegisterLiveActivityResponse\",\x82\xd3\xe4\x93\x02&\"!/v1/jobs/{job_id}/live-activities:\x01*\x12\xaa\x01\n\x12\x44\x65leteLiveActivity\x12,.atelier.notify.v1.DeleteLiveActivityRequest\x1a-.atelier.notify.v1.DeleteLiveActivityResponse\"7\x82\xd3\xe4\x93\x02\x31*//v1/jobs/{job_id}/live-activities/{activity_id}b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&atelier/notify/v1/notify_service.proto\x12\x11\x61telier.notify.v1\x1a!atelier/notify/v1/job_state.proto\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17google/rpc/status.proto\"a\n\x0fWatchJobRequest\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x02\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\x12\x1b\n\rafter_version\x18\x02 \x01(\x03\x42\x04\xe2\x41\x01\x01\":\n\tKeepAlive\x12-\n\tsend_time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"o\n\tStreamEnd\x12\x32\n\x06reason\x18\x01 \x01(\x0e\x32\".atelier.notify.v1.StreamEndReason\x12.\n\x0bretry_delay\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xcd\x01\n\x10WatchJobResponse\x12*\n\x03job\x18\x01 \x01(\x0b\x32\x1b.atelier.notify.v1.JobStateH\x00\x12\x32\n\nkeep_alive\x18\x02 \x01(\x0b\x32\x1c.atelier.notify.v1.KeepAliveH\x00\x12#\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x12+\n\x03\x65nd\x18\x04 \x01(\x0b\x32\x1c.atelier.notify.v1.StreamEndH\x00\x42\x07\n\x05\x65vent\"(\n\x10WatchJobsRequest\x12\x14\n\x06\x63ursor\x18\x01 \x01(\tB\x04\xe2\x41\x01\x01\"\r\n\x0bSnapshotEnd\"\x96\x02\n\x11WatchJobsResponse\x12*\n\x03job\x18\x01 \x01(\x0b\x32\x1b.atelier.notify.v1.JobStateH\x00\x12\x32\n\nkeep_alive\x18\x02 \x01(\x0b\x32\x1c.atelier.notify.v1.KeepAliveH\x00\x12#\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x12\x36\n\x0csnapshot_end\x18\x05 \x01(\x0b\x32\x1e.atelier.notify.v1.SnapshotEndH\x00\x12+\n\x03\x65nd\x18\x06 \x01(\x0b\x32\x1c.atelier.notify.v1.StreamEndH\x00\x12\x0e\n\x06\x63ursor\x18\x04 \x01(\tB\x07\n\x05\x65vent\"\xa4\x02\n\x06\x44\x65vice\x12\x17\n\tdevice_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x03\x12=\n\x0b\x65nvironment\x18\x02 \x01(\x0e\x32\".atelier.notify.v1.ApnsEnvironmentB\x04\xe2\x41\x01\x03\x12\x17\n\tbundle_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x03\x12%\n\x17has_push_to_start_token\x18\x04 \x01(\x08\x42\x04\xe2\x41\x01\x03\x12\x35\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x35\n\x0bupdate_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x14\n\x06locale\x18\x07 \x01(\tB\x04\xe2\x41\x01\x03\"\xc4\x01\n\x15RegisterDeviceRequest\x12\x1a\n\x0c\x64\x65vice_token\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12=\n\x0b\x65nvironment\x18\x02 \x01(\x0e\x32\".atelier.notify.v1.ApnsEnvironmentB\x04\xe2\x41\x01\x02\x12\x17\n\tbundle_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12!\n\x13push_to_start_token\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\x12\x14\n\x06locale\x18\x05 \x01(\tB\x04\xe2\x41\x01\x01\"C\n\x16RegisterDeviceResponse\x12)\n\x06\x64\x65vice\x18\x01 \x01(\x0b\x32\x19.atelier.notify.v1.Device\"G\n\x12ListDevicesRequest\x12\x17\n\tpage_size\x18\x01 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\"Z\n\x13ListDevicesResponse\x12*\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x19.atelier.notify.v1.Device\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\".\n\x13\x44\x65leteDeviceRequest\x12\x17\n\tdevice_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\"\x16\n\x14\x44\x65leteDeviceResponse\"\x9e\x01\n\x1bRegisterLiveActivityRequest\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x02\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\x12\x17\n\tdevice_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x18\n\npush_token\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x19\n\x0b\x61\x63tivity_id\x18\x04 \x01(\tB\x04\xe2\x41\x01\x02\"v\n\x1cRegisterLiveActivityResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x31\n\rregister_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x61\x63tivity_id\x18\x03 \x01(\t\"i\n\x19\x44\x65leteLiveActivityRequest\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x02\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\x12\x19\n\x0b\x61\x63tivity_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\"\x1c\n\x1a\x44\x65leteLiveActivityResponse*\x9b\x01\n\x0fStreamEndReason\x12!\n\x1dSTREAM_END_REASON_UNSPECIFIED\x10\x00\x12\x1e\n\x1aSTREAM_END_REASON_DRAINING\x10\x01\x12\"\n\x1eSTREAM_END_REASON_MAX_DURATION\x10\x02\x12!\n\x1dSTREAM_END_REASON_SLOW_READER\x10\x03*r\n\x0f\x41pnsEnvironment\x12 \n\x1c\x41PNS_ENVIRONMENT_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x41PNS_ENVIRONMENT_PRODUCTION\x10\x01\x12\x1c\n\x18\x41PNS_ENVIRONMENT_SANDBOX\x10\x02\x32\xc1\x07\n\rNotifyService\x12v\n\x08WatchJob\x12\".atelier.notify.v1.WatchJobRequest\x1a#.atelier.notify.v1.WatchJobResponse\"\x1f\x82\xd3\xe4\x93\x02\x19\x12\x17/v1/jobs/{job_id}:watch0\x01\x12p\n\tWatchJobs\x12#.atelier.notify.v1.WatchJobsRequest\x1a$.atelier.notify.v1.WatchJobsResponse\"\x16\x82\xd3\xe4\x93\x02\x10\x12\x0e/v1/jobs:watch0\x01\x12}\n\x0eRegisterDevice\x12(.atelier.notify.v1.RegisterDeviceRequest\x1a).atelier.notify.v1.RegisterDeviceResponse\"\x16\x82\xd3\xe4\x93\x02\x10\"\x0b/v1/devices:\x01*\x12q\n\x0bListDevices\x12%.atelier.notify.v1.ListDevicesRequest\x1a&.atelier.notify.v1.ListDevicesResponse\"\x13\x82\xd3\xe4\x93\x02\r\x12\x0b/v1/devices\x12\x80\x01\n\x0c\x44\x65leteDevice\x12&.atelier.notify.v1.DeleteDeviceRequest\x1a\'.atelier.notify.v1.DeleteDeviceResponse\"\x1f\x82\xd3\xe4\x93\x02\x19*\x17/v1/devices/{device_id}\x12\xa4\x01\n\x14RegisterLiveActivity\x12..atelier.notify.v1.RegisterLiveActivityRequest\x1a/.atelier.notify.v1.RegisterLiveActivityResponse\"+\x82\xd3\xe4\x93\x02%\" /v1/jobs/{job_id}/liveActivities:\x01*\x12\xa9\x01\n\x12\x44\x65leteLiveActivity\x12,.atelier.notify.v1.DeleteLiveActivityRequest\x1a-.atelier.notify.v1.DeleteLiveActivityResponse\"6\x82\xd3\xe4\x93\x02\x30*./v1/jobs/{job_id}/liveActivities/{activity_id}b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,7 +39,7 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'atelier.notify.v1.notify_se
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_WATCHJOBREQUEST'].fields_by_name['job_id']._loaded_options = None
-  _globals['_WATCHJOBREQUEST'].fields_by_name['job_id']._serialized_options = b'\342A\001\002'
+  _globals['_WATCHJOBREQUEST'].fields_by_name['job_id']._serialized_options = b'\342A\001\002\372A\032\n\030creation.atelier.dev/Job'
   _globals['_WATCHJOBREQUEST'].fields_by_name['after_version']._loaded_options = None
   _globals['_WATCHJOBREQUEST'].fields_by_name['after_version']._serialized_options = b'\342A\001\001'
   _globals['_WATCHJOBSREQUEST'].fields_by_name['cursor']._loaded_options = None
@@ -74,7 +75,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DELETEDEVICEREQUEST'].fields_by_name['device_id']._loaded_options = None
   _globals['_DELETEDEVICEREQUEST'].fields_by_name['device_id']._serialized_options = b'\342A\001\002'
   _globals['_REGISTERLIVEACTIVITYREQUEST'].fields_by_name['job_id']._loaded_options = None
-  _globals['_REGISTERLIVEACTIVITYREQUEST'].fields_by_name['job_id']._serialized_options = b'\342A\001\002'
+  _globals['_REGISTERLIVEACTIVITYREQUEST'].fields_by_name['job_id']._serialized_options = b'\342A\001\002\372A\032\n\030creation.atelier.dev/Job'
   _globals['_REGISTERLIVEACTIVITYREQUEST'].fields_by_name['device_id']._loaded_options = None
   _globals['_REGISTERLIVEACTIVITYREQUEST'].fields_by_name['device_id']._serialized_options = b'\342A\001\002'
   _globals['_REGISTERLIVEACTIVITYREQUEST'].fields_by_name['push_token']._loaded_options = None
@@ -82,7 +83,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTERLIVEACTIVITYREQUEST'].fields_by_name['activity_id']._loaded_options = None
   _globals['_REGISTERLIVEACTIVITYREQUEST'].fields_by_name['activity_id']._serialized_options = b'\342A\001\002'
   _globals['_DELETELIVEACTIVITYREQUEST'].fields_by_name['job_id']._loaded_options = None
-  _globals['_DELETELIVEACTIVITYREQUEST'].fields_by_name['job_id']._serialized_options = b'\342A\001\002'
+  _globals['_DELETELIVEACTIVITYREQUEST'].fields_by_name['job_id']._serialized_options = b'\342A\001\002\372A\032\n\030creation.atelier.dev/Job'
   _globals['_DELETELIVEACTIVITYREQUEST'].fields_by_name['activity_id']._loaded_options = None
   _globals['_DELETELIVEACTIVITYREQUEST'].fields_by_name['activity_id']._serialized_options = b'\342A\001\002'
   _globals['_NOTIFYSERVICE'].methods_by_name['WatchJob']._loaded_options = None
@@ -96,49 +97,49 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_NOTIFYSERVICE'].methods_by_name['DeleteDevice']._loaded_options = None
   _globals['_NOTIFYSERVICE'].methods_by_name['DeleteDevice']._serialized_options = b'\202\323\344\223\002\031*\027/v1/devices/{device_id}'
   _globals['_NOTIFYSERVICE'].methods_by_name['RegisterLiveActivity']._loaded_options = None
-  _globals['_NOTIFYSERVICE'].methods_by_name['RegisterLiveActivity']._serialized_options = b'\202\323\344\223\002&\"!/v1/jobs/{job_id}/live-activities:\001*'
+  _globals['_NOTIFYSERVICE'].methods_by_name['RegisterLiveActivity']._serialized_options = b'\202\323\344\223\002%\" /v1/jobs/{job_id}/liveActivities:\001*'
   _globals['_NOTIFYSERVICE'].methods_by_name['DeleteLiveActivity']._loaded_options = None
-  _globals['_NOTIFYSERVICE'].methods_by_name['DeleteLiveActivity']._serialized_options = b'\202\323\344\223\0021*//v1/jobs/{job_id}/live-activities/{activity_id}'
-  _globals['_STREAMENDREASON']._serialized_start=2199
-  _globals['_STREAMENDREASON']._serialized_end=2354
-  _globals['_APNSENVIRONMENT']._serialized_start=2356
-  _globals['_APNSENVIRONMENT']._serialized_end=2470
-  _globals['_WATCHJOBREQUEST']._serialized_start=249
-  _globals['_WATCHJOBREQUEST']._serialized_end=317
-  _globals['_KEEPALIVE']._serialized_start=319
-  _globals['_KEEPALIVE']._serialized_end=377
-  _globals['_STREAMEND']._serialized_start=379
-  _globals['_STREAMEND']._serialized_end=490
-  _globals['_WATCHJOBRESPONSE']._serialized_start=493
-  _globals['_WATCHJOBRESPONSE']._serialized_end=698
-  _globals['_WATCHJOBSREQUEST']._serialized_start=700
-  _globals['_WATCHJOBSREQUEST']._serialized_end=740
-  _globals['_SNAPSHOTEND']._serialized_start=742
-  _globals['_SNAPSHOTEND']._serialized_end=755
-  _globals['_WATCHJOBSRESPONSE']._serialized_start=758
-  _globals['_WATCHJOBSRESPONSE']._serialized_end=1036
-  _globals['_DEVICE']._serialized_start=1039
-  _globals['_DEVICE']._serialized_end=1331
-  _globals['_REGISTERDEVICEREQUEST']._serialized_start=1334
-  _globals['_REGISTERDEVICEREQUEST']._serialized_end=1530
-  _globals['_REGISTERDEVICERESPONSE']._serialized_start=1532
-  _globals['_REGISTERDEVICERESPONSE']._serialized_end=1599
-  _globals['_LISTDEVICESREQUEST']._serialized_start=1601
-  _globals['_LISTDEVICESREQUEST']._serialized_end=1672
-  _globals['_LISTDEVICESRESPONSE']._serialized_start=1674
-  _globals['_LISTDEVICESRESPONSE']._serialized_end=1764
-  _globals['_DELETEDEVICEREQUEST']._serialized_start=1766
-  _globals['_DELETEDEVICEREQUEST']._serialized_end=1812
-  _globals['_DELETEDEVICERESPONSE']._serialized_start=1814
-  _globals['_DELETEDEVICERESPONSE']._serialized_end=1836
-  _globals['_REGISTERLIVEACTIVITYREQUEST']._serialized_start=1839
-  _globals['_REGISTERLIVEACTIVITYREQUEST']._serialized_end=1968
-  _globals['_REGISTERLIVEACTIVITYRESPONSE']._serialized_start=1970
-  _globals['_REGISTERLIVEACTIVITYRESPONSE']._serialized_end=2088
-  _globals['_DELETELIVEACTIVITYREQUEST']._serialized_start=2090
-  _globals['_DELETELIVEACTIVITYREQUEST']._serialized_end=2166
-  _globals['_DELETELIVEACTIVITYRESPONSE']._serialized_start=2168
-  _globals['_DELETELIVEACTIVITYRESPONSE']._serialized_end=2196
-  _globals['_NOTIFYSERVICE']._serialized_start=2473
-  _globals['_NOTIFYSERVICE']._serialized_end=3436
+  _globals['_NOTIFYSERVICE'].methods_by_name['DeleteLiveActivity']._serialized_options = b'\202\323\344\223\0020*./v1/jobs/{job_id}/liveActivities/{activity_id}'
+  _globals['_STREAMENDREASON']._serialized_start=2313
+  _globals['_STREAMENDREASON']._serialized_end=2468
+  _globals['_APNSENVIRONMENT']._serialized_start=2470
+  _globals['_APNSENVIRONMENT']._serialized_end=2584
+  _globals['_WATCHJOBREQUEST']._serialized_start=276
+  _globals['_WATCHJOBREQUEST']._serialized_end=373
+  _globals['_KEEPALIVE']._serialized_start=375
+  _globals['_KEEPALIVE']._serialized_end=433
+  _globals['_STREAMEND']._serialized_start=435
+  _globals['_STREAMEND']._serialized_end=546
+  _globals['_WATCHJOBRESPONSE']._serialized_start=549
+  _globals['_WATCHJOBRESPONSE']._serialized_end=754
+  _globals['_WATCHJOBSREQUEST']._serialized_start=756
+  _globals['_WATCHJOBSREQUEST']._serialized_end=796
+  _globals['_SNAPSHOTEND']._serialized_start=798
+  _globals['_SNAPSHOTEND']._serialized_end=811
+  _globals['_WATCHJOBSRESPONSE']._serialized_start=814
+  _globals['_WATCHJOBSRESPONSE']._serialized_end=1092
+  _globals['_DEVICE']._serialized_start=1095
+  _globals['_DEVICE']._serialized_end=1387
+  _globals['_REGISTERDEVICEREQUEST']._serialized_start=1390
+  _globals['_REGISTERDEVICEREQUEST']._serialized_end=1586
+  _globals['_REGISTERDEVICERESPONSE']._serialized_start=1588
+  _globals['_REGISTERDEVICERESPONSE']._serialized_end=1655
+  _globals['_LISTDEVICESREQUEST']._serialized_start=1657
+  _globals['_LISTDEVICESREQUEST']._serialized_end=1728
+  _globals['_LISTDEVICESRESPONSE']._serialized_start=1730
+  _globals['_LISTDEVICESRESPONSE']._serialized_end=1820
+  _globals['_DELETEDEVICEREQUEST']._serialized_start=1822
+  _globals['_DELETEDEVICEREQUEST']._serialized_end=1868
+  _globals['_DELETEDEVICERESPONSE']._serialized_start=1870
+  _globals['_DELETEDEVICERESPONSE']._serialized_end=1892
+  _globals['_REGISTERLIVEACTIVITYREQUEST']._serialized_start=1895
+  _globals['_REGISTERLIVEACTIVITYREQUEST']._serialized_end=2053
+  _globals['_REGISTERLIVEACTIVITYRESPONSE']._serialized_start=2055
+  _globals['_REGISTERLIVEACTIVITYRESPONSE']._serialized_end=2173
+  _globals['_DELETELIVEACTIVITYREQUEST']._serialized_start=2175
+  _globals['_DELETELIVEACTIVITYREQUEST']._serialized_end=2280
+  _globals['_DELETELIVEACTIVITYRESPONSE']._serialized_start=2282
+  _globals['_DELETELIVEACTIVITYRESPONSE']._serialized_end=2310
+  _globals['_NOTIFYSERVICE']._serialized_start=2587
+  _globals['_NOTIFYSERVICE']._serialized_end=3548
 # @@protoc_insertion_point(module_scope)
