@@ -125,6 +125,17 @@ def fill_output_urls(message: job_pb2.Job, urls: Mapping[str, OutputUrls]) -> jo
 
 def job_state(job: Job) -> job_state_pb2.JobState:
     """What notify projects and streams for this version of the job."""
+    if job.deleted_at is not None:
+        # A tombstone: the job is gone for its owner, nothing else of it is told.
+        return job_state_pb2.JobState(
+            job_id=job.job_id,
+            user_id=job.user_id,
+            version=job.version,
+            status=STATUS_TO_PROTO[job.status],
+            update_time=timestamp(job.updated_at),
+            done=True,
+            deleted=True,
+        )
     return job_state_pb2.JobState(
         job_id=job.job_id,
         user_id=job.user_id,

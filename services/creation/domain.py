@@ -177,6 +177,8 @@ class Job:
     updated_at: datetime
     # The submit's trace context (W3C traceparent); None when it was not traced.
     trace_parent: str | None = None
+    # When its owner deleted it (a tombstone: see DeleteJob); None while it is shown.
+    deleted_at: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ class Reason:
     JOB_NOT_AWAITING_OPERATOR = "JOB_NOT_AWAITING_OPERATOR"
     INVALID_ADMIN_REQUEST = "INVALID_ADMIN_REQUEST"
     USER_BUSY = "USER_BUSY"
+    INVALID_JOB_FILTER = "INVALID_JOB_FILTER"
+    JOB_NOT_FINISHED = "JOB_NOT_FINISHED"
 
 
 class CreationError(DomainError):
@@ -169,6 +171,22 @@ class JobAlreadyFinished(CreationError):
             grpc.StatusCode.FAILED_PRECONDITION,
             Reason.JOB_ALREADY_FINISHED,
             f"the job has already finished ({self.status})",
+            metadata={"status": self.status},
+        )
+
+
+class JobNotFinished(CreationError):
+    """Only a finished job may be deleted: the worker or an operator still holds this one."""
+
+    def __init__(self, status: str) -> None:
+        super().__init__(status)
+        self.status = status
+
+    def to_api_error(self) -> ApiError:
+        return ApiError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            Reason.JOB_NOT_FINISHED,
+            f"only a finished job can be deleted (this one is {self.status}); cancel it first",
             metadata={"status": self.status},
         )
 

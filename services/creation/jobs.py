@@ -1,5 +1,5 @@
 """What creation does with a user's jobs, whoever asks: submit (with the input-asset
-rules), read, list, cancel, and the user's balance. The servicer translates protobuf; the
+rules), read, list, cancel, delete, and the user's balance. The servicer translates protobuf; the
 store runs SQL; the rules that need both the store and media live here."""
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.domain import Job, Status
 from services.creation.errors import InputAssetNotFound, InputAssetNotReady, InvalidRequest, Reason
+from services.creation.list_filter import JobFilter
 from services.creation.media_client import MediaClient, OutputUrls
 from services.creation.ready_inputs import ReadyInputs
+from services.creation.store import deletions, ledger
 from services.creation.store import jobs as job_store
-from services.creation.store import ledger
 from services.creation.store.jobs import Cursor, SubmitLimits
 from services.creation.submission import SubmitCommand
 from services.kit.clock import Clock, system_clock
@@ -114,9 +115,9 @@ class Jobs:
         return await self._media.output_urls(asset_ids)
 
     async def list_page(
-        self, user_id: str, status: Status | None, limit: int, after: Cursor | None
+        self, user_id: str, chosen: JobFilter, limit: int, after: Cursor | None
     ) -> tuple[list[Job], Cursor | None]:
-        return await job_store.list_for_user(self._engine, user_id, status, limit, after)
+        return await job_store.list_for_user(self._engine, user_id, chosen, limit, after)
 
     async def cancel(self, user_id: str, job_id: str) -> Job:
         cancelled = await job_store.cancel(self._engine, user_id, job_id, self._clock())
@@ -135,6 +136,34 @@ class Jobs:
                 version=job.version,
             )
         return job
+
+    async def delete(self, user_id: str, job_id: str, delete_assets: bool) -> None:
+        """Deletes a finished job; with ``delete_assets`` its images first, so that media
+        being down leaves the job as it was (a retry deletes what is left, then the job).
+        Deleting a deleted job again is done already (its remaining assets are deleted
+        when asked)."""
+        job = await deletions.deletable(self._engine, user_id, job_id)
+        if delete_assets:
+            await self._delete_assets(job)
+        if job.deleted_at is not None:
+            return
+        deleted = await deletions.mark_deleted(self._engine, user_id, job_id, self._clock())
+        log.info(
+            "job_deleted",
+            job_id=job_id,
+            user_id=user_id,
+            version=deleted.version,
+            assets_deleted=delete_assets,
+        )
+
+    async def _delete_assets(self, job: Job) -> None:
+        """The outputs, and the input unless another shown job of the owner uses it.
+        Deleting a deleted asset succeeds, so a retry repeats this safely."""
+        targets = list(job.outputs)
+        if not await deletions.input_in_use(self._engine, job):
+            targets.append(job.input_asset_id)
+            self._ready_inputs.forget(job.input_asset_id)
+        await asyncio.gather(*(self._media.delete_asset(asset_id) for asset_id in targets))
 
     async def balance(self, user_id: str) -> ledger.Balance:
         return await ledger.read_balance(

@@ -52,5 +52,9 @@ class ReadyInputs:
         while len(self._entries) > self._max_entries:
             self._entries.popitem(last=False)
 
+    def forget(self, asset_id: str) -> None:
+        """This process deleted the asset: stop vouching for it at once."""
+        self._entries.pop(asset_id, None)
+
     def __len__(self) -> int:
         return len(self._entries)

@@ -11,6 +11,7 @@ from services.creation import convert, submission
 from services.creation.catalog import Catalog
 from services.creation.errors import Reason
 from services.creation.jobs import Jobs
+from services.creation.list_filter import read_filter
 from services.creation.store import catalog as catalog_store
 from services.creation.store.jobs import Cursor
 from services.kit.auth import current_principal
@@ -23,7 +24,8 @@ _KIND_TO_PROTO = {
 }
 _KIND_FROM_PROTO = {value: key for key, value in _KIND_TO_PROTO.items()}
 Context = aio.ServicerContext[Any, Any]
-# ListJobs pages: newest first by (created_at, job_id); bound to the status filter.
+# ListJobs pages: newest first by (created_at, job_id); bound to the filter (statuses and
+# time range).
 JOB_PAGES = KeysetCodec("jobs", Cursor, created_at=Timestamp(), job_id=Uuid())
 
 
@@ -129,15 +131,15 @@ class CreationServicer(creation_service_pb2_grpc.CreationServiceServicer):
         self, request: creation_service_pb2.ListJobsRequest, context: Context
     ) -> creation_service_pb2.ListJobsResponse:
         limit = page_size(request.page_size, default=20, maximum=100)
-        status = convert.STATUS_FROM_PROTO.get(request.status) if request.status else None
-        if request.status and status is None:
-            raise invalid_argument(
-                Reason.INVALID_JOB_REQUEST, [FieldViolation("status", "is not a job status")]
-            )
-        binding = status.value if status else ""
+        chosen = read_filter(
+            [convert.STATUS_FROM_PROTO.get(number) for number in request.statuses],
+            request.create_time_after if request.HasField("create_time_after") else None,
+            request.create_time_before if request.HasField("create_time_before") else None,
+        )
+        binding = chosen.binding()
         after = JOB_PAGES.decode(request.page_token, binding) if request.page_token else None
         found, cursor = await self._jobs.list_page(
-            current_principal().user_id, status, limit, after
+            current_principal().user_id, chosen, limit, after
         )
         urls = await self._jobs.output_urls(found)
         return creation_service_pb2.ListJobsResponse(
@@ -150,6 +152,14 @@ class CreationServicer(creation_service_pb2_grpc.CreationServiceServicer):
     ) -> creation_service_pb2.CancelJobResponse:
         job = await self._jobs.cancel(current_principal().user_id, _job_id(request.job_id))
         return creation_service_pb2.CancelJobResponse(job=convert.job_message(job))
+
+    async def DeleteJob(
+        self, request: creation_service_pb2.DeleteJobRequest, context: Context
+    ) -> creation_service_pb2.DeleteJobResponse:
+        await self._jobs.delete(
+            current_principal().user_id, _job_id(request.job_id), request.delete_assets
+        )
+        return creation_service_pb2.DeleteJobResponse()
 
     async def GetBalance(
         self, request: creation_service_pb2.GetBalanceRequest, context: Context

@@ -126,6 +126,14 @@ JOB_STATE_RULES = {
     "key_has_hash": "idempotency_key IS NULL OR length(request_hash) = 64",
     "num_outputs_range": "num_outputs BETWEEN 1 AND 4",
     "outputs_have_no_null": "array_position(outputs, NULL) IS NULL",
+    # Only a finished job is deleted (DeleteJob), and a deleted job holds none of the
+    # user's words: its prompt, parameters, error message and idempotency key are gone.
+    "deleted_shape": (
+        "deleted_at IS NULL OR (status IN ('succeeded', 'failed', 'cancelled')"
+        " AND deleted_at >= completed_at AND prompt = '' AND negative_prompt = ''"
+        " AND parameters = '{}'::jsonb AND error_message IS NULL AND idempotency_key IS NULL"
+        " AND request_hash = '')"
+    ),
 }
 
 jobs = Table(
@@ -173,6 +181,9 @@ jobs = Table(
     # The W3C traceparent of the submit that made the job (NULL: not traced): the worker's
     # attempts and the outbox relay's deliveries of the job join that trace.
     Column("trace_parent", Text),
+    # When the owner deleted the job (DeleteJob): the row stays as a tombstone for the
+    # ledger and the audit trail, hidden from the owner's reads.
+    Column("deleted_at", DateTime(timezone=True)),
     CheckConstraint(f"status IN ({_quoted(STATUSES)})", name="status_known"),
     CheckConstraint(f"step IS NULL OR step IN ({_quoted(STEPS)})", name="step_known"),
     CheckConstraint("progress BETWEEN 0 AND 100", name="progress_percent"),
@@ -197,8 +208,19 @@ Index(
 )
 # The lease reaper: running jobs by lease expiry.
 Index("ix_jobs_lease_expiry", jobs.c.lease_expires_at, postgresql_where=jobs.c.status == "running")
-# ListJobs (newest first) and the per-user quota counts.
+# ListJobs without a status filter (newest first) and the per-user quota counts (which
+# count deleted jobs too).
 Index("ix_jobs_user_newest", jobs.c.user_id, jobs.c.created_at.desc(), jobs.c.job_id.desc())
+# ListJobs filtered by statuses: each status's jobs newest first, deleted ones left out
+# (without it, "active" walks past every finished job of the user).
+Index(
+    "ix_jobs_user_status_newest",
+    jobs.c.user_id,
+    jobs.c.status,
+    jobs.c.created_at.desc(),
+    jobs.c.job_id.desc(),
+    postgresql_where=jobs.c.deleted_at.is_(None),
+)
 # The in-flight limit's count.
 Index(
     "ix_jobs_user_in_flight",

@@ -148,7 +148,8 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
         self._registry.watch_job(job_id, inbox)
         try:
             first = await self._first_state(job_id, inbox)
-            if first is None or first.user_id != user_id:
+            # A deleted job is gone, as it is from GetJob.
+            if first is None or first.user_id != user_id or first.state.deleted:
                 raise _not_found()
             if first.terminal and first.version <= request.after_version:
                 return  # the client already has the end

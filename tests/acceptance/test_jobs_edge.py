@@ -228,7 +228,7 @@ async def test_list_cancel_and_events(stack: Stack, edge_url: str, http: httpx.A
     again = await http.post(f"{edge_url}/v1/jobs/{made[0]}:cancel", headers=user.headers, json={})
     assert again.json()["job"]["version"] == cancelled.json()["job"]["version"]
     only_cancelled = (
-        await http.get(f"{edge_url}/v1/jobs?status=JOB_STATUS_CANCELLED", headers=user.headers)
+        await http.get(f"{edge_url}/v1/jobs?statuses=JOB_STATUS_CANCELLED", headers=user.headers)
     ).json()
     assert [j["jobId"] for j in only_cancelled["jobs"]] == [made[0]]
 

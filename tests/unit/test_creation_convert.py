@@ -104,6 +104,14 @@ VARIANTS = {
         BASE, status=Status.RUNNING, attempt=2, step=Step.GENERATING, progress=10
     ),
     "cancelled": dataclasses.replace(BASE, status=Status.CANCELLED, attempt=1),
+    "deleted": dataclasses.replace(
+        BASE,
+        status=Status.FAILED,
+        attempt=1,
+        error_code="PROVIDER_BUSY",
+        version=5,
+        deleted_at=datetime(2026, 11, 30, 13, tzinfo=UTC),
+    ),
 }
 
 
@@ -112,6 +120,22 @@ def test_the_outbox_payload_is_the_job_state_json(job: Job) -> None:
     assert outbox_payload(job) == json_format.MessageToDict(convert.job_state(job))
     parsed = json_format.ParseDict(outbox_payload(job), job_state_pb2.JobState())
     assert parsed == convert.job_state(job)
+
+
+def test_a_deleted_jobs_state_is_a_tombstone() -> None:
+    """Its identity, version, last status and the flags; nothing a client would show."""
+    deleted = dataclasses.replace(
+        VARIANTS["succeeded"], version=6, deleted_at=datetime(2026, 11, 30, 13, tzinfo=UTC)
+    )
+    assert outbox_payload(deleted) == {
+        "jobId": BASE.job_id,
+        "userId": BASE.user_id,
+        "version": "6",
+        "status": "JOB_STATUS_SUCCEEDED",
+        "updateTime": "2026-11-30T12:00:00Z",
+        "done": True,
+        "deleted": True,
+    }
 
 
 def test_a_job_state_says_done_attempt_and_next_attempt_time() -> None:

@@ -108,6 +108,14 @@ def test_a_terminal_state_alerts_the_owners_devices_and_ends_the_activity() -> N
     assert kinds(result) == [("d", "alert"), ("a", "la_end")]
 
 
+def test_a_deleted_jobs_tombstone_plans_nothing() -> None:
+    """Deleting a finished job is one more terminal version: no second alert or end."""
+    tombstone = moved(10, job_pb2.JOB_STATUS_FAILED, "failed")
+    tombstone.applied.state.deleted = True
+    result = plan([tombstone], [DEVICE, START, ACTIVITY], {}, RULES, NOW)
+    assert result == Plan()
+
+
 def test_needs_attention_alerts_once_per_entry() -> None:
     entering = plan(
         [moved(4, job_pb2.JOB_STATUS_NEEDS_ATTENTION, "running")], [DEVICE], {}, RULES, NOW

@@ -156,6 +156,10 @@ def _done(state: job_state_pb2.JobState, value: Any) -> None:
     state.done = _true(value)
 
 
+def _deleted(state: job_state_pb2.JobState, value: Any) -> None:
+    state.deleted = _true(value)
+
+
 def _attempt(state: job_state_pb2.JobState, value: Any) -> None:
     state.attempt = _positive(value)
 
@@ -178,4 +182,5 @@ _READERS = {
     "done": _done,
     "attempt": _attempt,
     "nextAttemptTime": _next_attempt_time,
+    "deleted": _deleted,
 }

@@ -36,6 +36,9 @@ def outbox_payload(job: Job) -> dict[str, Any]:
     JSON form (readable in psql), written without protobuf so the store stays free of the
     wire types; a unit test holds it equal to json_format of ``convert.job_state``."""
     payload = _state(job.job_id, job.user_id, job.version, job.status, job.updated_at)
+    if job.deleted_at is not None:
+        # A tombstone: the job is gone for its owner, nothing else of it is told.
+        return {**payload, "done": True, "deleted": True}
     # Like protobuf's JSON, default values are left out.
     if job.step is not None:
         payload["step"] = f"JOB_STEP_{job.step.name}"

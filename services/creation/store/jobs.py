@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, or_, select
+from sqlalchemy import Select, bindparam, select, tuple_, union_all
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.domain import Actor, Job, Status
@@ -23,6 +23,7 @@ from services.creation.errors import (
     Reason,
     UserBusy,
 )
+from services.creation.list_filter import JobFilter
 from services.creation.store.changes import submitted_payload
 from services.creation.store.rows import job_from_row
 from services.creation.store.submit_statement import (
@@ -71,9 +72,13 @@ JOB_BY_KEY = DriverStatement.of(
 )
 
 
-# One job of one user (primary key; another user's job is not found).
+# One job of one user (primary key; another user's job and a deleted one are not found).
 JOB_OF_USER = DriverStatement.of(
-    select(jobs).where(jobs.c.job_id == bindparam("job_id"), jobs.c.user_id == bindparam("user_id"))
+    select(jobs).where(
+        jobs.c.job_id == bindparam("job_id"),
+        jobs.c.user_id == bindparam("user_id"),
+        jobs.c.deleted_at.is_(None),
+    )
 )
 
 
@@ -184,21 +189,54 @@ class Cursor:
     job_id: str
 
 
-async def list_for_user(
-    engine: AsyncEngine, user_id: str, status: Status | None, limit: int, after: Cursor | None
-) -> tuple[list[Job], Cursor | None]:
-    """Newest first, keyset-paginated (rides ix_jobs_user_newest)."""
-    query = select(jobs).where(jobs.c.user_id == user_id)
-    if status is not None:
-        query = query.where(jobs.c.status == status.value)
+_NEWEST_FIRST = (jobs.c.created_at.desc(), jobs.c.job_id.desc())
+
+
+def _list_query(user_id: str, chosen: JobFilter, limit: int, after: Cursor | None) -> Select[Any]:
+    """A page of the user's jobs (shown ones only). Several statuses are one branch each,
+    merged newest first (a Merge Append): with one IN list PostgreSQL walks the user's whole
+    history through ix_jobs_user_newest instead, past every finished job on its way to the
+    few active ones."""
+    conditions = [jobs.c.user_id == user_id, jobs.c.deleted_at.is_(None)]
+    if chosen.created_from is not None:
+        conditions.append(jobs.c.created_at >= chosen.created_from)
+    if chosen.created_before is not None:
+        conditions.append(jobs.c.created_at < chosen.created_before)
     if after is not None:
-        query = query.where(
-            or_(
-                jobs.c.created_at < after.created_at,
-                and_(jobs.c.created_at == after.created_at, jobs.c.job_id < after.job_id),
+        # A row comparison: an index condition, so a later page starts where the last ended.
+        conditions.append(
+            tuple_(jobs.c.created_at, jobs.c.job_id)
+            < tuple_(
+                after.created_at,
+                after.job_id,
+                types=[jobs.c.created_at.type, jobs.c.job_id.type],
             )
         )
-    query = query.order_by(jobs.c.created_at.desc(), jobs.c.job_id.desc()).limit(limit + 1)
+    if len(chosen.statuses) <= 1:
+        query = select(jobs).where(*conditions)
+        if chosen.statuses:
+            query = query.where(jobs.c.status == chosen.statuses[0].value)
+        return query.order_by(*_NEWEST_FIRST).limit(limit + 1)
+    branches = [
+        select(jobs)
+        .where(*conditions, jobs.c.status == status.value)
+        .order_by(*_NEWEST_FIRST)
+        .limit(limit + 1)
+        for status in chosen.statuses
+    ]
+    merged = union_all(*branches).subquery("listed")
+    return (
+        select(merged).order_by(merged.c.created_at.desc(), merged.c.job_id.desc()).limit(limit + 1)
+    )
+
+
+async def list_for_user(
+    engine: AsyncEngine, user_id: str, chosen: JobFilter, limit: int, after: Cursor | None
+) -> tuple[list[Job], Cursor | None]:
+    """The user's jobs that ``chosen`` admits, deleted ones aside, newest first,
+    keyset-paginated. Rides ix_jobs_user_status_newest with statuses (one range per
+    status), ix_jobs_user_newest without."""
+    query = _list_query(user_id, chosen, limit, after)
     rows = await fetch(engine, query)
     found = [job_from_row(r._mapping) for r in rows[:limit]]
     more = len(rows) > limit
@@ -210,7 +248,12 @@ async def cancel(engine: AsyncEngine, user_id: str, job_id: str, now: datetime) 
     cancel_requested (the worker or an operator finishes it). Already cancelled or already
     requested: unchanged. SUCCEEDED or FAILED: JobAlreadyFinished."""
     async with engine.begin() as connection:
-        job = await lock_job(connection, jobs.c.job_id == job_id, jobs.c.user_id == user_id)
+        job = await lock_job(
+            connection,
+            jobs.c.job_id == job_id,
+            jobs.c.user_id == user_id,
+            jobs.c.deleted_at.is_(None),
+        )
         if job is None:
             raise JobNotFound()
         if job.status is Status.CANCELLED or job.cancel_requested:

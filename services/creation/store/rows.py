@@ -51,4 +51,5 @@ def job_from_row(row: Mapping[Any, Any]) -> Job:
         completed_at=row["completed_at"],
         updated_at=row["updated_at"],
         trace_parent=row["trace_parent"],
+        deleted_at=row["deleted_at"],
     )

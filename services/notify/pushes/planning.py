@@ -9,6 +9,7 @@ and writes the outcome in the update's own transaction).
   shows changed: at most one per activity per ``update_interval``; a newer update takes
   the slot of one not sent yet (which is dropped) rather than adding another.
 - A Live Activity `end` on a terminal state, dropping updates that had not gone out.
+- Nothing for a deleted job's tombstone (a terminal status again, one version on).
 
 Every push is keyed by (token, job, version, kind), so a replayed delivery adds nothing.
 """
@@ -97,6 +98,8 @@ def plan(
     result = Plan()
     for change in moved:
         state = change.applied.state
+        if state.deleted:
+            continue  # its owner deleted it: the terminal state's pushes were its last
         owned = [t for t in tokens if t.user_id == state.user_id]
         activities = [t for t in owned if t.kind == "activity" and t.job_id == state.job_id]
         if _alerts(change):

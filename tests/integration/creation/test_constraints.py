@@ -17,6 +17,11 @@ LEASE = f"lease_owner = 'w', lease_expires_at = {LATER}, lease_epoch = 1"
 RUNNING = f"status = 'running', {LEASE}, attempt = 1, started_at = {LATER}, step = 'preparing'"
 DONE = f"completed_at = {LATER}, started_at = {LATER}"
 OUTPUT = "outputs = ARRAY[gen_random_uuid()::text]"
+SCRUBBED = (
+    f"deleted_at = {LATER}, prompt = '', negative_prompt = '', parameters = '{{}}',"
+    " error_message = NULL, idempotency_key = NULL, request_hash = ''"
+)
+CANCELLED = f"status = 'cancelled', completed_at = {LATER}"
 
 # What each statement breaks, and the constraint that must catch it.
 ILLEGAL_UPDATES = {
@@ -96,6 +101,12 @@ ILLEGAL_UPDATES = {
     ),
     "parameters not an object": ("parameters = '[1, 2]'::jsonb", "parameters_object"),
     "size out of bounds": ("width = 10000", "size"),
+    "deleted before it finished": (SCRUBBED, "deleted_shape"),
+    "deleted keeping its prompt": (f"{CANCELLED}, deleted_at = {LATER}", "deleted_shape"),
+    "deleted before it completed": (
+        f"{CANCELLED}, {SCRUBBED.replace(LATER, 'created_at')}",
+        "deleted_shape",
+    ),
 }
 
 
@@ -122,6 +133,7 @@ LEGAL_UPDATES = {
     "cancelled": f"status = 'cancelled', completed_at = {LATER}",
     "needs attention": "status = 'needs_attention', error_code = 'OUTCOME_UNKNOWN'",
     "queued resuming a request": "attempt = 1, step = 'generating', provider_request_id = 'req'",
+    "deleted": f"{CANCELLED}, {SCRUBBED}",
 }
 
 

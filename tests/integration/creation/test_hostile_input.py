@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import jwt
 import pytest
-from google.protobuf import struct_pb2
+from google.protobuf import struct_pb2, timestamp_pb2
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from atelier.creation.v1 import (
@@ -224,7 +224,7 @@ async def test_a_forged_list_jobs_token_is_invalid_page_token(
     assert_invalid(caught.value, "INVALID_PAGE_TOKEN", "page_token")
 
 
-async def test_list_jobs_pages_and_binds_the_status_filter(
+async def test_list_jobs_pages_and_binds_the_filter(
     creation: CreationHarness, engine: AsyncEngine
 ) -> None:
     user = new_user()
@@ -250,10 +250,23 @@ async def test_list_jobs_pages_and_binds_the_status_filter(
         # A token is only good for the filter it was issued for.
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await stub.ListJobs(
-                creation_service_pb2.ListJobsRequest(page_token=last_token, status=2),
+                creation_service_pb2.ListJobsRequest(page_token=last_token, statuses=[2]),
                 metadata=user_token(user),
             )
         assert_invalid(caught.value, "INVALID_PAGE_TOKEN", "page_token")
+        # A status number no version of the contract has, a time no calendar holds.
+        for request, field in (
+            (creation_service_pb2.ListJobsRequest(statuses=[1, 99]), "statuses[1]"),
+            (
+                creation_service_pb2.ListJobsRequest(
+                    create_time_after=timestamp_pb2.Timestamp(seconds=2**62)
+                ),
+                "create_time_after",
+            ),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.ListJobs(request, metadata=user_token(user))
+            assert_invalid(caught.value, "INVALID_JOB_FILTER", field)
 
 
 async def needs_attention(engine: AsyncEngine) -> str:

@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.domain import Actor, Job, Status, Step
 from services.creation.errors import JobAlreadyFinished, JobNotAwaitingOperator, JobNotFound
+from services.creation.list_filter import JobFilter
 from services.creation.store import admin, leases, ledger
 from services.creation.store import jobs as store
 from services.creation.store.jobs import SubmitLimits
@@ -301,14 +302,26 @@ async def test_list_pages_newest_first(engine: AsyncEngine) -> None:
                 await store.submit(engine, user, command(), LIMITS, T0 + timedelta(minutes=minute))
             ).job.job_id
         )
-    page, cursor = await store.list_for_user(engine, user, None, 2, None)
-    seen = [j.job_id for j in page]
-    while cursor is not None:
-        page, cursor = await store.list_for_user(engine, user, None, 2, cursor)
-        seen.extend(j.job_id for j in page)
-    assert seen == list(reversed(made))
-    queued, _ = await store.list_for_user(engine, user, Status.CANCELLED, 10, None)
-    assert queued == []
+    for job_id in made[1], made[3]:
+        await store.cancel(engine, user, job_id, T0 + timedelta(minutes=9))
+
+    async def listed(chosen: JobFilter) -> list[str]:
+        page, cursor = await store.list_for_user(engine, user, chosen, 2, None)
+        seen = [j.job_id for j in page]
+        while cursor is not None:
+            page, cursor = await store.list_for_user(engine, user, chosen, 2, cursor)
+            seen.extend(j.job_id for j in page)
+        return seen
+
+    assert await listed(JobFilter()) == list(reversed(made))
+    # Several statuses page through one merged order.
+    both = JobFilter((Status.CANCELLED, Status.QUEUED))
+    assert await listed(both) == list(reversed(made))
+    assert await listed(JobFilter((Status.CANCELLED,))) == [made[3], made[1]]
+    assert await listed(JobFilter((Status.RUNNING, Status.FAILED))) == []
+    # [minute 1, minute 3): half open.
+    window = JobFilter((), T0 + timedelta(minutes=1), T0 + timedelta(minutes=3))
+    assert await listed(window) == [made[2], made[1]]
 
 
 async def test_the_store_refuses_a_transition_the_state_machine_lacks(engine: AsyncEngine) -> None:

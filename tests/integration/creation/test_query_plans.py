@@ -19,7 +19,10 @@ import pytest
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from services.creation.domain import Status
+from services.creation.list_filter import JobFilter
 from services.creation.store import admin, leases, outbox
+from services.creation.store import jobs as job_store
 from services.creation.store.changes import json_time
 from services.creation.store.fenced import CLAIM_SQL, FAIL_SQL, HAND_BACK_SQL, FencedWrite
 from services.creation.store.submit_statement import submit_arguments
@@ -194,3 +197,32 @@ async def test_the_relay_prunes_through_the_delivered_index(
     await outbox.prune(engine, T0 - timedelta(days=3650), 1000)
     statement, parameters = one_statement(sent, lambda s: "DELETE FROM creation.outbox" in s)
     assert "ix_outbox_delivered" in await generic_plan(engine, statement, parameters)
+
+
+@pytest.mark.parametrize(
+    ("chosen", "index"),
+    [
+        (JobFilter((Status.QUEUED, Status.RUNNING)), "ix_jobs_user_status_newest"),
+        (
+            JobFilter((Status.SUCCEEDED,), T0 - timedelta(days=30), T0),
+            "ix_jobs_user_status_newest",
+        ),
+        (JobFilter(created_from=T0 - timedelta(days=30)), "ix_jobs_user_newest"),
+    ],
+    ids=["active", "one status in a range", "every status"],
+)
+async def test_list_jobs_rides_a_per_user_index(
+    capturing: tuple[AsyncEngine, list[tuple[str, Any]]], chosen: JobFilter, index: str
+) -> None:
+    """A page after a cursor, as the second page of a history screen asks for it."""
+    engine, sent = capturing
+    after = job_store.Cursor(T0, str(uuid.uuid4()))
+    await job_store.list_for_user(engine, new_user(), chosen, 20, after)
+    statement, parameters = one_statement(sent, lambda s: "FROM creation.jobs" in s)
+    plan = await generic_plan(engine, statement, parameters)
+    assert index in plan, plan
+    # The page starts where the last ended (the cursor is an index condition), and several
+    # statuses merge ordered ranges instead of sorting the user's history.
+    assert "ROW(created_at, job_id) < ROW(" in plan
+    assert ("Merge Append" in plan) is (len(chosen.statuses) > 1)
+    assert "Seq Scan" not in plan

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.creation.list_filter import JobFilter
 from services.creation.store import jobs as store
 from services.creation.store import ledger
 from services.creation.store.catalog import CachedCatalog
@@ -37,7 +38,7 @@ async def test_reading_a_job_is_one_statement_without_a_transaction(
     await wire.caught_up()
     assert (len(wire.statements), wire.commands) == (1, [])
     wire.clear()
-    await store.list_for_user(engine, user, None, 10, None)
+    await store.list_for_user(engine, user, JobFilter(), 10, None)
     await wire.caught_up()
     assert (len(wire.statements), wire.commands) == (1, [])
 

@@ -28,9 +28,10 @@ from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
 from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
 from google.api import resource_pb2 as google_dot_api_dot_resource__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*atelier/creation/v1/creation_service.proto\x12\x13\x61telier.creation.v1\x1a!atelier/creation/v1/catalog.proto\x1a\x1d\x61telier/creation/v1/job.proto\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1cgoogle/protobuf/struct.proto\"N\n\x12ListCatalogRequest\x12\x38\n\nmedia_kind\x18\x01 \x01(\x0e\x32\x1e.atelier.creation.v1.MediaKindB\x04\xe2\x41\x01\x01\"m\n\x13ListCatalogResponse\x12*\n\x06models\x18\x01 \x03(\x0b\x32\x1a.atelier.creation.v1.Model\x12*\n\x06styles\x18\x02 \x03(\x0b\x32\x1a.atelier.creation.v1.Style\"\xc4\x02\n\x10SubmitJobRequest\x12\x18\n\nrequest_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x01\x12\x16\n\x08model_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x16\n\x08style_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x38\n\x0einput_asset_id\x18\x04 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\x12\x14\n\x06prompt\x18\x05 \x01(\tB\x04\xe2\x41\x01\x01\x12\x1d\n\x0fnegative_prompt\x18\x06 \x01(\tB\x04\xe2\x41\x01\x01\x12\x13\n\x05width\x18\x07 \x01(\x05\x42\x04\xe2\x41\x01\x02\x12\x14\n\x06height\x18\x08 \x01(\x05\x42\x04\xe2\x41\x01\x02\x12\x31\n\nparameters\x18\t \x01(\x0b\x32\x17.google.protobuf.StructB\x04\xe2\x41\x01\x01\x12\x19\n\x0bnum_outputs\x18\n \x01(\x05\x42\x04\xe2\x41\x01\x01\":\n\x11SubmitJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.atelier.creation.v1.Job\"B\n\rGetJobRequest\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x02\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\"7\n\x0eGetJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.atelier.creation.v1.Job\"z\n\x0fListJobsRequest\x12\x17\n\tpage_size\x18\x01 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\x12\x34\n\x06status\x18\x03 \x01(\x0e\x32\x1e.atelier.creation.v1.JobStatusB\x04\xe2\x41\x01\x01\"S\n\x10ListJobsResponse\x12&\n\x04jobs\x18\x01 \x03(\x0b\x32\x18.atelier.creation.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"E\n\x10\x43\x61ncelJobRequest\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x02\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\":\n\x11\x43\x61ncelJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.atelier.creation.v1.Job\"\x13\n\x11GetBalanceRequest\"G\n\x12GetBalanceResponse\x12\x18\n\x10\x61vailable_points\x18\x01 \x01(\x03\x12\x17\n\x0freserved_points\x18\x02 \x01(\x03\x32\xc7\x05\n\x0f\x43reationService\x12u\n\x0bListCatalog\x12\'.atelier.creation.v1.ListCatalogRequest\x1a(.atelier.creation.v1.ListCatalogResponse\"\x13\x82\xd3\xe4\x93\x02\r\x12\x0b/v1/catalog\x12o\n\tSubmitJob\x12%.atelier.creation.v1.SubmitJobRequest\x1a&.atelier.creation.v1.SubmitJobResponse\"\x13\x82\xd3\xe4\x93\x02\r\"\x08/v1/jobs:\x01*\x12l\n\x06GetJob\x12\".atelier.creation.v1.GetJobRequest\x1a#.atelier.creation.v1.GetJobResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/v1/jobs/{job_id}\x12i\n\x08ListJobs\x12$.atelier.creation.v1.ListJobsRequest\x1a%.atelier.creation.v1.ListJobsResponse\"\x10\x82\xd3\xe4\x93\x02\n\x12\x08/v1/jobs\x12\x7f\n\tCancelJob\x12%.atelier.creation.v1.CancelJobRequest\x1a&.atelier.creation.v1.CancelJobResponse\"#\x82\xd3\xe4\x93\x02\x1d\"\x18/v1/jobs/{job_id}:cancel:\x01*\x12r\n\nGetBalance\x12&.atelier.creation.v1.GetBalanceRequest\x1a\'.atelier.creation.v1.GetBalanceResponse\"\x13\x82\xd3\xe4\x93\x02\r\x12\x0b/v1/balanceb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*atelier/creation/v1/creation_service.proto\x12\x13\x61telier.creation.v1\x1a!atelier/creation/v1/catalog.proto\x1a\x1d\x61telier/creation/v1/job.proto\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"N\n\x12ListCatalogRequest\x12\x38\n\nmedia_kind\x18\x01 \x01(\x0e\x32\x1e.atelier.creation.v1.MediaKindB\x04\xe2\x41\x01\x01\"m\n\x13ListCatalogResponse\x12*\n\x06models\x18\x01 \x03(\x0b\x32\x1a.atelier.creation.v1.Model\x12*\n\x06styles\x18\x02 \x03(\x0b\x32\x1a.atelier.creation.v1.Style\"\xc4\x02\n\x10SubmitJobRequest\x12\x18\n\nrequest_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x01\x12\x16\n\x08model_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x16\n\x08style_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x38\n\x0einput_asset_id\x18\x04 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\x12\x14\n\x06prompt\x18\x05 \x01(\tB\x04\xe2\x41\x01\x01\x12\x1d\n\x0fnegative_prompt\x18\x06 \x01(\tB\x04\xe2\x41\x01\x01\x12\x13\n\x05width\x18\x07 \x01(\x05\x42\x04\xe2\x41\x01\x02\x12\x14\n\x06height\x18\x08 \x01(\x05\x42\x04\xe2\x41\x01\x02\x12\x31\n\nparameters\x18\t \x01(\x0b\x32\x17.google.protobuf.StructB\x04\xe2\x41\x01\x01\x12\x19\n\x0bnum_outputs\x18\n \x01(\x05\x42\x04\xe2\x41\x01\x01\":\n\x11SubmitJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.atelier.creation.v1.Job\"B\n\rGetJobRequest\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x02\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\"7\n\x0eGetJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.atelier.creation.v1.Job\"\x85\x02\n\x0fListJobsRequest\x12\x17\n\tpage_size\x18\x01 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\x12\x36\n\x08statuses\x18\x04 \x03(\x0e\x32\x1e.atelier.creation.v1.JobStatusB\x04\xe2\x41\x01\x01\x12;\n\x11\x63reate_time_after\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x01\x12<\n\x12\x63reate_time_before\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x01J\x04\x08\x03\x10\x04R\x06status\"S\n\x10ListJobsResponse\x12&\n\x04jobs\x18\x01 \x03(\x0b\x32\x18.atelier.creation.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"E\n\x10\x43\x61ncelJobRequest\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x02\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\":\n\x11\x43\x61ncelJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.atelier.creation.v1.Job\"E\n\x10\x44\x65leteJobRequest\x12\x14\n\x06job_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1b\n\rdelete_assets\x18\x02 \x01(\x08\x42\x04\xe2\x41\x01\x01\"\x13\n\x11\x44\x65leteJobResponse\"\x13\n\x11GetBalanceRequest\"G\n\x12GetBalanceResponse\x12\x18\n\x10\x61vailable_points\x18\x01 \x01(\x03\x12\x17\n\x0freserved_points\x18\x02 \x01(\x03\x32\xbe\x06\n\x0f\x43reationService\x12u\n\x0bListCatalog\x12\'.atelier.creation.v1.ListCatalogRequest\x1a(.atelier.creation.v1.ListCatalogResponse\"\x13\x82\xd3\xe4\x93\x02\r\x12\x0b/v1/catalog\x12o\n\tSubmitJob\x12%.atelier.creation.v1.SubmitJobRequest\x1a&.atelier.creation.v1.SubmitJobResponse\"\x13\x82\xd3\xe4\x93\x02\r\"\x08/v1/jobs:\x01*\x12l\n\x06GetJob\x12\".atelier.creation.v1.GetJobRequest\x1a#.atelier.creation.v1.GetJobResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/v1/jobs/{job_id}\x12i\n\x08ListJobs\x12$.atelier.creation.v1.ListJobsRequest\x1a%.atelier.creation.v1.ListJobsResponse\"\x10\x82\xd3\xe4\x93\x02\n\x12\x08/v1/jobs\x12\x7f\n\tCancelJob\x12%.atelier.creation.v1.CancelJobRequest\x1a&.atelier.creation.v1.CancelJobResponse\"#\x82\xd3\xe4\x93\x02\x1d\"\x18/v1/jobs/{job_id}:cancel:\x01*\x12u\n\tDeleteJob\x12%.atelier.creation.v1.DeleteJobRequest\x1a&.atelier.creation.v1.DeleteJobResponse\"\x19\x82\xd3\xe4\x93\x02\x13*\x11/v1/jobs/{job_id}\x12r\n\nGetBalance\x12&.atelier.creation.v1.GetBalanceRequest\x1a\'.atelier.creation.v1.GetBalanceResponse\"\x13\x82\xd3\xe4\x93\x02\r\x12\x0b/v1/balanceb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -65,10 +66,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTJOBSREQUEST'].fields_by_name['page_size']._serialized_options = b'\342A\001\001'
   _globals['_LISTJOBSREQUEST'].fields_by_name['page_token']._loaded_options = None
   _globals['_LISTJOBSREQUEST'].fields_by_name['page_token']._serialized_options = b'\342A\001\001'
-  _globals['_LISTJOBSREQUEST'].fields_by_name['status']._loaded_options = None
-  _globals['_LISTJOBSREQUEST'].fields_by_name['status']._serialized_options = b'\342A\001\001'
+  _globals['_LISTJOBSREQUEST'].fields_by_name['statuses']._loaded_options = None
+  _globals['_LISTJOBSREQUEST'].fields_by_name['statuses']._serialized_options = b'\342A\001\001'
+  _globals['_LISTJOBSREQUEST'].fields_by_name['create_time_after']._loaded_options = None
+  _globals['_LISTJOBSREQUEST'].fields_by_name['create_time_after']._serialized_options = b'\342A\001\001'
+  _globals['_LISTJOBSREQUEST'].fields_by_name['create_time_before']._loaded_options = None
+  _globals['_LISTJOBSREQUEST'].fields_by_name['create_time_before']._serialized_options = b'\342A\001\001'
   _globals['_CANCELJOBREQUEST'].fields_by_name['job_id']._loaded_options = None
   _globals['_CANCELJOBREQUEST'].fields_by_name['job_id']._serialized_options = b'\342A\001\002\372A\032\n\030creation.atelier.dev/Job'
+  _globals['_DELETEJOBREQUEST'].fields_by_name['job_id']._loaded_options = None
+  _globals['_DELETEJOBREQUEST'].fields_by_name['job_id']._serialized_options = b'\342A\001\002'
+  _globals['_DELETEJOBREQUEST'].fields_by_name['delete_assets']._loaded_options = None
+  _globals['_DELETEJOBREQUEST'].fields_by_name['delete_assets']._serialized_options = b'\342A\001\001'
   _globals['_CREATIONSERVICE'].methods_by_name['ListCatalog']._loaded_options = None
   _globals['_CREATIONSERVICE'].methods_by_name['ListCatalog']._serialized_options = b'\202\323\344\223\002\r\022\013/v1/catalog'
   _globals['_CREATIONSERVICE'].methods_by_name['SubmitJob']._loaded_options = None
@@ -79,32 +88,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CREATIONSERVICE'].methods_by_name['ListJobs']._serialized_options = b'\202\323\344\223\002\n\022\010/v1/jobs'
   _globals['_CREATIONSERVICE'].methods_by_name['CancelJob']._loaded_options = None
   _globals['_CREATIONSERVICE'].methods_by_name['CancelJob']._serialized_options = b'\202\323\344\223\002\035\"\030/v1/jobs/{job_id}:cancel:\001*'
+  _globals['_CREATIONSERVICE'].methods_by_name['DeleteJob']._loaded_options = None
+  _globals['_CREATIONSERVICE'].methods_by_name['DeleteJob']._serialized_options = b'\202\323\344\223\002\023*\021/v1/jobs/{job_id}'
   _globals['_CREATIONSERVICE'].methods_by_name['GetBalance']._loaded_options = None
   _globals['_CREATIONSERVICE'].methods_by_name['GetBalance']._serialized_options = b'\202\323\344\223\002\r\022\013/v1/balance'
-  _globals['_LISTCATALOGREQUEST']._serialized_start=253
-  _globals['_LISTCATALOGREQUEST']._serialized_end=331
-  _globals['_LISTCATALOGRESPONSE']._serialized_start=333
-  _globals['_LISTCATALOGRESPONSE']._serialized_end=442
-  _globals['_SUBMITJOBREQUEST']._serialized_start=445
-  _globals['_SUBMITJOBREQUEST']._serialized_end=769
-  _globals['_SUBMITJOBRESPONSE']._serialized_start=771
-  _globals['_SUBMITJOBRESPONSE']._serialized_end=829
-  _globals['_GETJOBREQUEST']._serialized_start=831
-  _globals['_GETJOBREQUEST']._serialized_end=897
-  _globals['_GETJOBRESPONSE']._serialized_start=899
-  _globals['_GETJOBRESPONSE']._serialized_end=954
-  _globals['_LISTJOBSREQUEST']._serialized_start=956
-  _globals['_LISTJOBSREQUEST']._serialized_end=1078
-  _globals['_LISTJOBSRESPONSE']._serialized_start=1080
-  _globals['_LISTJOBSRESPONSE']._serialized_end=1163
-  _globals['_CANCELJOBREQUEST']._serialized_start=1165
-  _globals['_CANCELJOBREQUEST']._serialized_end=1234
-  _globals['_CANCELJOBRESPONSE']._serialized_start=1236
-  _globals['_CANCELJOBRESPONSE']._serialized_end=1294
-  _globals['_GETBALANCEREQUEST']._serialized_start=1296
-  _globals['_GETBALANCEREQUEST']._serialized_end=1315
-  _globals['_GETBALANCERESPONSE']._serialized_start=1317
-  _globals['_GETBALANCERESPONSE']._serialized_end=1388
-  _globals['_CREATIONSERVICE']._serialized_start=1391
-  _globals['_CREATIONSERVICE']._serialized_end=2102
+  _globals['_LISTCATALOGREQUEST']._serialized_start=286
+  _globals['_LISTCATALOGREQUEST']._serialized_end=364
+  _globals['_LISTCATALOGRESPONSE']._serialized_start=366
+  _globals['_LISTCATALOGRESPONSE']._serialized_end=475
+  _globals['_SUBMITJOBREQUEST']._serialized_start=478
+  _globals['_SUBMITJOBREQUEST']._serialized_end=802
+  _globals['_SUBMITJOBRESPONSE']._serialized_start=804
+  _globals['_SUBMITJOBRESPONSE']._serialized_end=862
+  _globals['_GETJOBREQUEST']._serialized_start=864
+  _globals['_GETJOBREQUEST']._serialized_end=930
+  _globals['_GETJOBRESPONSE']._serialized_start=932
+  _globals['_GETJOBRESPONSE']._serialized_end=987
+  _globals['_LISTJOBSREQUEST']._serialized_start=990
+  _globals['_LISTJOBSREQUEST']._serialized_end=1251
+  _globals['_LISTJOBSRESPONSE']._serialized_start=1253
+  _globals['_LISTJOBSRESPONSE']._serialized_end=1336
+  _globals['_CANCELJOBREQUEST']._serialized_start=1338
+  _globals['_CANCELJOBREQUEST']._serialized_end=1407
+  _globals['_CANCELJOBRESPONSE']._serialized_start=1409
+  _globals['_CANCELJOBRESPONSE']._serialized_end=1467
+  _globals['_DELETEJOBREQUEST']._serialized_start=1469
+  _globals['_DELETEJOBREQUEST']._serialized_end=1538
+  _globals['_DELETEJOBRESPONSE']._serialized_start=1540
+  _globals['_DELETEJOBRESPONSE']._serialized_end=1559
+  _globals['_GETBALANCEREQUEST']._serialized_start=1561
+  _globals['_GETBALANCEREQUEST']._serialized_end=1580
+  _globals['_GETBALANCERESPONSE']._serialized_start=1582
+  _globals['_GETBALANCERESPONSE']._serialized_end=1653
+  _globals['_CREATIONSERVICE']._serialized_start=1656
+  _globals['_CREATIONSERVICE']._serialized_end=2486
 # @@protoc_insertion_point(module_scope)

@@ -9,6 +9,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
@@ -94,8 +95,8 @@ class SubmitJobRequest(_message.Message):
     The Idempotency-Key header is accepted too; when both are given they must be equal.
     The same key with the same request returns the job it made; with a different request
     it is ALREADY_EXISTS (reason IDEMPOTENCY_KEY_REUSED). Retention: a key lives as long
-    as its job, and jobs are never deleted, so a key is never freed or reused: it is kept
-    for good.
+    as its job: it is kept for good unless the owner deletes the job (DeleteJob), which
+    frees the key; a replay after that submits a new job.
     """
     model_id: _builtins.str
     """A model from ListCatalog."""
@@ -217,23 +218,46 @@ class ListJobsRequest(_message.Message):
 
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
-    STATUS_FIELD_NUMBER: _builtins.int
+    STATUSES_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_AFTER_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_BEFORE_FIELD_NUMBER: _builtins.int
     page_size: _builtins.int
     """Maximum jobs to return (1 to 100; 0 means 20)."""
     page_token: _builtins.str
-    """next_page_token from a previous call with the same filter."""
-    status: _job_pb2.JobStatus.ValueType
-    """Only jobs in this status; UNSPECIFIED lists all."""
+    """next_page_token from a previous call with the same filter (statuses and time range);
+    a token from another filter is INVALID_ARGUMENT, reason INVALID_PAGE_TOKEN.
+    """
+    @_builtins.property
+    def statuses(self) -> _containers.RepeatedScalarFieldContainer[_job_pb2.JobStatus.ValueType]:
+        """Only jobs in any of these statuses (e.g. QUEUED and RUNNING for "active"); empty
+        lists every status. UNSPECIFIED or an unknown value is INVALID_ARGUMENT (reason
+        INVALID_JOB_FILTER); repeats are ignored. Over JSON: `?statuses=JOB_STATUS_QUEUED&
+        statuses=JOB_STATUS_RUNNING`.
+        """
+
+    @_builtins.property
+    def create_time_after(self) -> _timestamp_pb2.Timestamp:
+        """Only jobs created at or after this time (inclusive). Unset: no lower bound."""
+
+    @_builtins.property
+    def create_time_before(self) -> _timestamp_pb2.Timestamp:
+        """Only jobs created before this time (exclusive). Unset: no upper bound. It must be
+        later than create_time_after when both are set: an empty or inverted range is
+        INVALID_ARGUMENT (reason INVALID_JOB_FILTER) with a field violation.
+        """
+
     def __init__(
         self,
         *,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
-        status: _job_pb2.JobStatus.ValueType = ...,
+        statuses: _abc.Iterable[_job_pb2.JobStatus.ValueType] | None = ...,
+        create_time_after: _timestamp_pb2.Timestamp | None = ...,
+        create_time_before: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time_after", b"create_time_after", "create_time_before", b"create_time_before"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time_after", b"create_time_after", "create_time_before", b"create_time_before", "page_size", b"page_size", "page_token", b"page_token", "statuses", b"statuses"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -312,6 +336,51 @@ class CancelJobResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CancelJobResponse: _TypeAlias = CancelJobResponse  # noqa: Y015
+
+@_typing.final
+class DeleteJobRequest(_message.Message):
+    """Request for DeleteJob."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    DELETE_ASSETS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """The job to delete; it must have finished."""
+    delete_assets: _builtins.bool
+    """Also delete the job's output images and its input photo (unless another of the
+    caller's jobs was made from the same photo). Over JSON: `?deleteAssets=true`.
+    """
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        delete_assets: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete_assets", b"delete_assets", "job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteJobRequest: _TypeAlias = DeleteJobRequest  # noqa: Y015
+
+@_typing.final
+class DeleteJobResponse(_message.Message):
+    """Response for DeleteJob: empty; the job is gone."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteJobResponse: _TypeAlias = DeleteJobResponse  # noqa: Y015
 
 @_typing.final
 class GetBalanceRequest(_message.Message):

@@ -61,6 +61,11 @@ class CreationServiceStub:
                 request_serializer=atelier_dot_creation_dot_v1_dot_creation__service__pb2.CancelJobRequest.SerializeToString,
                 response_deserializer=atelier_dot_creation_dot_v1_dot_creation__service__pb2.CancelJobResponse.FromString,
                 _registered_method=True)
+        self.DeleteJob = channel.unary_unary(
+                '/atelier.creation.v1.CreationService/DeleteJob',
+                request_serializer=atelier_dot_creation_dot_v1_dot_creation__service__pb2.DeleteJobRequest.SerializeToString,
+                response_deserializer=atelier_dot_creation_dot_v1_dot_creation__service__pb2.DeleteJobResponse.FromString,
+                _registered_method=True)
         self.GetBalance = channel.unary_unary(
                 '/atelier.creation.v1.CreationService/GetBalance',
                 request_serializer=atelier_dot_creation_dot_v1_dot_creation__service__pb2.GetBalanceRequest.SerializeToString,
@@ -96,7 +101,8 @@ class CreationServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListJobs(self, request, context):
-        """Lists the caller's jobs, newest first.
+        """Lists the caller's jobs, newest first, optionally only those in some statuses and
+        created within a time range. Deleted jobs are never listed.
         Each SUCCEEDED job's outputs carry a fresh url and thumbnail_url (a history grid is
         one call). When media cannot sign them (down, slow past its 2 s deadline) the jobs
         are still answered, with those URLs empty: the list itself never fails for a picture,
@@ -108,6 +114,37 @@ class CreationServiceServicer:
 
     def CancelJob(self, request, context):
         """Cancels a job: at once when queued, at the worker's next safe point when running.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteJob(self, request, context):
+        """Deletes one of the caller's finished jobs (SUCCEEDED, FAILED or CANCELLED) and, with
+        delete_assets, its input photo and output images. Afterwards the job is gone from
+        GetJob and ListJobs (NOT_FOUND / not listed) and from WatchJob (NOT_FOUND).
+
+        - A job that has not finished (QUEUED, RUNNING, NEEDS_ATTENTION) is
+        FAILED_PRECONDITION, reason JOB_NOT_FINISHED: cancel it first, then delete it once
+        it is CANCELLED.
+        - Another user's job and an unknown job are NOT_FOUND (JOB_NOT_FOUND).
+        - Repeatable: deleting a job the caller already deleted succeeds again (as if AIP-135's
+        allow_missing were set for the caller's own deleted jobs), so a retry after a lost
+        answer is not an error; with delete_assets it deletes whatever assets remain.
+        - With delete_assets, the assets are deleted first (through media), then the job. If
+        media is unavailable the answer is UNAVAILABLE (reason MEDIA_UNAVAILABLE, with
+        RetryInfo) and the job is not deleted yet; a retry finishes the work. The input photo
+        is kept while another of the caller's jobs (not deleted) was made from it.
+
+        What remains: deletion removes the job's user data (prompt, negative prompt,
+        parameters, error message, idempotency key and request hash) and keeps a tombstone
+        for the points ledger and audit: the job id, owner, model, style, price, status,
+        output and input asset ids, timestamps and its status history. Ledger entries keep the
+        job id; the daily quota still counts the job. Deleting a job frees its request_id.
+
+        WatchJobs: the deletion is a new version of the job, sent to open streams and to a
+        resumed stream whose cursor predates it, as a JobState with `deleted` set (and no
+        outputs): drop the job. Fresh snapshots never hold deleted jobs.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -147,6 +184,11 @@ def add_CreationServiceServicer_to_server(servicer, server):
                     servicer.CancelJob,
                     request_deserializer=atelier_dot_creation_dot_v1_dot_creation__service__pb2.CancelJobRequest.FromString,
                     response_serializer=atelier_dot_creation_dot_v1_dot_creation__service__pb2.CancelJobResponse.SerializeToString,
+            ),
+            'DeleteJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteJob,
+                    request_deserializer=atelier_dot_creation_dot_v1_dot_creation__service__pb2.DeleteJobRequest.FromString,
+                    response_serializer=atelier_dot_creation_dot_v1_dot_creation__service__pb2.DeleteJobResponse.SerializeToString,
             ),
             'GetBalance': grpc.unary_unary_rpc_method_handler(
                     servicer.GetBalance,
@@ -291,6 +333,33 @@ class CreationService:
             '/atelier.creation.v1.CreationService/CancelJob',
             atelier_dot_creation_dot_v1_dot_creation__service__pb2.CancelJobRequest.SerializeToString,
             atelier_dot_creation_dot_v1_dot_creation__service__pb2.CancelJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atelier.creation.v1.CreationService/DeleteJob',
+            atelier_dot_creation_dot_v1_dot_creation__service__pb2.DeleteJobRequest.SerializeToString,
+            atelier_dot_creation_dot_v1_dot_creation__service__pb2.DeleteJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

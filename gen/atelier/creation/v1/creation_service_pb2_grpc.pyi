@@ -44,7 +44,8 @@ class CreationServiceStub:
     Output URLs follow the rule ListJobs states.
     """
     ListJobs: _grpc.UnaryUnaryMultiCallable[_creation_service_pb2.ListJobsRequest, _creation_service_pb2.ListJobsResponse]
-    """Lists the caller's jobs, newest first.
+    """Lists the caller's jobs, newest first, optionally only those in some statuses and
+    created within a time range. Deleted jobs are never listed.
     Each SUCCEEDED job's outputs carry a fresh url and thumbnail_url (a history grid is
     one call). When media cannot sign them (down, slow past its 2 s deadline) the jobs
     are still answered, with those URLs empty: the list itself never fails for a picture,
@@ -52,6 +53,33 @@ class CreationServiceStub:
     """
     CancelJob: _grpc.UnaryUnaryMultiCallable[_creation_service_pb2.CancelJobRequest, _creation_service_pb2.CancelJobResponse]
     """Cancels a job: at once when queued, at the worker's next safe point when running."""
+    DeleteJob: _grpc.UnaryUnaryMultiCallable[_creation_service_pb2.DeleteJobRequest, _creation_service_pb2.DeleteJobResponse]
+    """Deletes one of the caller's finished jobs (SUCCEEDED, FAILED or CANCELLED) and, with
+    delete_assets, its input photo and output images. Afterwards the job is gone from
+    GetJob and ListJobs (NOT_FOUND / not listed) and from WatchJob (NOT_FOUND).
+
+    - A job that has not finished (QUEUED, RUNNING, NEEDS_ATTENTION) is
+      FAILED_PRECONDITION, reason JOB_NOT_FINISHED: cancel it first, then delete it once
+      it is CANCELLED.
+    - Another user's job and an unknown job are NOT_FOUND (JOB_NOT_FOUND).
+    - Repeatable: deleting a job the caller already deleted succeeds again (as if AIP-135's
+      allow_missing were set for the caller's own deleted jobs), so a retry after a lost
+      answer is not an error; with delete_assets it deletes whatever assets remain.
+    - With delete_assets, the assets are deleted first (through media), then the job. If
+      media is unavailable the answer is UNAVAILABLE (reason MEDIA_UNAVAILABLE, with
+      RetryInfo) and the job is not deleted yet; a retry finishes the work. The input photo
+      is kept while another of the caller's jobs (not deleted) was made from it.
+
+    What remains: deletion removes the job's user data (prompt, negative prompt,
+    parameters, error message, idempotency key and request hash) and keeps a tombstone
+    for the points ledger and audit: the job id, owner, model, style, price, status,
+    output and input asset ids, timestamps and its status history. Ledger entries keep the
+    job id; the daily quota still counts the job. Deleting a job frees its request_id.
+
+    WatchJobs: the deletion is a new version of the job, sent to open streams and to a
+    resumed stream whose cursor predates it, as a JobState with `deleted` set (and no
+    outputs): drop the job. Fresh snapshots never hold deleted jobs.
+    """
     GetBalance: _grpc.UnaryUnaryMultiCallable[_creation_service_pb2.GetBalanceRequest, _creation_service_pb2.GetBalanceResponse]
     """Returns the caller's points balance."""
 
@@ -71,7 +99,8 @@ class CreationServiceAsyncStub(CreationServiceStub):
     Output URLs follow the rule ListJobs states.
     """
     ListJobs: _aio.UnaryUnaryMultiCallable[_creation_service_pb2.ListJobsRequest, _creation_service_pb2.ListJobsResponse]  # type: ignore[assignment]
-    """Lists the caller's jobs, newest first.
+    """Lists the caller's jobs, newest first, optionally only those in some statuses and
+    created within a time range. Deleted jobs are never listed.
     Each SUCCEEDED job's outputs carry a fresh url and thumbnail_url (a history grid is
     one call). When media cannot sign them (down, slow past its 2 s deadline) the jobs
     are still answered, with those URLs empty: the list itself never fails for a picture,
@@ -79,6 +108,33 @@ class CreationServiceAsyncStub(CreationServiceStub):
     """
     CancelJob: _aio.UnaryUnaryMultiCallable[_creation_service_pb2.CancelJobRequest, _creation_service_pb2.CancelJobResponse]  # type: ignore[assignment]
     """Cancels a job: at once when queued, at the worker's next safe point when running."""
+    DeleteJob: _aio.UnaryUnaryMultiCallable[_creation_service_pb2.DeleteJobRequest, _creation_service_pb2.DeleteJobResponse]  # type: ignore[assignment]
+    """Deletes one of the caller's finished jobs (SUCCEEDED, FAILED or CANCELLED) and, with
+    delete_assets, its input photo and output images. Afterwards the job is gone from
+    GetJob and ListJobs (NOT_FOUND / not listed) and from WatchJob (NOT_FOUND).
+
+    - A job that has not finished (QUEUED, RUNNING, NEEDS_ATTENTION) is
+      FAILED_PRECONDITION, reason JOB_NOT_FINISHED: cancel it first, then delete it once
+      it is CANCELLED.
+    - Another user's job and an unknown job are NOT_FOUND (JOB_NOT_FOUND).
+    - Repeatable: deleting a job the caller already deleted succeeds again (as if AIP-135's
+      allow_missing were set for the caller's own deleted jobs), so a retry after a lost
+      answer is not an error; with delete_assets it deletes whatever assets remain.
+    - With delete_assets, the assets are deleted first (through media), then the job. If
+      media is unavailable the answer is UNAVAILABLE (reason MEDIA_UNAVAILABLE, with
+      RetryInfo) and the job is not deleted yet; a retry finishes the work. The input photo
+      is kept while another of the caller's jobs (not deleted) was made from it.
+
+    What remains: deletion removes the job's user data (prompt, negative prompt,
+    parameters, error message, idempotency key and request hash) and keeps a tombstone
+    for the points ledger and audit: the job id, owner, model, style, price, status,
+    output and input asset ids, timestamps and its status history. Ledger entries keep the
+    job id; the daily quota still counts the job. Deleting a job frees its request_id.
+
+    WatchJobs: the deletion is a new version of the job, sent to open streams and to a
+    resumed stream whose cursor predates it, as a JobState with `deleted` set (and no
+    outputs): drop the job. Fresh snapshots never hold deleted jobs.
+    """
     GetBalance: _aio.UnaryUnaryMultiCallable[_creation_service_pb2.GetBalanceRequest, _creation_service_pb2.GetBalanceResponse]  # type: ignore[assignment]
     """Returns the caller's points balance."""
 
@@ -119,7 +175,8 @@ class CreationServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _creation_service_pb2.ListJobsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_creation_service_pb2.ListJobsResponse, _abc.Awaitable[_creation_service_pb2.ListJobsResponse]]:
-        """Lists the caller's jobs, newest first.
+        """Lists the caller's jobs, newest first, optionally only those in some statuses and
+        created within a time range. Deleted jobs are never listed.
         Each SUCCEEDED job's outputs carry a fresh url and thumbnail_url (a history grid is
         one call). When media cannot sign them (down, slow past its 2 s deadline) the jobs
         are still answered, with those URLs empty: the list itself never fails for a picture,
@@ -133,6 +190,39 @@ class CreationServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_creation_service_pb2.CancelJobResponse, _abc.Awaitable[_creation_service_pb2.CancelJobResponse]]:
         """Cancels a job: at once when queued, at the worker's next safe point when running."""
+
+    @_abc_1.abstractmethod
+    def DeleteJob(
+        self,
+        request: _creation_service_pb2.DeleteJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_creation_service_pb2.DeleteJobResponse, _abc.Awaitable[_creation_service_pb2.DeleteJobResponse]]:
+        """Deletes one of the caller's finished jobs (SUCCEEDED, FAILED or CANCELLED) and, with
+        delete_assets, its input photo and output images. Afterwards the job is gone from
+        GetJob and ListJobs (NOT_FOUND / not listed) and from WatchJob (NOT_FOUND).
+
+        - A job that has not finished (QUEUED, RUNNING, NEEDS_ATTENTION) is
+          FAILED_PRECONDITION, reason JOB_NOT_FINISHED: cancel it first, then delete it once
+          it is CANCELLED.
+        - Another user's job and an unknown job are NOT_FOUND (JOB_NOT_FOUND).
+        - Repeatable: deleting a job the caller already deleted succeeds again (as if AIP-135's
+          allow_missing were set for the caller's own deleted jobs), so a retry after a lost
+          answer is not an error; with delete_assets it deletes whatever assets remain.
+        - With delete_assets, the assets are deleted first (through media), then the job. If
+          media is unavailable the answer is UNAVAILABLE (reason MEDIA_UNAVAILABLE, with
+          RetryInfo) and the job is not deleted yet; a retry finishes the work. The input photo
+          is kept while another of the caller's jobs (not deleted) was made from it.
+
+        What remains: deletion removes the job's user data (prompt, negative prompt,
+        parameters, error message, idempotency key and request hash) and keeps a tombstone
+        for the points ledger and audit: the job id, owner, model, style, price, status,
+        output and input asset ids, timestamps and its status history. Ledger entries keep the
+        job id; the daily quota still counts the job. Deleting a job frees its request_id.
+
+        WatchJobs: the deletion is a new version of the job, sent to open streams and to a
+        resumed stream whose cursor predates it, as a JobState with `deleted` set (and no
+        outputs): drop the job. Fresh snapshots never hold deleted jobs.
+        """
 
     @_abc_1.abstractmethod
     def GetBalance(

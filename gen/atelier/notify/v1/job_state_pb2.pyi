@@ -41,6 +41,7 @@ class JobState(_message.Message):
     DONE_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
     NEXT_ATTEMPT_TIME_FIELD_NUMBER: _builtins.int
+    DELETED_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job."""
     user_id: _builtins.str
@@ -64,6 +65,12 @@ class JobState(_message.Message):
     attempt: _builtins.int
     """Which attempt the job is on, from 1 once a worker first claimed it (0 before). A new
     attempt restarts progress_percent.
+    """
+    deleted: _builtins.bool
+    """The owner deleted the job (creation's DeleteJob): drop it. A deleted job's state is a
+    tombstone: its last status (terminal, `done` set), a version one above the last, and
+    no outputs or error; no later version follows. Consumers that keep the highest
+    version see it as any other newer version.
     """
     @_builtins.property
     def error(self) -> _job_pb2.JobError:
@@ -101,10 +108,11 @@ class JobState(_message.Message):
         done: _builtins.bool = ...,
         attempt: _builtins.int = ...,
         next_attempt_time: _timestamp_pb2.Timestamp | None = ...,
+        deleted: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "next_attempt_time", b"next_attempt_time", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cancel_requested", b"cancel_requested", "done", b"done", "error", b"error", "job_id", b"job_id", "next_attempt_time", b"next_attempt_time", "outputs", b"outputs", "progress_percent", b"progress_percent", "status", b"status", "step", b"step", "update_time", b"update_time", "user_id", b"user_id", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cancel_requested", b"cancel_requested", "deleted", b"deleted", "done", b"done", "error", b"error", "job_id", b"job_id", "next_attempt_time", b"next_attempt_time", "outputs", b"outputs", "progress_percent", b"progress_percent", "status", b"status", "step", b"step", "update_time", b"update_time", "user_id", b"user_id", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

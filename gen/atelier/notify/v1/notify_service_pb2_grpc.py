@@ -130,7 +130,9 @@ class NotifyServiceServicer:
         non-terminal jobs plus every job changed since `cursor` (without a cursor: the
         non-terminal jobs only), then a `snapshot_end` marker, then live changes. Every
         message that carries a job also carries the cursor to resume from after it. It never
-        ends by itself except through a StreamEnd.
+        ends by itself except through a StreamEnd. A job its owner deleted (creation's
+        DeleteJob) arrives once more as a JobState with `deleted` set: drop it. Fresh
+        snapshots never hold deleted jobs; WatchJob on a deleted job is NOT_FOUND.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

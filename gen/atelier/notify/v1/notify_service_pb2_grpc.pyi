@@ -64,7 +64,9 @@ class NotifyServiceStub:
     non-terminal jobs plus every job changed since `cursor` (without a cursor: the
     non-terminal jobs only), then a `snapshot_end` marker, then live changes. Every
     message that carries a job also carries the cursor to resume from after it. It never
-    ends by itself except through a StreamEnd.
+    ends by itself except through a StreamEnd. A job its owner deleted (creation's
+    DeleteJob) arrives once more as a JobState with `deleted` set: drop it. Fresh
+    snapshots never hold deleted jobs; WatchJob on a deleted job is NOT_FOUND.
     """
     RegisterDevice: _grpc.UnaryUnaryMultiCallable[_notify_service_pb2.RegisterDeviceRequest, _notify_service_pb2.RegisterDeviceResponse]
     """Registers (or refreshes) an iOS device's APNs token for alert pushes, with its
@@ -124,7 +126,9 @@ class NotifyServiceAsyncStub(NotifyServiceStub):
     non-terminal jobs plus every job changed since `cursor` (without a cursor: the
     non-terminal jobs only), then a `snapshot_end` marker, then live changes. Every
     message that carries a job also carries the cursor to resume from after it. It never
-    ends by itself except through a StreamEnd.
+    ends by itself except through a StreamEnd. A job its owner deleted (creation's
+    DeleteJob) arrives once more as a JobState with `deleted` set: drop it. Fresh
+    snapshots never hold deleted jobs; WatchJob on a deleted job is NOT_FOUND.
     """
     RegisterDevice: _aio.UnaryUnaryMultiCallable[_notify_service_pb2.RegisterDeviceRequest, _notify_service_pb2.RegisterDeviceResponse]  # type: ignore[assignment]
     """Registers (or refreshes) an iOS device's APNs token for alert pushes, with its
@@ -193,7 +197,9 @@ class NotifyServiceServicer(metaclass=_abc_1.ABCMeta):
         non-terminal jobs plus every job changed since `cursor` (without a cursor: the
         non-terminal jobs only), then a `snapshot_end` marker, then live changes. Every
         message that carries a job also carries the cursor to resume from after it. It never
-        ends by itself except through a StreamEnd.
+        ends by itself except through a StreamEnd. A job its owner deleted (creation's
+        DeleteJob) arrives once more as a JobState with `deleted` set: drop it. Fresh
+        snapshots never hold deleted jobs; WatchJob on a deleted job is NOT_FOUND.
         """
 
     @_abc_1.abstractmethod
