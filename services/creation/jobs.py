@@ -4,6 +4,7 @@ store runs SQL; the rules that need both the store and media live here."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 

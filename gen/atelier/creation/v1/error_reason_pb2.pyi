@@ -181,6 +181,15 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """HTTP 5xx: the edge could not handle the request for another reason. Retry later."""
     ERROR_REASON_BAD_REQUEST: _ErrorReason.ValueType  # 42
     """HTTP 4xx: any other request the edge refused by itself. Fix the request."""
+    ERROR_REASON_INVALID_JOB_FILTER: _ErrorReason.ValueType  # 43
+    """INVALID_ARGUMENT: ListJobs' filter is not valid (an unknown status, a time out of
+    range, an empty or inverted create-time range); the field violation names the field.
+    Fix the filter.
+    """
+    ERROR_REASON_JOB_NOT_FINISHED: _ErrorReason.ValueType  # 44
+    """FAILED_PRECONDITION: DeleteJob on a job that has not finished (metadata `status`).
+    Cancel it first, then delete it once it is CANCELLED.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Every google.rpc.ErrorInfo.reason that creation (CreationService, AdminService) can return, so clients can generate
@@ -361,4 +370,13 @@ ERROR_REASON_EDGE_ERROR: ErrorReason.ValueType  # 41
 """HTTP 5xx: the edge could not handle the request for another reason. Retry later."""
 ERROR_REASON_BAD_REQUEST: ErrorReason.ValueType  # 42
 """HTTP 4xx: any other request the edge refused by itself. Fix the request."""
+ERROR_REASON_INVALID_JOB_FILTER: ErrorReason.ValueType  # 43
+"""INVALID_ARGUMENT: ListJobs' filter is not valid (an unknown status, a time out of
+range, an empty or inverted create-time range); the field violation names the field.
+Fix the filter.
+"""
+ERROR_REASON_JOB_NOT_FINISHED: ErrorReason.ValueType  # 44
+"""FAILED_PRECONDITION: DeleteJob on a job that has not finished (metadata `status`).
+Cancel it first, then delete it once it is CANCELLED.
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
