@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -14,7 +15,7 @@ from services.creation.errors import InputAssetNotFound, InputAssetNotReady, Inv
 from services.creation.media_client import DownloadUrl, MediaClient
 from services.creation.ready_inputs import ReadyInputs
 from services.creation.store import jobs as job_store
-from services.creation.store import ledger
+from services.creation.store import ledger, ledger_entries
 from services.creation.store.jobs import Cursor, SubmitLimits
 from services.creation.submission import SubmitCommand
 from services.kit.clock import Clock, system_clock
@@ -131,7 +132,20 @@ class Jobs:
             )
         return job
 
-    async def balance(self, user_id: str) -> ledger.Balance:
+    async def ledger_page(
+        self, user_id: str, limit: int, after: ledger_entries.EntryCursor | None
+    ) -> tuple[list[ledger_entries.LedgerEntry], ledger_entries.EntryCursor | None]:
+        return await ledger_entries.list_for_user(self._engine, user_id, limit, after)
+
+    @property
+    def limits(self) -> SubmitLimits:
+        return self._limits
+
+    def now(self) -> datetime:
+        return self._clock()
+
+    async def balance(self, user_id: str, now: datetime | None = None) -> ledger.Balance:
+        """The balance and what the quotas count, as of ``now`` (default: the clock's)."""
         return await ledger.read_balance(
-            self._engine, user_id, self._limits.welcome_points, self._clock()
+            self._engine, user_id, self._limits.welcome_points, now or self._clock()
         )

@@ -24,12 +24,14 @@ _sym_db = _symbol_database.Default()
 
 from atelier.creation.v1 import catalog_pb2 as atelier_dot_creation_dot_v1_dot_catalog__pb2
 from atelier.creation.v1 import job_pb2 as atelier_dot_creation_dot_v1_dot_job__pb2
+from atelier.creation.v1 import ledger_pb2 as atelier_dot_creation_dot_v1_dot_ledger__pb2
+from atelier.creation.v1 import parameters_pb2 as atelier_dot_creation_dot_v1_dot_parameters__pb2
 from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
 from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
-from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*atelier/creation/v1/creation_service.proto\x12\x13\x61telier.creation.v1\x1a!atelier/creation/v1/catalog.proto\x1a\x1d\x61telier/creation/v1/job.proto\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1cgoogle/protobuf/struct.proto\"N\n\x12ListCatalogRequest\x12\x38\n\nmedia_kind\x18\x01 \x01(\x0e\x32\x1e.atelier.creation.v1.MediaKindB\x04\xe2\x41\x01\x01\"m\n\x13ListCatalogResponse\x12*\n\x06models\x18\x01 \x03(\x0b\x32\x1a.atelier.creation.v1.Model\x12*\n\x06styles\x18\x02 \x03(\x0b\x32\x1a.atelier.creation.v1.Style\"\xa8\x02\n\x10SubmitJobRequest\x12\x18\n\nrequest_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x01\x12\x16\n\x08model_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x16\n\x08style_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1c\n\x0einput_asset_id\x18\x04 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06prompt\x18\x05 \x01(\tB\x04\xe2\x41\x01\x01\x12\x1d\n\x0fnegative_prompt\x18\x06 \x01(\tB\x04\xe2\x41\x01\x01\x12\x13\n\x05width\x18\x07 \x01(\x05\x42\x04\xe2\x41\x01\x02\x12\x14\n\x06height\x18\x08 \x01(\x05\x42\x04\xe2\x41\x01\x02\x12\x31\n\nparameters\x18\t \x01(\x0b\x32\x17.google.protobuf.StructB\x04\xe2\x41\x01\x01\x12\x19\n\x0bnum_outputs\x18\n \x01(\x05\x42\x04\xe2\x41\x01\x01\":\n\x11SubmitJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.atelier.creation.v1.Job\"%\n\rGetJobRequest\x12\x14\n\x06job_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\"7\n\x0eGetJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.atelier.creation.v1.Job\"z\n\x0fListJobsRequest\x12\x17\n\tpage_size\x18\x01 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\x12\x34\n\x06status\x18\x03 \x01(\x0e\x32\x1e.atelier.creation.v1.JobStatusB\x04\xe2\x41\x01\x01\"S\n\x10ListJobsResponse\x12&\n\x04jobs\x18\x01 \x03(\x0b\x32\x18.atelier.creation.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"(\n\x10\x43\x61ncelJobRequest\x12\x14\n\x06job_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\":\n\x11\x43\x61ncelJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.atelier.creation.v1.Job\"\x13\n\x11GetBalanceRequest\"G\n\x12GetBalanceResponse\x12\x18\n\x10\x61vailable_points\x18\x01 \x01(\x03\x12\x17\n\x0freserved_points\x18\x02 \x01(\x03\x32\xc7\x05\n\x0f\x43reationService\x12u\n\x0bListCatalog\x12\'.atelier.creation.v1.ListCatalogRequest\x1a(.atelier.creation.v1.ListCatalogResponse\"\x13\x82\xd3\xe4\x93\x02\r\x12\x0b/v1/catalog\x12o\n\tSubmitJob\x12%.atelier.creation.v1.SubmitJobRequest\x1a&.atelier.creation.v1.SubmitJobResponse\"\x13\x82\xd3\xe4\x93\x02\r\"\x08/v1/jobs:\x01*\x12l\n\x06GetJob\x12\".atelier.creation.v1.GetJobRequest\x1a#.atelier.creation.v1.GetJobResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/v1/jobs/{job_id}\x12i\n\x08ListJobs\x12$.atelier.creation.v1.ListJobsRequest\x1a%.atelier.creation.v1.ListJobsResponse\"\x10\x82\xd3\xe4\x93\x02\n\x12\x08/v1/jobs\x12\x7f\n\tCancelJob\x12%.atelier.creation.v1.CancelJobRequest\x1a&.atelier.creation.v1.CancelJobResponse\"#\x82\xd3\xe4\x93\x02\x1d\"\x18/v1/jobs/{job_id}:cancel:\x01*\x12r\n\nGetBalance\x12&.atelier.creation.v1.GetBalanceRequest\x1a\'.atelier.creation.v1.GetBalanceResponse\"\x13\x82\xd3\xe4\x93\x02\r\x12\x0b/v1/balanceb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*atelier/creation/v1/creation_service.proto\x12\x13\x61telier.creation.v1\x1a!atelier/creation/v1/catalog.proto\x1a\x1d\x61telier/creation/v1/job.proto\x1a atelier/creation/v1/ledger.proto\x1a$atelier/creation/v1/parameters.proto\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"N\n\x12ListCatalogRequest\x12\x38\n\nmedia_kind\x18\x01 \x01(\x0e\x32\x1e.atelier.creation.v1.MediaKindB\x04\xe2\x41\x01\x01\"m\n\x13ListCatalogResponse\x12*\n\x06models\x18\x01 \x03(\x0b\x32\x1a.atelier.creation.v1.Model\x12*\n\x06styles\x18\x02 \x03(\x0b\x32\x1a.atelier.creation.v1.Style\"\xd7\x02\n\x10SubmitJobRequest\x12\x18\n\nrequest_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x01\x12\x16\n\x08model_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x16\n\x08style_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1c\n\x0einput_asset_id\x18\x04 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06prompt\x18\x05 \x01(\tB\x04\xe2\x41\x01\x01\x12\x1d\n\x0fnegative_prompt\x18\x06 \x01(\tB\x04\xe2\x41\x01\x01\x12\x13\n\x05width\x18\x07 \x01(\x05\x42\x04\xe2\x41\x01\x02\x12\x14\n\x06height\x18\x08 \x01(\x05\x42\x04\xe2\x41\x01\x02\x12\x19\n\x0bnum_outputs\x18\n \x01(\x05\x42\x04\xe2\x41\x01\x01\x12N\n\x15generation_parameters\x18\x0b \x01(\x0b\x32).atelier.creation.v1.GenerationParametersB\x04\xe2\x41\x01\x01J\x04\x08\t\x10\nR\nparameters\":\n\x11SubmitJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.atelier.creation.v1.Job\"%\n\rGetJobRequest\x12\x14\n\x06job_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\"7\n\x0eGetJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.atelier.creation.v1.Job\"z\n\x0fListJobsRequest\x12\x17\n\tpage_size\x18\x01 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\x12\x34\n\x06status\x18\x03 \x01(\x0e\x32\x1e.atelier.creation.v1.JobStatusB\x04\xe2\x41\x01\x01\"S\n\x10ListJobsResponse\x12&\n\x04jobs\x18\x01 \x03(\x0b\x32\x18.atelier.creation.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"(\n\x10\x43\x61ncelJobRequest\x12\x14\n\x06job_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\":\n\x11\x43\x61ncelJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.atelier.creation.v1.Job\"\x13\n\x11GetBalanceRequest\"\xf0\x01\n\x12GetBalanceResponse\x12\x18\n\x10\x61vailable_points\x18\x01 \x01(\x03\x12\x17\n\x0freserved_points\x18\x02 \x01(\x03\x12\x17\n\x0f\x64\x61ily_job_quota\x18\x03 \x01(\x03\x12\x1c\n\x14\x64\x61ily_jobs_remaining\x18\x04 \x01(\x03\x12:\n\x16\x64\x61ily_quota_reset_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0fin_flight_limit\x18\x06 \x01(\x03\x12\x1b\n\x13in_flight_remaining\x18\x07 \x01(\x03\"M\n\x18ListLedgerEntriesRequest\x12\x17\n\tpage_size\x18\x01 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\"n\n\x19ListLedgerEntriesResponse\x12\x38\n\x0eledger_entries\x18\x01 \x03(\x0b\x32 .atelier.creation.v1.LedgerEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\xd7\x06\n\x0f\x43reationService\x12u\n\x0bListCatalog\x12\'.atelier.creation.v1.ListCatalogRequest\x1a(.atelier.creation.v1.ListCatalogResponse\"\x13\x82\xd3\xe4\x93\x02\r\x12\x0b/v1/catalog\x12o\n\tSubmitJob\x12%.atelier.creation.v1.SubmitJobRequest\x1a&.atelier.creation.v1.SubmitJobResponse\"\x13\x82\xd3\xe4\x93\x02\r\"\x08/v1/jobs:\x01*\x12l\n\x06GetJob\x12\".atelier.creation.v1.GetJobRequest\x1a#.atelier.creation.v1.GetJobResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/v1/jobs/{job_id}\x12i\n\x08ListJobs\x12$.atelier.creation.v1.ListJobsRequest\x1a%.atelier.creation.v1.ListJobsResponse\"\x10\x82\xd3\xe4\x93\x02\n\x12\x08/v1/jobs\x12\x7f\n\tCancelJob\x12%.atelier.creation.v1.CancelJobRequest\x1a&.atelier.creation.v1.CancelJobResponse\"#\x82\xd3\xe4\x93\x02\x1d\"\x18/v1/jobs/{job_id}:cancel:\x01*\x12r\n\nGetBalance\x12&.atelier.creation.v1.GetBalanceRequest\x1a\'.atelier.creation.v1.GetBalanceResponse\"\x13\x82\xd3\xe4\x93\x02\r\x12\x0b/v1/balance\x12\x8d\x01\n\x11ListLedgerEntries\x12-.atelier.creation.v1.ListLedgerEntriesRequest\x1a..atelier.creation.v1.ListLedgerEntriesResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/v1/ledgerEntriesb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -54,10 +56,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SUBMITJOBREQUEST'].fields_by_name['width']._serialized_options = b'\342A\001\002'
   _globals['_SUBMITJOBREQUEST'].fields_by_name['height']._loaded_options = None
   _globals['_SUBMITJOBREQUEST'].fields_by_name['height']._serialized_options = b'\342A\001\002'
-  _globals['_SUBMITJOBREQUEST'].fields_by_name['parameters']._loaded_options = None
-  _globals['_SUBMITJOBREQUEST'].fields_by_name['parameters']._serialized_options = b'\342A\001\001'
   _globals['_SUBMITJOBREQUEST'].fields_by_name['num_outputs']._loaded_options = None
   _globals['_SUBMITJOBREQUEST'].fields_by_name['num_outputs']._serialized_options = b'\342A\001\001'
+  _globals['_SUBMITJOBREQUEST'].fields_by_name['generation_parameters']._loaded_options = None
+  _globals['_SUBMITJOBREQUEST'].fields_by_name['generation_parameters']._serialized_options = b'\342A\001\001'
   _globals['_GETJOBREQUEST'].fields_by_name['job_id']._loaded_options = None
   _globals['_GETJOBREQUEST'].fields_by_name['job_id']._serialized_options = b'\342A\001\002'
   _globals['_LISTJOBSREQUEST'].fields_by_name['page_size']._loaded_options = None
@@ -68,6 +70,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTJOBSREQUEST'].fields_by_name['status']._serialized_options = b'\342A\001\001'
   _globals['_CANCELJOBREQUEST'].fields_by_name['job_id']._loaded_options = None
   _globals['_CANCELJOBREQUEST'].fields_by_name['job_id']._serialized_options = b'\342A\001\002'
+  _globals['_LISTLEDGERENTRIESREQUEST'].fields_by_name['page_size']._loaded_options = None
+  _globals['_LISTLEDGERENTRIESREQUEST'].fields_by_name['page_size']._serialized_options = b'\342A\001\001'
+  _globals['_LISTLEDGERENTRIESREQUEST'].fields_by_name['page_token']._loaded_options = None
+  _globals['_LISTLEDGERENTRIESREQUEST'].fields_by_name['page_token']._serialized_options = b'\342A\001\001'
   _globals['_CREATIONSERVICE'].methods_by_name['ListCatalog']._loaded_options = None
   _globals['_CREATIONSERVICE'].methods_by_name['ListCatalog']._serialized_options = b'\202\323\344\223\002\r\022\013/v1/catalog'
   _globals['_CREATIONSERVICE'].methods_by_name['SubmitJob']._loaded_options = None
@@ -80,30 +86,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CREATIONSERVICE'].methods_by_name['CancelJob']._serialized_options = b'\202\323\344\223\002\035\"\030/v1/jobs/{job_id}:cancel:\001*'
   _globals['_CREATIONSERVICE'].methods_by_name['GetBalance']._loaded_options = None
   _globals['_CREATIONSERVICE'].methods_by_name['GetBalance']._serialized_options = b'\202\323\344\223\002\r\022\013/v1/balance'
-  _globals['_LISTCATALOGREQUEST']._serialized_start=226
-  _globals['_LISTCATALOGREQUEST']._serialized_end=304
-  _globals['_LISTCATALOGRESPONSE']._serialized_start=306
-  _globals['_LISTCATALOGRESPONSE']._serialized_end=415
-  _globals['_SUBMITJOBREQUEST']._serialized_start=418
-  _globals['_SUBMITJOBREQUEST']._serialized_end=714
-  _globals['_SUBMITJOBRESPONSE']._serialized_start=716
-  _globals['_SUBMITJOBRESPONSE']._serialized_end=774
-  _globals['_GETJOBREQUEST']._serialized_start=776
-  _globals['_GETJOBREQUEST']._serialized_end=813
-  _globals['_GETJOBRESPONSE']._serialized_start=815
-  _globals['_GETJOBRESPONSE']._serialized_end=870
-  _globals['_LISTJOBSREQUEST']._serialized_start=872
-  _globals['_LISTJOBSREQUEST']._serialized_end=994
-  _globals['_LISTJOBSRESPONSE']._serialized_start=996
-  _globals['_LISTJOBSRESPONSE']._serialized_end=1079
-  _globals['_CANCELJOBREQUEST']._serialized_start=1081
-  _globals['_CANCELJOBREQUEST']._serialized_end=1121
-  _globals['_CANCELJOBRESPONSE']._serialized_start=1123
-  _globals['_CANCELJOBRESPONSE']._serialized_end=1181
-  _globals['_GETBALANCEREQUEST']._serialized_start=1183
-  _globals['_GETBALANCEREQUEST']._serialized_end=1202
-  _globals['_GETBALANCERESPONSE']._serialized_start=1204
-  _globals['_GETBALANCERESPONSE']._serialized_end=1275
-  _globals['_CREATIONSERVICE']._serialized_start=1278
-  _globals['_CREATIONSERVICE']._serialized_end=1989
+  _globals['_CREATIONSERVICE'].methods_by_name['ListLedgerEntries']._loaded_options = None
+  _globals['_CREATIONSERVICE'].methods_by_name['ListLedgerEntries']._serialized_options = b'\202\323\344\223\002\023\022\021/v1/ledgerEntries'
+  _globals['_LISTCATALOGREQUEST']._serialized_start=301
+  _globals['_LISTCATALOGREQUEST']._serialized_end=379
+  _globals['_LISTCATALOGRESPONSE']._serialized_start=381
+  _globals['_LISTCATALOGRESPONSE']._serialized_end=490
+  _globals['_SUBMITJOBREQUEST']._serialized_start=493
+  _globals['_SUBMITJOBREQUEST']._serialized_end=836
+  _globals['_SUBMITJOBRESPONSE']._serialized_start=838
+  _globals['_SUBMITJOBRESPONSE']._serialized_end=896
+  _globals['_GETJOBREQUEST']._serialized_start=898
+  _globals['_GETJOBREQUEST']._serialized_end=935
+  _globals['_GETJOBRESPONSE']._serialized_start=937
+  _globals['_GETJOBRESPONSE']._serialized_end=992
+  _globals['_LISTJOBSREQUEST']._serialized_start=994
+  _globals['_LISTJOBSREQUEST']._serialized_end=1116
+  _globals['_LISTJOBSRESPONSE']._serialized_start=1118
+  _globals['_LISTJOBSRESPONSE']._serialized_end=1201
+  _globals['_CANCELJOBREQUEST']._serialized_start=1203
+  _globals['_CANCELJOBREQUEST']._serialized_end=1243
+  _globals['_CANCELJOBRESPONSE']._serialized_start=1245
+  _globals['_CANCELJOBRESPONSE']._serialized_end=1303
+  _globals['_GETBALANCEREQUEST']._serialized_start=1305
+  _globals['_GETBALANCEREQUEST']._serialized_end=1324
+  _globals['_GETBALANCERESPONSE']._serialized_start=1327
+  _globals['_GETBALANCERESPONSE']._serialized_end=1567
+  _globals['_LISTLEDGERENTRIESREQUEST']._serialized_start=1569
+  _globals['_LISTLEDGERENTRIESREQUEST']._serialized_end=1646
+  _globals['_LISTLEDGERENTRIESRESPONSE']._serialized_start=1648
+  _globals['_LISTLEDGERENTRIESRESPONSE']._serialized_end=1758
+  _globals['_CREATIONSERVICE']._serialized_start=1761
+  _globals['_CREATIONSERVICE']._serialized_end=2616
 # @@protoc_insertion_point(module_scope)
