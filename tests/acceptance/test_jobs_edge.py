@@ -121,7 +121,7 @@ async def test_submit_replay_and_key_reuse_over_json(
         params={"pageSize": 1, "pageToken": page.json()["nextPageToken"]},
         headers=user.headers,
     )
-    assert "nextPageToken" not in rest.json()
+    assert not rest.json().get("nextPageToken")
     [first_entry], [second_entry] = page.json()["ledgerEntries"], rest.json()["ledgerEntries"]
     assert sorted(
         (e["kind"], e["amount"], e.get("jobId", ""), e["reason"])
