@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.engine_drain import ExistingOutputMedia, InstantProvider, quiet_logging
 from services.creation.domain import Job
 from services.creation.media_client import MediaClient
+from services.creation.parameters import GenerationParameters
 from services.creation.providers.base import Provider
 from services.creation.settings import CreationSettings
 from services.creation.store import jobs as store
@@ -96,7 +97,7 @@ async def submit_steadily(url: str, jobs: int, rate: float) -> dict[str, float]:
         negative_prompt="",
         width=512,
         height=512,
-        parameters={},
+        parameters=GenerationParameters(),
     )
     loop = asyncio.get_running_loop()
     start = loop.time() + 0.2

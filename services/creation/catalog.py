@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.creation.parameters import ParameterSpec, SizeRange
+
 
 @dataclass(frozen=True)
 class CatalogModel:
@@ -13,6 +15,8 @@ class CatalogModel:
     media_kind: str
     price_points: int
     sort_order: int
+    size_range: SizeRange
+    parameter_specs: tuple[ParameterSpec, ...]
 
 
 @dataclass(frozen=True)
@@ -28,3 +32,6 @@ class CatalogStyle:
 class Catalog:
     models: list[CatalogModel]
     styles: list[CatalogStyle]
+
+    def model(self, model_id: str) -> CatalogModel | None:
+        return next((m for m in self.models if m.model_id == model_id), None)

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from google.protobuf import struct_pb2, timestamp_pb2
+from google.protobuf import timestamp_pb2
 
-from atelier.creation.v1 import job_pb2
+from atelier.creation.v1 import catalog_pb2, job_pb2, ledger_pb2, parameters_pb2
 from atelier.notify.v1 import job_state_pb2
+from services.creation.catalog import CatalogModel
 from services.creation.domain import Actor, Event, Job, Status, Step
 from services.creation.media_client import OutputUrls
+from services.creation.parameters import GenerationParameters, ParameterSpec, Scalar
+from services.creation.store.ledger import WELCOME_GRANT_KEY
+from services.creation.store.ledger_entries import LedgerEntry
 
 STATUS_TO_PROTO = {
     Status.QUEUED: job_pb2.JOB_STATUS_QUEUED,
@@ -45,31 +50,87 @@ def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
     return stamp
 
 
-def struct(values: dict[str, Any]) -> struct_pb2.Struct:
-    message = struct_pb2.Struct()
-    message.update(values)
-    return message
+def parameters_from_proto(message: parameters_pb2.GenerationParameters) -> GenerationParameters:
+    """The fields the client set (presence is explicit: an unset seed is not seed 0)."""
+    return GenerationParameters(
+        seed=message.seed if message.HasField("seed") else None,
+        steps=message.steps if message.HasField("steps") else None,
+        guidance_scale=message.guidance_scale if message.HasField("guidance_scale") else None,
+        strength=message.strength if message.HasField("strength") else None,
+    )
 
 
-def struct_to_dict(message: struct_pb2.Struct) -> dict[str, Any]:
-    """The Struct as plain Python values. Unlike json_format it keeps NaN and infinities
-    (as floats) so that validation can name the field instead of the conversion failing."""
-    return {name: _plain(value) for name, value in message.fields.items()}
+def parameters_message(stored: dict[str, Any]) -> parameters_pb2.GenerationParameters:
+    """A job's stored parameters as the contract types them."""
+    typed = GenerationParameters.from_stored(stored)
+    return parameters_pb2.GenerationParameters(
+        seed=typed.seed,
+        steps=typed.steps,
+        guidance_scale=typed.guidance_scale,
+        strength=typed.strength,
+    )
 
 
-def _plain(value: struct_pb2.Value) -> Any:
-    kind = value.WhichOneof("kind")
-    if kind == "number_value":
-        return value.number_value
-    if kind == "string_value":
-        return value.string_value
-    if kind == "bool_value":
-        return value.bool_value
-    if kind == "struct_value":
-        return struct_to_dict(value.struct_value)
-    if kind == "list_value":
-        return [_plain(item) for item in value.list_value.values]
-    return None  # null_value, or no kind set at all
+_SPEC_TYPES = {
+    "int": parameters_pb2.PARAMETER_TYPE_INT,
+    "float": parameters_pb2.PARAMETER_TYPE_FLOAT,
+    "bool": parameters_pb2.PARAMETER_TYPE_BOOL,
+    "string": parameters_pb2.PARAMETER_TYPE_STRING,
+    "enum": parameters_pb2.PARAMETER_TYPE_ENUM,
+}
+
+
+def _value(kind: str, value: Scalar | None) -> parameters_pb2.ParameterValue | None:
+    """A bound or default in the spec's own type (an int64 bound stays exact)."""
+    if value is None:
+        return None
+    if kind == "int" and isinstance(value, int):
+        return parameters_pb2.ParameterValue(int_value=value)
+    if kind == "float" and isinstance(value, int | float) and not isinstance(value, bool):
+        return parameters_pb2.ParameterValue(float_value=float(value))
+    if kind == "bool" and isinstance(value, bool):
+        return parameters_pb2.ParameterValue(bool_value=value)
+    if kind in ("string", "enum") and isinstance(value, str):
+        return parameters_pb2.ParameterValue(string_value=value)
+    return None  # a value of another type says nothing a client could use
+
+
+def spec_message(spec: ParameterSpec) -> parameters_pb2.ParameterSpec:
+    return parameters_pb2.ParameterSpec(
+        name=spec.name,
+        type=_SPEC_TYPES[spec.type],
+        description=spec.description,
+        min=_value(spec.type, spec.min),
+        max=_value(spec.type, spec.max),
+        default_value=_value(spec.type, spec.default),
+        choices=list(spec.choices),
+    )
+
+
+MEDIA_KIND_TO_PROTO = {
+    "image": catalog_pb2.MEDIA_KIND_IMAGE,
+    "video": catalog_pb2.MEDIA_KIND_VIDEO,
+}
+
+
+def model_message(model: CatalogModel) -> catalog_pb2.Model:
+    size = model.size_range
+    return catalog_pb2.Model(
+        model_id=model.model_id,
+        display_name=model.display_name,
+        description=model.description,
+        media_kind=MEDIA_KIND_TO_PROTO[model.media_kind],
+        price_points=model.price_points,
+        sort_order=model.sort_order,
+        size_range=parameters_pb2.SizeRange(
+            min_width=size.min_width,
+            max_width=size.max_width,
+            min_height=size.min_height,
+            max_height=size.max_height,
+            multiple_of=size.multiple_of,
+        ),
+        parameter_specs=[spec_message(spec) for spec in model.parameter_specs],
+    )
 
 
 def _error(job: Job) -> job_pb2.JobError | None:
@@ -89,7 +150,7 @@ def job_message(job: Job) -> job_pb2.Job:
         negative_prompt=job.negative_prompt,
         width=job.width,
         height=job.height,
-        parameters=struct(job.parameters),
+        generation_parameters=parameters_message(job.parameters),
         status=STATUS_TO_PROTO[job.status],
         progress_percent=job.progress,
         step=STEP_TO_PROTO[job.step] if job.step else job_pb2.JOB_STEP_UNSPECIFIED,
@@ -165,4 +226,33 @@ def event_message(event: Event) -> job_pb2.JobEvent:
         actor_id=event.actor_id,
         reason=event.reason,
         create_time=timestamp(event.created_at),
+    )
+
+
+LEDGER_KIND_TO_PROTO = {
+    "grant": ledger_pb2.LEDGER_ENTRY_KIND_GRANT,
+    "reserve": ledger_pb2.LEDGER_ENTRY_KIND_RESERVE,
+    "capture": ledger_pb2.LEDGER_ENTRY_KIND_CAPTURE,
+    "release": ledger_pb2.LEDGER_ENTRY_KIND_RELEASE,
+}
+# The reasons the system writes are codes ("submitted", "succeeded", an error code);
+# operators write prose (ResolveJob's and GrantPoints' reasons), which stays internal.
+_CODE_LIKE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def shown_reason(entry: LedgerEntry) -> str:
+    """The entry's reason as its owner may see it: a code, never an operator's words."""
+    if entry.kind == "grant":
+        return "welcome" if entry.grant_key == WELCOME_GRANT_KEY else ""
+    return entry.reason if _CODE_LIKE.match(entry.reason) else ""
+
+
+def ledger_entry_message(entry: LedgerEntry) -> ledger_pb2.LedgerEntry:
+    return ledger_pb2.LedgerEntry(
+        entry_id=str(entry.entry_id),
+        kind=LEDGER_KIND_TO_PROTO.get(entry.kind, ledger_pb2.LEDGER_ENTRY_KIND_UNSPECIFIED),
+        amount=entry.amount,
+        job_id=entry.job_id or "",
+        reason=shown_reason(entry),
+        create_time=timestamp(entry.created_at),
     )

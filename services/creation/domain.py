@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 import random
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 
@@ -120,6 +120,16 @@ def backoff(attempt: int, base: float, cap: float, rng: random.Random | None = N
 
 # SubmitJob's bounds on num_outputs (0 in a request means 1).
 MIN_OUTPUTS, MAX_OUTPUTS = 1, 4
+
+
+def quota_day_start(now: datetime) -> datetime:
+    """The start of the UTC day whose submits count against the daily quota."""
+    return now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def quota_reset_time(now: datetime) -> datetime:
+    """When the daily quota starts again: the next midnight UTC."""
+    return quota_day_start(now) + timedelta(days=1)
 
 
 def output_key(job_id: str, attempt: int, index: int) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -15,7 +16,7 @@ from services.creation.errors import InputAssetNotFound, InputAssetNotReady, Inv
 from services.creation.list_filter import JobFilter
 from services.creation.media_client import MediaClient, OutputUrls
 from services.creation.ready_inputs import ReadyInputs
-from services.creation.store import deletions, ledger
+from services.creation.store import deletions, ledger, ledger_entries
 from services.creation.store import jobs as job_store
 from services.creation.store.jobs import Cursor, SubmitLimits
 from services.creation.submission import SubmitCommand
@@ -166,7 +167,20 @@ class Jobs:
             self._ready_inputs.forget(job.input_asset_id)
         await asyncio.gather(*(self._media.delete_asset(asset_id) for asset_id in targets))
 
-    async def balance(self, user_id: str) -> ledger.Balance:
+    async def ledger_page(
+        self, user_id: str, limit: int, after: ledger_entries.EntryCursor | None
+    ) -> tuple[list[ledger_entries.LedgerEntry], ledger_entries.EntryCursor | None]:
+        return await ledger_entries.list_for_user(self._engine, user_id, limit, after)
+
+    @property
+    def limits(self) -> SubmitLimits:
+        return self._limits
+
+    def now(self) -> datetime:
+        return self._clock()
+
+    async def balance(self, user_id: str, now: datetime | None = None) -> ledger.Balance:
+        """The balance and what the quotas count, as of ``now`` (default: the clock's)."""
         return await ledger.read_balance(
-            self._engine, user_id, self._limits.welcome_points, self._clock()
+            self._engine, user_id, self._limits.welcome_points, now or self._clock()
         )

@@ -9,24 +9,25 @@ from grpc import aio
 from atelier.creation.v1 import catalog_pb2, creation_service_pb2, creation_service_pb2_grpc
 from services.creation import convert, submission
 from services.creation.catalog import Catalog
+from services.creation.domain import quota_reset_time
 from services.creation.errors import Reason
 from services.creation.jobs import Jobs
 from services.creation.list_filter import read_filter
 from services.creation.store import catalog as catalog_store
 from services.creation.store.jobs import Cursor
+from services.creation.store.ledger_entries import EntryCursor
 from services.kit.auth import current_principal
 from services.kit.errors import FieldViolation, invalid_argument
-from services.kit.pagination import KeysetCodec, Timestamp, Uuid, page_size
+from services.kit.pagination import Integer, KeysetCodec, Timestamp, Uuid, page_size
 
-_KIND_TO_PROTO = {
-    "image": catalog_pb2.MEDIA_KIND_IMAGE,
-    "video": catalog_pb2.MEDIA_KIND_VIDEO,
-}
+_KIND_TO_PROTO = convert.MEDIA_KIND_TO_PROTO
 _KIND_FROM_PROTO = {value: key for key, value in _KIND_TO_PROTO.items()}
 Context = aio.ServicerContext[Any, Any]
 # ListJobs pages: newest first by (created_at, job_id); bound to the filter (statuses and
 # time range).
 JOB_PAGES = KeysetCodec("jobs", Cursor, created_at=Timestamp(), job_id=Uuid())
+# ListLedgerEntries pages: newest first by (created_at, entry_id); bound to the caller.
+LEDGER_PAGES = KeysetCodec("ledgerEntries", EntryCursor, created_at=Timestamp(), entry_id=Integer())
 
 
 def _metadata_value(context: Context, key: str) -> str | None:
@@ -48,14 +49,7 @@ def _catalog_response(
     """The enabled entries (of ``media_kind``, when given) in picker order."""
     return creation_service_pb2.ListCatalogResponse(
         models=[
-            catalog_pb2.Model(
-                model_id=m.model_id,
-                display_name=m.display_name,
-                description=m.description,
-                media_kind=_KIND_TO_PROTO[m.media_kind],
-                price_points=m.price_points,
-                sort_order=m.sort_order,
-            )
+            convert.model_message(m)
             for m in catalog.models
             if media_kind is None or m.media_kind == media_kind
         ],
@@ -102,6 +96,11 @@ class CreationServicer(creation_service_pb2_grpc.CreationServiceServicer):
         key, key_problems = submission.choose_idempotency_key(
             request.request_id, _metadata_value(context, "idempotency-key")
         )
+        model = (
+            await self._catalog.model(request.model_id)
+            if submission.is_catalog_id(request.model_id)
+            else None
+        )
         command, problems = submission.validate(
             idempotency_key=key,
             model_id=request.model_id,
@@ -111,8 +110,9 @@ class CreationServicer(creation_service_pb2_grpc.CreationServiceServicer):
             negative_prompt=request.negative_prompt,
             width=request.width,
             height=request.height,
-            parameters=convert.struct_to_dict(request.parameters),
+            parameters=convert.parameters_from_proto(request.generation_parameters),
             num_outputs=request.num_outputs,
+            model=model,
         )
         if key_problems or command is None:
             raise invalid_argument(Reason.INVALID_JOB_REQUEST, [*key_problems, *problems])
@@ -164,7 +164,28 @@ class CreationServicer(creation_service_pb2_grpc.CreationServiceServicer):
     async def GetBalance(
         self, request: creation_service_pb2.GetBalanceRequest, context: Context
     ) -> creation_service_pb2.GetBalanceResponse:
-        balance = await self._jobs.balance(current_principal().user_id)
+        now = self._jobs.now()  # one instant for the counts and the reset time
+        balance = await self._jobs.balance(current_principal().user_id, now)
+        limits = self._jobs.limits
         return creation_service_pb2.GetBalanceResponse(
-            available_points=balance.available, reserved_points=balance.reserved
+            available_points=balance.available,
+            reserved_points=balance.reserved,
+            daily_job_quota=limits.daily_quota,
+            daily_jobs_remaining=max(0, limits.daily_quota - balance.jobs_today),
+            daily_quota_reset_time=convert.timestamp(quota_reset_time(now)),
+            in_flight_limit=limits.in_flight_limit,
+            in_flight_remaining=max(0, limits.in_flight_limit - balance.in_flight),
+        )
+
+    async def ListLedgerEntries(
+        self, request: creation_service_pb2.ListLedgerEntriesRequest, context: Context
+    ) -> creation_service_pb2.ListLedgerEntriesResponse:
+        user_id = current_principal().user_id
+        limit = page_size(request.page_size, default=20, maximum=100)
+        # A token is bound to its user: it cannot position another user's list.
+        after = LEDGER_PAGES.decode(request.page_token, user_id) if request.page_token else None
+        found, cursor = await self._jobs.ledger_page(user_id, limit, after)
+        return creation_service_pb2.ListLedgerEntriesResponse(
+            ledger_entries=[convert.ledger_entry_message(e) for e in found],
+            next_page_token=LEDGER_PAGES.encode(cursor, user_id) if cursor else "",
         )

@@ -5,24 +5,27 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from services.creation.catalog import CatalogModel
 from services.creation.domain import MAX_OUTPUTS, MIN_OUTPUTS
+from services.creation.parameters import (
+    GenerationParameters,
+    check_parameters,
+    check_size,
+    non_finite,
+)
 from services.kit import idempotency
 from services.kit.errors import FieldViolation
 
-MIN_SIDE, MAX_SIDE, SIDE_MULTIPLE = 64, 2048, 8
 MAX_PROMPT, MAX_NEGATIVE_PROMPT = 2000, 1000
-MAX_PARAMETERS, MAX_PARAMETER_STRING = 20, 200
 # SubmitJob's request_id / Idempotency-Key rule is every service's.
 choose_idempotency_key = idempotency.choose_key
 
 _CATALOG_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
-_PARAMETER_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,39}$")
 # Control characters other than tab and newlines; PostgreSQL text cannot even hold NUL.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
@@ -37,7 +40,7 @@ class SubmitCommand:
     negative_prompt: str
     width: int
     height: int
-    parameters: dict[str, Any]
+    parameters: GenerationParameters
     num_outputs: int = 1
 
     def request_hash(self) -> str:
@@ -52,7 +55,9 @@ class SubmitCommand:
             "negative_prompt": self.negative_prompt,
             "width": self.width,
             "height": self.height,
-            "parameters": self.parameters,
+            # Only the set parameters, by name: {"seed": 7} hashes as it did when
+            # parameters were a free-form object.
+            "parameters": self.parameters.as_dict(),
         }
         if self.num_outputs != 1:
             canonical["num_outputs"] = self.num_outputs
@@ -67,6 +72,10 @@ def is_uuid(value: str) -> bool:
         return False
 
 
+def is_catalog_id(value: str) -> bool:
+    return _CATALOG_ID.match(value) is not None
+
+
 def has_control_characters(value: str) -> bool:
     return _CONTROL.search(value) is not None
 
@@ -79,30 +88,9 @@ def _check_text(name: str, value: str, limit: int, problems: list[FieldViolation
 
 
 def _check_side(name: str, value: int, problems: list[FieldViolation]) -> None:
-    if not MIN_SIDE <= value <= MAX_SIDE or value % SIDE_MULTIPLE:
-        problems.append(
-            FieldViolation(
-                name, f"must be a multiple of {SIDE_MULTIPLE} between {MIN_SIDE} and {MAX_SIDE}"
-            )
-        )
-
-
-def _check_parameters(parameters: dict[str, Any], problems: list[FieldViolation]) -> None:
-    if len(parameters) > MAX_PARAMETERS:
-        problems.append(FieldViolation("parameters", f"must have at most {MAX_PARAMETERS} keys"))
-    for name, value in parameters.items():
-        field = f"parameters.{name}"
-        if not _PARAMETER_NAME.match(name):
-            problems.append(FieldViolation(field, "names are lowercase letters, digits and _"))
-        elif isinstance(value, bool):
-            continue
-        elif isinstance(value, int | float):
-            if not math.isfinite(value):
-                problems.append(FieldViolation(field, "must be a finite number"))
-        elif isinstance(value, str):
-            _check_text(field, value, MAX_PARAMETER_STRING, problems)
-        else:
-            problems.append(FieldViolation(field, "must be a string, number or boolean"))
+    # The model's size range (the catalog's) is checked once the model is known.
+    if value <= 0:
+        problems.append(FieldViolation(name, "is required (pixels)"))
 
 
 def validate(
@@ -115,9 +103,13 @@ def validate(
     negative_prompt: str,
     width: int,
     height: int,
-    parameters: dict[str, Any],
+    parameters: GenerationParameters,
     num_outputs: int = 0,
+    model: CatalogModel | None = None,
 ) -> tuple[SubmitCommand | None, list[FieldViolation]]:
+    """The command, or every problem at once. ``model`` is the enabled catalog model
+    ``model_id`` names, whose sizes and parameter schema the request must fit; None when
+    there is none (the submit then answers MODEL_NOT_AVAILABLE, or replays)."""
     problems: list[FieldViolation] = []
     for name, value in (("model_id", model_id), ("style_id", style_id)):
         if not value:
@@ -132,7 +124,11 @@ def validate(
     _check_text("negative_prompt", negative_prompt, MAX_NEGATIVE_PROMPT, problems)
     _check_side("width", width, problems)
     _check_side("height", height, problems)
-    _check_parameters(parameters, problems)
+    problems.extend(non_finite(parameters))
+    if model is not None:
+        if width > 0 and height > 0:
+            problems.extend(check_size(model.size_range, width, height, model.model_id))
+        problems.extend(check_parameters(parameters, model.parameter_specs, model.model_id))
     outputs = num_outputs or MIN_OUTPUTS
     if not MIN_OUTPUTS <= outputs <= MAX_OUTPUTS:
         problems.append(
@@ -140,10 +136,6 @@ def validate(
         )
     if problems:
         return None, problems
-    # Whole numbers are stored as ints so 7 and 7.0 hash the same.
-    normal = {
-        k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in parameters.items()
-    }
     return (
         SubmitCommand(
             idempotency_key=idempotency_key,
@@ -154,7 +146,7 @@ def validate(
             negative_prompt=negative_prompt,
             width=width,
             height=height,
-            parameters=normal,
+            parameters=parameters,
             num_outputs=outputs,
         ),
         [],

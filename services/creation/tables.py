@@ -48,9 +48,23 @@ models = Table(
     Column("provider_model", Text, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # The sizes SubmitJob accepts and the parameters it passes on (parameters.py reads
+    # the specs: a list of {"name", "type", "description", "min", "max", "default"}).
+    Column("min_width", Integer, nullable=False, server_default=text("64")),
+    Column("max_width", Integer, nullable=False, server_default=text("2048")),
+    Column("min_height", Integer, nullable=False, server_default=text("64")),
+    Column("max_height", Integer, nullable=False, server_default=text("2048")),
+    Column("size_multiple", Integer, nullable=False, server_default=text("8")),
+    Column("parameter_specs", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
     CheckConstraint(_media_kind_check, name="media_kind"),
     CheckConstraint("price_points >= 0", name="price_not_negative"),
     CheckConstraint(f"model_id {_catalog_id_check}", name="model_id_format"),
+    CheckConstraint(
+        "0 < min_width AND min_width <= max_width AND 0 < min_height"
+        " AND min_height <= max_height AND size_multiple > 0",
+        name="size_range",
+    ),
+    CheckConstraint("jsonb_typeof(parameter_specs) = 'array'", name="parameter_specs_array"),
 )
 
 styles = Table(
@@ -321,3 +335,10 @@ points_ledger = Table(
 )
 # Balance sums per user.
 Index("ix_points_ledger_user", points_ledger.c.user_id, points_ledger.c.kind)
+# A user's entries newest first (ListLedgerEntries' keyset pages).
+Index(
+    "ix_points_ledger_user_newest",
+    points_ledger.c.user_id,
+    points_ledger.c.created_at.desc(),
+    points_ledger.c.entry_id.desc(),
+)

@@ -52,6 +52,21 @@ def test_list_catalog_as_json_through_envoy(edge_url: str, token: str) -> None:
     assert [m["modelId"] for m in body["models"]] == SEEDED_MODELS
     assert body["models"][0]["mediaKind"] == "MEDIA_KIND_IMAGE"
     assert body["models"][0]["pricePoints"] == "5"
+    # The model says what SubmitJob enforces; an int64 bound stays exact (a JSON string).
+    assert body["models"][0]["sizeRange"] == {
+        "minWidth": 64,
+        "maxWidth": 2048,
+        "minHeight": 64,
+        "maxHeight": 2048,
+        "multipleOf": 8,
+    }
+    [seed] = body["models"][0]["parameterSpecs"]
+    assert (seed["name"], seed["type"], seed["min"], seed["max"]) == (
+        "seed",
+        "PARAMETER_TYPE_INT",
+        {"intValue": "0"},
+        {"intValue": "9223372036854775807"},
+    )
 
 
 def test_list_catalog_with_grpcurl_through_reflection(stack: Stack, token: str) -> None:

@@ -182,7 +182,7 @@ def test_watch_streams_outlive_notifys_own_end_and_other_routes_are_bounded() ->
         if retry_on & {"reset", "unavailable"}:
             retried.append(route["match"].get("path") or route["match"]["safe_regex"]["regex"])
     assert retried == [
-        r"/atelier\.creation\.v1\.CreationService/(ListCatalog|GetJob|ListJobs|GetBalance)",
+        r"/atelier\.creation\.v1\.CreationService/(ListCatalog|GetJob|ListJobs|GetBalance|ListLedgerEntries)",
         "/atelier.media.v1.MediaService/GetAsset",
         "/atelier.notify.v1.NotifyService/ListDevices",
     ]

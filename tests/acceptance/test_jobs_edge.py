@@ -74,7 +74,7 @@ def job_body(asset_id: str, **changes: object) -> dict[str, object]:
         "prompt": "a fox in the snow",
         "width": 512,
         "height": 512,
-        "parameters": {"seed": 3},
+        "generationParameters": {"seed": "3"},
     }
     body.update(changes)
     return body
@@ -108,6 +108,28 @@ async def test_submit_replay_and_key_reuse_over_json(
 
     balance = (await http.get(f"{edge_url}/v1/balance", headers=user.headers)).json()
     assert (balance["availablePoints"], balance["reservedPoints"]) == ("95", "5")
+    assert (balance["dailyJobQuota"], balance["dailyJobsRemaining"]) == ("50", "49")
+    assert (balance["inFlightLimit"], balance["inFlightRemaining"]) == ("3", "2")
+    assert balance["dailyQuotaResetTime"].endswith("T00:00:00Z")
+
+    # The welcome grant and the reservation, a page each (the submit wrote both at once,
+    # so their order is the ledger's ids').
+    page = await http.get(f"{edge_url}/v1/ledgerEntries?pageSize=1", headers=user.headers)
+    assert page.status_code == 200, page.text
+    rest = await http.get(
+        f"{edge_url}/v1/ledgerEntries",
+        params={"pageSize": 1, "pageToken": page.json()["nextPageToken"]},
+        headers=user.headers,
+    )
+    assert not rest.json().get("nextPageToken")
+    [first_entry], [second_entry] = page.json()["ledgerEntries"], rest.json()["ledgerEntries"]
+    assert sorted(
+        (e["kind"], e["amount"], e.get("jobId", ""), e["reason"])
+        for e in (first_entry, second_entry)
+    ) == [
+        ("LEDGER_ENTRY_KIND_GRANT", "100", "", "welcome"),
+        ("LEDGER_ENTRY_KIND_RESERVE", "5", job["jobId"], "submitted"),
+    ]
 
 
 async def test_in_flight_limit_is_429_with_retry_after(
@@ -163,7 +185,8 @@ async def test_someone_elses_job_and_asset_are_404(
         ({"height": 7}, "height"),
         ({"modelId": ""}, "model_id"),
         ({"inputAssetId": "not-a-uuid"}, "input_asset_id"),
-        ({"parameters": {"nested": {"a": 1}}}, "parameters.nested"),
+        ({"generationParameters": {"steps": 30}}, "generation_parameters.steps"),
+        ({"generationParameters": {"seed": "-1"}}, "generation_parameters.seed"),
         ({"numOutputs": 5}, "num_outputs"),
         ({"numOutputs": -1}, "num_outputs"),
     ],

@@ -32,6 +32,21 @@ async def test_a_job_runs_to_the_predictions_picture(
     )
 
 
+async def test_a_64_bit_seed_reaches_the_prediction_exactly(
+    replicate: Hosted, http: httpx.AsyncClient
+) -> None:
+    """JSON (a string, as int64 is in JSON) through Envoy, gRPC, the job row and the
+    worker to the vendor's input: 2^63-1 is not rounded to a double on the way."""
+    seed = 2**63 - 1
+    job = await scenario.submit(replicate, http, generationParameters={"seed": str(seed)})
+    done = await scenario.final(replicate, http, job)
+    assert done["status"] == "JOB_STATUS_SUCCEEDED", done
+    assert done["generationParameters"] == {"seed": str(seed)}
+    [submitted] = replicate.submits_for(job.marker)
+    sent = submitted.body["input"]["seed"]
+    assert type(sent) is int and sent == seed
+
+
 async def test_progress_from_the_prediction_logs_reaches_the_job(
     replicate: Hosted, http: httpx.AsyncClient
 ) -> None:

@@ -1,19 +1,21 @@
-"""creation's conversions: request parameters that JSON cannot hold reach validation as
-numbers (so it can name the field), and the outbox payload the store writes without
+"""creation's conversions: typed parameters keep presence and precision, a model's
+schema keeps exact bounds, and the outbox payload the store writes without
 protobuf is exactly the JobState's protobuf JSON."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
-from google.protobuf import json_format, struct_pb2
+from google.protobuf import json_format
 
+from atelier.creation.v1 import parameters_pb2
 from atelier.notify.v1 import job_state_pb2
 from services.creation import convert, submission
+from services.creation.catalog import CatalogModel
 from services.creation.domain import Job, Status, Step
+from services.creation.parameters import GenerationParameters, ParameterSpec, SizeRange
 from services.creation.store.changes import outbox_payload
 
 BASE = Job(
@@ -151,24 +153,50 @@ def test_a_job_state_says_done_attempt_and_next_attempt_time() -> None:
     assert not convert.job_state(VARIANTS["needs attention, no message"]).done
 
 
-@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
-def test_non_finite_numbers_reach_validation_and_are_named(value: float) -> None:
-    message = struct_pb2.Struct()
-    message.update({"seed": value, "steps": 30, "name": "x", "hdr": True})
-    parameters = convert.struct_to_dict(message)
-    assert parameters["steps"] == 30
-    assert math.isnan(value) == math.isnan(parameters["seed"])
-    problems = []
-    submission._check_parameters(parameters, problems)
-    assert [(p.field, p.description) for p in problems] == [
-        ("parameters.seed", "must be a finite number")
-    ]
+def test_unset_parameters_stay_unset_and_a_seed_stays_exact() -> None:
+    """Presence is explicit: an unset seed is not seed 0, and 2^63-1 is not rounded."""
+    message = parameters_pb2.GenerationParameters(seed=2**63 - 1, guidance_scale=0.0)
+    parameters = convert.parameters_from_proto(message)
+    assert parameters == GenerationParameters(seed=2**63 - 1, guidance_scale=0.0)
+    assert parameters.as_dict() == {"seed": 2**63 - 1, "guidance_scale": 0.0}
+    back = convert.parameters_message(parameters.as_dict())
+    assert back == message
+    assert json_format.MessageToDict(back)["seed"] == "9223372036854775807"
 
 
-def test_nested_values_and_null_are_kept_for_validation_to_refuse() -> None:
-    message = struct_pb2.Struct()
-    message.update({"nested": {"a": [1, "b"]}, "nothing": None})
-    assert convert.struct_to_dict(message) == {"nested": {"a": [1.0, "b"]}, "nothing": None}
+def test_a_model_shows_its_sizes_and_exact_bounds() -> None:
+    model = CatalogModel(
+        model_id="m",
+        display_name="M",
+        description="",
+        media_kind="image",
+        price_points=5,
+        sort_order=1,
+        size_range=SizeRange(64, 2048, 128, 1024, 8),
+        parameter_specs=(
+            ParameterSpec("seed", "int", "s", 0, 2**63 - 1),
+            ParameterSpec("strength", "float", "t", 0, 1, 0.8),
+        ),
+    )
+    message = json_format.MessageToDict(convert.model_message(model))
+    assert message["sizeRange"] == {
+        "minWidth": 64,
+        "maxWidth": 2048,
+        "minHeight": 128,
+        "maxHeight": 1024,
+        "multipleOf": 8,
+    }
+    seed, strength = message["parameterSpecs"]
+    assert seed == {
+        "name": "seed",
+        "type": "PARAMETER_TYPE_INT",
+        "description": "s",
+        "min": {"intValue": "0"},
+        "max": {"intValue": "9223372036854775807"},
+    }
+    assert strength["min"] == {"floatValue": 0.0} and strength["defaultValue"] == {
+        "floatValue": 0.8
+    }
 
 
 @pytest.mark.parametrize(("given", "kept"), [(0, 1), (1, 1), (4, 4)])
@@ -193,5 +221,5 @@ VALID: dict[str, object] = {
     "negative_prompt": "",
     "width": 512,
     "height": 512,
-    "parameters": {},
+    "parameters": GenerationParameters(),
 }

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
+from services.creation.parameters import GenerationParameters
 from services.creation.providers.base import Done, Failed, ProviderError, Running
 from services.creation.providers.fal import FalProvider
 from tests.unit.hosted_kit import (
@@ -54,6 +55,25 @@ async def test_submit_posts_the_model_input_and_keeps_fals_owner_app_request_pat
     assert body["image_url"] == "data:image/png;base64," + base64.b64encode(PHOTO).decode()
     assert body["image_size"] == {"width": 512, "height": 384}
     assert body["num_images"] == 2 and body["prompt"] == "a cat in a hat"
+    await adapter.close()
+
+
+async def test_the_seeded_flux_row_sends_each_parameter_under_fals_name() -> None:
+    vendor = Vendor()
+    vendor.on("POST", f"/{MODEL}", httpx.Response(200, json=queued()))
+    adapter = provider(vendor)
+    passed = "seed,steps:num_inference_steps,guidance_scale,strength"
+    row = f"{MODEL}?image=image_url&size=none&pass={passed}"
+    parameters = GenerationParameters(seed=2**63 - 1, steps=28, guidance_scale=3.5, strength=0.9)
+    await adapter.submit(request(row, parameters=parameters), "job-1:1")
+    body = vendor.body()
+    assert {k: body[k] for k in ("seed", "num_inference_steps", "guidance_scale", "strength")} == {
+        "seed": 2**63 - 1,
+        "num_inference_steps": 28,
+        "guidance_scale": 3.5,
+        "strength": 0.9,
+    }
+    assert "steps" not in body and "image_size" not in body
     await adapter.close()
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from services.creation.parameters import GenerationParameters
 from services.creation.providers.base import Done, Failed, ProviderError, Running
 from services.creation.providers.replicate import ReplicateProvider, create_route
 from services.creation.settings import ProviderSettings, VendorSettings
@@ -83,7 +84,7 @@ async def test_a_version_route_sends_the_version_and_a_signed_url_replaces_the_b
         request(
             f"stability-ai/sdxl:{VERSION}?size=none&pass=seed",
             input_url="https://media.test/signed?sig=abc",
-            parameters={"seed": 7, "num_inference_steps": 500},
+            parameters=GenerationParameters(seed=7, steps=500),
             num_outputs=2,
             negative_prompt="blurry",
         ),
@@ -93,9 +94,31 @@ async def test_a_version_route_sends_the_version_and_a_signed_url_replaces_the_b
     assert body["version"] == VERSION
     assert body["input"]["image"] == "https://media.test/signed?sig=abc"
     # Only the listed parameters pass; our own fields win.
-    assert body["input"]["seed"] == 7 and "num_inference_steps" not in body["input"]
+    assert body["input"]["seed"] == 7 and "steps" not in body["input"]
+    assert "num_inference_steps" not in body["input"]
     assert body["input"]["num_outputs"] == 2 and body["input"]["negative_prompt"] == "blurry"
     assert "width" not in body["input"]
+    await adapter.close()
+
+
+async def test_parameters_go_under_the_vendors_names_and_a_seed_stays_exact() -> None:
+    vendor = Vendor()
+    vendor.on("POST", "/v1/predictions", httpx.Response(201, json=prediction("starting")))
+    adapter = provider(vendor)
+    model = (
+        f"stability-ai/sdxl:{VERSION}?pass=seed,steps:num_inference_steps,strength:prompt_strength"
+    )
+    parameters = GenerationParameters(seed=2**63 - 1, steps=30, strength=0.25, guidance_scale=9)
+    await adapter.submit(request(model, parameters=parameters), "job-1:1")
+    sent = vendor.body()["input"]
+    assert (sent["seed"], sent["num_inference_steps"], sent["prompt_strength"]) == (
+        2**63 - 1,
+        30,
+        0.25,
+    )
+    assert "guidance_scale" not in sent  # not in the row's pass list
+    # Exact on the wire too, not a double's 9223372036854775808.
+    assert b'"seed":9223372036854775807' in vendor.seen[-1].content.replace(b" ", b"")
     await adapter.close()
 
 

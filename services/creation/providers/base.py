@@ -8,9 +8,11 @@ submit (see DESIGN.md, "The provider is two-phase").
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
+
+from services.creation.parameters import GenerationParameters
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,7 @@ class GenerationRequest:
     width: int
     height: int
     input_image: InputImage
-    parameters: Mapping[str, Any] = field(default_factory=dict)
+    parameters: GenerationParameters = field(default_factory=GenerationParameters)
     num_outputs: int = 1
     # A short-lived signed GET URL of the input (media's), given when the settings say the
     # vendors can reach our storage (ATELIER_PROVIDER_INPUT=url); otherwise None and a

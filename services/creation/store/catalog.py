@@ -5,13 +5,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.creation.catalog import Catalog, CatalogModel, CatalogStyle
+from services.creation.parameters import BadSpec, ParameterSpec, SizeRange, spec_from_json
 from services.creation.tables import models, styles
 from services.kit.db import read
+from services.kit.logging import get_logger
+
+log = get_logger(__name__)
 
 # Enabled models and styles in picker order (ride ix_models_picker / ix_styles_picker).
 ENABLED_MODELS = (
@@ -22,6 +27,12 @@ ENABLED_MODELS = (
         models.c.media_kind,
         models.c.price_points,
         models.c.sort_order,
+        models.c.min_width,
+        models.c.max_width,
+        models.c.min_height,
+        models.c.max_height,
+        models.c.size_multiple,
+        models.c.parameter_specs,
     )
     .where(models.c.enabled)
     .order_by(models.c.sort_order, models.c.model_id)
@@ -37,6 +48,37 @@ ENABLED_STYLES = (
     .where(styles.c.enabled)
     .order_by(styles.c.sort_order, styles.c.style_id)
 )
+
+
+def _specs(model_id: str, raw: Any) -> tuple[ParameterSpec, ...]:
+    """The row's specs; one that cannot be read is left out (so SubmitJob refuses that
+    parameter rather than passing it unchecked) and logged for the operator."""
+    specs: list[ParameterSpec] = []
+    for item in raw if isinstance(raw, list) else []:
+        try:
+            specs.append(spec_from_json(item))
+        except BadSpec as error:
+            log.warning("catalog_parameter_spec_unreadable", model_id=model_id, error=str(error))
+    return tuple(specs)
+
+
+def model_from_row(row: Any) -> CatalogModel:
+    return CatalogModel(
+        model_id=row.model_id,
+        display_name=row.display_name,
+        description=row.description,
+        media_kind=row.media_kind,
+        price_points=row.price_points,
+        sort_order=row.sort_order,
+        size_range=SizeRange(
+            min_width=row.min_width,
+            max_width=row.max_width,
+            min_height=row.min_height,
+            max_height=row.max_height,
+            multiple_of=row.size_multiple,
+        ),
+        parameter_specs=_specs(row.model_id, row.parameter_specs),
+    )
 
 
 def _of_kind(catalog: Catalog, media_kind: str | None) -> Catalog:
@@ -55,7 +97,7 @@ async def list_enabled(engine: AsyncEngine, media_kind: str | None) -> Catalog:
         model_rows = (await connection.execute(ENABLED_MODELS)).all()
         style_rows = (await connection.execute(ENABLED_STYLES)).all()
         return Catalog(
-            models=[CatalogModel(**row._mapping) for row in model_rows],
+            models=[model_from_row(row) for row in model_rows],
             styles=[CatalogStyle(**row._mapping) for row in style_rows],
         )
 
@@ -95,6 +137,14 @@ class CachedCatalog:
                     catalog = await list_enabled(self._engine, None)
                     self._catalog, self._read_at = catalog, started
         return _of_kind(catalog, media_kind)
+
+    async def model(self, model_id: str) -> CatalogModel | None:
+        """An enabled model; one the cached copy lacks is looked for in a fresh read (it
+        may have been enabled since), so SubmitJob never skips a model's rules."""
+        found = (await self.enabled(None)).model(model_id)
+        if found is None:
+            found = (await list_enabled(self._engine, None)).model(model_id)
+        return found
 
 
 # Enabled models by provider code, for the worker's start-up check (a scan of a small table).

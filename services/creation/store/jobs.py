@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Select, bindparam, select, tuple_, union_all
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.creation.domain import Actor, Job, Status
+from services.creation.domain import Actor, Job, Status, quota_day_start, quota_reset_time
 from services.creation.errors import (
     DailyQuotaExceeded,
     IdempotencyKeyReused,
@@ -56,10 +56,6 @@ class Submitted:
 class Cancelled:
     job: Job
     changed: bool  # False: already cancelled or already asked to cancel
-
-
-def _start_of_day(now: datetime) -> datetime:
-    return now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 
 
 # Hot statements, compiled once for asyncpg (kit.db.driver_fetch).
@@ -112,7 +108,7 @@ def _refusal(row: Any, limits: SubmitLimits, now: datetime) -> Exception:
             Reason.STYLE_MODEL_MISMATCH, "style_id", f"does not apply to {row['model_kind']} models"
         )
     if outcome == "daily_quota_exceeded":
-        reset = _start_of_day(now) + timedelta(days=1)
+        reset = quota_reset_time(now)
         return DailyQuotaExceeded(limits.daily_quota, (reset - now).total_seconds())
     if outcome == "in_flight_limit_reached":
         return InFlightLimitReached(limits.in_flight_limit)
@@ -146,10 +142,10 @@ async def submit(
         negative_prompt=command.negative_prompt,
         width=command.width,
         height=command.height,
-        parameters=json.dumps(command.parameters),
+        parameters=json.dumps(command.parameters.as_dict()),
         max_attempts=limits.max_attempts,
         request_hash=command.request_hash(),
-        day_start=_start_of_day(now),
+        day_start=quota_day_start(now),
         daily_quota=limits.daily_quota,
         in_flight_limit=limits.in_flight_limit,
         welcome_points=limits.welcome_points,

@@ -10,6 +10,7 @@ from sqlalchemy import ColumnElement, bindparam, case, func, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from services.creation.domain import quota_day_start
 from services.creation.errors import IdempotencyKeyReused
 from services.creation.store.users import user_transaction
 from services.creation.tables import points_ledger
@@ -24,6 +25,10 @@ class Balance:
     available: int
     reserved: int
     welcomed: bool = True  # whether the user has had the welcome grant
+    # What the submit's quotas count (see creation.submit_job): jobs made since the start
+    # of the UTC day, and jobs queued or running.
+    jobs_today: int = 0
+    in_flight: int = 0
 
 
 @dataclass(frozen=True)
@@ -144,7 +149,12 @@ SELECT
   coalesce(sum(amount) FILTER (WHERE kind = 'reserve'), 0) AS reserved,
   coalesce(sum(amount) FILTER (WHERE kind = 'capture'), 0) AS captured,
   coalesce(sum(amount) FILTER (WHERE kind = 'release'), 0) AS released,
-  (SELECT coalesce(sum(amount), 0) FROM welcome) AS welcomed
+  (SELECT coalesce(sum(amount), 0) FROM welcome) AS welcomed,
+  -- The submit's own counts (ix_jobs_user_newest, ix_jobs_user_in_flight).
+  (SELECT count(*) FROM creation.jobs
+    WHERE user_id = :user_id AND created_at >= :day_start) AS jobs_today,
+  (SELECT count(*) FROM creation.jobs
+    WHERE user_id = :user_id AND status IN ('queued', 'running')) AS in_flight
 FROM creation.points_ledger
 WHERE user_id = :user_id
 """
@@ -155,12 +165,20 @@ WHERE user_id = :user_id
 async def read_balance(
     engine: AsyncEngine, user_id: str, welcome_points: int, now: datetime
 ) -> Balance:
-    """The user's balance, with their welcome points if they never had them."""
+    """The user's balance, with their welcome points if they never had them, and what
+    the daily quota and in-flight limit count now."""
     # Safe to send twice: the welcome is granted once whatever happens.
     (row,) = await driver_fetch(
-        engine, BALANCE_AFTER_WELCOME, user_id=user_id, welcome_points=welcome_points, now=now
+        engine,
+        BALANCE_AFTER_WELCOME,
+        user_id=user_id,
+        welcome_points=welcome_points,
+        now=now,
+        day_start=quota_day_start(now),
     )
     return Balance(
         available=int(row["granted"] - row["reserved"] + row["released"] + row["welcomed"]),
         reserved=int(row["reserved"] - row["captured"] - row["released"]),
+        jobs_today=int(row["jobs_today"]),
+        in_flight=int(row["in_flight"]),
     )

@@ -28,6 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.creation.domain import Job, Status, backoff, output_key
 from services.creation.errors import MediaUnavailable
 from services.creation.media_client import AssetRefused, AssetUnreadable
+from services.creation.parameters import GenerationParameters
 from services.creation.providers.base import (
     Done,
     Failed,
@@ -219,7 +220,7 @@ class Attempt:
             width=job.width,
             height=job.height,
             input_image=image,
-            parameters=job.parameters,
+            parameters=GenerationParameters.from_stored(job.parameters),
             num_outputs=job.num_outputs,
             input_url=input_url,
         )

@@ -15,6 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.app import build
+from services.creation.parameters import GenerationParameters
 from services.creation.settings import CreationSettings
 from services.creation.store.jobs import SubmitLimits
 from services.creation.submission import SubmitCommand, validate
@@ -44,7 +45,7 @@ def command(key: str | None = None, **overrides: Any) -> SubmitCommand:
         "negative_prompt": "",
         "width": 512,
         "height": 512,
-        "parameters": {"seed": 7},
+        "parameters": GenerationParameters(seed=7),
     }
     fields.update(overrides)
     built, problems = validate(**fields)

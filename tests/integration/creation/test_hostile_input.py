@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import jwt
 import pytest
-from google.protobuf import struct_pb2, timestamp_pb2
+from google.protobuf import timestamp_pb2
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from atelier.creation.v1 import (
@@ -22,6 +22,7 @@ from atelier.creation.v1 import (
     admin_service_pb2_grpc,
     creation_service_pb2,
     creation_service_pb2_grpc,
+    parameters_pb2,
 )
 from services.creation.store import jobs as store
 from services.creation.store import leases
@@ -48,8 +49,6 @@ async def creation(creation_url: str) -> AsyncIterator[CreationHarness]:
 
 
 def submit_request(**parameters: float) -> creation_service_pb2.SubmitJobRequest:
-    values = struct_pb2.Struct()
-    values.update(parameters)
     return creation_service_pb2.SubmitJobRequest(
         model_id="stub-fast",
         style_id="watercolor",
@@ -57,7 +56,7 @@ def submit_request(**parameters: float) -> creation_service_pb2.SubmitJobRequest
         prompt="a cat",
         width=512,
         height=512,
-        parameters=values,
+        generation_parameters=parameters_pb2.GenerationParameters(**parameters),
     )
 
 
@@ -72,16 +71,16 @@ def assert_invalid(error: grpc.aio.AioRpcError, reason: str, field: str) -> None
 # --- 1. parameters that JSON cannot hold --------------------------------------------
 
 
-@pytest.mark.parametrize("seed", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), float("-inf")])
 async def test_a_non_finite_parameter_is_a_field_violation(
-    creation: CreationHarness, engine: AsyncEngine, seed: float
+    creation: CreationHarness, engine: AsyncEngine, scale: float
 ) -> None:
     user = new_user()
     async with creation.public_channel() as channel:
         stub = creation_service_pb2_grpc.CreationServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await stub.SubmitJob(submit_request(seed=seed), metadata=user_token(user))
-        assert_invalid(caught.value, "INVALID_JOB_REQUEST", "parameters.seed")
+            await stub.SubmitJob(submit_request(guidance_scale=scale), metadata=user_token(user))
+        assert_invalid(caught.value, "INVALID_JOB_REQUEST", "generation_parameters.guidance_scale")
         listed = await stub.ListJobs(
             creation_service_pb2.ListJobsRequest(), metadata=user_token(user)
         )

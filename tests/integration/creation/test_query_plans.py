@@ -25,6 +25,7 @@ from services.creation.store import admin, leases, outbox
 from services.creation.store import jobs as job_store
 from services.creation.store.changes import json_time
 from services.creation.store.fenced import CLAIM_SQL, FAIL_SQL, HAND_BACK_SQL, FencedWrite
+from services.creation.store.ledger_entries import FIRST_PAGE, NEXT_PAGE
 from services.creation.store.submit_statement import submit_arguments
 from services.kit.db import asyncpg_url
 from tests.integration.creation.helpers import LIMITS, T0, new_user
@@ -91,6 +92,14 @@ async def test_claim_rides_the_claim_queue_index(engine: AsyncEngine) -> None:
     parameters = (now, json_time(now), "plan-worker", 8, now + timedelta(seconds=30))
     plan = await generic_plan(engine, CLAIM_SQL, parameters)
     assert "ix_jobs_claim_queue" in plan
+
+
+async def test_ledger_pages_ride_the_users_newest_entries_index(engine: AsyncEngine) -> None:
+    first = FIRST_PAGE.args(user_id="u", limit=21)
+    after = NEXT_PAGE.args(user_id="u", created_at=T0, entry_id=7, limit=21)
+    for statement, arguments in ((FIRST_PAGE, first), (NEXT_PAGE, after)):
+        plan = await generic_plan(engine, statement.sql, arguments)
+        assert "ix_points_ledger_user_newest" in plan, plan
 
 
 async def test_every_fenced_write_rides_the_primary_key(engine: AsyncEngine) -> None:

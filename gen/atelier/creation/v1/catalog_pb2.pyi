@@ -3,8 +3,11 @@
 isort:skip_file
 """
 
+from atelier.creation.v1 import parameters_pb2 as _parameters_pb2
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
@@ -53,6 +56,8 @@ class Model(_message.Message):
     MEDIA_KIND_FIELD_NUMBER: _builtins.int
     PRICE_POINTS_FIELD_NUMBER: _builtins.int
     SORT_ORDER_FIELD_NUMBER: _builtins.int
+    SIZE_RANGE_FIELD_NUMBER: _builtins.int
+    PARAMETER_SPECS_FIELD_NUMBER: _builtins.int
     model_id: _builtins.str
     """Stable identifier, e.g. "flux-schnell". Used as SubmitJobRequest.model_id."""
     display_name: _builtins.str
@@ -65,6 +70,16 @@ class Model(_message.Message):
     """Points reserved on submit and captured on success."""
     sort_order: _builtins.int
     """Position in the picker; lower comes first."""
+    @_builtins.property
+    def size_range(self) -> _parameters_pb2.SizeRange:
+        """The output sizes SubmitJob accepts for this model."""
+
+    @_builtins.property
+    def parameter_specs(self) -> _containers.RepeatedCompositeFieldContainer[_parameters_pb2.ParameterSpec]:
+        """The parameters SubmitJob accepts for this model (GenerationParameters fields), in
+        settings-screen order; any other parameter is refused.
+        """
+
     def __init__(
         self,
         *,
@@ -74,10 +89,12 @@ class Model(_message.Message):
         media_kind: Global___MediaKind.ValueType = ...,
         price_points: _builtins.int = ...,
         sort_order: _builtins.int = ...,
+        size_range: _parameters_pb2.SizeRange | None = ...,
+        parameter_specs: _abc.Iterable[_parameters_pb2.ParameterSpec] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["size_range", b"size_range"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "display_name", b"display_name", "media_kind", b"media_kind", "model_id", b"model_id", "price_points", b"price_points", "sort_order", b"sort_order"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "display_name", b"display_name", "media_kind", b"media_kind", "model_id", b"model_id", "parameter_specs", b"parameter_specs", "price_points", b"price_points", "size_range", b"size_range", "sort_order", b"sort_order"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

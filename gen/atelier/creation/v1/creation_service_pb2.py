@@ -24,14 +24,15 @@ _sym_db = _symbol_database.Default()
 
 from atelier.creation.v1 import catalog_pb2 as atelier_dot_creation_dot_v1_dot_catalog__pb2
 from atelier.creation.v1 import job_pb2 as atelier_dot_creation_dot_v1_dot_job__pb2
+from atelier.creation.v1 import ledger_pb2 as atelier_dot_creation_dot_v1_dot_ledger__pb2
+from atelier.creation.v1 import parameters_pb2 as atelier_dot_creation_dot_v1_dot_parameters__pb2
 from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
 from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
 from google.api import resource_pb2 as google_dot_api_dot_resource__pb2
-from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*atelier/creation/v1/creation_service.proto\x12\x13\x61telier.creation.v1\x1a!atelier/creation/v1/catalog.proto\x1a\x1d\x61telier/creation/v1/job.proto\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"N\n\x12ListCatalogRequest\x12\x38\n\nmedia_kind\x18\x01 \x01(\x0e\x32\x1e.atelier.creation.v1.MediaKindB\x04\xe2\x41\x01\x01\"m\n\x13ListCatalogResponse\x12*\n\x06models\x18\x01 \x03(\x0b\x32\x1a.atelier.creation.v1.Model\x12*\n\x06styles\x18\x02 \x03(\x0b\x32\x1a.atelier.creation.v1.Style\"\xc4\x02\n\x10SubmitJobRequest\x12\x18\n\nrequest_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x01\x12\x16\n\x08model_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x16\n\x08style_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x38\n\x0einput_asset_id\x18\x04 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\x12\x14\n\x06prompt\x18\x05 \x01(\tB\x04\xe2\x41\x01\x01\x12\x1d\n\x0fnegative_prompt\x18\x06 \x01(\tB\x04\xe2\x41\x01\x01\x12\x13\n\x05width\x18\x07 \x01(\x05\x42\x04\xe2\x41\x01\x02\x12\x14\n\x06height\x18\x08 \x01(\x05\x42\x04\xe2\x41\x01\x02\x12\x31\n\nparameters\x18\t \x01(\x0b\x32\x17.google.protobuf.StructB\x04\xe2\x41\x01\x01\x12\x19\n\x0bnum_outputs\x18\n \x01(\x05\x42\x04\xe2\x41\x01\x01\":\n\x11SubmitJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.atelier.creation.v1.Job\"B\n\rGetJobRequest\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x02\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\"7\n\x0eGetJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.atelier.creation.v1.Job\"\x85\x02\n\x0fListJobsRequest\x12\x17\n\tpage_size\x18\x01 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\x12\x36\n\x08statuses\x18\x04 \x03(\x0e\x32\x1e.atelier.creation.v1.JobStatusB\x04\xe2\x41\x01\x01\x12;\n\x11\x63reate_time_after\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x01\x12<\n\x12\x63reate_time_before\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x01J\x04\x08\x03\x10\x04R\x06status\"S\n\x10ListJobsResponse\x12&\n\x04jobs\x18\x01 \x03(\x0b\x32\x18.atelier.creation.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"E\n\x10\x43\x61ncelJobRequest\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x02\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\":\n\x11\x43\x61ncelJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.atelier.creation.v1.Job\"E\n\x10\x44\x65leteJobRequest\x12\x14\n\x06job_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1b\n\rdelete_assets\x18\x02 \x01(\x08\x42\x04\xe2\x41\x01\x01\"\x13\n\x11\x44\x65leteJobResponse\"\x13\n\x11GetBalanceRequest\"G\n\x12GetBalanceResponse\x12\x18\n\x10\x61vailable_points\x18\x01 \x01(\x03\x12\x17\n\x0freserved_points\x18\x02 \x01(\x03\x32\xbe\x06\n\x0f\x43reationService\x12u\n\x0bListCatalog\x12\'.atelier.creation.v1.ListCatalogRequest\x1a(.atelier.creation.v1.ListCatalogResponse\"\x13\x82\xd3\xe4\x93\x02\r\x12\x0b/v1/catalog\x12o\n\tSubmitJob\x12%.atelier.creation.v1.SubmitJobRequest\x1a&.atelier.creation.v1.SubmitJobResponse\"\x13\x82\xd3\xe4\x93\x02\r\"\x08/v1/jobs:\x01*\x12l\n\x06GetJob\x12\".atelier.creation.v1.GetJobRequest\x1a#.atelier.creation.v1.GetJobResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/v1/jobs/{job_id}\x12i\n\x08ListJobs\x12$.atelier.creation.v1.ListJobsRequest\x1a%.atelier.creation.v1.ListJobsResponse\"\x10\x82\xd3\xe4\x93\x02\n\x12\x08/v1/jobs\x12\x7f\n\tCancelJob\x12%.atelier.creation.v1.CancelJobRequest\x1a&.atelier.creation.v1.CancelJobResponse\"#\x82\xd3\xe4\x93\x02\x1d\"\x18/v1/jobs/{job_id}:cancel:\x01*\x12u\n\tDeleteJob\x12%.atelier.creation.v1.DeleteJobRequest\x1a&.atelier.creation.v1.DeleteJobResponse\"\x19\x82\xd3\xe4\x93\x02\x13*\x11/v1/jobs/{job_id}\x12r\n\nGetBalance\x12&.atelier.creation.v1.GetBalanceRequest\x1a\'.atelier.creation.v1.GetBalanceResponse\"\x13\x82\xd3\xe4\x93\x02\r\x12\x0b/v1/balanceb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*atelier/creation/v1/creation_service.proto\x12\x13\x61telier.creation.v1\x1a!atelier/creation/v1/catalog.proto\x1a\x1d\x61telier/creation/v1/job.proto\x1a atelier/creation/v1/ledger.proto\x1a$atelier/creation/v1/parameters.proto\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"N\n\x12ListCatalogRequest\x12\x38\n\nmedia_kind\x18\x01 \x01(\x0e\x32\x1e.atelier.creation.v1.MediaKindB\x04\xe2\x41\x01\x01\"m\n\x13ListCatalogResponse\x12*\n\x06models\x18\x01 \x03(\x0b\x32\x1a.atelier.creation.v1.Model\x12*\n\x06styles\x18\x02 \x03(\x0b\x32\x1a.atelier.creation.v1.Style\"\xf3\x02\n\x10SubmitJobRequest\x12\x18\n\nrequest_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x01\x12\x16\n\x08model_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x16\n\x08style_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x38\n\x0einput_asset_id\x18\x04 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\x12\x14\n\x06prompt\x18\x05 \x01(\tB\x04\xe2\x41\x01\x01\x12\x1d\n\x0fnegative_prompt\x18\x06 \x01(\tB\x04\xe2\x41\x01\x01\x12\x13\n\x05width\x18\x07 \x01(\x05\x42\x04\xe2\x41\x01\x02\x12\x14\n\x06height\x18\x08 \x01(\x05\x42\x04\xe2\x41\x01\x02\x12\x19\n\x0bnum_outputs\x18\n \x01(\x05\x42\x04\xe2\x41\x01\x01\x12N\n\x15generation_parameters\x18\x0b \x01(\x0b\x32).atelier.creation.v1.GenerationParametersB\x04\xe2\x41\x01\x01J\x04\x08\t\x10\nR\nparameters\":\n\x11SubmitJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.atelier.creation.v1.Job\"B\n\rGetJobRequest\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x02\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\"7\n\x0eGetJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.atelier.creation.v1.Job\"\x85\x02\n\x0fListJobsRequest\x12\x17\n\tpage_size\x18\x01 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\x12\x36\n\x08statuses\x18\x04 \x03(\x0e\x32\x1e.atelier.creation.v1.JobStatusB\x04\xe2\x41\x01\x01\x12;\n\x11\x63reate_time_after\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x01\x12<\n\x12\x63reate_time_before\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x01J\x04\x08\x03\x10\x04R\x06status\"S\n\x10ListJobsResponse\x12&\n\x04jobs\x18\x01 \x03(\x0b\x32\x18.atelier.creation.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"E\n\x10\x43\x61ncelJobRequest\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x02\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\":\n\x11\x43\x61ncelJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.atelier.creation.v1.Job\"E\n\x10\x44\x65leteJobRequest\x12\x14\n\x06job_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1b\n\rdelete_assets\x18\x02 \x01(\x08\x42\x04\xe2\x41\x01\x01\"\x13\n\x11\x44\x65leteJobResponse\"\x13\n\x11GetBalanceRequest\"\xf0\x01\n\x12GetBalanceResponse\x12\x18\n\x10\x61vailable_points\x18\x01 \x01(\x03\x12\x17\n\x0freserved_points\x18\x02 \x01(\x03\x12\x17\n\x0f\x64\x61ily_job_quota\x18\x03 \x01(\x03\x12\x1c\n\x14\x64\x61ily_jobs_remaining\x18\x04 \x01(\x03\x12:\n\x16\x64\x61ily_quota_reset_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0fin_flight_limit\x18\x06 \x01(\x03\x12\x1b\n\x13in_flight_remaining\x18\x07 \x01(\x03\"M\n\x18ListLedgerEntriesRequest\x12\x17\n\tpage_size\x18\x01 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\"n\n\x19ListLedgerEntriesResponse\x12\x38\n\x0eledger_entries\x18\x01 \x03(\x0b\x32 .atelier.creation.v1.LedgerEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\xce\x07\n\x0f\x43reationService\x12u\n\x0bListCatalog\x12\'.atelier.creation.v1.ListCatalogRequest\x1a(.atelier.creation.v1.ListCatalogResponse\"\x13\x82\xd3\xe4\x93\x02\r\x12\x0b/v1/catalog\x12o\n\tSubmitJob\x12%.atelier.creation.v1.SubmitJobRequest\x1a&.atelier.creation.v1.SubmitJobResponse\"\x13\x82\xd3\xe4\x93\x02\r\"\x08/v1/jobs:\x01*\x12l\n\x06GetJob\x12\".atelier.creation.v1.GetJobRequest\x1a#.atelier.creation.v1.GetJobResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/v1/jobs/{job_id}\x12i\n\x08ListJobs\x12$.atelier.creation.v1.ListJobsRequest\x1a%.atelier.creation.v1.ListJobsResponse\"\x10\x82\xd3\xe4\x93\x02\n\x12\x08/v1/jobs\x12\x7f\n\tCancelJob\x12%.atelier.creation.v1.CancelJobRequest\x1a&.atelier.creation.v1.CancelJobResponse\"#\x82\xd3\xe4\x93\x02\x1d\"\x18/v1/jobs/{job_id}:cancel:\x01*\x12u\n\tDeleteJob\x12%.atelier.creation.v1.DeleteJobRequest\x1a&.atelier.creation.v1.DeleteJobResponse\"\x19\x82\xd3\xe4\x93\x02\x13*\x11/v1/jobs/{job_id}\x12r\n\nGetBalance\x12&.atelier.creation.v1.GetBalanceRequest\x1a\'.atelier.creation.v1.GetBalanceResponse\"\x13\x82\xd3\xe4\x93\x02\r\x12\x0b/v1/balance\x12\x8d\x01\n\x11ListLedgerEntries\x12-.atelier.creation.v1.ListLedgerEntriesRequest\x1a..atelier.creation.v1.ListLedgerEntriesResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/v1/ledgerEntriesb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -56,10 +57,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SUBMITJOBREQUEST'].fields_by_name['width']._serialized_options = b'\342A\001\002'
   _globals['_SUBMITJOBREQUEST'].fields_by_name['height']._loaded_options = None
   _globals['_SUBMITJOBREQUEST'].fields_by_name['height']._serialized_options = b'\342A\001\002'
-  _globals['_SUBMITJOBREQUEST'].fields_by_name['parameters']._loaded_options = None
-  _globals['_SUBMITJOBREQUEST'].fields_by_name['parameters']._serialized_options = b'\342A\001\001'
   _globals['_SUBMITJOBREQUEST'].fields_by_name['num_outputs']._loaded_options = None
   _globals['_SUBMITJOBREQUEST'].fields_by_name['num_outputs']._serialized_options = b'\342A\001\001'
+  _globals['_SUBMITJOBREQUEST'].fields_by_name['generation_parameters']._loaded_options = None
+  _globals['_SUBMITJOBREQUEST'].fields_by_name['generation_parameters']._serialized_options = b'\342A\001\001'
   _globals['_GETJOBREQUEST'].fields_by_name['job_id']._loaded_options = None
   _globals['_GETJOBREQUEST'].fields_by_name['job_id']._serialized_options = b'\342A\001\002\372A\032\n\030creation.atelier.dev/Job'
   _globals['_LISTJOBSREQUEST'].fields_by_name['page_size']._loaded_options = None
@@ -78,6 +79,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DELETEJOBREQUEST'].fields_by_name['job_id']._serialized_options = b'\342A\001\002'
   _globals['_DELETEJOBREQUEST'].fields_by_name['delete_assets']._loaded_options = None
   _globals['_DELETEJOBREQUEST'].fields_by_name['delete_assets']._serialized_options = b'\342A\001\001'
+  _globals['_LISTLEDGERENTRIESREQUEST'].fields_by_name['page_size']._loaded_options = None
+  _globals['_LISTLEDGERENTRIESREQUEST'].fields_by_name['page_size']._serialized_options = b'\342A\001\001'
+  _globals['_LISTLEDGERENTRIESREQUEST'].fields_by_name['page_token']._loaded_options = None
+  _globals['_LISTLEDGERENTRIESREQUEST'].fields_by_name['page_token']._serialized_options = b'\342A\001\001'
   _globals['_CREATIONSERVICE'].methods_by_name['ListCatalog']._loaded_options = None
   _globals['_CREATIONSERVICE'].methods_by_name['ListCatalog']._serialized_options = b'\202\323\344\223\002\r\022\013/v1/catalog'
   _globals['_CREATIONSERVICE'].methods_by_name['SubmitJob']._loaded_options = None
@@ -92,34 +97,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CREATIONSERVICE'].methods_by_name['DeleteJob']._serialized_options = b'\202\323\344\223\002\023*\021/v1/jobs/{job_id}'
   _globals['_CREATIONSERVICE'].methods_by_name['GetBalance']._loaded_options = None
   _globals['_CREATIONSERVICE'].methods_by_name['GetBalance']._serialized_options = b'\202\323\344\223\002\r\022\013/v1/balance'
-  _globals['_LISTCATALOGREQUEST']._serialized_start=286
-  _globals['_LISTCATALOGREQUEST']._serialized_end=364
-  _globals['_LISTCATALOGRESPONSE']._serialized_start=366
-  _globals['_LISTCATALOGRESPONSE']._serialized_end=475
-  _globals['_SUBMITJOBREQUEST']._serialized_start=478
-  _globals['_SUBMITJOBREQUEST']._serialized_end=802
-  _globals['_SUBMITJOBRESPONSE']._serialized_start=804
-  _globals['_SUBMITJOBRESPONSE']._serialized_end=862
-  _globals['_GETJOBREQUEST']._serialized_start=864
-  _globals['_GETJOBREQUEST']._serialized_end=930
-  _globals['_GETJOBRESPONSE']._serialized_start=932
-  _globals['_GETJOBRESPONSE']._serialized_end=987
-  _globals['_LISTJOBSREQUEST']._serialized_start=990
-  _globals['_LISTJOBSREQUEST']._serialized_end=1251
-  _globals['_LISTJOBSRESPONSE']._serialized_start=1253
-  _globals['_LISTJOBSRESPONSE']._serialized_end=1336
-  _globals['_CANCELJOBREQUEST']._serialized_start=1338
-  _globals['_CANCELJOBREQUEST']._serialized_end=1407
-  _globals['_CANCELJOBRESPONSE']._serialized_start=1409
-  _globals['_CANCELJOBRESPONSE']._serialized_end=1467
-  _globals['_DELETEJOBREQUEST']._serialized_start=1469
-  _globals['_DELETEJOBREQUEST']._serialized_end=1538
-  _globals['_DELETEJOBRESPONSE']._serialized_start=1540
-  _globals['_DELETEJOBRESPONSE']._serialized_end=1559
-  _globals['_GETBALANCEREQUEST']._serialized_start=1561
-  _globals['_GETBALANCEREQUEST']._serialized_end=1580
-  _globals['_GETBALANCERESPONSE']._serialized_start=1582
-  _globals['_GETBALANCERESPONSE']._serialized_end=1653
-  _globals['_CREATIONSERVICE']._serialized_start=1656
-  _globals['_CREATIONSERVICE']._serialized_end=2486
+  _globals['_CREATIONSERVICE'].methods_by_name['ListLedgerEntries']._loaded_options = None
+  _globals['_CREATIONSERVICE'].methods_by_name['ListLedgerEntries']._serialized_options = b'\202\323\344\223\002\023\022\021/v1/ledgerEntries'
+  _globals['_LISTCATALOGREQUEST']._serialized_start=328
+  _globals['_LISTCATALOGREQUEST']._serialized_end=406
+  _globals['_LISTCATALOGRESPONSE']._serialized_start=408
+  _globals['_LISTCATALOGRESPONSE']._serialized_end=517
+  _globals['_SUBMITJOBREQUEST']._serialized_start=520
+  _globals['_SUBMITJOBREQUEST']._serialized_end=891
+  _globals['_SUBMITJOBRESPONSE']._serialized_start=893
+  _globals['_SUBMITJOBRESPONSE']._serialized_end=951
+  _globals['_GETJOBREQUEST']._serialized_start=953
+  _globals['_GETJOBREQUEST']._serialized_end=1019
+  _globals['_GETJOBRESPONSE']._serialized_start=1021
+  _globals['_GETJOBRESPONSE']._serialized_end=1076
+  _globals['_LISTJOBSREQUEST']._serialized_start=1079
+  _globals['_LISTJOBSREQUEST']._serialized_end=1340
+  _globals['_LISTJOBSRESPONSE']._serialized_start=1342
+  _globals['_LISTJOBSRESPONSE']._serialized_end=1425
+  _globals['_CANCELJOBREQUEST']._serialized_start=1427
+  _globals['_CANCELJOBREQUEST']._serialized_end=1496
+  _globals['_CANCELJOBRESPONSE']._serialized_start=1498
+  _globals['_CANCELJOBRESPONSE']._serialized_end=1556
+  _globals['_DELETEJOBREQUEST']._serialized_start=1558
+  _globals['_DELETEJOBREQUEST']._serialized_end=1627
+  _globals['_DELETEJOBRESPONSE']._serialized_start=1629
+  _globals['_DELETEJOBRESPONSE']._serialized_end=1648
+  _globals['_GETBALANCEREQUEST']._serialized_start=1650
+  _globals['_GETBALANCEREQUEST']._serialized_end=1669
+  _globals['_GETBALANCERESPONSE']._serialized_start=1672
+  _globals['_GETBALANCERESPONSE']._serialized_end=1912
+  _globals['_LISTLEDGERENTRIESREQUEST']._serialized_start=1914
+  _globals['_LISTLEDGERENTRIESREQUEST']._serialized_end=1991
+  _globals['_LISTLEDGERENTRIESRESPONSE']._serialized_start=1993
+  _globals['_LISTLEDGERENTRIESRESPONSE']._serialized_end=2103
+  _globals['_CREATIONSERVICE']._serialized_start=2106
+  _globals['_CREATIONSERVICE']._serialized_end=3080
 # @@protoc_insertion_point(module_scope)

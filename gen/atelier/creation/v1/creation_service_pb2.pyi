@@ -5,10 +5,11 @@ isort:skip_file
 
 from atelier.creation.v1 import catalog_pb2 as _catalog_pb2
 from atelier.creation.v1 import job_pb2 as _job_pb2
+from atelier.creation.v1 import ledger_pb2 as _ledger_pb2
+from atelier.creation.v1 import parameters_pb2 as _parameters_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 import builtins as _builtins
@@ -88,8 +89,8 @@ class SubmitJobRequest(_message.Message):
     NEGATIVE_PROMPT_FIELD_NUMBER: _builtins.int
     WIDTH_FIELD_NUMBER: _builtins.int
     HEIGHT_FIELD_NUMBER: _builtins.int
-    PARAMETERS_FIELD_NUMBER: _builtins.int
     NUM_OUTPUTS_FIELD_NUMBER: _builtins.int
+    GENERATION_PARAMETERS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Idempotency key, unique per user (AIP-155): 1 to 128 letters, digits and . _ : -.
     The Idempotency-Key header is accepted too; when both are given they must be equal.
@@ -115,8 +116,10 @@ class SubmitJobRequest(_message.Message):
     num_outputs: _builtins.int
     """How many images to make, 1 to 4 (0 means 1). The model's price is reserved for each."""
     @_builtins.property
-    def parameters(self) -> _struct_pb2.Struct:
-        """Extra model parameters (a flat JSON object of scalars)."""
+    def generation_parameters(self) -> _parameters_pb2.GenerationParameters:
+        """Model parameters; each must be one of the model's parameter_specs, within its range
+        (else INVALID_ARGUMENT with a field violation such as "generation_parameters.steps").
+        """
 
     def __init__(
         self,
@@ -129,12 +132,12 @@ class SubmitJobRequest(_message.Message):
         negative_prompt: _builtins.str = ...,
         width: _builtins.int = ...,
         height: _builtins.int = ...,
-        parameters: _struct_pb2.Struct | None = ...,
         num_outputs: _builtins.int = ...,
+        generation_parameters: _parameters_pb2.GenerationParameters | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["parameters", b"parameters"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["generation_parameters", b"generation_parameters"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["height", b"height", "input_asset_id", b"input_asset_id", "model_id", b"model_id", "negative_prompt", b"negative_prompt", "num_outputs", b"num_outputs", "parameters", b"parameters", "prompt", b"prompt", "request_id", b"request_id", "style_id", b"style_id", "width", b"width"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation_parameters", b"generation_parameters", "height", b"height", "input_asset_id", b"input_asset_id", "model_id", b"model_id", "negative_prompt", b"negative_prompt", "num_outputs", b"num_outputs", "prompt", b"prompt", "request_id", b"request_id", "style_id", b"style_id", "width", b"width"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -407,20 +410,100 @@ class GetBalanceResponse(_message.Message):
 
     AVAILABLE_POINTS_FIELD_NUMBER: _builtins.int
     RESERVED_POINTS_FIELD_NUMBER: _builtins.int
+    DAILY_JOB_QUOTA_FIELD_NUMBER: _builtins.int
+    DAILY_JOBS_REMAINING_FIELD_NUMBER: _builtins.int
+    DAILY_QUOTA_RESET_TIME_FIELD_NUMBER: _builtins.int
+    IN_FLIGHT_LIMIT_FIELD_NUMBER: _builtins.int
+    IN_FLIGHT_REMAINING_FIELD_NUMBER: _builtins.int
     available_points: _builtins.int
     """Points the caller can spend now (granted - captured - reserved)."""
     reserved_points: _builtins.int
     """Points held by jobs that have not finished."""
+    daily_job_quota: _builtins.int
+    """Jobs the caller may submit per UTC day (each job counts once, whatever its outputs)."""
+    daily_jobs_remaining: _builtins.int
+    """Jobs the caller may still submit today; 0 means SubmitJob answers RESOURCE_EXHAUSTED
+    DAILY_QUOTA_EXCEEDED until daily_quota_reset_time.
+    """
+    in_flight_limit: _builtins.int
+    """Jobs the caller may have queued or running at once."""
+    in_flight_remaining: _builtins.int
+    """Jobs the caller may still add to those queued or running now; 0 means SubmitJob
+    answers RESOURCE_EXHAUSTED IN_FLIGHT_LIMIT_REACHED until one finishes.
+    """
+    @_builtins.property
+    def daily_quota_reset_time(self) -> _timestamp_pb2.Timestamp:
+        """When today's quota starts again (the next midnight UTC)."""
+
     def __init__(
         self,
         *,
         available_points: _builtins.int = ...,
         reserved_points: _builtins.int = ...,
+        daily_job_quota: _builtins.int = ...,
+        daily_jobs_remaining: _builtins.int = ...,
+        daily_quota_reset_time: _timestamp_pb2.Timestamp | None = ...,
+        in_flight_limit: _builtins.int = ...,
+        in_flight_remaining: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["daily_quota_reset_time", b"daily_quota_reset_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["available_points", b"available_points", "reserved_points", b"reserved_points"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["available_points", b"available_points", "daily_job_quota", b"daily_job_quota", "daily_jobs_remaining", b"daily_jobs_remaining", "daily_quota_reset_time", b"daily_quota_reset_time", "in_flight_limit", b"in_flight_limit", "in_flight_remaining", b"in_flight_remaining", "reserved_points", b"reserved_points"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetBalanceResponse: _TypeAlias = GetBalanceResponse  # noqa: Y015
+
+@_typing.final
+class ListLedgerEntriesRequest(_message.Message):
+    """Request for ListLedgerEntries."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    """Maximum entries to return (1 to 100; 0 means 20)."""
+    page_token: _builtins.str
+    """next_page_token from a previous call."""
+    def __init__(
+        self,
+        *,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListLedgerEntriesRequest: _TypeAlias = ListLedgerEntriesRequest  # noqa: Y015
+
+@_typing.final
+class ListLedgerEntriesResponse(_message.Message):
+    """Response for ListLedgerEntries."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEDGER_ENTRIES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Pass as page_token to get the next page; empty on the last page."""
+    @_builtins.property
+    def ledger_entries(self) -> _containers.RepeatedCompositeFieldContainer[_ledger_pb2.LedgerEntry]:
+        """The caller's entries, newest first."""
+
+    def __init__(
+        self,
+        *,
+        ledger_entries: _abc.Iterable[_ledger_pb2.LedgerEntry] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ledger_entries", b"ledger_entries", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListLedgerEntriesResponse: _TypeAlias = ListLedgerEntriesResponse  # noqa: Y015

@@ -71,6 +71,11 @@ class CreationServiceStub:
                 request_serializer=atelier_dot_creation_dot_v1_dot_creation__service__pb2.GetBalanceRequest.SerializeToString,
                 response_deserializer=atelier_dot_creation_dot_v1_dot_creation__service__pb2.GetBalanceResponse.FromString,
                 _registered_method=True)
+        self.ListLedgerEntries = channel.unary_unary(
+                '/atelier.creation.v1.CreationService/ListLedgerEntries',
+                request_serializer=atelier_dot_creation_dot_v1_dot_creation__service__pb2.ListLedgerEntriesRequest.SerializeToString,
+                response_deserializer=atelier_dot_creation_dot_v1_dot_creation__service__pb2.ListLedgerEntriesResponse.FromString,
+                _registered_method=True)
 
 
 class CreationServiceServicer:
@@ -157,6 +162,13 @@ class CreationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListLedgerEntries(self, request, context):
+        """Lists the caller's points ledger (grants, reserves, captures, releases), newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CreationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -194,6 +206,11 @@ def add_CreationServiceServicer_to_server(servicer, server):
                     servicer.GetBalance,
                     request_deserializer=atelier_dot_creation_dot_v1_dot_creation__service__pb2.GetBalanceRequest.FromString,
                     response_serializer=atelier_dot_creation_dot_v1_dot_creation__service__pb2.GetBalanceResponse.SerializeToString,
+            ),
+            'ListLedgerEntries': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLedgerEntries,
+                    request_deserializer=atelier_dot_creation_dot_v1_dot_creation__service__pb2.ListLedgerEntriesRequest.FromString,
+                    response_serializer=atelier_dot_creation_dot_v1_dot_creation__service__pb2.ListLedgerEntriesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -387,6 +404,33 @@ class CreationService:
             '/atelier.creation.v1.CreationService/GetBalance',
             atelier_dot_creation_dot_v1_dot_creation__service__pb2.GetBalanceRequest.SerializeToString,
             atelier_dot_creation_dot_v1_dot_creation__service__pb2.GetBalanceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLedgerEntries(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atelier.creation.v1.CreationService/ListLedgerEntries',
+            atelier_dot_creation_dot_v1_dot_creation__service__pb2.ListLedgerEntriesRequest.SerializeToString,
+            atelier_dot_creation_dot_v1_dot_creation__service__pb2.ListLedgerEntriesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -82,6 +82,8 @@ class CreationServiceStub:
     """
     GetBalance: _grpc.UnaryUnaryMultiCallable[_creation_service_pb2.GetBalanceRequest, _creation_service_pb2.GetBalanceResponse]
     """Returns the caller's points balance."""
+    ListLedgerEntries: _grpc.UnaryUnaryMultiCallable[_creation_service_pb2.ListLedgerEntriesRequest, _creation_service_pb2.ListLedgerEntriesResponse]
+    """Lists the caller's points ledger (grants, reserves, captures, releases), newest first."""
 
 @_typing.type_check_only
 class CreationServiceAsyncStub(CreationServiceStub):
@@ -137,6 +139,8 @@ class CreationServiceAsyncStub(CreationServiceStub):
     """
     GetBalance: _aio.UnaryUnaryMultiCallable[_creation_service_pb2.GetBalanceRequest, _creation_service_pb2.GetBalanceResponse]  # type: ignore[assignment]
     """Returns the caller's points balance."""
+    ListLedgerEntries: _aio.UnaryUnaryMultiCallable[_creation_service_pb2.ListLedgerEntriesRequest, _creation_service_pb2.ListLedgerEntriesResponse]  # type: ignore[assignment]
+    """Lists the caller's points ledger (grants, reserves, captures, releases), newest first."""
 
 class CreationServiceServicer(metaclass=_abc_1.ABCMeta):
     """The public face of creation: what a signed-in user can see and do with generation jobs.
@@ -231,5 +235,13 @@ class CreationServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_creation_service_pb2.GetBalanceResponse, _abc.Awaitable[_creation_service_pb2.GetBalanceResponse]]:
         """Returns the caller's points balance."""
+
+    @_abc_1.abstractmethod
+    def ListLedgerEntries(
+        self,
+        request: _creation_service_pb2.ListLedgerEntriesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_creation_service_pb2.ListLedgerEntriesResponse, _abc.Awaitable[_creation_service_pb2.ListLedgerEntriesResponse]]:
+        """Lists the caller's points ledger (grants, reserves, captures, releases), newest first."""
 
 def add_CreationServiceServicer_to_server(servicer: CreationServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -3,10 +3,10 @@
 isort:skip_file
 """
 
+from atelier.creation.v1 import parameters_pb2 as _parameters_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -226,7 +226,6 @@ class Job(_message.Message):
     NEGATIVE_PROMPT_FIELD_NUMBER: _builtins.int
     WIDTH_FIELD_NUMBER: _builtins.int
     HEIGHT_FIELD_NUMBER: _builtins.int
-    PARAMETERS_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
     PROGRESS_PERCENT_FIELD_NUMBER: _builtins.int
     STEP_FIELD_NUMBER: _builtins.int
@@ -242,6 +241,7 @@ class Job(_message.Message):
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
     NUM_OUTPUTS_FIELD_NUMBER: _builtins.int
     OUTPUTS_FIELD_NUMBER: _builtins.int
+    GENERATION_PARAMETERS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """Server-assigned identifier (UUID)."""
     user_id: _builtins.str
@@ -279,10 +279,6 @@ class Job(_message.Message):
     num_outputs: _builtins.int
     """How many images the job makes (1 to 4); price_points covers them all."""
     @_builtins.property
-    def parameters(self) -> _struct_pb2.Struct:
-        """Extra model parameters as submitted."""
-
-    @_builtins.property
     def error(self) -> Global___JobError:
         """Why the job failed or needs attention."""
 
@@ -306,6 +302,10 @@ class Job(_message.Message):
     def outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobOutput]:
         """The images, in the provider's order, once SUCCEEDED (num_outputs of them)."""
 
+    @_builtins.property
+    def generation_parameters(self) -> _parameters_pb2.GenerationParameters:
+        """The model parameters as submitted (unset fields: the model's defaults)."""
+
     def __init__(
         self,
         *,
@@ -318,7 +318,6 @@ class Job(_message.Message):
         negative_prompt: _builtins.str = ...,
         width: _builtins.int = ...,
         height: _builtins.int = ...,
-        parameters: _struct_pb2.Struct | None = ...,
         status: Global___JobStatus.ValueType = ...,
         progress_percent: _builtins.int = ...,
         step: Global___JobStep.ValueType = ...,
@@ -334,10 +333,11 @@ class Job(_message.Message):
         update_time: _timestamp_pb2.Timestamp | None = ...,
         num_outputs: _builtins.int = ...,
         outputs: _abc.Iterable[Global___JobOutput] | None = ...,
+        generation_parameters: _parameters_pb2.GenerationParameters | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["complete_time", b"complete_time", "create_time", b"create_time", "error", b"error", "parameters", b"parameters", "start_time", b"start_time", "update_time", b"update_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["complete_time", b"complete_time", "create_time", b"create_time", "error", b"error", "generation_parameters", b"generation_parameters", "start_time", b"start_time", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cancel_requested", b"cancel_requested", "complete_time", b"complete_time", "create_time", b"create_time", "error", b"error", "height", b"height", "input_asset_id", b"input_asset_id", "job_id", b"job_id", "max_attempts", b"max_attempts", "model_id", b"model_id", "negative_prompt", b"negative_prompt", "num_outputs", b"num_outputs", "outputs", b"outputs", "parameters", b"parameters", "price_points", b"price_points", "progress_percent", b"progress_percent", "prompt", b"prompt", "start_time", b"start_time", "status", b"status", "step", b"step", "style_id", b"style_id", "update_time", b"update_time", "user_id", b"user_id", "version", b"version", "width", b"width"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cancel_requested", b"cancel_requested", "complete_time", b"complete_time", "create_time", b"create_time", "error", b"error", "generation_parameters", b"generation_parameters", "height", b"height", "input_asset_id", b"input_asset_id", "job_id", b"job_id", "max_attempts", b"max_attempts", "model_id", b"model_id", "negative_prompt", b"negative_prompt", "num_outputs", b"num_outputs", "outputs", b"outputs", "price_points", b"price_points", "progress_percent", b"progress_percent", "prompt", b"prompt", "start_time", b"start_time", "status", b"status", "step", b"step", "style_id", b"style_id", "update_time", b"update_time", "user_id", b"user_id", "version", b"version", "width", b"width"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,13 +1,15 @@
 """The catalog's ``provider_model`` for a hosted vendor: the vendor's model route, then
 optional settings after a ``?``, so one catalog row says everything a call needs:
 
-    black-forest-labs/flux-kontext-pro?image=input_image&size=none&pass=seed,guidance
+    stability-ai/sdxl:<version>?image=image&size=wh&pass=seed,strength:prompt_strength
 
 - ``image``: the model's input field that takes the photo (default per vendor);
 - ``size``: how width and height are sent: ``wh`` (``width``/``height``), ``image_size``
   (``{"image_size": {"width": .., "height": ..}}``) or ``none``;
-- ``pass``: which job parameters may reach the model (none by default: a parameter can
-  change what a generation costs, so the operator lists the safe ones).
+- ``pass``: which job parameters (GenerationParameters fields) reach the model, each as
+  ``ours`` or ``ours:vendors_name`` (none by default: a parameter can change what a
+  generation costs, so the operator lists the safe ones; the row's parameter_specs,
+  which SubmitJob checks, must list the same ones).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ class BadModel(ValueError):
 class ModelOptions:
     image_field: str
     size: str
-    passed: frozenset[str]
+    passed: dict[str, str]  # our parameter name -> the vendor's input field
 
 
 def split_model(provider_model: str, *, image_field: str, size: str) -> tuple[str, ModelOptions]:
@@ -43,11 +45,12 @@ def split_model(provider_model: str, *, image_field: str, size: str) -> tuple[st
     chosen_size = options.get("size", [size])[-1]
     if chosen_size not in SIZE_STYLES:
         raise BadModel(f"provider_model size must be one of {', '.join(SIZE_STYLES)}")
-    passed = {name for value in options.get("pass", []) for name in value.split(",") if name}
+    passed: dict[str, str] = {}
+    for item in (i for value in options.get("pass", []) for i in value.split(",") if i):
+        ours, _, theirs = item.partition(":")
+        passed[ours] = theirs or ours
     return route, ModelOptions(
-        image_field=options.get("image", [image_field])[-1],
-        size=chosen_size,
-        passed=frozenset(passed),
+        image_field=options.get("image", [image_field])[-1], size=chosen_size, passed=passed
     )
 
 
@@ -57,7 +60,9 @@ def model_input(
     """The model's input: the listed job parameters first, then what we set ourselves
     (so no parameter can replace the prompt, the photo or the output count)."""
     body: dict[str, Any] = {
-        name: value for name, value in request.parameters.items() if name in options.passed
+        options.passed[name]: value
+        for name, value in request.parameters.as_dict().items()
+        if name in options.passed
     }
     body["prompt"] = request.prompt
     if request.negative_prompt:
