@@ -8,6 +8,7 @@ test_notify_streams_edge.py)."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,22 @@ def test_a_header_grpc_cannot_carry_is_dropped_at_the_edge(edge_url: str) -> Non
         f"{edge_url}/v1/balance", headers={"authorization": f"Bearer {token}", "rs+x$0f": "1"}
     )
     assert answer.status_code == 200, answer.text
+
+
+def test_a_watch_stream_is_json_lines_as_documented(edge_url: str) -> None:
+    """The streams are not fuzzed (they stay open); what the document says of them holds:
+    the content type, one JSON object per line, the message's fields."""
+    watch = json.loads(DOCUMENT.read_text())["paths"]["/v1/jobs:watch"]["get"]
+    assert watch[STREAMING] is True
+    [content_type] = watch["responses"]["200"]["content"]
+    token = issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", USER, 600)
+    headers = {"authorization": f"Bearer {token}"}
+    with httpx.stream("GET", f"{edge_url}/v1/jobs:watch", headers=headers, timeout=10) as stream:
+        assert stream.status_code == 200
+        assert stream.headers["content-type"] == content_type
+        # A user without jobs: the snapshot is empty, its end marker comes first.
+        first = json.loads(next(stream.iter_lines()))
+    assert set(first) == {"snapshotEnd", "cursor"}, first
 
 
 @schema.parametrize()
