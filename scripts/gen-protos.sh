@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Generates Python messages, gRPC stubs, typing stubs and the edge's descriptor set from
-# protos/ into the directory given (default: gen/). One generator, one output: `make proto`
-# writes gen/, and the drift check writes a temporary directory and compares.
+# Generates Python messages, gRPC stubs, typing stubs, the edge's descriptor set and the
+# edge's OpenAPI document from protos/ into the directory given (default: gen/). One
+# generator, one output: `make proto` writes gen/, and the drift check writes a temporary
+# directory and compares.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-gen}"
@@ -23,3 +24,7 @@ python -m grpc_tools.protoc \
   --include_imports --include_source_info \
   --descriptor_set_out="$out/atelier.binpb" \
   "${sources[@]#protos/}" google/rpc/error_details.proto
+# The OpenAPI document of the JSON edge: that descriptor set, for the services the edge's
+# transcoder serves (deploy/envoy/envoy.yaml). The edge serves it at /openapi.json.
+python -m services.dev.openapi --descriptor "$out/atelier.binpb" \
+  --edge deploy/envoy/envoy.yaml --out "$out/openapi.json"

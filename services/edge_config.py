@@ -3,8 +3,10 @@
 The file in the repository is the edge's whole configuration with local addresses. A
 deployment keeps every route, filter and limit as they are and changes only where each
 cluster's endpoints are, where the transcoder's descriptor set lives and where the admin
-listener binds. In Kubernetes an init container of the Envoy pod runs this over the
-ConfigMap made from that file (deploy/k8s/base/edge.yaml).
+listener binds; it adds the routes of the files the edge serves itself
+(services/edge_static.py), read from where the image keeps them. In Kubernetes an init
+container of the Envoy pod runs this over the ConfigMap made from that file
+(deploy/k8s/base/edge.yaml).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from services import edge_static
 
 TRANSCODER = "envoy.filters.http.grpc_json_transcoder"
 
@@ -35,11 +39,13 @@ def point(
     upstreams: Mapping[str, tuple[str, int]],
     descriptor: str,
     admin: tuple[str, int] | None = None,
+    static_root: str = edge_static.IMAGE_ROOT,
 ) -> dict[str, Any]:
     """``config`` with every cluster's endpoints at ``upstreams[cluster]`` (one address
-    each: a DNS name that resolves to the replicas), the transcoder reading ``descriptor``
-    and, when given, the admin listener at ``admin``. Every cluster must be named, and
-    only those: a cluster left at its local address would send traffic nowhere."""
+    each: a DNS name that resolves to the replicas), the transcoder reading ``descriptor``,
+    the static files' routes reading under ``static_root`` and, when given, the admin
+    listener at ``admin``. Every cluster must be named, and only those: a cluster left at
+    its local address would send traffic nowhere."""
     clusters = [c["name"] for c in config["static_resources"]["clusters"]]
     missing = sorted(set(clusters) - set(upstreams))
     unknown = sorted(set(upstreams) - set(clusters))
@@ -78,6 +84,7 @@ def point(
                         transcoders += 1
     if transcoders == 0:
         raise EdgeConfigError(f"the template has no {TRANSCODER} filter")
+    edge_static.add_routes(config, static_root)
     if admin is not None:
         config["admin"]["address"]["socket_address"] = {
             "address": admin[0],
@@ -98,10 +105,13 @@ def render(
     upstreams: Mapping[str, tuple[str, int]],
     descriptor: str,
     admin: tuple[str, int] | None = None,
+    static_root: str = edge_static.IMAGE_ROOT,
 ) -> str:
     config = yaml.safe_load(template.read_text())
     return yaml.dump(
-        point(config, upstreams, descriptor, admin), Dumper=_Unaliased, sort_keys=False
+        point(config, upstreams, descriptor, admin, static_root),
+        Dumper=_Unaliased,
+        sort_keys=False,
     )
 
 
@@ -119,6 +129,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--descriptor", required=True, help="the descriptor set (gen/atelier.binpb) in the image"
     )
     parser.add_argument("--admin", metavar="HOST:PORT", help="the admin listener's address")
+    parser.add_argument(
+        "--static-root",
+        default=edge_static.IMAGE_ROOT,
+        help="where the files the edge serves itself are, each under its repository path",
+    )
 
 
 def run(args: argparse.Namespace) -> None:
@@ -131,6 +146,6 @@ def run(args: argparse.Namespace) -> None:
             raise EdgeConfigError(f"--upstream {name} is given twice")
         upstreams[name] = host_port(address, f"--upstream {name}")
     admin = host_port(args.admin, "--admin") if args.admin else None
-    text = render(args.template, upstreams, args.descriptor, admin)
+    text = render(args.template, upstreams, args.descriptor, admin, args.static_root)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)

@@ -1,6 +1,7 @@
 """Renders deploy/envoy/envoy.yaml for a local run: same routes and filters, local
-addresses, ports, descriptor path, and the settings of :class:`EdgeOptions` (body limit
-aside, which has its own parameter)."""
+addresses, ports, descriptor path, the settings of :class:`EdgeOptions` (body limit
+aside, which has its own parameter), and the static files' routes (services/edge_static.py)
+serving the repository's files."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from services import edge_static
 from services.dev.processes import venv_binary
 from services.kit.settings import EnvReader, port
 
@@ -106,9 +108,11 @@ def render(
     descriptor: Path = DESCRIPTOR,
     max_json_body: int = DEFAULT_MAX_JSON_BODY,
     options: EdgeOptions | None = None,
+    static_root: Path = ROOT,
 ) -> dict[str, Any]:
     options = options or EdgeOptions()
     config: dict[str, Any] = yaml.safe_load(ENVOY_TEMPLATE.read_text())
+    edge_static.add_routes(config, static_root)
     config["admin"]["address"]["socket_address"] = {"address": host, "port_value": admin_port}
     listeners = config["static_resources"]["listeners"]
     listener = listeners[0]

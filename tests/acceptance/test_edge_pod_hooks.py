@@ -47,6 +47,8 @@ def test_the_prestop_hook_takes_envoy_out_of_readiness(tmp_path: Path) -> None:
         dict.fromkeys(names, upstream),
         str(ROOT / "gen/atelier.binpb"),
         ("127.0.0.1", admin),
+        # The files the edge serves itself: the repository's, where the image has them.
+        str(ROOT),
     )
     listeners = config["static_resources"]["listeners"]
     # A TLS listener needs a certificate this test does not make: the hook is the same.

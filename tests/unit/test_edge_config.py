@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from services import edge_static
 from services.cli import main
 from services.dev.processes import venv_binary
 from services.edge_config import EdgeConfigError, point
@@ -28,7 +29,7 @@ UPSTREAMS = {
 }
 
 
-def args(out: Path, upstreams: dict[str, tuple[str, int]]) -> list[str]:
+def args(out: Path, upstreams: dict[str, tuple[str, int]], *extra: str) -> list[str]:
     given = [f"--upstream={name}={host}:{port}" for name, (host, port) in upstreams.items()]
     descriptor = str(ROOT / "gen" / "atelier.binpb")
     return [
@@ -38,6 +39,7 @@ def args(out: Path, upstreams: dict[str, tuple[str, int]]) -> list[str]:
         f"--descriptor={descriptor}",
         "--admin=0.0.0.0:9901",
         *given,
+        *extra,
     ]
 
 
@@ -56,17 +58,14 @@ def test_every_cluster_points_at_its_service_and_the_rest_is_kept(tmp_path: Path
         "address": "0.0.0.0",
         "port_value": 9901,
     }
-    # Routes, filters and limits are the repository's, untouched.
-    assert (
-        rendered["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
-            "typed_config"
-        ]["route_config"]
-        == (
-            template["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
-                "typed_config"
-            ]["route_config"]
-        )
-    )
+    # Routes, filters and limits are the repository's, untouched; the files the edge serves
+    # itself come first, read from the image.
+    edge_static.add_routes(template, edge_static.IMAGE_ROOT)
+    manager = rendered["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    expected = template["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    assert manager["typed_config"]["route_config"] == expected["typed_config"]["route_config"]
+    static = manager["typed_config"]["route_config"]["virtual_hosts"][0]["routes"][0]
+    assert static["direct_response"]["body"] == {"filename": "/opt/atelier/share/gen/openapi.json"}
     assert str(ROOT / "gen" / "atelier.binpb") in out.read_text()
 
 
@@ -87,7 +86,8 @@ def with_local_tls_files(node: Any, files: dict[str, Path]) -> Any:
 def test_envoy_accepts_the_rendered_config(tmp_path: Path) -> None:
     envoy = venv_binary("envoy")
     out = tmp_path / "envoy.yaml"
-    assert main(args(out, UPSTREAMS)) == 0
+    # Envoy reads the static files to validate: the repository's, where the image has them.
+    assert main(args(out, UPSTREAMS, f"--static-root={ROOT}")) == 0
     # A TLS listener loads its certificate even to validate: give it one where the pod
     # would have the Secret's.
     cert, key = self_signed(tmp_path)

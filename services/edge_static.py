@@ -1,0 +1,106 @@
+"""Files the edge serves itself, with no service behind them: the OpenAPI document (and
+whatever else is listed in :data:`STATIC_FILES`).
+
+Each file becomes one route in front of all others: its exact path, GET or HEAD, answered
+by an Envoy direct response whose body Envoy reads from the file when it loads its config
+(a changed file needs an edge restart), with its content type and a cache lifetime, no
+authentication, the transcoder and the body buffer off. Both ways of rendering
+deploy/envoy/envoy.yaml add these routes: services/dev/edge.py (a local run and the tests,
+files from the repository) and services/edge_config.py (the Envoy pod's init container,
+files from the image, where deploy/image/Dockerfile copies each to
+/opt/atelier/share/<file>). Envoy refuses a direct-response body over the route table's
+``max_direct_response_body_size_bytes`` (set in the template; its default is 4 KiB).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+# Where the image keeps the files (deploy/image/Dockerfile), each under its repository path.
+IMAGE_ROOT = "/opt/atelier/share"
+TRANSCODER = "envoy.filters.http.grpc_json_transcoder"
+BUFFER = "envoy.filters.http.buffer"
+HTTP_MANAGER = "envoy.filters.network.http_connection_manager"
+_FILTER_CONFIG = "type.googleapis.com/envoy.config.route.v3.FilterConfig"
+_BUFFER_PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.BufferPerRoute"
+
+
+@dataclass(frozen=True)
+class StaticFile:
+    """One file the edge answers ``path`` with."""
+
+    # The request path, matched exactly.
+    path: str
+    # The file, relative to the repository root (and to IMAGE_ROOT in the image).
+    file: str
+    content_type: str
+    cache_control: str = "public, max-age=300"
+
+
+STATIC_FILES: tuple[StaticFile, ...] = (
+    StaticFile("/openapi.json", "gen/openapi.json", "application/json"),
+)
+
+
+def route(static: StaticFile, root: Path | str) -> dict[str, Any]:
+    """The Envoy route that answers ``static`` from the file under ``root``."""
+    overwrite = "OVERWRITE_IF_EXISTS_OR_ADD"
+    return {
+        "name": f"static:{static.path}",
+        "match": {
+            "path": static.path,
+            "headers": [{"name": ":method", "string_match": {"safe_regex": {"regex": "GET|HEAD"}}}],
+        },
+        "direct_response": {"status": 200, "body": {"filename": str(Path(root) / static.file)}},
+        "response_headers_to_add": [
+            {
+                "header": {"key": "content-type", "value": static.content_type},
+                "append_action": overwrite,
+            },
+            {
+                "header": {"key": "cache-control", "value": static.cache_control},
+                "append_action": overwrite,
+            },
+        ],
+        # Not gRPC: the transcoder would refuse an unknown method; nothing to buffer.
+        "typed_per_filter_config": {
+            TRANSCODER: {"@type": _FILTER_CONFIG, "disabled": True},
+            BUFFER: {"@type": _BUFFER_PER_ROUTE, "disabled": True},
+        },
+    }
+
+
+def add_routes(
+    config: dict[str, Any], root: Path | str, files: Sequence[StaticFile] = STATIC_FILES
+) -> None:
+    """Puts a route for each of ``files`` (read under ``root``) in front of every virtual
+    host of every listener. Listeners that share one route table (the template's YAML
+    alias) get the routes once."""
+    for route_config in _route_configs(config):
+        for host in route_config["virtual_hosts"]:
+            host["routes"][:0] = [route(static, root) for static in files]
+
+
+def _route_configs(config: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    seen: set[int] = set()
+    for listener in config["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            for network_filter in chain["filters"]:
+                if network_filter["name"] != HTTP_MANAGER:
+                    continue
+                route_config: dict[str, Any] = network_filter["typed_config"]["route_config"]
+                if id(route_config) not in seen:
+                    seen.add(id(route_config))
+                    yield route_config
+
+
+def body_limit(config: dict[str, Any]) -> int:
+    """The largest direct-response body the config's route tables allow (the smallest)."""
+    return min(
+        int(route_config.get("max_direct_response_body_size_bytes", 4096))
+        for route_config in _route_configs(config)
+    )
