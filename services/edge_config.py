@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from services import edge_static
+
 TRANSCODER = "envoy.filters.http.grpc_json_transcoder"
 
 
@@ -98,11 +100,17 @@ def render(
     upstreams: Mapping[str, tuple[str, int]],
     descriptor: str,
     admin: tuple[str, int] | None = None,
+    web: Path | None = None,
 ) -> str:
-    config = yaml.safe_load(template.read_text())
-    return yaml.dump(
-        point(config, upstreams, descriptor, admin), Dumper=_Unaliased, sort_keys=False
-    )
+    """The template pointed at ``upstreams``; with ``web``, the edge also serves the
+    playground's files from that folder (services/edge_static.py)."""
+    config = point(yaml.safe_load(template.read_text()), upstreams, descriptor, admin)
+    if web is not None:
+        try:
+            edge_static.add_static_routes(config, edge_static.playground(web))
+        except edge_static.StaticFileError as error:
+            raise EdgeConfigError(str(error)) from error
+    return yaml.dump(config, Dumper=_Unaliased, sort_keys=False)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -119,6 +127,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--descriptor", required=True, help="the descriptor set (gen/atelier.binpb) in the image"
     )
     parser.add_argument("--admin", metavar="HOST:PORT", help="the admin listener's address")
+    parser.add_argument(
+        "--web",
+        type=Path,
+        metavar="DIR",
+        help=f"serve the web playground at / from DIR/playground (image: {edge_static.IMAGE_WEB})",
+    )
 
 
 def run(args: argparse.Namespace) -> None:
@@ -131,6 +145,6 @@ def run(args: argparse.Namespace) -> None:
             raise EdgeConfigError(f"--upstream {name} is given twice")
         upstreams[name] = host_port(address, f"--upstream {name}")
     admin = host_port(args.admin, "--admin") if args.admin else None
-    text = render(args.template, upstreams, args.descriptor, admin)
+    text = render(args.template, upstreams, args.descriptor, admin, args.web)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)

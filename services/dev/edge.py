@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from services import edge_static
 from services.dev.processes import venv_binary
 from services.kit.settings import EnvReader, port
 
@@ -140,6 +141,7 @@ def render(
                 }
                 for port in replicas
             ]
+    edge_static.add_static_routes(config, edge_static.playground())
     return config
 
 
