@@ -207,7 +207,7 @@ async def test_stream_lines_split_anywhere_and_errors_read_as_sentences(
     ]
     assert "try again in 3 s" in found["quota"]
     assert "try again in 7 s" in found["limited"]
-    assert found["down"] == "The service is busy, retrying…"
+    assert found["down"] == "The service is busy: try again in 1 s."
     assert found["fields"] == [{"field": "width", "description": "must be a multiple of 64"}]
     uuid4 = r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
     assert re.fullmatch(uuid4, found["id"])

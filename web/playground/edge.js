@@ -37,7 +37,8 @@ export class EdgeError extends Error {
       const wait = this.retrySeconds ?? 1;
       return `Too many requests (${this.message}): try again in ${wait} s.`;
     }
-    if (this.busy) return "The service is busy, retrying…";
+    // (While call() still retries, the page says "the service is busy, retrying…".)
+    if (this.busy) return `The service is busy: try again in ${this.retrySeconds ?? 1} s.`;
     if (this.httpStatus === 401 || this.code === UNAUTHENTICATED) {
       return `Your token was refused (${this.reason || "UNAUTHENTICATED"}): paste a fresh one.`;
     }
