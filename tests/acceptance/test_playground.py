@@ -196,7 +196,19 @@ async def test_stream_lines_split_anywhere_and_errors_read_as_sentences(
           const width = {field: 'width', description: 'must be a multiple of 64'};
           const violation = info('BadRequest', {fieldViolations: [width]});
           const bad = new edge.EdgeError(400, {code: 3, message: 'bad', details: [violation]});
-          return {messages, quota: quota.describe(), limited: limited.describe(),
+          // UNAVAILABLE is retried after retry-after, telling the page; 429 is not.
+          const status = (code, http, after) => new Response(JSON.stringify({code}),
+            {status: http, headers: {'retry-after': after}});
+          const answers = [status(14, 503, '0'), new Response('{"ok":true}'), status(8, 429, '4')];
+          const realFetch = window.fetch;
+          window.fetch = async () => answers.shift();
+          const busy = [];
+          const retried = await edge.callJson('/v1/balance', {onBusy: (e) => busy.push(e.code)});
+          const refused = await edge.callJson('/v1/balance', {onBusy: (e) => busy.push(e.code)})
+            .catch((e) => e.describe());
+          window.fetch = realFetch;
+          return {messages, retried, refused, busy,
+                  quota: quota.describe(), limited: limited.describe(),
                   down: down.describe(), fields: bad.fieldViolations, id: edge.newRequestId()};
         }"""
     )
@@ -205,6 +217,8 @@ async def test_stream_lines_split_anywhere_and_errors_read_as_sentences(
         {"keepAlive": {}},
         {"job": {"version": "2", "done": True}},
     ]
+    assert found["retried"] == {"ok": True} and found["busy"] == [14]
+    assert "try again in 4 s" in found["refused"]
     assert "try again in 3 s" in found["quota"]
     assert "try again in 7 s" in found["limited"]
     assert found["down"] == "The service is busy: try again in 1 s."
