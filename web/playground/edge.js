@@ -134,7 +134,8 @@ export async function* jsonLines(response) {
     }
     if (pending.trim()) yield JSON.parse(pending);
   } finally {
-    reader.releaseLock();
+    // Also when the caller stops early (a StreamEnd, a new job): close the connection.
+    await reader.cancel().catch(() => {});
   }
 }
 
