@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: dev test venv proto lint typecheck pytest breaking deploy-check lock clean
+.PHONY: dev test venv proto lint typecheck pytest breaking deploy-check lock clean chromium
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -47,8 +47,23 @@ deploy-check: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP)
+pytest: $(STAMP) chromium
 	$(BIN)/pytest
+
+# The playground's browser test (tests/acceptance/test_playground.py) drives Debian's
+# Chromium through Playwright; Playwright never downloads a browser of its own. Installed
+# here when missing and we are root (CI is); otherwise say how.
+CHROMIUM ?= /usr/bin/chromium
+chromium:
+	@if [ ! -x $(CHROMIUM) ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing Debian's chromium for the playground's browser test"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+		else \
+			echo "$(CHROMIUM) is missing: install Debian's chromium (sudo apt-get install chromium); the playground's browser test needs it" >&2; \
+			exit 1; \
+		fi; \
+	fi
 
 proto: $(STAMP)
 	scripts/gen-protos.sh gen

@@ -1,5 +1,5 @@
-"""Files the edge serves itself, with no service behind them: the OpenAPI document (and
-whatever else is listed in :data:`STATIC_FILES`).
+"""Files the edge serves itself, with no service behind them: the OpenAPI document and the
+web playground (web/playground/), as listed in :data:`STATIC_FILES`.
 
 Each file becomes one route in front of all others: its exact path, GET or HEAD, answered
 by an Envoy direct response whose body Envoy reads from the file when it loads its config
@@ -39,10 +39,48 @@ class StaticFile:
     file: str
     content_type: str
     cache_control: str = "public, max-age=300"
+    # More response headers (name, value), e.g. a page's Content-Security-Policy.
+    headers: tuple[tuple[str, str], ...] = ()
 
 
+# The page runs only its own script and style (no inline code, no eval), talks to and
+# shows pictures from its own origin, and from https: origins for signed storage URLs
+# (an S3 bucket with a CORS rule for the edge's origin, docs/playground.md). It cannot be
+# framed, and sends no form anywhere.
+PLAYGROUND_CSP = "; ".join(
+    (
+        "default-src 'none'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "img-src 'self' blob: https:",
+        "connect-src 'self' https:",
+        "base-uri 'none'",
+        "form-action 'none'",
+        "frame-ancestors 'none'",
+    )
+)
+_PAGE_HEADERS = (
+    ("x-content-type-options", "nosniff"),
+    ("referrer-policy", "no-referrer"),
+    ("content-security-policy", PLAYGROUND_CSP),
+)
+
+
+def _playground_file(path: str, file: str, content_type: str) -> StaticFile:
+    # no-cache: a page and its modules change together; the browser revalidates each.
+    return StaticFile(path, f"web/playground/{file}", content_type, "no-cache", _PAGE_HEADERS)
+
+
+_JAVASCRIPT = "text/javascript; charset=utf-8"
+PLAYGROUND_FILES: tuple[StaticFile, ...] = (
+    _playground_file("/", "index.html", "text/html; charset=utf-8"),
+    _playground_file("/playground/app.js", "app.js", _JAVASCRIPT),
+    _playground_file("/playground/edge.js", "edge.js", _JAVASCRIPT),
+    _playground_file("/playground/style.css", "style.css", "text/css; charset=utf-8"),
+)
 STATIC_FILES: tuple[StaticFile, ...] = (
     StaticFile("/openapi.json", "gen/openapi.json", "application/json"),
+    *PLAYGROUND_FILES,
 )
 
 
@@ -65,6 +103,10 @@ def route(static: StaticFile, root: Path | str) -> dict[str, Any]:
                 "header": {"key": "cache-control", "value": static.cache_control},
                 "append_action": overwrite,
             },
+            *(
+                {"header": {"key": key, "value": value}, "append_action": overwrite}
+                for key, value in static.headers
+            ),
         ],
         # Not gRPC: the transcoder would refuse an unknown method; nothing to buffer.
         "typed_per_filter_config": {

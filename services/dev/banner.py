@@ -16,6 +16,7 @@ def banner(ports: StackPorts, token: str) -> str:
     return f"""
 atelier is running.
   edge (HTTP/JSON and gRPC)  http://{edge}
+  web playground             http://{edge}/#token={token}
   creation (gRPC)            {creation} (internal {admin})
   media (gRPC)               127.0.0.1:{ports.public["media"]}
   media objects (HTTP)       127.0.0.1:{ports.media_http} (signed URLs, also via the edge)

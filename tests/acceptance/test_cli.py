@@ -118,6 +118,11 @@ def test_dev_runs_everything_on_embedded_defaults(tmp_path: Path) -> None:
             curl is not None
             and curl.group(1) == f"http://127.0.0.1:{ports['EDGE_PORT']}/v1/catalog"
         )
+        # The web playground's address, signed in by the token in its fragment.
+        playground = re.search(r"web playground +(\S+)#token=(\S+)", banner)
+        assert playground is not None and playground.group(2) == token.group(1)
+        page = httpx.get(playground.group(1))
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
 
         # Every command the banner prints works as pasted, from any folder, in a shell
         # whose PATH lacks the virtual environment (make puts it there; users' shells don't).

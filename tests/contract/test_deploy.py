@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from scripts import deploy_check
 from services.cli import main as atelier_main
@@ -133,12 +134,21 @@ def test_the_edge_init_container_names_every_cluster_of_the_envoy_config(
     pod = named(docs, "Deployment", "edge")["spec"]["template"]["spec"]
     [init] = pod["initContainers"]
     args = [
-        a.replace(
-            "/etc/envoy-template/envoy.yaml", str(ROOT / "deploy" / "envoy" / "envoy.yaml")
-        ).replace("/etc/envoy/envoy.yaml", str(tmp_path / "envoy.yaml"))
+        a.replace("/etc/envoy-template/envoy.yaml", str(ROOT / "deploy" / "envoy" / "envoy.yaml"))
+        .replace("/etc/envoy/envoy.yaml", str(tmp_path / "envoy.yaml"))
+        .replace("--static-root=/opt/atelier/share", f"--static-root={ROOT}")
         for a in init["args"]
     ]
     assert atelier_main(args) == 0
+    # The playground's files, read from the image's copy of web/, are the edge's answers at /.
+    rendered_config = yaml.safe_load((tmp_path / "envoy.yaml").read_text())
+    edge_routes = rendered_config["static_resources"]["listeners"][0]["filter_chains"][0][
+        "filters"
+    ][0]["typed_config"]["route_config"]["virtual_hosts"][0]["routes"]
+    page = next(r for r in edge_routes if r["match"].get("path") == "/")
+    assert page["direct_response"]["body"]["filename"] == str(
+        ROOT / "web" / "playground" / "index.html"
+    )
     # Every upstream is a Service of the same overlay, at a port that Service has.
     services = {s["metadata"]["name"]: s for s in of_kind(docs, "Service")}
     for arg in init["args"]:
@@ -462,7 +472,15 @@ def test_the_dockerfile_is_pinned_multi_stage_and_secret_free() -> None:
     patterns = [line for line in ignored if line and not line.startswith("#")]
     assert patterns[0] == "*"
     allowed = {line[1:] for line in ignored if line.startswith("!")}
-    assert allowed == {"pyproject.toml", "constraints.txt", "README.md", "services/", "gen/"}
+    # web/: the playground's files, which the edge serves itself.
+    assert allowed == {
+        "pyproject.toml",
+        "constraints.txt",
+        "README.md",
+        "services/",
+        "gen/",
+        "web/",
+    }
 
 
 @functools.cache

@@ -1,0 +1,227 @@
+"""The web playground the edge serves at /, driven by a real headless Chromium (Debian's
+/usr/bin/chromium through Playwright) against the whole stack: sign in, upload a photo,
+a field error shown beside its field, a job watched live to its picture on screen, the
+balance and history, and a second job cancelled. A screenshot of the finished page is
+kept at var/artifacts/playground.png."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright, expect
+
+from services.dev.stack import Stack
+from services.kit.auth import issue_token
+from services.kit.settings import DEV_JWT_SECRET
+from tests.acceptance.test_jobs_edge import User
+from tests.support.pictures import encode, scene
+from tests.support.stacks import stack_of_its_own
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = Path(__file__).resolve().parents[2] / "var" / "artifacts"
+
+
+@pytest.fixture(scope="module")
+def running(postgres_admin_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The whole stack with the job engine: the stub takes 3 s, beating progress twice a
+    second, so the page sees a job running and has time to cancel another."""
+    work = tmp_path_factory.mktemp("playground")
+    engine = {
+        "ATELIER_STUB_DURATION": "3",
+        "ATELIER_WORKER_PROVIDER_POLL": "0.2",
+        "ATELIER_HEARTBEAT": "0.5",
+    }
+    with stack_of_its_own(postgres_admin_url, work, "all", engine) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+async def browser() -> AsyncIterator[Browser]:
+    # Debian's Chromium (`make test` installs it); never a browser Playwright downloads.
+    assert os.access(CHROMIUM, os.X_OK), f"{CHROMIUM} is missing: run `make chromium` (as root)"
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(
+            executable_path=str(CHROMIUM),
+            # Root (CI) cannot use Chromium's user-namespace sandbox.
+            args=["--no-sandbox"],
+        )
+        yield launched
+        await launched.close()
+
+
+async def test_a_photo_becomes_a_picture_on_screen_and_a_second_job_is_cancelled(
+    running: Stack, browser: Browser
+) -> None:
+    edge = f"http://127.0.0.1:{running.ports.envoy}"
+    user = User()
+    page = await browser.new_page()
+    # A CSP violation, a module that failed to load or an uncaught error shows up here.
+    problems: list[str] = []
+    page.on("console", lambda m: _keep_errors(m, problems))
+    page.on("pageerror", lambda e: problems.append(str(e)))
+
+    # The page itself: no token needed, HTML with a strict policy.
+    response = await page.goto(f"{edge}/")
+    assert response is not None and response.status == 200
+    assert response.headers["content-type"] == "text/html; charset=utf-8"
+    assert "script-src 'self'" in response.headers["content-security-policy"]
+    await expect(page.locator("body")).to_have_attribute("data-ready", "true")
+
+    # Sign in with a development token: the welcome points and the catalog appear.
+    await page.fill("#token", user.token)
+    await page.click("#token-form button[type=submit]")
+    await expect(page.locator("#balance")).to_have_text("100 points")
+    await expect(page.locator("#who")).to_contain_text(user.user_id)
+    await page.select_option("#model", "stub-fast")
+    await page.select_option("#style", "watercolor")
+
+    # Upload a photo: CreateUpload, PUT to the signed URL, CompleteUpload.
+    photo = encode(scene(160, 120), "JPEG")
+    await page.set_input_files(
+        "#photo", files=[{"name": "photo.jpg", "mimeType": "image/jpeg", "buffer": photo}]
+    )
+    await expect(page.locator("#upload-state")).to_have_text(re.compile("^Uploaded"))
+
+    # A prompt the service refuses: its field violation is shown beside the prompt.
+    await page.fill("#prompt", "a fox\x07")
+    await page.click("#submit")
+    await expect(page.locator("[data-error-for=prompt]")).to_contain_text("control characters")
+    await expect(page.locator("#notice")).to_contain_text("correct the fields")
+
+    # Submit: the job is watched live until its picture is on screen.
+    await page.fill("#prompt", "a fox in the snow")
+    await _record_statuses(page)
+    await page.click("#submit")
+    status = page.locator("#job-status")
+    await expect(status).to_have_attribute("data-status", "JOB_STATUS_SUCCEEDED", timeout=20_000)
+    await expect(page.locator("[data-error-for=prompt]")).to_be_empty()
+    seen = await page.evaluate("window.__statuses")
+    assert "JOB_STATUS_RUNNING" in seen, seen  # live states, not only the end
+    assert await page.locator("#job-progress").evaluate("p => p.value") == 100
+    await page.wait_for_function(
+        "() => { const img = document.getElementById('result');"
+        " return !img.hidden && img.complete && img.naturalWidth > 0; }"
+    )
+    first_job = (await page.locator("#job-id").text_content() or "").split()[1]
+    await expect(page.locator("#balance")).to_have_text("95 points")
+    tile = page.locator(f"#history button[data-job-id='{first_job}']")
+    await expect(tile).to_have_attribute("data-status", "JOB_STATUS_SUCCEEDED")
+    await tile.locator("img").evaluate(
+        "img => img.complete && img.naturalWidth > 0"
+        " || new Promise(ok => img.addEventListener('load', ok))"
+    )
+
+    # A second job, cancelled while it runs: CANCELLED, its points released.
+    await page.click("#submit")
+    await expect(page.locator("#cancel")).to_be_enabled()
+    second_job = (await page.locator("#job-id").text_content() or "").split()[1]
+    assert second_job != first_job
+    await page.click("#cancel")
+    await expect(status).to_have_attribute("data-status", "JOB_STATUS_CANCELLED", timeout=20_000)
+    await expect(page.locator("#result")).to_be_hidden()
+    await expect(page.locator("#balance")).to_have_text("95 points")
+    await expect(page.locator(f"#history button[data-job-id='{second_job}']")).to_have_attribute(
+        "data-status", "JOB_STATUS_CANCELLED"
+    )
+
+    # Back to the first job from the history: its picture again.
+    await tile.click()
+    await expect(status).to_have_attribute("data-status", "JOB_STATUS_SUCCEEDED")
+    await expect(page.locator("#result")).to_be_visible()
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    await page.screenshot(path=str(ARTIFACTS / "playground.png"), full_page=True)
+    assert problems == []
+
+
+async def test_a_refused_token_is_explained(running: Stack, browser: Browser) -> None:
+    an_hour_ago = time.time() - 3600
+    expired = issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", "someone", 60, an_hour_ago)
+    page = await browser.new_page()
+    await page.goto(f"http://127.0.0.1:{running.ports.envoy}/#token={expired}")
+    await expect(page.locator("#notice")).to_contain_text("TOKEN_EXPIRED")
+    await expect(page.locator("#notice")).to_contain_text("paste a fresh one")
+    # The token left the address bar at once (it was only ever in the fragment).
+    assert "token" not in page.url
+
+
+def _keep_errors(message: ConsoleMessage, problems: list[str]) -> None:
+    # Chromium logs every non-2xx answer too: the refused prompt's 400 is expected.
+    if message.type == "error" and not message.text.startswith("Failed to load resource"):
+        problems.append(message.text)
+
+
+async def _record_statuses(page: Page) -> None:
+    """Every status the job card shows from now on, in window.__statuses."""
+    await page.evaluate(
+        """() => {
+          window.__statuses = [];
+          const status = document.getElementById('job-status');
+          new MutationObserver(() => window.__statuses.push(status.dataset.status))
+            .observe(status, {attributes: true, attributeFilter: ['data-status']});
+        }"""
+    )
+
+
+async def test_stream_lines_split_anywhere_and_errors_read_as_sentences(
+    running: Stack, browser: Browser
+) -> None:
+    """The page's own modules, in the browser: a watch stream's JSON lines parsed as
+    they complete whatever the chunking, and answers turned into what a user reads."""
+    page = await browser.new_page()
+    await page.goto(f"http://127.0.0.1:{running.ports.envoy}/")
+    found = await page.evaluate(
+        """async () => {
+          const edge = await import('/playground/edge.js');
+          const chunks = ['{"job":{"version":"1"}}\\n{"keep', 'Alive":{}}', '\\n\\n{"job":',
+                          '{"version":"2","done":true}}\\n'];
+          const encoder = new TextEncoder();
+          const body = new ReadableStream({start(c) {
+            for (const chunk of chunks) c.enqueue(encoder.encode(chunk));
+            c.close();
+          }});
+          const messages = [];
+          for await (const m of edge.jsonLines(new Response(body))) messages.push(m);
+          const info = (name, fields) => ({'@type': `type.googleapis.com/google.rpc.${name}`,
+                                           ...fields});
+          const retry = info('RetryInfo', {retryDelay: '2.5s'});
+          const quota = new edge.EdgeError(429, {code: 8, message: 'quota', details: [retry]});
+          const limited = new edge.EdgeError(429, {code: 8, message: 'slow down'}, '7');
+          const down = new edge.EdgeError(503, {code: 14, message: 'media is down'}, '1');
+          const width = {field: 'width', description: 'must be a multiple of 64'};
+          const violation = info('BadRequest', {fieldViolations: [width]});
+          const bad = new edge.EdgeError(400, {code: 3, message: 'bad', details: [violation]});
+          // UNAVAILABLE is retried after retry-after, telling the page; 429 is not.
+          const status = (code, http, after) => new Response(JSON.stringify({code}),
+            {status: http, headers: {'retry-after': after}});
+          const answers = [status(14, 503, '0'), new Response('{"ok":true}'), status(8, 429, '4')];
+          const realFetch = window.fetch;
+          window.fetch = async () => answers.shift();
+          const busy = [];
+          const retried = await edge.callJson('/v1/balance', {onBusy: (e) => busy.push(e.code)});
+          const refused = await edge.callJson('/v1/balance', {onBusy: (e) => busy.push(e.code)})
+            .catch((e) => e.describe());
+          window.fetch = realFetch;
+          return {messages, retried, refused, busy,
+                  quota: quota.describe(), limited: limited.describe(),
+                  down: down.describe(), fields: bad.fieldViolations, id: edge.newRequestId()};
+        }"""
+    )
+    assert found["messages"] == [
+        {"job": {"version": "1"}},
+        {"keepAlive": {}},
+        {"job": {"version": "2", "done": True}},
+    ]
+    assert found["retried"] == {"ok": True} and found["busy"] == [14]
+    assert "try again in 4 s" in found["refused"]
+    assert "try again in 3 s" in found["quota"]
+    assert "try again in 7 s" in found["limited"]
+    assert found["down"] == "The service is busy: try again in 1 s."
+    assert found["fields"] == [{"field": "width", "description": "must be a multiple of 64"}]
+    uuid4 = r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
+    assert re.fullmatch(uuid4, found["id"])

@@ -1,0 +1,404 @@
+// The atelier playground: sign in with a development token, upload a photo, pick a model
+// and a style, submit, watch the job live, see the result, the history and the balance.
+// Plain ES modules, no build step; served by the edge at / (services/edge_static.py).
+
+import { EdgeError, Unreachable, call, callJson, jsonLines, newRequestId, sleep, tokenSubject } from "./edge.js";
+
+// Every edge route the page calls, in one table.
+const q = encodeURIComponent;
+export const ROUTES = {
+  catalog: () => "/v1/catalog",
+  balance: () => "/v1/balance",
+  createUpload: () => "/v1/uploads",
+  completeUpload: (assetId) => `/v1/uploads/${q(assetId)}:complete`,
+  submitJob: () => "/v1/jobs",
+  getJob: (jobId) => `/v1/jobs/${q(jobId)}`,
+  listJobs: (pageSize) => `/v1/jobs?pageSize=${pageSize}`,
+  cancelJob: (jobId) => `/v1/jobs/${q(jobId)}:cancel`,
+  watchJob: (jobId, afterVersion) => `/v1/jobs/${q(jobId)}:watch?afterVersion=${afterVersion}`,
+};
+
+const TOKEN_KEY = "atelier.playground.token";
+const HISTORY_SIZE = 12;
+// A watch stream that keeps failing this many times in a row is given up.
+const WATCH_FAILURES = 5;
+const TERMINAL = new Set(["JOB_STATUS_SUCCEEDED", "JOB_STATUS_FAILED", "JOB_STATUS_CANCELLED"]);
+
+const $ = (id) => document.getElementById(id);
+
+const state = {
+  token: "",
+  assetId: "",
+  catalogLoaded: false,
+  jobId: "",
+  watching: null, // the AbortController of the current job's watch stream
+};
+
+// --- what the user sees -----------------------------------------------------------------
+
+function notify(text, kind = "error") {
+  const notice = $("notice");
+  notice.textContent = text;
+  notice.className = kind;
+  notice.hidden = !text;
+}
+
+function clearFieldErrors() {
+  for (const slot of document.querySelectorAll(".field-error")) slot.textContent = "";
+}
+
+/** Each BadRequest field violation next to its field; the rest in the notice. */
+function showFieldErrors(violations) {
+  const unplaced = [];
+  for (const { field = "", description = "" } of violations) {
+    const name = field.split(/[.[]/)[0];
+    const slot = [...document.querySelectorAll(".field-error")].find((s) =>
+      s.dataset.errorFor.split(" ").includes(name),
+    );
+    if (slot) slot.textContent = description;
+    else unplaced.push(`${field}: ${description}`);
+  }
+  return unplaced;
+}
+
+/** Any failure of an action, said the way a user understands it. */
+function report(error) {
+  if (error.name === "AbortError") return;
+  if (error instanceof EdgeError) {
+    const unplaced = showFieldErrors(error.fieldViolations);
+    notify([error.describe(), ...unplaced].join(" "));
+  } else if (error instanceof Unreachable) {
+    notify(`${error.message}. Is the stack running, and did you open the page at the edge's address?`);
+  } else {
+    notify(String(error.message ?? error));
+  }
+}
+
+const busy = () => notify("The service is busy, retrying…", "busy");
+
+function api(url, options = {}) {
+  return callJson(url, { token: state.token, onBusy: busy, ...options });
+}
+
+/** Runs an action with its button disabled; reports its failure. */
+async function action(button, work) {
+  if (button) button.disabled = true;
+  clearFieldErrors();
+  try {
+    await work();
+  } catch (error) {
+    report(error);
+  } finally {
+    if (button) button.disabled = false;
+    updateSubmit();
+  }
+}
+
+function updateSubmit() {
+  $("submit").disabled = !(state.token && state.assetId && state.catalogLoaded);
+}
+
+const label = (status) => (status ?? "").replace(/^JOB_STATUS_/, "").replace(/_/g, " ").toLowerCase();
+
+// --- sign in ----------------------------------------------------------------------------
+
+async function signIn(token) {
+  state.token = token.trim();
+  sessionStorage.setItem(TOKEN_KEY, state.token);
+  const who = tokenSubject(state.token);
+  $("who").textContent = who ? `Signed in as ${who}.` : "Signed in.";
+  $("sign-out").hidden = false;
+  notify("");
+  try {
+    await Promise.all([loadBalance(), loadCatalog(), loadHistory()]);
+  } catch (error) {
+    if (error instanceof EdgeError && error.httpStatus === 401) signOut();
+    throw error;
+  }
+}
+
+function signOut() {
+  state.watching?.abort();
+  Object.assign(state, { token: "", assetId: "", jobId: "", watching: null, catalogLoaded: false });
+  sessionStorage.removeItem(TOKEN_KEY);
+  $("token").value = "";
+  $("who").textContent = "";
+  $("balance").textContent = "not signed in";
+  $("sign-out").hidden = true;
+  $("history").replaceChildren();
+  updateSubmit();
+}
+
+// --- catalog, balance, history ----------------------------------------------------------
+
+function fill(select, items, idField) {
+  select.replaceChildren(
+    ...items.map((item) => {
+      const option = document.createElement("option");
+      option.value = item[idField];
+      option.textContent = item.pricePoints !== undefined
+        ? `${item.displayName} · ${item.pricePoints} pts`
+        : item.displayName;
+      option.title = item.description ?? "";
+      return option;
+    }),
+  );
+}
+
+async function loadCatalog() {
+  const catalog = await api(ROUTES.catalog());
+  const byOrder = (a, b) => (a.sortOrder ?? 0) - (b.sortOrder ?? 0);
+  fill($("model"), [...(catalog.models ?? [])].sort(byOrder), "modelId");
+  fill($("style"), [...(catalog.styles ?? [])].sort(byOrder), "styleId");
+  state.catalogLoaded = true;
+  updateSubmit();
+}
+
+async function loadBalance() {
+  const balance = await api(ROUTES.balance());
+  const reserved = Number(balance.reservedPoints ?? 0);
+  $("balance").textContent =
+    `${balance.availablePoints ?? 0} points` + (reserved ? ` (${reserved} reserved)` : "");
+}
+
+/** The picture to show for a job in the grid: its thumbnail when media made one. */
+const tileUrl = (job) => job.outputs?.[0]?.thumbnailUrl || job.outputs?.[0]?.url || "";
+
+async function loadHistory() {
+  const { jobs = [] } = await api(ROUTES.listJobs(HISTORY_SIZE));
+  $("history").replaceChildren(
+    ...jobs.map((job) => {
+      const item = document.createElement("li");
+      const button = document.createElement("button");
+      button.type = "button";
+      button.dataset.jobId = job.jobId;
+      button.dataset.status = job.status;
+      const placeholder = document.createElement("span");
+      placeholder.className = "placeholder";
+      placeholder.textContent = "—";
+      const caption = document.createElement("span");
+      caption.className = `status ${label(job.status)}`;
+      caption.textContent = label(job.status);
+      button.append(placeholder, caption);
+      button.addEventListener("click", () => action(null, () => open(job.jobId)));
+      item.append(button);
+      showTile(placeholder, job);
+      return item;
+    }),
+  );
+}
+
+/** The job's picture in place of the placeholder. A list whose URLs came back empty (media
+ * could not sign them in time) is completed with one GetJob per succeeded job; a failure
+ * keeps the placeholder. */
+function showTile(placeholder, job) {
+  const put = (url) => {
+    const img = document.createElement("img");
+    img.src = url;
+    img.alt = `job ${job.jobId}`;
+    placeholder.replaceWith(img);
+  };
+  const url = tileUrl(job);
+  if (url) put(url);
+  else if (job.status === "JOB_STATUS_SUCCEEDED") {
+    api(ROUTES.getJob(job.jobId))
+      .then(({ job: full }) => tileUrl(full) && put(tileUrl(full)))
+      .catch(() => {});
+  }
+}
+
+// --- upload -----------------------------------------------------------------------------
+
+async function upload(file) {
+  state.assetId = "";
+  updateSubmit();
+  const preview = $("photo-preview");
+  URL.revokeObjectURL(preview.src);
+  preview.src = URL.createObjectURL(file);
+  preview.hidden = false;
+  $("upload-state").textContent = "Uploading…";
+  const reserved = await api(ROUTES.createUpload(), {
+    method: "POST",
+    body: { purpose: "ASSET_PURPOSE_AI_INPUT", contentType: file.type, sizeBytes: file.size },
+  });
+  // The bytes go straight to storage at the signed URL, with the headers it was signed for.
+  const headers = new Headers(reserved.uploadHeaders ?? {});
+  if (!headers.has("content-type")) headers.set("content-type", file.type);
+  try {
+    await call(reserved.uploadUrl, {
+      method: reserved.uploadMethod || "PUT",
+      headers,
+      rawBody: file,
+      onBusy: busy,
+    });
+  } catch (error) {
+    const storage = new URL(reserved.uploadUrl).origin;
+    if (error instanceof Unreachable && storage !== location.origin) {
+      // A browser refuses a cross-origin PUT the storage has no CORS rule for.
+      throw new Error(
+        `The photo goes to ${storage}, another origin than this page's: open the playground ` +
+          `at ${storage}/ (or give the storage a CORS rule for ${location.origin}).`,
+      );
+    }
+    throw error;
+  }
+  const assetId = reserved.asset.assetId;
+  await api(ROUTES.completeUpload(assetId), { method: "POST", body: {} });
+  state.assetId = assetId;
+  $("upload-state").textContent = "Uploaded: ready to generate.";
+  notify("");
+}
+
+// --- jobs -------------------------------------------------------------------------------
+
+function showJob(job) {
+  $("no-job").hidden = true;
+  $("job").hidden = false;
+  $("job-id").textContent = `job ${job.jobId} · version ${job.version}`;
+  const status = $("job-status");
+  status.textContent = label(job.status);
+  status.className = `status ${label(job.status)}`;
+  status.dataset.status = job.status;
+  const progress = Number(job.progressPercent ?? 0);
+  $("job-progress").value = job.status === "JOB_STATUS_SUCCEEDED" ? 100 : progress;
+  const details = [];
+  const finished = job.done || TERMINAL.has(job.status);
+  if (!finished && job.step && job.step !== "JOB_STEP_UNSPECIFIED") details.push(job.step.replace(/^JOB_STEP_/, "").toLowerCase());
+  if (job.status === "JOB_STATUS_RUNNING") details.push(`${progress} %`);
+  if (job.cancelRequested && !TERMINAL.has(job.status)) details.push("cancelling…");
+  if (job.error?.message) details.push(`${job.error.message} (${job.error.code})`);
+  $("job-detail").textContent = details.join(" · ");
+  $("cancel").disabled = finished || Boolean(job.cancelRequested);
+  const result = $("result");
+  const url = job.outputs?.[0]?.url;
+  if (url && result.dataset.url !== url) {
+    result.dataset.url = url;
+    result.src = url;
+  }
+  result.hidden = !url;
+  if (!url) {
+    result.removeAttribute("src");
+    delete result.dataset.url;
+  }
+}
+
+/** Follows a job's states on the watch stream until it is done, reconnecting after the
+ * last version it saw when the stream ends early (a notify replica went away, draining). */
+async function watch(jobId, signal) {
+  let afterVersion = 0;
+  let failures = 0;
+  while (!signal.aborted) {
+    try {
+      const response = await call(ROUTES.watchJob(jobId, afterVersion), {
+        token: state.token,
+        signal,
+        onBusy: busy,
+      });
+      for await (const message of jsonLines(response)) {
+        if (signal.aborted) return;
+        if (message.job) {
+          failures = 0;
+          afterVersion = Number(message.job.version);
+          showJob(message.job);
+          if (message.job.done) {
+            await finished();
+            return;
+          }
+        } else if (message.error) {
+          throw new EdgeError(200, message.error, null);
+        } else if (message.end) {
+          // The server ends streams on purpose (draining, maximum duration): reconnect.
+          await sleep(Number.parseFloat(message.end.retryDelay ?? "1") || 1);
+          break;
+        }
+      }
+    } catch (error) {
+      if (error.name === "AbortError" || signal.aborted) return;
+      failures += 1;
+      if ((error instanceof EdgeError && !error.busy) || failures >= WATCH_FAILURES) throw error;
+      busy();
+      await sleep(1);
+    }
+  }
+}
+
+/** A job reached its end: the points and the history changed. */
+async function finished() {
+  await Promise.all([loadBalance(), loadHistory()]);
+}
+
+function follow(job) {
+  state.watching?.abort();
+  state.jobId = job.jobId;
+  showJob(job);
+  const controller = new AbortController();
+  state.watching = controller;
+  watch(job.jobId, controller.signal).catch(report);
+}
+
+async function submit() {
+  const [width, height] = $("size").value.split("x").map(Number);
+  const { job } = await api(ROUTES.submitJob(), {
+    method: "POST",
+    body: {
+      requestId: newRequestId(), // the same on every retry: one job however often sent
+      modelId: $("model").value,
+      styleId: $("style").value,
+      inputAssetId: state.assetId,
+      prompt: $("prompt").value,
+      width,
+      height,
+    },
+  });
+  notify("");
+  follow(job);
+  await Promise.all([loadBalance(), loadHistory()]);
+}
+
+async function cancel() {
+  const { job } = await api(ROUTES.cancelJob(state.jobId), { method: "POST", body: {} });
+  showJob(job);
+}
+
+async function open(jobId) {
+  const { job } = await api(ROUTES.getJob(jobId));
+  follow(job);
+}
+
+// --- wiring -----------------------------------------------------------------------------
+
+function start() {
+  $("token-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    action(event.submitter, () => signIn($("token").value));
+  });
+  $("sign-out").addEventListener("click", signOut);
+  $("photo").addEventListener("change", () => {
+    const file = $("photo").files[0];
+    if (file) {
+      action(null, () =>
+        upload(file).catch((error) => {
+          $("upload-state").textContent = "The upload failed.";
+          throw error;
+        }),
+      );
+    }
+  });
+  $("job-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    action($("submit"), submit);
+  });
+  $("cancel").addEventListener("click", () => action($("cancel"), cancel));
+  $("refresh").addEventListener("click", () => action($("refresh"), () => Promise.all([loadBalance(), loadHistory()])));
+  // A token in the fragment (#token=…, never sent to a server) or kept by this tab.
+  const fromFragment = new URLSearchParams(location.hash.slice(1)).get("token");
+  if (fromFragment) history.replaceState(null, "", location.pathname);
+  const token = fromFragment || sessionStorage.getItem(TOKEN_KEY);
+  if (token) {
+    $("token").value = token;
+    action(null, () => signIn(token));
+  }
+  document.body.dataset.ready = "true";
+}
+
+start();
