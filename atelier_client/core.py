@@ -1,18 +1,26 @@
 """What the sync and the asyncio client share: the token, the retry policy, the clock and
-the jitter, the channels they opened themselves, and which calls are safe to retry."""
+the jitter (:class:`Core`); the stubs over their channels and the channels they opened
+themselves (:class:`ClientBase`)."""
 
 from __future__ import annotations
 
 import copy
 import random
 from collections.abc import Callable
-from typing import Any, Self, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
+import grpc
+
+from atelier.creation.v1 import creation_service_pb2_grpc
+from atelier.media.v1 import media_service_pb2_grpc
+from atelier.notify.v1 import notify_service_pb2_grpc
 from atelier_client.auth import BearerToken, Metadata, Token
+from atelier_client.calls import Service
 from atelier_client.retry import Attempts, RetryHook, RetryPolicy
 from atelier_client.watch import JobWatch, StateHook
 
 C = TypeVar("C")
+Channel = TypeVar("Channel", grpc.Channel, grpc.aio.Channel)
 
 # Reconnect within about a second of a restarted server coming back (gRPC's own backoff
 # grows to two minutes); keepalive pings stay above the servers' 10 s minimum interval.
@@ -28,7 +36,7 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
 DEFAULT_WAIT = 600.0
 
 
-def open_channels(
+def _open_channels(
     open_channel: Callable[[str], C], creation: str, media: str | None, notify: str | None
 ) -> tuple[C, C, C, list[C]]:
     """One channel per distinct target (one address serves all three services through
@@ -77,4 +85,44 @@ class Core:
     def with_token(self, token: Token) -> Self:
         twin = copy.copy(self)
         twin._auth = BearerToken(token)
+        return twin
+
+
+class ClientBase(Generic[Channel]):
+    """The stubs of one flavour over its channels (the generated stub classes serve grpc
+    and grpc.aio channels alike). ``media_channel`` and ``notify_channel`` default to
+    ``channel``: the edge serves all three services."""
+
+    def __init__(
+        self,
+        channel: Channel,
+        media_channel: Channel | None,
+        notify_channel: Channel | None,
+        core: Core,
+    ) -> None:
+        self._core = core
+        self._stubs: dict[Service, Any] = {
+            "creation": creation_service_pb2_grpc.CreationServiceStub(channel),
+            "media": media_service_pb2_grpc.MediaServiceStub(media_channel or channel),
+        }
+        self._notify: Any = notify_service_pb2_grpc.NotifyServiceStub(notify_channel or channel)
+        self._owned: list[Channel] = []
+
+    @classmethod
+    def _connected(
+        cls,
+        open_channel: Callable[[str], Channel],
+        addresses: tuple[str, str | None, str | None],
+        **arguments: Any,
+    ) -> Self:
+        first, second, third, opened = _open_channels(open_channel, *addresses)
+        client = cls(first, media_channel=second, notify_channel=third, **arguments)
+        client._owned = opened
+        return client
+
+    def with_token(self, token: Token) -> Self:
+        """The same client (same channels) calling as another user; closing it closes
+        nothing."""
+        twin = self.__class__.__new__(self.__class__)
+        twin.__dict__.update(self.__dict__, _core=self._core.with_token(token), _owned=[])
         return twin

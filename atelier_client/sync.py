@@ -16,22 +16,20 @@ from typing import Any, Self
 import grpc
 
 from atelier.creation.v1 import creation_service_pb2 as creation
-from atelier.creation.v1 import creation_service_pb2_grpc, job_pb2
-from atelier.media.v1 import asset_pb2, media_service_pb2_grpc
+from atelier.creation.v1 import job_pb2
+from atelier.media.v1 import asset_pb2
 from atelier.media.v1 import media_service_pb2 as media
-from atelier.notify.v1 import notify_service_pb2_grpc
 from atelier_client import calls, upload
 from atelier_client.auth import Token
 from atelier_client.calls import Out
-from atelier_client.core import CHANNEL_OPTIONS, DEFAULT_WAIT, Core, open_channels
+from atelier_client.core import CHANNEL_OPTIONS, DEFAULT_WAIT, ClientBase, Core
 from atelier_client.retry import RetryHook, RetryPolicy
 from atelier_client.watch import JobState, StateHook
 
 
-class Client:
+class Client(ClientBase[grpc.Channel]):
     """atelier's public calls; typed errors (:mod:`atelier_client.errors`), retries as
-    :mod:`atelier_client.retry` says. ``media_channel`` and ``notify_channel`` default
-    to ``channel`` (the edge serves all three services)."""
+    :mod:`atelier_client.retry` says; channels as :class:`ClientBase` says."""
 
     def __init__(
         self,
@@ -46,14 +44,9 @@ class Client:
         sleep: Callable[[float], None] = time.sleep,
         rng: random.Random | None = None,
     ) -> None:
-        self._core = Core(token, retry, on_retry, clock, rng)
+        core = Core(token, retry, on_retry, clock, rng)
+        super().__init__(channel, media_channel, notify_channel, core)
         self._sleep = sleep
-        self._stubs: dict[calls.Service, Any] = {
-            "creation": creation_service_pb2_grpc.CreationServiceStub(channel),
-            "media": media_service_pb2_grpc.MediaServiceStub(media_channel or channel),
-        }
-        self._notify = notify_service_pb2_grpc.NotifyServiceStub(notify_channel or channel)
-        self._owned: list[grpc.Channel] = []
 
     @classmethod
     def connect(
@@ -74,17 +67,7 @@ class Client:
                 return grpc.insecure_channel(address, CHANNEL_OPTIONS)
             return grpc.secure_channel(address, credentials, CHANNEL_OPTIONS)
 
-        first, second, third, opened = open_channels(open_channel, target, media, notify)
-        client = cls(first, token=token, media_channel=second, notify_channel=third, **settings)
-        client._owned = opened
-        return client
-
-    def with_token(self, token: Token) -> Self:
-        """The same client (same channels) calling as another user; closing it closes
-        nothing."""
-        twin = self.__class__.__new__(self.__class__)
-        twin.__dict__.update(self.__dict__, _core=self._core.with_token(token), _owned=[])
-        return twin
+        return cls._connected(open_channel, (target, media, notify), token=token, **settings)
 
     def close(self) -> None:
         for channel in self._owned:
@@ -168,7 +151,7 @@ class Client:
                     if (final := watch.terminal()) is not None:
                         return final
                     if delay is not None:
-                        stream.cancel()  # type: ignore[no-untyped-call]
+                        stream.cancel()
                         break
             except grpc.RpcError as failure:
                 delay = watch.failed(failure)
