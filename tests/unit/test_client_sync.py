@@ -42,7 +42,7 @@ NOTIFY = notify_service_pb2.DESCRIPTOR.services_by_name["NotifyService"]
 SUBMIT = CREATION.methods_by_name["SubmitJob"]
 GET_JOB = CREATION.methods_by_name["GetJob"]
 CANCEL = CREATION.methods_by_name["CancelJob"]
-CREATE_UPLOAD = MEDIA.methods_by_name["CreateUpload"]
+COMPLETE_UPLOAD = MEDIA.methods_by_name["CompleteUpload"]
 WATCH = NOTIFY.methods_by_name["WatchJob"]
 # Long enough for a loaded machine; a client that never makes the call fails the test.
 TAKE_WITHIN = 10.0
@@ -246,10 +246,10 @@ def test_a_retry_info_delay_past_the_deadline_fails_at_once(
     ("call", "method"),
     [
         (lambda c: c.cancel_job("j-1"), CANCEL),
-        # CreateUpload has no request_id: a replay would reserve a second asset.
-        (lambda c: c.create_upload(content_type="image/png", size_bytes=3), CREATE_UPLOAD),
+        # A replay of a completion that landed is refused (UPLOAD_ALREADY_COMPLETED).
+        (lambda c: c.complete_upload("a-1"), COMPLETE_UPLOAD),
     ],
-    ids=["cancel_job", "create_upload"],
+    ids=["cancel_job", "complete_upload"],
 )
 def test_a_call_without_a_request_id_that_is_not_a_read_is_never_retried(
     server: Server, client: Client, time_: FakeTime, call: Callable[[Client], Any], method: Any
