@@ -5,11 +5,14 @@ sleeps advance its clock and are recorded."""
 
 from __future__ import annotations
 
+import ast
 import queue
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -19,6 +22,7 @@ from google.protobuf import any_pb2, duration_pb2
 from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 
+import atelier_client
 from atelier.creation.v1 import creation_service_pb2, job_pb2
 from atelier.media.v1 import media_service_pb2
 from atelier.notify.v1 import job_state_pb2, notify_service_pb2
@@ -391,3 +395,22 @@ def test_wait_gives_up_after_its_timeout(server: Server, client: Client, time_: 
         server.result()
     assert isinstance(raised.value, TimeoutError)
     assert time_.sleeps == [3.0, 2.0]  # the second sleep cut to the time left
+
+
+def test_the_client_imports_only_gen_grpc_and_the_standard_library() -> None:
+    """It is what an outside service would use: never the services' own code."""
+    package = Path(atelier_client.__file__).parent
+    allowed = {"grpc", "google", "atelier", "atelier_client", "__future__"}
+    foreign = set()
+    for module in package.glob("*.py"):
+        for node in ast.walk(ast.parse(module.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            for name in names:
+                top = name.split(".")[0]
+                if top not in allowed and top not in sys.stdlib_module_names:
+                    foreign.add(f"{module.name}: {name}")
+    assert foreign == set()
