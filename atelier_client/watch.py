@@ -54,7 +54,6 @@ class JobWatch:
         self.job_id = job_id
         self._on_state = on_state
         self.state: JobState | None = None
-        self.reconnects = 0
         self._timeout = timeout
         self._ends = clock() + timeout
         self._policy = policy
@@ -111,7 +110,6 @@ class JobWatch:
     def pause(self, delay: float | None) -> float:
         """How long to sleep before the next stream: ``delay``, or a backoff when the
         stream closed without saying why; never past the timeout."""
-        self.reconnects += 1
         if delay is None:
             self._failures += 1
             delay = self._policy.backoff(self._failures, self._rng)

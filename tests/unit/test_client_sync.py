@@ -310,17 +310,20 @@ def test_malformed_details_keep_the_code() -> None:
     assert type(error) is NotFound and error.reason == ""
 
 
-def test_a_token_callable_is_asked_before_each_call(server: Server, time_: FakeTime) -> None:
+def test_a_token_callable_is_asked_before_each_call_and_with_token_calls_as_another(
+    server: Server,
+) -> None:
     tokens = iter(["first", "second"])
     client = Client(server.channel, token=lambda: next(tokens))
+    callers = [client, client, client.with_token("other-user")]
     seen = []
-    for _ in range(2):
-        server.run(lambda: client.get_job("j-1"))
+    for caller in callers:
+        server.run(lambda caller=caller: caller.get_job("j-1"))
         metadata, _, rpc = server.take(GET_JOB)
         rpc.terminate(creation_service_pb2.GetJobResponse(job=job()), (), grpc.StatusCode.OK, "")
         server.result()
         seen.append(metadata["authorization"])
-    assert seen == ["Bearer first", "Bearer second"]
+    assert seen == ["Bearer first", "Bearer second", "Bearer other-user"]
 
 
 def state(version: int, status: int, done: bool = False) -> notify_service_pb2.WatchJobResponse:
