@@ -27,7 +27,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atelier.creation.v1 import creation_service_pb2, creation_service_pb2_grpc
+from atelier_client import AsyncClient, AtelierError, RetryPolicy
 from bench.anchors import echo_call, echo_server
 from bench.engine_drain import cpu_seconds
 from bench.submit_throughput import store_input
@@ -91,36 +91,30 @@ async def bench(stack: Stack, workers: list[Child], jobs: int) -> None:
     tokens = [issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", u, 3600) for u in users]
     assets = [await store_input(stack.ports.internal["media"], u) for u in users]
     watcher = await asyncpg.connect(asyncpg_dsn(stack.database_url))
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{stack.ports.public['creation']}")
-    stub = creation_service_pb2_grpc.CreationServiceStub(channel)
-
     retried = 0
 
-    async def submit(client: int) -> None:
+    def count_retry(error: AtelierError, delay: float) -> None:
         nonlocal retried
-        # As a real client does: an UNAVAILABLE (a dependency's deadline on a machine
-        # this busy) is tried again.
-        while True:
-            try:
-                await submit_once(client)
-                return
-            except grpc.aio.AioRpcError as error:
-                if error.code() is not grpc.StatusCode.UNAVAILABLE:
-                    raise
-                retried += 1
-                await asyncio.sleep(0.1)
+        retried += 1
 
-    async def submit_once(client: int) -> None:
-        await stub.SubmitJob(
-            creation_service_pb2.SubmitJobRequest(
-                model_id="stub-fast",
-                style_id="watercolor",
-                input_asset_id=assets[client],
-                prompt="bench",
-                width=512,
-                height=512,
-            ),
-            metadata=(("authorization", f"Bearer {tokens[client]}"),),
+    # As a real client does: an UNAVAILABLE (a dependency's deadline on a machine this
+    # busy) is tried again, with the same request_id, after the server's RetryInfo.
+    atelier = AsyncClient.connect(
+        f"127.0.0.1:{stack.ports.public['creation']}",
+        token="",
+        retry=RetryPolicy(max_attempts=50, deadline=120.0),
+        on_retry=count_retry,
+    )
+    callers = [atelier.with_token(token) for token in tokens]
+
+    async def submit(client: int) -> None:
+        await callers[client].submit(
+            model_id="stub-fast",
+            style_id="watercolor",
+            input_asset_id=assets[client],
+            prompt="bench",
+            width=512,
+            height=512,
         )
 
     async def until_done() -> None:
@@ -163,7 +157,7 @@ async def bench(stack: Stack, workers: list[Child], jobs: int) -> None:
         ]
         database = sum(cpu_seconds(pid) - database_before.get(pid, 0.0) for pid in backends)
     finally:
-        await channel.close(None)
+        await atelier.close()
         await watcher.close()
     print(f"{total} jobs, {CLIENTS} clients, {len(workers)} worker processes")
     print(f"end to end: {total / elapsed:.0f} jobs/s (submits alone {total / submitted:.0f}/s)")

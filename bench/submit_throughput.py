@@ -40,12 +40,12 @@ from sqlalchemy import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atelier.creation.v1 import creation_service_pb2, creation_service_pb2_grpc
 from atelier.media.v1 import (
     asset_pb2,
     media_internal_service_pb2,
     media_internal_service_pb2_grpc,
 )
+from atelier_client import AsyncClient
 from bench.anchors import echo_call, echo_server
 from bench.cpu import CpuMeter, format_per_op
 from services.creation.store.changes import submitted_payload
@@ -249,24 +249,25 @@ async def bench(stack: Stack, echo_address: str, requests: int, submit_only: boo
     meter = cpu_meter(stack, make_url(stack.database_url).database or "")
     cpu: dict[str, dict[str, float]] = {}
 
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.ports.public['creation']}") as channel:
-        stub = creation_service_pb2_grpc.CreationServiceStub(channel)
+    async with AsyncClient.connect(
+        f"127.0.0.1:{stack.ports.public['creation']}", token=""
+    ) as atelier:
+        callers: list[AsyncClient] = []
 
         async def over_grpc(client: int, _: int) -> None:
-            await stub.SubmitJob(
-                creation_service_pb2.SubmitJobRequest(
-                    model_id="stub-fast",
-                    style_id="natural",
-                    input_asset_id=assets[client],
-                    prompt="bench",
-                    width=512,
-                    height=512,
-                ),
-                metadata=(("authorization", f"Bearer {tokens[client]}"),),
+            await callers[client].submit(
+                model_id="stub-fast",
+                style_id="natural",
+                input_asset_id=assets[client],
+                prompt="bench",
+                width=512,
+                height=512,
             )
 
         for clients in (1, 16):
             tokens[:], assets[:] = await new_users(stack)
+            # One client, one channel; each simulated phone calls as its own user.
+            callers[:] = [atelier.with_token(token) for token in tokens]
             meter.start()
             elapsed, latencies = await run_clients(clients, requests // clients, over_grpc)
             await outbox_drained(stack.database_url)
@@ -346,28 +347,17 @@ async def read_latencies(
     cpu: dict[str, dict[str, float]],
 ) -> dict[str, Figure]:
     """The read RPCs at one client, each on a job and an asset that exist."""
-    user = (("authorization", f"Bearer {token}"),)
     service = (("authorization", f"Bearer {DEV_SERVICE_TOKEN}"),)
     figures = {}
-    creation = grpc.aio.insecure_channel(f"127.0.0.1:{stack.ports.public['creation']}")
+    atelier = AsyncClient.connect(f"127.0.0.1:{stack.ports.public['creation']}", token=token)
     media = grpc.aio.insecure_channel(f"127.0.0.1:{stack.ports.internal['media']}")
-    async with creation, media:
-        stub = creation_service_pb2_grpc.CreationServiceStub(creation)
+    async with atelier, media:
         media_stub = media_internal_service_pb2_grpc.MediaInternalServiceStub(media)
-        listed = await stub.ListJobs(
-            creation_service_pb2.ListJobsRequest(page_size=1), metadata=user
-        )
-        job_id = listed.jobs[0].job_id
+        job_id = (await atelier.list_jobs(page_size=1)).jobs[0].job_id
         calls: dict[str, Callable[[int, int], Awaitable[object]]] = {
-            "GetJob": lambda _, __: stub.GetJob(
-                creation_service_pb2.GetJobRequest(job_id=job_id), metadata=user
-            ),
-            "GetBalance": lambda _, __: stub.GetBalance(
-                creation_service_pb2.GetBalanceRequest(), metadata=user
-            ),
-            "ListCatalog": lambda _, __: stub.ListCatalog(
-                creation_service_pb2.ListCatalogRequest(), metadata=user
-            ),
+            "GetJob": lambda _, __: atelier.get_job(job_id),
+            "GetBalance": lambda _, __: atelier.get_balance(),
+            "ListCatalog": lambda _, __: atelier.list_catalog(),
             "GetAssetInfo": lambda _, __: media_stub.GetAssetInfo(
                 media_internal_service_pb2.GetAssetInfoRequest(asset_id=asset_id),
                 metadata=service,
