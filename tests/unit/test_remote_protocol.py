@@ -1,0 +1,136 @@
+"""The remote worker protocol's pure parts: which lease refusal a call gets, the pools
+setting, and the routed authenticator that keeps pool and service credentials apart."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from services.creation.domain import Job, Status, Step
+from services.creation.remote.service import LeaseClaim, lease_problem
+from services.creation.remote.settings import RemoteSettings
+from services.creation.store.remote import HeldLease
+from services.kit.auth import (
+    RoutedAuthenticator,
+    ServiceAuthenticator,
+    WorkerPoolAuthenticator,
+    credential_hash,
+)
+from services.kit.errors import ApiError
+from services.kit.settings import EnvReader, SettingsError
+
+NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
+JOB_ID = "0b5c6a8e-5a41-4a7e-9a38-0a0b0c0d0e0f"
+
+
+def running_job(**changes: object) -> Job:
+    job = Job(
+        job_id=JOB_ID,
+        user_id="u",
+        model_id="stub-fast",
+        style_id="watercolor",
+        provider_code="stub",
+        provider_model="stub",
+        price_points=5,
+        input_asset_id="a",
+        prompt="",
+        negative_prompt="",
+        width=512,
+        height=512,
+        parameters={},
+        status=Status.RUNNING,
+        progress=0,
+        step=Step.PREPARING,
+        priority=0,
+        attempt=1,
+        max_attempts=3,
+        next_attempt_at=NOW,
+        lease_owner="gpu/w1",
+        lease_epoch=3,
+        lease_expires_at=NOW + timedelta(seconds=30),
+        provider_request_id=None,
+        error_code=None,
+        error_message=None,
+        cancel_requested=False,
+        num_outputs=1,
+        outputs=(),
+        idempotency_key=None,
+        request_hash="h",
+        version=4,
+        created_at=NOW,
+        started_at=NOW,
+        completed_at=None,
+        updated_at=NOW,
+        trace_parent=None,
+    )
+    return replace(job, **changes)  # type: ignore[arg-type]
+
+
+CLAIM = LeaseClaim("gpu", "w1", JOB_ID, "ab" * 32, 3)
+HELD = HeldLease("gpu", "w1", 3, running_job())
+
+
+@pytest.mark.parametrize(
+    ("held", "claim", "reason"),
+    [
+        (HELD, CLAIM, None),
+        (None, CLAIM, "LEASE_TOKEN_INVALID"),
+        (HELD, replace(CLAIM, worker_id="w2"), "LEASE_TOKEN_INVALID"),
+        (HELD, replace(CLAIM, pool="office"), "LEASE_POOL_MISMATCH"),
+        (HELD, replace(CLAIM, lease_generation=2), "LEASE_GENERATION_STALE"),
+        (replace(HELD, job=running_job(lease_expires_at=NOW)), CLAIM, "LEASE_EXPIRED"),
+        (replace(HELD, job=running_job(lease_epoch=4)), CLAIM, "LEASE_EXPIRED"),
+        (
+            replace(
+                HELD,
+                job=running_job(status=Status.QUEUED, lease_owner=None, lease_expires_at=None),
+            ),
+            CLAIM,
+            "LEASE_EXPIRED",
+        ),
+    ],
+)
+def test_each_refusal_has_its_reason(
+    held: HeldLease | None, claim: LeaseClaim, reason: str | None
+) -> None:
+    assert lease_problem(held, claim, NOW) == reason
+
+
+def test_pools_are_kept_by_the_hash_of_their_credential() -> None:
+    digest = hashlib.sha256(b"a-long-pool-credential").hexdigest()
+    settings = RemoteSettings.read(EnvReader({"ATELIER_REMOTE_POOLS": f"gpu={digest}"}))
+    assert settings.pools_by_hash == {digest: "gpu"}
+
+
+@pytest.mark.parametrize(
+    "value", ["gpu", "gpu=abc", f"GPU={'a' * 64}", f"a={'a' * 64},b={'a' * 64}"]
+)
+def test_a_bad_pools_setting_is_refused(value: str) -> None:
+    reader = EnvReader({"ATELIER_REMOTE_POOLS": value})
+    RemoteSettings.read(reader)
+    with pytest.raises(SettingsError, match="REMOTE_POOLS"):
+        reader.finish()
+
+
+def test_pool_and_service_credentials_open_only_their_own_methods() -> None:
+    routed = RoutedAuthenticator(
+        ServiceAuthenticator("s" * 32),
+        {
+            "/atelier.creation.v1.WorkerService/": WorkerPoolAuthenticator(
+                {credential_hash("pool-credential"): "gpu"}
+            )
+        },
+    )
+    worker = routed.for_method("/atelier.creation.v1.WorkerService/ClaimJob")
+    admin = routed.for_method("/atelier.creation.v1.AdminService/GrantPoints")
+    pool_bearer = [("authorization", "Bearer pool-credential")]
+    service_bearer = [("authorization", f"Bearer {'s' * 32}")]
+    assert worker.authenticate(pool_bearer).worker_pool == "gpu"
+    assert admin.authenticate(service_bearer).is_service
+    for authenticator, bearer in ((worker, service_bearer), (admin, pool_bearer)):
+        with pytest.raises(ApiError) as refused:
+            authenticator.authenticate(bearer)
+        assert refused.value.reason == "SERVICE_CREDENTIAL_INVALID"
