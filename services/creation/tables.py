@@ -9,6 +9,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -315,6 +316,9 @@ remote_claims = Table(
     Column("worker_id", Text, nullable=False),
     Column("job_id", UUID(as_uuid=False), ForeignKey("jobs.job_id")),
     Column("lease_generation", BigInteger),
+    # The lease duration granted (the worker's ask within the server's bounds): every
+    # heartbeat extends by it.
+    Column("lease_seconds", Float, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
     PrimaryKeyConstraint("pool", "request_id", name="pk_remote_claims"),
     UniqueConstraint("token_hash", name="uq_remote_claims_token_hash"),

@@ -12,7 +12,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
-from datetime import UTC
+from datetime import UTC, timedelta
 from pathlib import Path
 
 import grpc
@@ -48,11 +48,14 @@ from tests.support.workers import (
     until,
 )
 
-LEASE_TTL = 5  # the shortest the settings allow: an abandoned lease expires fast
+# Leases of 30 s unless a claim asks for less (down to 1 s): the tests that wait for an
+# abandoned lease ask for 2 s; the loaded ones keep theirs through slow answers.
+SHORT_LEASE = 2
 API_ENV = {
     "ATELIER_ENV": "test",
     "ATELIER_REMOTE_POOLS": pools_setting(),
-    "ATELIER_REMOTE_LEASE_TTL": str(LEASE_TTL),
+    "ATELIER_REMOTE_LEASE_TTL": "30",
+    "ATELIER_REMOTE_LEASE_MIN": "1",
     "ATELIER_REMOTE_HEARTBEAT": "1",
 }
 # In-process workers: short leases, a fast reaper, a zero-latency stub.
@@ -94,9 +97,11 @@ async def queue(api: Stack, db: AsyncEngine, users: int, per_user: int) -> list[
 
 
 def claim_request(worker: str = "probe") -> pb.ClaimJobRequest:
-    return pb.ClaimJobRequest(
+    request = pb.ClaimJobRequest(
         request_id=str(uuid.uuid4()), claim_token=secrets.token_hex(32), worker_id=worker
     )
+    request.lease_duration.FromTimedelta(timedelta(seconds=SHORT_LEASE))
+    return request
 
 
 async def refused(call: object) -> tuple[grpc.StatusCode, str]:
@@ -123,12 +128,12 @@ async def test_the_protocol_replays_claims_and_refuses_leases_it_does_not_hold(
         first = claim_request()
         job = (await stub.ClaimJob(first, metadata=gpu)).job
         assert job.job_id == job_id and job.lease_generation == 1
+        assert job.heartbeat_interval.ToTimedelta() <= timedelta(seconds=SHORT_LEASE / 3)
         again = (await stub.ClaimJob(first, metadata=gpu)).job
         assert (again.job_id, again.lease_generation) == (job_id, 1)
         # The same key with another request.
-        other = pb.ClaimJobRequest(
-            request_id=first.request_id, claim_token=secrets.token_hex(32), worker_id="probe"
-        )
+        other = claim_request()
+        other.request_id = first.request_id
         assert await refused(stub.ClaimJob(other, metadata=gpu)) == (
             grpc.StatusCode.ALREADY_EXISTS,
             "IDEMPOTENCY_KEY_REUSED",
@@ -282,6 +287,7 @@ async def test_a_remote_worker_killed_mid_job_is_reaped_like_an_in_process_one(
         **REMOTE_ENV,
         "ATELIER_STUB_DURATION": "1",
         "ATELIER_STUB_CRASH_AT": "polling",
+        "ATELIER_REMOTE_WORKER_LEASE": str(SHORT_LEASE),
         "ATELIER_STUB_LEDGER": str(ledger),
     }
     doomed = start_remote_worker(api, "remote-doomed", env)
@@ -333,7 +339,7 @@ async def test_remote_and_in_process_workers_run_each_of_a_thousand_jobs_once(
         start_remote_worker(api, "mixed-remote-2", remote_env, pool="office"),
     ]
     try:
-        await all_finished(db, workers, within=120, job_ids=job_ids)
+        await all_finished(db, workers, within=300, job_ids=job_ids)
         elapsed = time.monotonic() - started
     finally:
         codes = [w.stop() for w in workers]

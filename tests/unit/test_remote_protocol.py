@@ -69,8 +69,14 @@ def running_job(**changes: object) -> Job:
     return replace(job, **changes)  # type: ignore[arg-type]
 
 
+def test_a_claims_lease_is_its_ask_within_the_bounds() -> None:
+    settings = RemoteSettings(lease_ttl_seconds=60, lease_min_seconds=5, lease_max_seconds=600)
+    assert [settings.granted(s) for s in (0, 1, 30, 10_000)] == [60, 5, 30, 600]
+    assert settings.heartbeat_for(6) == 2
+
+
 CLAIM = LeaseClaim("gpu", "w1", JOB_ID, "ab" * 32, 3)
-HELD = HeldLease("gpu", "w1", 3, running_job())
+HELD = HeldLease("gpu", "w1", 3, timedelta(seconds=30), running_job())
 
 
 @pytest.mark.parametrize(

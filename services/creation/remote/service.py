@@ -131,27 +131,36 @@ class RemoteJobs:
         self._media = media
         self._settings = settings
         self._clock = clock
-        self._ttl = timedelta(seconds=settings.lease_ttl_seconds)
         self._backoff = (backoff_base_seconds, backoff_max_seconds)
 
-    @property
-    def heartbeat_seconds(self) -> float:
-        return self._settings.heartbeat_seconds
+    def heartbeat_seconds(self, job: Job) -> float:
+        """The heartbeat interval for a claimed job's lease."""
+        if job.lease_expires_at is None:
+            return self._settings.heartbeat_seconds
+        lease = (job.lease_expires_at - job.updated_at).total_seconds()
+        return self._settings.heartbeat_for(lease)
 
     # --- claims -----------------------------------------------------------------------
 
     async def claim(
-        self, pool: str, request_id: str, claim_token: str, worker_id: str
+        self, pool: str, request_id: str, claim_token: str, worker_id: str, lease_seconds: float
     ) -> Job | None:
-        """The job claimed (None: nothing due), or the same answer for a replay."""
+        """The job claimed (None: nothing due), or the same answer for a replay.
+        ``lease_seconds`` is the worker's ask (0: the default)."""
         now = self._clock()
         token_hash = digest(claim_token)
         owner = lease_owner(pool, worker_id)
         request = ClaimRequest(
-            pool, request_id, digest(f"{token_hash}:{worker_id}"), token_hash, worker_id, owner
+            pool,
+            request_id,
+            digest(f"{token_hash}:{worker_id}:{lease_seconds!r}"),
+            token_hash,
+            worker_id,
+            owner,
+            timedelta(seconds=self._settings.granted(lease_seconds)),
         )
         try:
-            result = await remote.claim(self._engine, request, self._ttl, now)
+            result = await remote.claim(self._engine, request, now)
         except remote.TokenReused:
             raise ClaimTokenReused() from None
         if isinstance(result, NewClaim):
@@ -183,8 +192,9 @@ class RemoteJobs:
         now = self._clock()
         held = await remote.read_lease(self._engine, claim.token_hash, claim.job_id)
         _holding(held, claim, now)
+        assert held is not None
         job = await leases.heartbeat(
-            self._engine, claim.job_id, claim.lease_generation, self._ttl, now, progress
+            self._engine, claim.job_id, claim.lease_generation, held.lease, now, progress
         )
         if job is None:
             raise LeaseRefused(RemoteReason.LEASE_EXPIRED)

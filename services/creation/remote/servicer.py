@@ -41,6 +41,12 @@ def _timestamp(value: datetime) -> timestamp_pb2.Timestamp:
     return stamp
 
 
+def _duration(seconds: float) -> duration_pb2.Duration:
+    duration = duration_pb2.Duration()
+    duration.FromTimedelta(timedelta(seconds=seconds))
+    return duration
+
+
 def _check(problems: list[FieldViolation]) -> None:
     if problems:
         raise invalid_argument(RemoteReason.INVALID_WORKER_REQUEST, problems)
@@ -115,10 +121,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             num_outputs=job.num_outputs,
             provider_request_id=job.provider_request_id or "",
             cancel_requested=job.cancel_requested,
-            heartbeat_interval=duration_pb2.Duration(
-                seconds=int(self._jobs.heartbeat_seconds),
-                nanos=int((self._jobs.heartbeat_seconds % 1) * 1e9),
-            ),
+            heartbeat_interval=_duration(self._jobs.heartbeat_seconds(job)),
             submit_key=f"{job.job_id}:{job.attempt}",
         )
         json_format.ParseDict(job.parameters, claimed.parameters)
@@ -131,9 +134,12 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         _key(request.request_id, problems)
         _token("claim_token", request.claim_token, problems)
         _worker(request.worker_id, problems)
+        asked = request.lease_duration.ToTimedelta().total_seconds()
+        if not 0 <= asked <= 86400:
+            problems.append(FieldViolation("lease_duration", "must be between 0 and 1 day"))
         _check(problems)
         job = await self._jobs.claim(
-            _pool(), request.request_id, request.claim_token, request.worker_id
+            _pool(), request.request_id, request.claim_token, request.worker_id, asked
         )
         response = pb.ClaimJobResponse(server_time=_timestamp(datetime.now(UTC)))
         if job is not None:

@@ -17,7 +17,19 @@ class RemoteSettings:
     # Pool name by the SHA-256 (hex) of its credential.
     pools_by_hash: dict[str, str] = field(default_factory=dict)
     lease_ttl_seconds: float = 60.0
+    lease_min_seconds: float = 5.0
+    lease_max_seconds: float = 600.0
     heartbeat_seconds: float = 10.0
+
+    def granted(self, asked_seconds: float) -> float:
+        """The lease a claim gets: the worker's ask (0: the default) within the bounds."""
+        if asked_seconds <= 0:
+            return self.lease_ttl_seconds
+        return min(self.lease_max_seconds, max(self.lease_min_seconds, asked_seconds))
+
+    def heartbeat_for(self, lease_seconds: float) -> float:
+        """The heartbeat a worker is told: never less than three beats per lease."""
+        return min(self.heartbeat_seconds, lease_seconds / 3)
 
     @classmethod
     def read(cls, reader: EnvReader) -> RemoteSettings:
@@ -37,10 +49,18 @@ class RemoteSettings:
                 pools[digest.lower()] = name
         settings = cls(
             pools_by_hash=pools,
-            # How long a remote worker's claim lasts without a heartbeat (server clock).
-            lease_ttl_seconds=reader.seconds("REMOTE_LEASE_TTL", 60, minimum=5, maximum=3600),
+            # How long a remote worker's claim lasts without a heartbeat (server clock),
+            # unless its claim asks for another duration within the bounds.
+            lease_ttl_seconds=reader.seconds("REMOTE_LEASE_TTL", 60, minimum=1, maximum=3600),
+            lease_min_seconds=reader.seconds("REMOTE_LEASE_MIN", 5, minimum=1, maximum=3600),
+            lease_max_seconds=reader.seconds("REMOTE_LEASE_MAX", 600, minimum=1, maximum=3600),
             # How often remote workers are told to heartbeat.
             heartbeat_seconds=reader.seconds("REMOTE_HEARTBEAT", 10, minimum=0.5, maximum=600),
+        )
+        reader.require(
+            settings.lease_min_seconds <= settings.lease_ttl_seconds <= settings.lease_max_seconds,
+            "REMOTE_LEASE_TTL",
+            "must be between ATELIER_REMOTE_LEASE_MIN and ATELIER_REMOTE_LEASE_MAX",
         )
         reader.require(
             settings.heartbeat_seconds * 2 <= settings.lease_ttl_seconds,

@@ -4,9 +4,10 @@ once (GENERATING), poll while a heartbeat keeps the lease, then send the outputs
 server lands them through media and completes the job). A job that already has a
 request resumes polling and never submits.
 
-Heartbeats and the calls that change the job take turns (one lock), so every call sends
-the version the last answer gave. A heartbeat refused for the lease (expired, taken)
-stops the attempt at once: the job is someone else's now."""
+The calls that change the job take turns (one lock) and send the newest version any
+answer gave; heartbeats run beside them, so a slow call never lets the lease run out. A
+heartbeat refused for the lease (expired, taken) stops the attempt at once: the job is
+someone else's now."""
 
 from __future__ import annotations
 
@@ -127,9 +128,11 @@ class RemoteAttempt:
                 log.warning("heartbeat_refused", job_id=self._job.job_id, reason=refused.reason)
 
     async def _heartbeat(self) -> None:
-        async with self._turn:
-            progress, self._progress = self._progress, None
-            answer = await self._client.heartbeat(self._lease, progress)
+        # Never behind a slow call that changes the job: the lease must not run out
+        # while CompleteJob lands outputs. Versions only grow, so the newest answer wins
+        # whichever call it came from.
+        progress, self._progress = self._progress, None
+        answer = await self._client.heartbeat(self._lease, progress)
         if answer.cancel_requested:
             self._cancel.set()
 

@@ -10,6 +10,7 @@ import secrets
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TypeVar
 
 import grpc
@@ -67,6 +68,10 @@ class Lease:
     lease_generation: int
     version: int
 
+    def saw(self, version: int) -> None:
+        """Versions only grow: an answer that arrives late never moves it back."""
+        self.version = max(self.version, version)
+
     def ref(self) -> pb.LeaseRef:
         return pb.LeaseRef(
             job_id=self.job_id,
@@ -76,8 +81,16 @@ class Lease:
 
 
 class WorkerClient:
-    def __init__(self, address: str, credential: str, worker_id: str, fault: str = "") -> None:
+    def __init__(
+        self,
+        address: str,
+        credential: str,
+        worker_id: str,
+        fault: str = "",
+        lease_seconds: float = 0.0,
+    ) -> None:
         self.worker_id = worker_id
+        self._lease_seconds = lease_seconds
         self._channel = grpc.aio.insecure_channel(address)
         self._stub = worker_service_pb2_grpc.WorkerServiceStub(self._channel)
         self._metadata = (("authorization", f"Bearer {credential}"),)
@@ -105,6 +118,8 @@ class WorkerClient:
         request = pb.ClaimJobRequest(
             request_id=new_key(), claim_token=new_claim_token(), worker_id=self.worker_id
         )
+        if self._lease_seconds > 0:
+            request.lease_duration.FromTimedelta(timedelta(seconds=self._lease_seconds))
         answer = await self._send(self._stub.ClaimJob, request)
         if answer.HasField("job") and self._fault == DROP_FIRST_CLAIM and not self.claims_dropped:
             self.claims_dropped += 1
@@ -133,7 +148,7 @@ class WorkerClient:
             has_progress=progress is not None,
         )
         answer = await self._send(self._stub.HeartbeatJob, request)
-        lease.version = answer.version
+        lease.saw(answer.version)
         return answer
 
     async def input_url(self, lease: Lease) -> str:
@@ -149,7 +164,7 @@ class WorkerClient:
             step=pb.WORKER_STEP_GENERATING if request_id else pb.WORKER_STEP_SUBMITTING,
             provider_request_id=request_id or "",
         )
-        lease.version = (await self._send(self._stub.StartJob, request)).version
+        lease.saw((await self._send(self._stub.StartJob, request)).version)
 
     async def complete(
         self,
@@ -166,7 +181,7 @@ class WorkerClient:
             failure=failure,
         )
         answer = await self._send(self._stub.CompleteJob, request)
-        lease.version = answer.version
+        lease.saw(answer.version)
         return answer
 
     async def release(self, lease: Lease) -> pb.ReleaseJobResponse:
@@ -177,7 +192,7 @@ class WorkerClient:
             expected_version=lease.version,
         )
         answer = await self._send(self._stub.ReleaseJob, request)
-        lease.version = answer.version
+        lease.saw(answer.version)
         return answer
 
     async def acknowledge_cancel(self, lease: Lease) -> None:
@@ -187,4 +202,4 @@ class WorkerClient:
             request_id=new_key(),
             expected_version=lease.version,
         )
-        lease.version = (await self._send(self._stub.AcknowledgeCancel, request)).version
+        lease.saw((await self._send(self._stub.AcknowledgeCancel, request)).version)

@@ -19,6 +19,7 @@ class RemoteWorkerSettings:
     poll_seconds: float
     provider_poll_seconds: float
     drain_seconds: float
+    lease_seconds: float
     fault: str
 
     @classmethod
@@ -38,6 +39,8 @@ class RemoteWorkerSettings:
             ),
             # On SIGTERM, how long running jobs may take before they are handed back.
             drain_seconds=reader.seconds("REMOTE_WORKER_DRAIN", 8, minimum=0, maximum=300),
+            # The lease to ask for (0: the server's default; the server applies its bounds).
+            lease_seconds=reader.seconds("REMOTE_WORKER_LEASE", 0, minimum=0, maximum=86400),
             # Tests only: drop_first_claim throws away the first claim's answer and replays.
             fault=reader.string("REMOTE_WORKER_FAULT", "", choices=FAULTS),
         )

@@ -1,12 +1,13 @@
-"""The reference remote worker's loop: claims one job at a time while it has a free slot
-(at most ``concurrency`` running), runs each as a :class:`RemoteAttempt`, and on SIGTERM
-drains: no more claims, jobs not yet at the provider are handed back at once, polling
-ones get until the drain deadline, then are handed back (their request kept)."""
+"""The reference remote worker's loop: ``concurrency`` slots each claim a job and run it
+as a :class:`RemoteAttempt`; on SIGTERM it drains: no more claims, jobs not yet at the
+provider are handed back at once, polling ones get until the drain deadline, then are
+handed back (their request kept)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 from collections.abc import Mapping
 
@@ -24,6 +25,9 @@ CLAIM_RETRY_SECONDS = 1.0
 
 
 class RemoteWorker:
+    """``concurrency`` slots, each claiming a job, running it and claiming again: claims
+    go out in parallel (one round trip each), never more jobs held than slots."""
+
     def __init__(
         self,
         client: WorkerClient,
@@ -34,8 +38,6 @@ class RemoteWorker:
         self._providers = providers
         self._settings = settings
         self._drain = RemoteDrain()
-        self._attempts: set[asyncio.Task[str]] = set()
-        self._slot_freed = asyncio.Event()
         self.outcomes: dict[str, str] = {}
 
     def stop(self) -> None:
@@ -43,7 +45,6 @@ class RemoteWorker:
         if self._drain.asked.is_set():
             return
         self._drain.asked.set()
-        self._slot_freed.set()
         asyncio.get_running_loop().call_later(self._settings.drain_seconds, self._drain.due.set)
 
     async def run(self) -> None:
@@ -54,48 +55,44 @@ class RemoteWorker:
             remote=True,
         )
         async with httpx.AsyncClient(timeout=30) as http:
-            while not self._drain.asked.is_set():
-                if len(self._attempts) >= self._settings.concurrency:
-                    self._slot_freed.clear()
-                    await self._slot_freed.wait()
-                    continue
-                try:
-                    job, lease = await self._client.claim()
-                except Refused as refused:
-                    log.warning("claim_refused", reason=refused.reason, code=refused.code.name)
-                    await self._sleep(CLAIM_RETRY_SECONDS)
-                    continue
-                if job is None or lease is None:
-                    await self._sleep(self._settings.poll_seconds)
-                    continue
-                attempt = RemoteAttempt(
-                    job,
-                    lease,
-                    self._client,
-                    self._providers,
-                    http,
-                    self._drain,
-                    self._settings.provider_poll_seconds,
-                )
-                self._start(job.job_id, attempt)
-            if self._attempts:
-                log.info("worker_draining", running=len(self._attempts))
-                await asyncio.gather(*self._attempts, return_exceptions=True)
+            slots = [
+                asyncio.create_task(self._slot(http), name=f"slot-{n}")
+                for n in range(self._settings.concurrency)
+            ]
+            try:
+                await asyncio.gather(*slots)
+            finally:
+                for slot in slots:
+                    slot.cancel()
+                await asyncio.gather(*slots, return_exceptions=True)
         log.info("worker_stopped", worker_id=self._client.worker_id)
 
-    def _start(self, job_id: str, attempt: RemoteAttempt) -> None:
-        task = asyncio.create_task(attempt.run(), name=f"remote:{job_id}")
-        self._attempts.add(task)
-
-        def ended(done: asyncio.Task[str]) -> None:
-            self._attempts.discard(done)
-            if not done.cancelled() and done.exception() is None:
-                self.outcomes[job_id] = done.result()
-            elif not done.cancelled():
-                log.error("remote_attempt_crashed", job_id=job_id, error=repr(done.exception()))
-            self._slot_freed.set()
-
-        task.add_done_callback(ended)
+    async def _slot(self, http: httpx.AsyncClient) -> None:
+        while not self._drain.asked.is_set():
+            try:
+                job, lease = await self._client.claim()
+            except Refused as refused:
+                log.warning("claim_refused", reason=refused.reason, code=refused.code.name)
+                await self._sleep(CLAIM_RETRY_SECONDS)
+                continue
+            if job is None or lease is None:
+                await self._sleep(self._settings.poll_seconds)
+                continue
+            attempt = RemoteAttempt(
+                job,
+                lease,
+                self._client,
+                self._providers,
+                http,
+                self._drain,
+                self._settings.provider_poll_seconds,
+            )
+            try:
+                self.outcomes[job.job_id] = await attempt.run()
+            except Exception as error:
+                # A bug or an answer we cannot use: the lease runs out and the reaper
+                # decides by the job's step.
+                log.error("remote_attempt_crashed", job_id=job.job_id, error=repr(error))
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -106,7 +103,9 @@ async def serve(
     address: str, settings: RemoteWorkerSettings, providers: Mapping[str, Provider]
 ) -> int:
     """Runs the worker until SIGTERM or SIGINT, then drains; the exit code."""
-    client = WorkerClient(address, settings.credential, settings.worker_id, settings.fault)
+    client = WorkerClient(
+        address, settings.credential, settings.worker_id, settings.fault, settings.lease_seconds
+    )
     worker = RemoteWorker(client, providers, settings)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -135,5 +134,7 @@ def main(address: str) -> int:
     reader.require(bool(settings.credential), "REMOTE_WORKER_CREDENTIAL", "is required")
     reader.finish()
     configure(level, "remote-worker")
+    # httpx logs every request at INFO, signed input URLs included: keep them out.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     providers: dict[str, Provider] = {"stub": StubProvider(stub)}
     return asyncio.run(serve(address, settings, providers))

@@ -25,8 +25,8 @@ from services.kit.db import driver_connection
 # another claim violates uq_remote_claims_token_hash.
 _INSERT_CLAIM = """
 INSERT INTO creation.remote_claims
-  (pool, request_id, request_hash, token_hash, worker_id, created_at)
-VALUES ($1, $2, $3, $4, $5, $6)
+  (pool, request_id, request_hash, token_hash, worker_id, lease_seconds, created_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
 ON CONFLICT (pool, request_id) DO NOTHING
 RETURNING true
 """
@@ -43,7 +43,7 @@ _JOB = "SELECT * FROM creation.jobs WHERE job_id = $1::uuid"
 # The lease a claim token names, with its job as it is now (rides
 # uq_remote_claims_token_hash, then pk_jobs).
 _LEASE = """
-SELECT c.pool, c.worker_id, c.lease_generation, j.*
+SELECT c.pool, c.worker_id, c.lease_generation, c.lease_seconds, j.*
 FROM creation.remote_claims AS c
 JOIN creation.jobs AS j ON j.job_id = c.job_id
 WHERE c.token_hash = $1 AND c.job_id = $2::uuid
@@ -94,11 +94,10 @@ class ClaimRequest:
     token_hash: str
     worker_id: str
     owner: str  # the lease owner written on the job: pool/worker
+    lease: timedelta  # granted: the worker's ask within the server's bounds
 
 
-async def claim(
-    engine: AsyncEngine, request: ClaimRequest, lease_ttl: timedelta, now: datetime
-) -> NewClaim | Replay:
+async def claim(engine: AsyncEngine, request: ClaimRequest, now: datetime) -> NewClaim | Replay:
     """Claims one due job for ``request`` (the in-process claim statement, limit 1), or
     answers the earlier claim with the same pool and key; one transaction either way."""
     async with driver_connection(engine) as connection, connection.transaction():
@@ -110,6 +109,7 @@ async def claim(
                 request.request_hash,
                 request.token_hash,
                 request.worker_id,
+                request.lease.total_seconds(),
                 now,
             )
         except asyncpg.UniqueViolationError:
@@ -122,7 +122,7 @@ async def claim(
             job_row = await connection.fetchrow(_JOB, record.job_id) if record.job_id else None
             return Replay(record, job_from_row(job_row) if job_row else None)
         rows = await connection.fetch(
-            CLAIM_SQL, now, json_time(now), request.owner, 1, now + lease_ttl
+            CLAIM_SQL, now, json_time(now), request.owner, 1, now + request.lease
         )
         if not rows:
             return NewClaim(None)
@@ -140,13 +140,20 @@ class HeldLease:
     pool: str
     worker_id: str
     lease_generation: int
+    lease: timedelta
     job: Job
 
 
 def _held(row: Any) -> HeldLease | None:
     if row is None:
         return None
-    return HeldLease(row["pool"], row["worker_id"], row["lease_generation"], job_from_row(row))
+    return HeldLease(
+        row["pool"],
+        row["worker_id"],
+        row["lease_generation"],
+        timedelta(seconds=row["lease_seconds"]),
+        job_from_row(row),
+    )
 
 
 async def read_lease(engine: AsyncEngine, token_hash: str, job_id: str) -> HeldLease | None:

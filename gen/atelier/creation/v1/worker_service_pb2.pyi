@@ -221,6 +221,7 @@ class ClaimJobRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     CLAIM_TOKEN_FIELD_NUMBER: _builtins.int
     WORKER_ID_FIELD_NUMBER: _builtins.int
+    LEASE_DURATION_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Idempotency key, unique per pool; kept by the worker before sending. A replay with
     the same key and claim token answers the same job while the lease is still this
@@ -232,16 +233,24 @@ class ClaimJobRequest(_message.Message):
     """256 random bits as 64 hex digits, generated and kept by the worker."""
     worker_id: _builtins.str
     """The worker's name within its pool (audit events carry pool/worker)."""
+    @_builtins.property
+    def lease_duration(self) -> _duration_pb2.Duration:
+        """How long the lease lasts without a heartbeat; unset: the server's default. Clamped
+        to the server's bounds; ClaimedJob.lease_expire_time says what was granted, and
+        every heartbeat extends by the same duration.
+        """
+
     def __init__(
         self,
         *,
         request_id: _builtins.str = ...,
         claim_token: _builtins.str = ...,
         worker_id: _builtins.str = ...,
+        lease_duration: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease_duration", b"lease_duration"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["claim_token", b"claim_token", "request_id", b"request_id", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claim_token", b"claim_token", "lease_duration", b"lease_duration", "request_id", b"request_id", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -30,6 +30,7 @@ def upgrade() -> None:
         sa.Column("worker_id", sa.Text(), nullable=False),
         sa.Column("job_id", postgresql.UUID(as_uuid=False), nullable=True),
         sa.Column("lease_generation", sa.BigInteger(), nullable=True),
+        sa.Column("lease_seconds", sa.Float(), nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.CheckConstraint(
             "(job_id IS NULL) = (lease_generation IS NULL)",
