@@ -21,52 +21,27 @@ from services.kit.auth import (
 )
 from services.kit.errors import ApiError
 from services.kit.settings import EnvReader, SettingsError
+from tests.unit.test_creation_convert import BASE
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
 JOB_ID = "0b5c6a8e-5a41-4a7e-9a38-0a0b0c0d0e0f"
 
 
 def running_job(**changes: object) -> Job:
-    job = Job(
+    """The convert tests' job, claimed by worker w1 of pool gpu at generation 3."""
+    running = replace(
+        BASE,
         job_id=JOB_ID,
-        user_id="u",
-        model_id="stub-fast",
-        style_id="watercolor",
-        provider_code="stub",
-        provider_model="stub",
-        price_points=5,
-        input_asset_id="a",
-        prompt="",
-        negative_prompt="",
-        width=512,
-        height=512,
-        parameters={},
         status=Status.RUNNING,
-        progress=0,
         step=Step.PREPARING,
-        priority=0,
         attempt=1,
-        max_attempts=3,
-        next_attempt_at=NOW,
         lease_owner="gpu/w1",
         lease_epoch=3,
         lease_expires_at=NOW + timedelta(seconds=30),
-        provider_request_id=None,
-        error_code=None,
-        error_message=None,
-        cancel_requested=False,
-        num_outputs=1,
-        outputs=(),
-        idempotency_key=None,
-        request_hash="h",
-        version=4,
-        created_at=NOW,
         started_at=NOW,
-        completed_at=None,
-        updated_at=NOW,
-        trace_parent=None,
+        version=4,
     )
-    return replace(job, **changes)  # type: ignore[arg-type]
+    return replace(running, **changes)  # type: ignore[arg-type]
 
 
 def test_a_claims_lease_is_its_ask_within_the_bounds() -> None:
