@@ -194,6 +194,25 @@ async def test_the_protocol_replays_claims_and_refuses_leases_it_does_not_hold(
         start.request_id, start.expected_version = str(uuid.uuid4()), beat.version
         started = await stub.StartJob(start, metadata=gpu)
         assert (await stub.StartJob(start, metadata=gpu)).version == started.version
+        start.step = pb.WORKER_STEP_GENERATING  # the same key for another request
+        start.provider_request_id = "req-1"
+        assert await refused(stub.StartJob(start, metadata=gpu)) == (
+            grpc.StatusCode.ALREADY_EXISTS,
+            "IDEMPOTENCY_KEY_REUSED",
+        )
+        # Outputs must be the job's number of images, checked before anything lands.
+        two = [pb.WorkerOutput(data=b"x", content_type="image/png")] * 2
+        complete = pb.CompleteJobRequest(
+            lease=lease,
+            worker_id="probe",
+            request_id=str(uuid.uuid4()),
+            expected_version=started.version,
+            outputs=two,
+        )
+        assert await refused(stub.CompleteJob(complete, metadata=gpu)) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_WORKER_REQUEST",
+        )
 
         # Credentials: the service credential cannot claim; a pool cannot call admin.
         service = (("authorization", f"Bearer {DEV_SERVICE_TOKEN}"),)

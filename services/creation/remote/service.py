@@ -35,6 +35,7 @@ from services.creation.store.fenced import FencedWrite, outputs_value
 from services.creation.store.remote import CallTransaction, ClaimRequest, HeldLease, NewClaim
 from services.creation.worker import output_purger
 from services.kit.clock import Clock
+from services.kit.errors import FieldViolation, invalid_argument
 from services.kit.logging import get_logger
 
 log = get_logger(__name__)
@@ -252,6 +253,11 @@ class RemoteJobs:
         )
         if job.version != expected_version:
             raise VersionMismatch(job.version)
+        if len(outputs.images) != job.num_outputs:
+            raise invalid_argument(
+                RemoteReason.INVALID_WORKER_REQUEST,
+                [FieldViolation("outputs", f"the job makes exactly {job.num_outputs} images")],
+            )
         landed = []
         for index, (data, content_type) in enumerate(outputs.images):
             try:
