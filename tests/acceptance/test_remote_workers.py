@@ -12,7 +12,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
-from datetime import UTC, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import grpc
@@ -24,6 +24,7 @@ from atelier.creation.v1 import worker_service_pb2 as pb
 from services.creation.domain import Status
 from services.creation.providers.stub import read_ledger
 from services.creation.remote_worker.client import reason_of
+from services.creation.store import jobs as jobs_store
 from services.dev.stack import Stack
 from services.kit.db import asyncpg_url
 from services.kit.settings import DEV_SERVICE_TOKEN
@@ -262,6 +263,65 @@ async def test_the_protocol_replays_claims_and_refuses_leases_it_does_not_hold(
         ("running", "worker", "gpu/probe"),
         ("needs_attention", "reaper", "reaper"),
     ]
+
+
+async def test_a_cancel_reaches_the_remote_worker_and_ends_its_claim(
+    api: Stack, db: AsyncEngine
+) -> None:
+    """The owner cancels a job a remote worker is generating: the heartbeat says so, a
+    completion sent with the old version is refused, the acknowledgement cancels the job,
+    and the claim's replay has expired."""
+    [job_id] = await queue(api, db, users=1, per_user=1)
+    async with channel(api) as ch:
+        stub = worker_service_pb2_grpc.WorkerServiceStub(ch)
+        gpu = pool_metadata("gpu")
+        claim = claim_request()
+        claim.lease_duration.FromTimedelta(timedelta(seconds=30))
+        job = (await stub.ClaimJob(claim, metadata=gpu)).job
+        lease = pb.LeaseRef(job_id=job_id, claim_token=claim.claim_token, lease_generation=1)
+        version = job.version
+        for step, request in ((pb.WORKER_STEP_SUBMITTING, ""), (pb.WORKER_STEP_GENERATING, "r1")):
+            start = pb.StartJobRequest(
+                lease=lease,
+                worker_id="probe",
+                request_id=str(uuid.uuid4()),
+                expected_version=version,
+                step=step,
+                provider_request_id=request,
+            )
+            version = (await stub.StartJob(start, metadata=gpu)).version
+
+        owner = (await read_jobs(db, [job_id]))[job_id].user_id
+        await jobs_store.cancel(db, owner, job_id, datetime.now(UTC))
+        beat = await stub.HeartbeatJob(
+            pb.HeartbeatJobRequest(lease=lease, worker_id="probe"), metadata=gpu
+        )
+        assert beat.cancel_requested and beat.version == version + 1
+        late = pb.CompleteJobRequest(
+            lease=lease,
+            worker_id="probe",
+            request_id=str(uuid.uuid4()),
+            expected_version=version,
+            outputs=[pb.WorkerOutput(data=b"x", content_type="image/png")],
+        )
+        assert await refused(stub.CompleteJob(late, metadata=gpu)) == (
+            grpc.StatusCode.ABORTED,
+            "JOB_VERSION_MISMATCH",
+        )
+        acknowledge = pb.AcknowledgeCancelRequest(
+            lease=lease,
+            worker_id="probe",
+            request_id=str(uuid.uuid4()),
+            expected_version=beat.version,
+        )
+        acknowledged = await stub.AcknowledgeCancel(acknowledge, metadata=gpu)
+        # Its replay (the answer lost) answers the same; the job is cancelled.
+        assert (await stub.AcknowledgeCancel(acknowledge, metadata=gpu)) == acknowledged
+        assert (await read_jobs(db, [job_id]))[job_id].status is Status.CANCELLED
+        assert await refused(stub.ClaimJob(claim, metadata=gpu)) == (
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "CLAIM_REPLAY_EXPIRED",
+        )
 
 
 async def test_a_remote_worker_completes_jobs_and_replays_a_dropped_claim(
