@@ -99,6 +99,12 @@ def _edge_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _worker(args: argparse.Namespace) -> int:
+    from services.creation.remote_worker.worker import main as run_remote_worker
+
+    return run_remote_worker(args.remote)
+
+
 def _dev(args: argparse.Namespace) -> int:
     from services.dev.launcher import run_dev
 
@@ -156,6 +162,16 @@ def parser() -> argparse.ArgumentParser:
     )
     edge_config.add_arguments(edge)
     edge.set_defaults(run=_edge_config)
+
+    worker = commands.add_parser(
+        "worker",
+        help="run a remote worker: jobs from creation's WorkerService, no database "
+        "(ATELIER_REMOTE_WORKER_*; see docs/remote-workers.md)",
+    )
+    worker.add_argument(
+        "--remote", required=True, metavar="ADDRESS", help="creation's internal listener"
+    )
+    worker.set_defaults(run=_worker)
 
     dev = commands.add_parser("dev", help="run everything locally on embedded defaults")
     dev.set_defaults(run=_dev)

@@ -20,6 +20,8 @@ from atelier.creation.v1 import (
     admin_service_pb2_grpc,
     creation_service_pb2,
     creation_service_pb2_grpc,
+    worker_service_pb2,
+    worker_service_pb2_grpc,
 )
 from services.creation.admin_servicer import AdminServicer
 from services.creation.gauges import backlog_reading
@@ -32,6 +34,8 @@ from services.creation.providers.stub import crash_point
 from services.creation.ready_inputs import ReadyInputs
 from services.creation.relay.notify_client import NotifyClient
 from services.creation.relay.relay import OutboxRelay
+from services.creation.remote.service import RemoteJobs
+from services.creation.remote.servicer import WorkerServicer
 from services.creation.servicer import CreationServicer
 from services.creation.settings import CreationSettings
 from services.creation.store.catalog import CachedCatalog
@@ -39,6 +43,7 @@ from services.creation.store.jobs import SubmitLimits
 from services.creation.worker.context import PointHook, no_point
 from services.creation.worker.loop import Worker
 from services.creation.worker.reaper import Reaper
+from services.kit.auth import RoutedAuthenticator, ServiceAuthenticator, WorkerPoolAuthenticator
 from services.kit.clock import Clock, system_clock
 from services.kit.components import Component
 from services.kit.db import Database
@@ -177,11 +182,48 @@ def build(
                 admin_service_pb2.DESCRIPTOR.services_by_name["AdminService"],
                 admin_service_pb2_grpc.add_AdminServiceServicer_to_server,
                 AdminServicer(Operators(database.engine, settings.welcome_points, clock)),
-            )
+            ),
+            _worker_service(settings, database, media, clock),
         ],
+        internal_authenticator=_internal_authenticator(settings),
         readiness=database.answers,
         components=background,
         cleanup=cleanup,
+    )
+
+
+WORKER_SERVICE = worker_service_pb2.DESCRIPTOR.services_by_name["WorkerService"]
+
+
+def _worker_service(
+    settings: CreationSettings, database: Database, media: MediaClient, clock: Clock
+) -> Binding:
+    """The remote worker protocol (docs/remote-workers.md)."""
+    jobs = RemoteJobs(
+        database.engine,
+        media,
+        settings.remote,
+        clock,
+        backoff_base_seconds=settings.backoff_base_seconds,
+        backoff_max_seconds=settings.backoff_max_seconds,
+    )
+    return Binding(
+        WORKER_SERVICE,
+        worker_service_pb2_grpc.add_WorkerServiceServicer_to_server,
+        WorkerServicer(jobs),
+    )
+
+
+def _internal_authenticator(settings: CreationSettings) -> RoutedAuthenticator:
+    """The service credential for every internal RPC but WorkerService's, which takes a
+    worker pool's credential (and only that)."""
+    return RoutedAuthenticator(
+        ServiceAuthenticator(settings.common.service_token),
+        {
+            f"/{WORKER_SERVICE.full_name}/": WorkerPoolAuthenticator(
+                dict(settings.remote.pools_by_hash)
+            )
+        },
     )
 
 

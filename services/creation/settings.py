@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from services.creation.providers.failures import FAILURES
+from services.creation.remote.settings import RemoteSettings
 from services.kit.settings import DEFAULT_PORTS, CommonSettings, EnvReader, ListenSettings
 
 # Where a test or a demo may kill a worker (see providers/stub/faults.py): the stub owns
@@ -288,6 +289,7 @@ class CreationSettings:
     stub: StubSettings = StubSettings()
     relay: RelaySettings = RelaySettings()
     providers: ProviderSettings = ProviderSettings()
+    remote: RemoteSettings = field(default_factory=RemoteSettings)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> CreationSettings:
@@ -331,6 +333,7 @@ class CreationSettings:
             stub=StubSettings.read(reader),
             relay=RelaySettings.read(reader),
             providers=ProviderSettings.read(reader),
+            remote=RemoteSettings.read(reader),
         )
         # A heartbeat must come well inside the lease, or live jobs would be reaped.
         reader.require(

@@ -9,9 +9,11 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     PrimaryKeyConstraint,
     SmallInteger,
@@ -342,3 +344,45 @@ Index(
     points_ledger.c.created_at.desc(),
     points_ledger.c.entry_id.desc(),
 )
+
+# Remote workers' claims (WorkerService.ClaimJob), one per pool and idempotency key: what
+# a replay answers. The claim token is kept only as its SHA-256; a claim that found
+# nothing has no job (and replays as nothing).
+remote_claims = Table(
+    "remote_claims",
+    metadata,
+    Column("pool", Text, nullable=False),
+    Column("request_id", Text, nullable=False),
+    # SHA-256 of the claim token and the worker id: a replay must send both unchanged.
+    Column("request_hash", Text, nullable=False),
+    Column("token_hash", Text, nullable=False),
+    Column("worker_id", Text, nullable=False),
+    Column("job_id", UUID(as_uuid=False), ForeignKey("jobs.job_id")),
+    Column("lease_generation", BigInteger),
+    # The lease duration granted (the worker's ask within the server's bounds): every
+    # heartbeat extends by it.
+    Column("lease_seconds", Float, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    PrimaryKeyConstraint("pool", "request_id", name="pk_remote_claims"),
+    UniqueConstraint("token_hash", name="uq_remote_claims_token_hash"),
+    CheckConstraint("(job_id IS NULL) = (lease_generation IS NULL)", name="claimed_shape"),
+)
+# Pruning old claims, oldest first.
+Index("ix_remote_claims_created", remote_claims.c.created_at)
+
+# Remote workers' other job-changing calls (start, complete, release, cancel-ack), one
+# per pool and idempotency key, with the answer a replay gets; written in the same
+# transaction as the change itself.
+remote_calls = Table(
+    "remote_calls",
+    metadata,
+    Column("pool", Text, nullable=False),
+    Column("request_id", Text, nullable=False),
+    Column("method", Text, nullable=False),
+    Column("request_hash", Text, nullable=False),
+    Column("job_id", UUID(as_uuid=False), ForeignKey("jobs.job_id"), nullable=False),
+    Column("response", LargeBinary, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    PrimaryKeyConstraint("pool", "request_id", name="pk_remote_calls"),
+)
+Index("ix_remote_calls_created", remote_calls.c.created_at)

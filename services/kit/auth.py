@@ -4,6 +4,7 @@ with a shared service credential on internal listeners."""
 from __future__ import annotations
 
 import contextvars
+import hashlib
 import hmac
 import re
 import time
@@ -43,10 +44,12 @@ def principal_id_problem(value: str) -> str | None:
 
 @dataclass(frozen=True)
 class Principal:
-    """The authenticated caller. ``user_id`` is empty for service callers."""
+    """The authenticated caller. ``user_id`` is empty for service callers and for remote
+    workers, which carry their pool's name instead."""
 
     user_id: str
     is_service: bool = False
+    worker_pool: str = ""
 
 
 _current: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
@@ -191,6 +194,52 @@ class ServiceAuthenticator:
                 Reason.SERVICE_CREDENTIAL_INVALID, "the service credential is not valid"
             )
         return Principal(user_id="", is_service=True)
+
+
+@dataclass(frozen=True)
+class WorkerPoolAuthenticator:
+    """Checks a worker pool's credential (a bearer token); the pools are known only by the
+    SHA-256 of their credentials, so the settings hold no secret."""
+
+    pools_by_hash: dict[str, str]
+
+    def authenticate(self, metadata: Metadata) -> Principal:
+        credential = _bearer(metadata)
+        if credential is None:
+            raise unauthenticated(
+                Reason.SERVICE_CREDENTIAL_MISSING, "worker calls need the pool's credential"
+            )
+        pool = self.pools_by_hash.get(credential_hash(credential))
+        if pool is None:
+            raise unauthenticated(
+                Reason.SERVICE_CREDENTIAL_INVALID, "the worker pool credential is not valid"
+            )
+        return Principal(user_id="", worker_pool=pool)
+
+
+def credential_hash(credential: str) -> str:
+    """How a worker pool's credential is kept in settings: its SHA-256, in hex."""
+    return hashlib.sha256(credential.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class RoutedAuthenticator:
+    """One listener, several kinds of caller: the methods under a prefix (a service's
+    full name) take that prefix's authenticator, every other method the default. A
+    credential good for one kind is refused by the others (a worker pool cannot call
+    admin RPCs; the service credential cannot claim jobs)."""
+
+    default: Authenticator
+    by_prefix: dict[str, Authenticator]
+
+    def for_method(self, method: str) -> Authenticator:
+        for prefix, authenticator in self.by_prefix.items():
+            if method.startswith(prefix):
+                return authenticator
+        return self.default
+
+    def authenticate(self, metadata: Metadata) -> Principal:
+        return self.default.authenticate(metadata)
 
 
 def issue_token(

@@ -20,7 +20,7 @@ from grpc import aio
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 
 from services.kit import metrics
-from services.kit.auth import Authenticator, reset_principal, set_principal
+from services.kit.auth import Authenticator, RoutedAuthenticator, reset_principal, set_principal
 from services.kit.errors import ApiError, DomainError, Reason, internal, unimplemented
 from services.kit.logging import get_logger
 from services.kit.outages import DependencyUnavailable, Throttle, classify, log_unavailable
@@ -206,7 +206,10 @@ class ServerStack:
         self._tracer = tracer
 
     def wrap(self, method: str, handler: Handler) -> Handler:
-        authenticate = self._authenticator.authenticate
+        authenticator = self._authenticator
+        if isinstance(authenticator, RoutedAuthenticator):
+            authenticator = authenticator.for_method(method)
+        authenticate = authenticator.authenticate
         public = method.startswith(UNAUTHENTICATED_PREFIXES)
         service = self._service
 

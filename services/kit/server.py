@@ -97,6 +97,8 @@ class ServiceApp:
     # False for processes that only run components (creation --role worker): no public
     # listener at all; the internal one still answers health and reflection.
     serve_public: bool = True
+    # Who may call the internal listener; None: the service credential alone.
+    internal_authenticator: Authenticator | None = None
 
 
 def build_stack(service: str, authenticator: Authenticator) -> ServerStack:
@@ -150,7 +152,9 @@ class RunningService:
             else None
         )
         self._internal = _Listener(
-            app.name, app.internal, ServiceAuthenticator(common.service_token)
+            app.name,
+            app.internal,
+            app.internal_authenticator or ServiceAuthenticator(common.service_token),
         )
         self._listeners = [x for x in (self._public, self._internal) if x is not None]
         self.public_port = 0

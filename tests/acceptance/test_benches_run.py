@@ -27,6 +27,7 @@ BENCHES = {
     "push_planning": (["--jobs", "5", "--versions", "2"], "apply"),
     # The sender's warm-up takes the first batch: more pushes than one batch.
     "apns_push": (["--pushes", "600", "--batch", "100"], "sender (claim"),
+    "remote_worker": (["--jobs", "20", "--concurrency", "4"], "remote worker:"),
     "scale_out": (
         [
             "--replicas=2",
@@ -49,6 +50,7 @@ TAKES_DATABASE_URL = {
     "end_to_end",
     "push_planning",
     "apns_push",
+    "remote_worker",
     "scale_out",
 }
 

@@ -17,6 +17,8 @@ from atelier.creation.v1 import (
     admin_service_pb2_grpc,
     creation_service_pb2,
     creation_service_pb2_grpc,
+    worker_service_pb2,
+    worker_service_pb2_grpc,
 )
 from atelier.media.v1 import media_internal_service_pb2, media_internal_service_pb2_grpc
 from atelier.notify.v1 import notify_ingest_service_pb2, notify_ingest_service_pb2_grpc
@@ -159,6 +161,9 @@ async def test_internal_services_are_unreachable_through_envoy(stack: Stack) -> 
         lambda ch: admin_service_pb2_grpc.AdminServiceStub(ch).ListAttentionJobs(
             admin_service_pb2.ListAttentionJobsRequest(), metadata=service_token
         ),
+        lambda ch: worker_service_pb2_grpc.WorkerServiceStub(ch).ClaimJob(
+            worker_service_pb2.ClaimJobRequest(), metadata=service_token
+        ),
         lambda ch: media_internal_service_pb2_grpc.MediaInternalServiceStub(ch).GetAssetUrl(
             media_internal_service_pb2.GetAssetUrlRequest(asset_id="a"), metadata=service_token
         ),
@@ -181,6 +186,7 @@ async def test_internal_services_are_unreachable_through_envoy(stack: Stack) -> 
 def test_internal_paths_are_404_over_http(edge_url: str) -> None:
     for path in [
         "/atelier.creation.v1.AdminService/ListAttentionJobs",
+        "/atelier.creation.v1.WorkerService/ClaimJob",
         "/atelier.media.v1.MediaInternalService/DeleteAsset",
         "/atelier.notify.v1.NotifyIngestService/Deliver",
     ]:

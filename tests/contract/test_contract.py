@@ -25,6 +25,7 @@ PUBLIC = {
 }
 INTERNAL = {
     "atelier.creation.v1.AdminService",
+    "atelier.creation.v1.WorkerService",
     "atelier.media.v1.MediaInternalService",
     "atelier.notify.v1.NotifyIngestService",
 }

@@ -1,0 +1,205 @@
+"""WorkerService's client side: every call's idempotency key (and a claim's token) is made
+and kept before the call is sent, and a call whose answer was lost (the connection
+dropped, the deadline passed) is sent again with the same key and the same request, so the
+server answers it once. A refusal with a stable reason is raised as :class:`Refused`."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TypeVar
+
+import grpc
+
+from atelier.creation.v1 import worker_service_pb2 as pb
+from atelier.creation.v1 import worker_service_pb2_grpc
+from services.kit.grpc_client import RemoteFailure
+from services.kit.logging import get_logger
+
+log = get_logger(__name__)
+
+T = TypeVar("T")
+
+# Statuses after which the server may or may not have acted: send the same call again.
+_RESEND = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+CALL_TIMEOUT_SECONDS = 10.0
+RESENDS = 8
+RESEND_PAUSE_SECONDS = 0.2
+
+# Fault injection for tests: the client throws away the answer of its first claim that
+# got a job, as if the connection dropped, and replays the claim.
+DROP_FIRST_CLAIM = "drop_first_claim"
+FAULTS = ("", DROP_FIRST_CLAIM)
+
+
+class Refused(Exception):
+    """The server refused the call with a stable reason."""
+
+    def __init__(self, code: grpc.StatusCode, reason: str, details: str) -> None:
+        super().__init__(f"{code.name} {reason}: {details}")
+        self.code = code
+        self.reason = reason
+
+
+def reason_of(error: grpc.aio.AioRpcError) -> str:
+    """The ErrorInfo reason of a refusal (the status code's name without one)."""
+    return RemoteFailure.of(error).reason
+
+
+def new_key() -> str:
+    return str(uuid.uuid4())
+
+
+def new_claim_token() -> str:
+    """256 random bits, as the protocol asks."""
+    return secrets.token_hex(32)
+
+
+@dataclass
+class Lease:
+    """The worker's hold on one job and the version it last saw."""
+
+    job_id: str
+    claim_token: str
+    lease_generation: int
+    version: int
+
+    def saw(self, version: int) -> None:
+        """Versions only grow: an answer that arrives late never moves it back."""
+        self.version = max(self.version, version)
+
+    def ref(self) -> pb.LeaseRef:
+        return pb.LeaseRef(
+            job_id=self.job_id,
+            claim_token=self.claim_token,
+            lease_generation=self.lease_generation,
+        )
+
+
+class WorkerClient:
+    def __init__(
+        self,
+        address: str,
+        credential: str,
+        worker_id: str,
+        fault: str = "",
+        lease_seconds: float = 0.0,
+    ) -> None:
+        self.worker_id = worker_id
+        self._lease_seconds = lease_seconds
+        self._channel = grpc.aio.insecure_channel(address)
+        self._stub = worker_service_pb2_grpc.WorkerServiceStub(self._channel)
+        self._metadata = (("authorization", f"Bearer {credential}"),)
+        self._fault = fault
+        self.claims_dropped = 0
+        self.claim_replays = 0
+
+    async def close(self) -> None:
+        await self._channel.close(None)
+
+    async def _send(self, call: Callable[..., Awaitable[T]], request: object) -> T:
+        for attempt in range(RESENDS + 1):
+            try:
+                return await call(request, metadata=self._metadata, timeout=CALL_TIMEOUT_SECONDS)
+            except grpc.aio.AioRpcError as error:
+                if error.code() in _RESEND and attempt < RESENDS:
+                    await asyncio.sleep(RESEND_PAUSE_SECONDS)
+                    continue
+                raise Refused(error.code(), reason_of(error), error.details() or "") from None
+        raise AssertionError("unreachable")
+
+    async def claim(self) -> tuple[pb.ClaimedJob | None, Lease | None]:
+        """A due job and the lease on it, or (None, None)."""
+        # Kept before sending: a replay must carry both unchanged.
+        request = pb.ClaimJobRequest(
+            request_id=new_key(), claim_token=new_claim_token(), worker_id=self.worker_id
+        )
+        if self._lease_seconds > 0:
+            request.lease_duration.FromTimedelta(timedelta(seconds=self._lease_seconds))
+        answer = await self._send(self._stub.ClaimJob, request)
+        if answer.HasField("job") and self._fault == DROP_FIRST_CLAIM and not self.claims_dropped:
+            self.claims_dropped += 1
+            log.info(
+                "claim_answer_dropped", job_id=answer.job.job_id, request_id=request.request_id
+            )
+            replayed = await self._send(self._stub.ClaimJob, request)
+            self.claim_replays += 1
+            log.info(
+                "claim_replayed",
+                job_id=replayed.job.job_id,
+                first_job_id=answer.job.job_id,
+                same=replayed.job.job_id == answer.job.job_id,
+            )
+            answer = replayed
+        if not answer.HasField("job"):
+            return None, None
+        job = answer.job
+        return job, Lease(job.job_id, request.claim_token, job.lease_generation, job.version)
+
+    async def heartbeat(self, lease: Lease, progress: int | None) -> pb.HeartbeatJobResponse:
+        request = pb.HeartbeatJobRequest(
+            lease=lease.ref(),
+            worker_id=self.worker_id,
+            progress_percent=progress if progress is not None else 0,
+            has_progress=progress is not None,
+        )
+        answer = await self._send(self._stub.HeartbeatJob, request)
+        lease.saw(answer.version)
+        return answer
+
+    async def input_url(self, lease: Lease) -> str:
+        request = pb.GetJobInputRequest(lease=lease.ref(), worker_id=self.worker_id)
+        return (await self._send(self._stub.GetJobInput, request)).url
+
+    async def start(self, lease: Lease, request_id: str | None) -> None:
+        request = pb.StartJobRequest(
+            lease=lease.ref(),
+            worker_id=self.worker_id,
+            request_id=new_key(),
+            expected_version=lease.version,
+            step=pb.WORKER_STEP_GENERATING if request_id else pb.WORKER_STEP_SUBMITTING,
+            provider_request_id=request_id or "",
+        )
+        lease.saw((await self._send(self._stub.StartJob, request)).version)
+
+    async def complete(
+        self,
+        lease: Lease,
+        outputs: list[pb.WorkerOutput] | None = None,
+        failure: pb.WorkerFailure | None = None,
+    ) -> pb.CompleteJobResponse:
+        request = pb.CompleteJobRequest(
+            lease=lease.ref(),
+            worker_id=self.worker_id,
+            request_id=new_key(),
+            expected_version=lease.version,
+            outputs=outputs or [],
+            failure=failure,
+        )
+        answer = await self._send(self._stub.CompleteJob, request)
+        lease.saw(answer.version)
+        return answer
+
+    async def release(self, lease: Lease) -> pb.ReleaseJobResponse:
+        request = pb.ReleaseJobRequest(
+            lease=lease.ref(),
+            worker_id=self.worker_id,
+            request_id=new_key(),
+            expected_version=lease.version,
+        )
+        answer = await self._send(self._stub.ReleaseJob, request)
+        lease.saw(answer.version)
+        return answer
+
+    async def acknowledge_cancel(self, lease: Lease) -> None:
+        request = pb.AcknowledgeCancelRequest(
+            lease=lease.ref(),
+            worker_id=self.worker_id,
+            request_id=new_key(),
+            expected_version=lease.version,
+        )
+        lease.saw((await self._send(self._stub.AcknowledgeCancel, request)).version)

@@ -1,0 +1,46 @@
+"""The reference remote worker's settings (ATELIER_REMOTE_WORKER_*): where it calls, as
+which pool and worker, how many jobs at once. The credential is a secret: never echoed."""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from dataclasses import dataclass, field
+
+from services.creation.remote_worker.client import FAULTS
+from services.kit.settings import EnvReader
+
+
+@dataclass(frozen=True)
+class RemoteWorkerSettings:
+    credential: str = field(repr=False)
+    worker_id: str
+    concurrency: int
+    poll_seconds: float
+    provider_poll_seconds: float
+    drain_seconds: float
+    lease_seconds: float
+    fault: str
+
+    @classmethod
+    def read(cls, reader: EnvReader) -> RemoteWorkerSettings:
+        default_id = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+        return cls(
+            # The pool's credential (the server knows its SHA-256 from ATELIER_REMOTE_POOLS).
+            credential=reader.secret("REMOTE_WORKER_CREDENTIAL", "", min_length=16),
+            worker_id=reader.string("REMOTE_WORKER_ID", "") or default_id,
+            # Jobs this worker runs at once.
+            concurrency=reader.integer("REMOTE_WORKER_CONCURRENCY", 4, minimum=1, maximum=256),
+            # How long to wait before claiming again after a claim found nothing.
+            poll_seconds=reader.seconds("REMOTE_WORKER_POLL", 1, minimum=0.01, maximum=60),
+            # How often a running job asks its provider how it is going.
+            provider_poll_seconds=reader.seconds(
+                "REMOTE_WORKER_PROVIDER_POLL", 1, minimum=0.01, maximum=60
+            ),
+            # On SIGTERM, how long running jobs may take before they are handed back.
+            drain_seconds=reader.seconds("REMOTE_WORKER_DRAIN", 8, minimum=0, maximum=300),
+            # The lease to ask for (0: the server's default; the server applies its bounds).
+            lease_seconds=reader.seconds("REMOTE_WORKER_LEASE", 0, minimum=0, maximum=86400),
+            # Tests only: drop_first_claim throws away the first claim's answer and replays.
+            fault=reader.string("REMOTE_WORKER_FAULT", "", choices=FAULTS),
+        )

@@ -1,0 +1,140 @@
+"""The reference remote worker's loop: ``concurrency`` slots each claim a job and run it
+as a :class:`RemoteAttempt`; on SIGTERM it drains: no more claims, jobs not yet at the
+provider are handed back at once, polling ones get until the drain deadline, then are
+handed back (their request kept)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Mapping
+
+import httpx
+
+from services.creation.providers.base import Provider
+from services.creation.remote_worker.attempt import RemoteAttempt, RemoteDrain
+from services.creation.remote_worker.client import Refused, WorkerClient
+from services.creation.remote_worker.settings import RemoteWorkerSettings
+from services.kit.logging import get_logger
+
+log = get_logger(__name__)
+
+CLAIM_RETRY_SECONDS = 1.0
+
+
+class RemoteWorker:
+    """``concurrency`` slots, each claiming a job, running it and claiming again: claims
+    go out in parallel (one round trip each), never more jobs held than slots."""
+
+    def __init__(
+        self,
+        client: WorkerClient,
+        providers: Mapping[str, Provider],
+        settings: RemoteWorkerSettings,
+    ) -> None:
+        self._client = client
+        self._providers = providers
+        self._settings = settings
+        self._drain = RemoteDrain()
+        self.outcomes: dict[str, str] = {}
+
+    def stop(self) -> None:
+        """Begins the drain (SIGTERM)."""
+        if self._drain.asked.is_set():
+            return
+        self._drain.asked.set()
+        asyncio.get_running_loop().call_later(self._settings.drain_seconds, self._drain.due.set)
+
+    async def run(self) -> None:
+        log.info(
+            "worker_started",
+            worker_id=self._client.worker_id,
+            concurrency=self._settings.concurrency,
+            remote=True,
+        )
+        async with httpx.AsyncClient(timeout=30) as http:
+            slots = [
+                asyncio.create_task(self._slot(http), name=f"slot-{n}")
+                for n in range(self._settings.concurrency)
+            ]
+            try:
+                await asyncio.gather(*slots)
+            finally:
+                for slot in slots:
+                    slot.cancel()
+                await asyncio.gather(*slots, return_exceptions=True)
+        log.info("worker_stopped", worker_id=self._client.worker_id)
+
+    async def _slot(self, http: httpx.AsyncClient) -> None:
+        while not self._drain.asked.is_set():
+            try:
+                job, lease = await self._client.claim()
+            except Refused as refused:
+                log.warning("claim_refused", reason=refused.reason, code=refused.code.name)
+                await self._sleep(CLAIM_RETRY_SECONDS)
+                continue
+            if job is None or lease is None:
+                await self._sleep(self._settings.poll_seconds)
+                continue
+            attempt = RemoteAttempt(
+                job,
+                lease,
+                self._client,
+                self._providers,
+                http,
+                self._drain,
+                self._settings.provider_poll_seconds,
+            )
+            try:
+                self.outcomes[job.job_id] = await attempt.run()
+            except Exception as error:
+                # A bug or an answer we cannot use: the lease runs out and the reaper
+                # decides by the job's step.
+                log.error("remote_attempt_crashed", job_id=job.job_id, error=repr(error))
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._drain.asked.wait(), seconds)
+
+
+async def serve(
+    address: str, settings: RemoteWorkerSettings, providers: Mapping[str, Provider]
+) -> int:
+    """Runs the worker until SIGTERM or SIGINT, then drains; the exit code."""
+    client = WorkerClient(
+        address, settings.credential, settings.worker_id, settings.fault, settings.lease_seconds
+    )
+    worker = RemoteWorker(client, providers, settings)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, worker.stop)
+    try:
+        await worker.run()
+    finally:
+        await client.close()
+        for provider in providers.values():
+            await provider.close()
+    return 0
+
+
+def main(address: str) -> int:
+    """`atelier worker --remote ADDRESS`: the stub provider (settings ATELIER_STUB_*)
+    through the protocol. Any adapter with the Provider interface can be added here."""
+    from services.creation.providers.stub import StubProvider
+    from services.creation.settings import StubSettings
+    from services.kit.logging import configure
+    from services.kit.settings import EnvReader
+
+    reader = EnvReader()
+    settings = RemoteWorkerSettings.read(reader)
+    stub = StubSettings.read(reader)
+    level = reader.string("LOG_LEVEL", "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    reader.require(bool(settings.credential), "REMOTE_WORKER_CREDENTIAL", "is required")
+    reader.finish()
+    configure(level, "remote-worker")
+    # httpx logs every request at INFO, signed input URLs included: keep them out.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    providers: dict[str, Provider] = {"stub": StubProvider(stub)}
+    return asyncio.run(serve(address, settings, providers))

@@ -1,0 +1,252 @@
+"""SQL of the remote worker protocol: claims by pool and idempotency key (the token kept
+as a hash), the lease a claim token holds, and the keyed calls' answers. The job changes
+themselves are the in-process engine's fenced statements (``fenced``), run here inside
+the transaction that records the call, so a call and its answer commit together and the
+in-process and remote workers share one lease model."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import asyncpg  # type: ignore[import-untyped]
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.creation.domain import Job
+from services.creation.store.changes import json_time
+from services.creation.store.fenced import CLAIM_SQL, FAIL_SQL, HAND_BACK_SQL, FencedWrite
+from services.creation.store.rows import job_from_row
+from services.kit.db import driver_connection
+
+# A new claim; a replay (same pool and key) inserts nothing. A token used before by
+# another claim violates uq_remote_claims_token_hash.
+_INSERT_CLAIM = """
+INSERT INTO creation.remote_claims
+  (pool, request_id, request_hash, token_hash, worker_id, lease_seconds, created_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+ON CONFLICT (pool, request_id) DO NOTHING
+RETURNING true
+"""
+_CLAIMED = """
+UPDATE creation.remote_claims SET job_id = $3::uuid, lease_generation = $4
+WHERE pool = $1 AND request_id = $2
+"""
+# Rides pk_remote_claims.
+_FIND_CLAIM = """
+SELECT request_hash, job_id::text AS job_id, lease_generation, worker_id
+FROM creation.remote_claims WHERE pool = $1 AND request_id = $2
+"""
+_JOB = "SELECT * FROM creation.jobs WHERE job_id = $1::uuid"
+# The lease a claim token names, with its job as it is now (rides
+# uq_remote_claims_token_hash, then pk_jobs).
+_LEASE = """
+SELECT c.pool, c.worker_id, c.lease_generation, c.lease_seconds, j.*
+FROM creation.remote_claims AS c
+JOIN creation.jobs AS j ON j.job_id = c.job_id
+WHERE c.token_hash = $1 AND c.job_id = $2::uuid
+"""
+_FIND_CALL = """
+SELECT method, request_hash, response FROM creation.remote_calls
+WHERE pool = $1 AND request_id = $2
+"""
+_INSERT_CALL = """
+INSERT INTO creation.remote_calls
+  (pool, request_id, method, request_hash, job_id, response, created_at)
+VALUES ($1, $2, $3, $4, $5::uuid, $6, $7)
+"""
+
+
+class TokenReused(Exception):
+    """A new claim sent a claim token that an earlier claim used."""
+
+
+@dataclass(frozen=True)
+class ClaimRecord:
+    request_hash: str
+    job_id: str | None
+    lease_generation: int | None
+    worker_id: str
+
+
+@dataclass(frozen=True)
+class NewClaim:
+    """What a claim that was not a replay took (None: nothing was due)."""
+
+    job: Job | None
+
+
+@dataclass(frozen=True)
+class Replay:
+    """An earlier claim with the same key, and its job as it is now."""
+
+    record: ClaimRecord
+    job: Job | None
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    pool: str
+    request_id: str
+    request_hash: str
+    token_hash: str
+    worker_id: str
+    owner: str  # the lease owner written on the job: pool/worker
+    lease: timedelta  # granted: the worker's ask within the server's bounds
+
+
+async def claim(engine: AsyncEngine, request: ClaimRequest, now: datetime) -> NewClaim | Replay:
+    """Claims one due job for ``request`` (the in-process claim statement, limit 1), or
+    answers the earlier claim with the same pool and key; one transaction either way."""
+    async with driver_connection(engine) as connection, connection.transaction():
+        try:
+            inserted = await connection.fetchval(
+                _INSERT_CLAIM,
+                request.pool,
+                request.request_id,
+                request.request_hash,
+                request.token_hash,
+                request.worker_id,
+                request.lease.total_seconds(),
+                now,
+            )
+        except asyncpg.UniqueViolationError:
+            raise TokenReused() from None
+        if not inserted:
+            row = await connection.fetchrow(_FIND_CLAIM, request.pool, request.request_id)
+            record = ClaimRecord(
+                row["request_hash"], row["job_id"], row["lease_generation"], row["worker_id"]
+            )
+            job_row = await connection.fetchrow(_JOB, record.job_id) if record.job_id else None
+            return Replay(record, job_from_row(job_row) if job_row else None)
+        rows = await connection.fetch(
+            CLAIM_SQL, now, json_time(now), request.owner, 1, now + request.lease
+        )
+        if not rows:
+            return NewClaim(None)
+        job = job_from_row(rows[0])
+        await connection.execute(
+            _CLAIMED, request.pool, request.request_id, job.job_id, job.lease_epoch
+        )
+        return NewClaim(job)
+
+
+@dataclass(frozen=True)
+class HeldLease:
+    """A claim token's lease and its job as it is now."""
+
+    pool: str
+    worker_id: str
+    lease_generation: int
+    lease: timedelta
+    job: Job
+
+
+def _held(row: Any) -> HeldLease | None:
+    if row is None:
+        return None
+    return HeldLease(
+        row["pool"],
+        row["worker_id"],
+        row["lease_generation"],
+        timedelta(seconds=row["lease_seconds"]),
+        job_from_row(row),
+    )
+
+
+async def read_lease(engine: AsyncEngine, token_hash: str, job_id: str) -> HeldLease | None:
+    async with driver_connection(engine) as connection:
+        return _held(await connection.fetchrow(_LEASE, token_hash, job_id))
+
+
+@dataclass(frozen=True)
+class StoredCall:
+    method: str
+    request_hash: str
+    response: bytes
+
+
+async def find_call(engine: AsyncEngine, pool: str, request_id: str) -> StoredCall | None:
+    async with driver_connection(engine) as connection:
+        row = await connection.fetchrow(_FIND_CALL, pool, request_id)
+    return StoredCall(row["method"], row["request_hash"], bytes(row["response"])) if row else None
+
+
+class CallTransaction:
+    """One keyed call's transaction: the lease locked, the fenced write, the answer."""
+
+    def __init__(self, connection: Any, now: datetime) -> None:
+        self._connection = connection
+        self.now = now
+
+    async def lock_lease(self, token_hash: str, job_id: str) -> HeldLease | None:
+        return _held(
+            await self._connection.fetchrow(_LEASE + " FOR UPDATE OF j", token_hash, job_id)
+        )
+
+    async def find_call(self, pool: str, request_id: str) -> StoredCall | None:
+        row = await self._connection.fetchrow(_FIND_CALL, pool, request_id)
+        return (
+            StoredCall(row["method"], row["request_hash"], bytes(row["response"])) if row else None
+        )
+
+    async def fenced(
+        self, write: FencedWrite, job_id: str, lease_epoch: int, value: str | None = None
+    ) -> Job | None:
+        now = self.now
+        rows = await self._connection.fetch(
+            write.value, now, json_time(now), [job_id], [lease_epoch], [value]
+        )
+        return job_from_row(rows[0]) if rows else None
+
+    async def fail(
+        self,
+        job_id: str,
+        lease_epoch: int,
+        code: str,
+        message: str,
+        *,
+        retryable: bool,
+        retry_delay: timedelta,
+    ) -> Job | None:
+        now = self.now
+        row = await self._connection.fetchrow(
+            FAIL_SQL,
+            now,
+            json_time(now),
+            job_id,
+            lease_epoch,
+            code,
+            message,
+            retryable,
+            now + retry_delay,
+        )
+        return job_from_row(row) if row else None
+
+    async def hand_back(self, job_id: str, lease_epoch: int, delay: timedelta) -> Job | None:
+        now = self.now
+        row = await self._connection.fetchrow(
+            HAND_BACK_SQL, now, json_time(now), job_id, lease_epoch, now + delay
+        )
+        return job_from_row(row) if row else None
+
+    async def record(
+        self,
+        pool: str,
+        request_id: str,
+        method: str,
+        request_hash: str,
+        job_id: str,
+        response: bytes,
+    ) -> None:
+        await self._connection.execute(
+            _INSERT_CALL, pool, request_id, method, request_hash, job_id, response, self.now
+        )
+
+
+@asynccontextmanager
+async def call_transaction(engine: AsyncEngine, now: datetime) -> AsyncIterator[CallTransaction]:
+    async with driver_connection(engine) as connection, connection.transaction():
+        yield CallTransaction(connection, now)
