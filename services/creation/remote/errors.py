@@ -12,7 +12,7 @@ from services.creation.errors import CreationError
 from services.kit.errors import ApiError
 
 
-class RemoteReason:
+class Reason:
     # A claim's replay after its lease was released, cancelled, reaped or expired.
     CLAIM_REPLAY_EXPIRED = "CLAIM_REPLAY_EXPIRED"
     # A new claim (new idempotency key) sent a claim token already used.
@@ -37,7 +37,7 @@ class ClaimReplayExpired(CreationError):
     def to_api_error(self) -> ApiError:
         return ApiError(
             grpc.StatusCode.FAILED_PRECONDITION,
-            RemoteReason.CLAIM_REPLAY_EXPIRED,
+            Reason.CLAIM_REPLAY_EXPIRED,
             "this claim's lease is no longer held; claim again with a new key and token",
         )
 
@@ -46,16 +46,16 @@ class ClaimTokenReused(CreationError):
     def to_api_error(self) -> ApiError:
         return ApiError(
             grpc.StatusCode.INVALID_ARGUMENT,
-            RemoteReason.CLAIM_TOKEN_REUSED,
+            Reason.CLAIM_TOKEN_REUSED,
             "a claim token is used for one claim only; generate a new one",
         )
 
 
 _LEASE_MESSAGES = {
-    RemoteReason.LEASE_TOKEN_INVALID: "no lease of this worker matches the job and claim token",
-    RemoteReason.LEASE_POOL_MISMATCH: "the claim token belongs to another worker pool",
-    RemoteReason.LEASE_GENERATION_STALE: "the lease generation is not this claim's",
-    RemoteReason.LEASE_EXPIRED: "the lease has ended; stop working on the job",
+    Reason.LEASE_TOKEN_INVALID: "no lease of this worker matches the job and claim token",
+    Reason.LEASE_POOL_MISMATCH: "the claim token belongs to another worker pool",
+    Reason.LEASE_GENERATION_STALE: "the lease generation is not this claim's",
+    Reason.LEASE_EXPIRED: "the lease has ended; stop working on the job",
 }
 
 
@@ -80,7 +80,7 @@ class VersionMismatch(CreationError):
     def to_api_error(self) -> ApiError:
         return ApiError(
             grpc.StatusCode.ABORTED,
-            RemoteReason.JOB_VERSION_MISMATCH,
+            Reason.JOB_VERSION_MISMATCH,
             "the job changed since the version sent; heartbeat and decide again",
             metadata={"version": str(self.version)},
         )
@@ -96,6 +96,6 @@ class OutputRejected(CreationError):
     def to_api_error(self) -> ApiError:
         return ApiError(
             grpc.StatusCode.INVALID_ARGUMENT,
-            RemoteReason.OUTPUT_REJECTED,
+            Reason.OUTPUT_REJECTED,
             "media refused an output; report the attempt as failed (OUTPUT_REJECTED)",
         )

@@ -26,7 +26,7 @@ from services.creation.remote.errors import (
     ClaimTokenReused,
     LeaseRefused,
     OutputRejected,
-    RemoteReason,
+    Reason,
     VersionMismatch,
 )
 from services.creation.remote.settings import RemoteSettings
@@ -77,13 +77,13 @@ class CallKey:
 def lease_problem(held: HeldLease | None, claim: LeaseClaim, now: datetime) -> str | None:
     """Why ``claim`` does not hold its lease now, or None."""
     if held is None or held.job.job_id != claim.job_id:
-        return RemoteReason.LEASE_TOKEN_INVALID
+        return Reason.LEASE_TOKEN_INVALID
     if held.pool != claim.pool:
-        return RemoteReason.LEASE_POOL_MISMATCH
+        return Reason.LEASE_POOL_MISMATCH
     if held.worker_id != claim.worker_id:
-        return RemoteReason.LEASE_TOKEN_INVALID
+        return Reason.LEASE_TOKEN_INVALID
     if held.lease_generation != claim.lease_generation:
-        return RemoteReason.LEASE_GENERATION_STALE
+        return Reason.LEASE_GENERATION_STALE
     job = held.job
     if (
         job.status is not Status.RUNNING
@@ -91,7 +91,7 @@ def lease_problem(held: HeldLease | None, claim: LeaseClaim, now: datetime) -> s
         or job.lease_expires_at is None
         or job.lease_expires_at <= now
     ):
-        return RemoteReason.LEASE_EXPIRED
+        return Reason.LEASE_EXPIRED
     return None
 
 
@@ -198,7 +198,7 @@ class RemoteJobs:
             self._engine, claim.job_id, claim.lease_generation, held.lease, now, progress
         )
         if job is None:
-            raise LeaseRefused(RemoteReason.LEASE_EXPIRED)
+            raise LeaseRefused(Reason.LEASE_EXPIRED)
         return job, now
 
     async def input_url(self, claim: LeaseClaim) -> DownloadUrl:
@@ -255,7 +255,7 @@ class RemoteJobs:
             raise VersionMismatch(job.version)
         if len(outputs.images) != job.num_outputs:
             raise invalid_argument(
-                RemoteReason.INVALID_WORKER_REQUEST,
+                Reason.INVALID_WORKER_REQUEST,
                 [FieldViolation("outputs", f"the job makes exactly {job.num_outputs} images")],
             )
         landed = []
@@ -378,7 +378,7 @@ class RemoteJobs:
                 written = await act(tx, job)
                 if written is None:
                     # The row is locked and held: only a bug gets here.
-                    raise LeaseRefused(RemoteReason.LEASE_EXPIRED)
+                    raise LeaseRefused(Reason.LEASE_EXPIRED)
                 response = respond(written)
                 await tx.record(
                     claim.pool, key.request_id, key.method, key.request_hash, job.job_id, response

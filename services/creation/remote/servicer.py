@@ -16,7 +16,7 @@ from atelier.creation.v1 import worker_service_pb2 as pb
 from atelier.creation.v1 import worker_service_pb2_grpc
 from services.creation import convert, submission
 from services.creation.domain import Job, Status
-from services.creation.remote.errors import RemoteReason
+from services.creation.remote.errors import Reason
 from services.creation.remote.service import CallKey, Failure, LeaseClaim, Outputs, RemoteJobs
 from services.kit.auth import current_principal, principal_id_problem
 from services.kit.errors import FieldViolation, invalid_argument
@@ -49,7 +49,7 @@ def _duration(seconds: float) -> duration_pb2.Duration:
 
 def _check(problems: list[FieldViolation]) -> None:
     if problems:
-        raise invalid_argument(RemoteReason.INVALID_WORKER_REQUEST, problems)
+        raise invalid_argument(Reason.INVALID_WORKER_REQUEST, problems)
 
 
 def _key(value: str, problems: list[FieldViolation]) -> str:

@@ -32,7 +32,7 @@ from services.creation.providers.base import (
     Running,
 )
 from services.creation.providers.failures import is_retryable
-from services.creation.remote.errors import RemoteReason
+from services.creation.remote.errors import Reason
 from services.creation.remote_worker.client import Lease, Refused, WorkerClient
 from services.kit.logging import get_logger
 
@@ -40,10 +40,10 @@ log = get_logger(__name__)
 T = TypeVar("T")
 
 LEASE_REASONS = {
-    RemoteReason.LEASE_EXPIRED,
-    RemoteReason.LEASE_TOKEN_INVALID,
-    RemoteReason.LEASE_GENERATION_STALE,
-    RemoteReason.LEASE_POOL_MISMATCH,
+    Reason.LEASE_EXPIRED,
+    Reason.LEASE_TOKEN_INVALID,
+    Reason.LEASE_GENERATION_STALE,
+    Reason.LEASE_POOL_MISMATCH,
 }
 POLL_ERRORS_BEFORE_RELEASE = 5
 PROVIDER_CANCEL_TIMEOUT_SECONDS = 10.0
@@ -146,7 +146,7 @@ class RemoteAttempt:
                 try:
                     return await call()
                 except Refused as refused:
-                    if refused.reason != RemoteReason.JOB_VERSION_MISMATCH:
+                    if refused.reason != Reason.JOB_VERSION_MISMATCH:
                         raise
             await self._heartbeat()
             if self._cancel.is_set() and not cancelling:

@@ -190,6 +190,42 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """FAILED_PRECONDITION: DeleteJob on a job that has not finished (metadata `status`).
     Cancel it first, then delete it once it is CANCELLED.
     """
+    ERROR_REASON_CLAIM_REPLAY_EXPIRED: _ErrorReason.ValueType  # 45
+    """FAILED_PRECONDITION (WorkerService only): a ClaimJob replay whose lease was released,
+    cancelled, reaped or has expired since. The worker must forget the job and claim anew.
+    """
+    ERROR_REASON_CLAIM_TOKEN_REUSED: _ErrorReason.ValueType  # 46
+    """INVALID_ARGUMENT (WorkerService only): a new claim (new request_id) sent a claim token
+    already used. Generate 256 fresh random bits for every new claim.
+    """
+    ERROR_REASON_INVALID_WORKER_REQUEST: _ErrorReason.ValueType  # 47
+    """INVALID_ARGUMENT (WorkerService only): a request field is missing or malformed; the
+    field violation names it. Fix the worker.
+    """
+    ERROR_REASON_JOB_VERSION_MISMATCH: _ErrorReason.ValueType  # 48
+    """ABORTED (WorkerService only): expected_version is not the job's version (a cancel or
+    another change came first). Heartbeat to learn the job's state, then act on it.
+    """
+    ERROR_REASON_LEASE_EXPIRED: _ErrorReason.ValueType  # 49
+    """FAILED_PRECONDITION (WorkerService only): the lease ended (expired on the server's
+    clock, reaped, released or finished). Stop working on the job at once.
+    """
+    ERROR_REASON_LEASE_GENERATION_STALE: _ErrorReason.ValueType  # 50
+    """FAILED_PRECONDITION (WorkerService only): the claim token is right but the lease
+    generation is not the one its claim answered. Stop working on the job.
+    """
+    ERROR_REASON_LEASE_POOL_MISMATCH: _ErrorReason.ValueType  # 51
+    """FAILED_PRECONDITION (WorkerService only): the claim token belongs to another worker
+    pool. Stop working on the job; check the worker's credential.
+    """
+    ERROR_REASON_LEASE_TOKEN_INVALID: _ErrorReason.ValueType  # 52
+    """FAILED_PRECONDITION (WorkerService only): no lease of this worker matches the job and
+    claim token (also when there is no such job). Stop working on the job.
+    """
+    ERROR_REASON_OUTPUT_REJECTED: _ErrorReason.ValueType  # 53
+    """INVALID_ARGUMENT (WorkerService only): a completed job's output is not an image media
+    accepts, or their count is not the job's. The attempt may be failed or released.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Every google.rpc.ErrorInfo.reason that creation (CreationService, AdminService) can return, so clients can generate
@@ -378,5 +414,41 @@ Fix the filter.
 ERROR_REASON_JOB_NOT_FINISHED: ErrorReason.ValueType  # 44
 """FAILED_PRECONDITION: DeleteJob on a job that has not finished (metadata `status`).
 Cancel it first, then delete it once it is CANCELLED.
+"""
+ERROR_REASON_CLAIM_REPLAY_EXPIRED: ErrorReason.ValueType  # 45
+"""FAILED_PRECONDITION (WorkerService only): a ClaimJob replay whose lease was released,
+cancelled, reaped or has expired since. The worker must forget the job and claim anew.
+"""
+ERROR_REASON_CLAIM_TOKEN_REUSED: ErrorReason.ValueType  # 46
+"""INVALID_ARGUMENT (WorkerService only): a new claim (new request_id) sent a claim token
+already used. Generate 256 fresh random bits for every new claim.
+"""
+ERROR_REASON_INVALID_WORKER_REQUEST: ErrorReason.ValueType  # 47
+"""INVALID_ARGUMENT (WorkerService only): a request field is missing or malformed; the
+field violation names it. Fix the worker.
+"""
+ERROR_REASON_JOB_VERSION_MISMATCH: ErrorReason.ValueType  # 48
+"""ABORTED (WorkerService only): expected_version is not the job's version (a cancel or
+another change came first). Heartbeat to learn the job's state, then act on it.
+"""
+ERROR_REASON_LEASE_EXPIRED: ErrorReason.ValueType  # 49
+"""FAILED_PRECONDITION (WorkerService only): the lease ended (expired on the server's
+clock, reaped, released or finished). Stop working on the job at once.
+"""
+ERROR_REASON_LEASE_GENERATION_STALE: ErrorReason.ValueType  # 50
+"""FAILED_PRECONDITION (WorkerService only): the claim token is right but the lease
+generation is not the one its claim answered. Stop working on the job.
+"""
+ERROR_REASON_LEASE_POOL_MISMATCH: ErrorReason.ValueType  # 51
+"""FAILED_PRECONDITION (WorkerService only): the claim token belongs to another worker
+pool. Stop working on the job; check the worker's credential.
+"""
+ERROR_REASON_LEASE_TOKEN_INVALID: ErrorReason.ValueType  # 52
+"""FAILED_PRECONDITION (WorkerService only): no lease of this worker matches the job and
+claim token (also when there is no such job). Stop working on the job.
+"""
+ERROR_REASON_OUTPUT_REJECTED: ErrorReason.ValueType  # 53
+"""INVALID_ARGUMENT (WorkerService only): a completed job's output is not an image media
+accepts, or their count is not the job's. The attempt may be failed or released.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
