@@ -58,7 +58,7 @@ UNFINISHED = """
         OR EXISTS (SELECT 1 FROM creation.jobs WHERE status = 'running')"""
 JOB_TABLES = (
     "creation.outbox, creation.job_events, creation.points_ledger, creation.output_purges,"
-    " creation.jobs"
+    " creation.remote_claims, creation.remote_calls, creation.jobs"
 )
 
 

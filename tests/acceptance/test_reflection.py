@@ -30,7 +30,7 @@ def test_describe_shows_rpc_and_field_comments(stack: Stack) -> None:
     method = describe(address, "atelier.creation.v1.CreationService.SubmitJob")
     assert "// Submits a generation job. Idempotent by request_id" in method
     message = describe(address, "atelier.creation.v1.SubmitJobRequest")
-    assert "// Idempotency key, unique per user (AIP-155)." in message
+    assert "// Idempotency key, unique per user (AIP-155)" in message
     assert "string request_id = 1" in message
 
 

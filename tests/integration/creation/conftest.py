@@ -19,7 +19,7 @@ from tests.support.pg_outage import OwnPostgres, own_migrated
 # Every table a test's jobs and points touch; the catalog (seeded by migration) stays.
 _JOB_TABLES = (
     "creation.outbox, creation.job_events, creation.points_ledger, creation.output_purges,"
-    " creation.jobs"
+    " creation.remote_claims, creation.remote_calls, creation.jobs"
 )
 
 

@@ -391,7 +391,7 @@ async def test_job_events_page_one_by_one(creation: CreationHarness, engine: Asy
 # --- 5. who may call ------------------------------------------------------------------
 
 
-def signed_token(subject: str, lifetime: int = 600) -> tuple[tuple[str, str], ...]:
+def signed_token(subject: str, lifetime: int = 3600) -> tuple[tuple[str, str], ...]:
     now = int(time.time())
     claims = {"sub": subject, "iss": "atelier", "aud": "atelier-app", "iat": now}
     return bearer(jwt.encode({**claims, "exp": now + lifetime}, DEV_JWT_SECRET, "HS256"))

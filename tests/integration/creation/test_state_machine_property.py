@@ -87,7 +87,8 @@ def build_machine(database_url: str) -> type[RuleBasedStateMachine]:
                 await connection.execute(
                     text(
                         "TRUNCATE creation.jobs, creation.job_events, creation.outbox,"
-                        " creation.points_ledger, creation.output_purges"
+                        " creation.points_ledger, creation.output_purges,"
+                        " creation.remote_claims, creation.remote_calls"
                     )
                 )
 

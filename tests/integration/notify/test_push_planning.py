@@ -36,7 +36,7 @@ INTERVAL = 60  # seconds between updates: long enough that no test outruns it
 
 
 def user(user_id: str) -> tuple[tuple[str, str], ...]:
-    return bearer(issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", user_id, 600))
+    return bearer(issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", user_id, 3600))
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ BUNDLE = "dev.atelier.app"
 
 
 def user(user_id: str) -> tuple[tuple[str, str], ...]:
-    return bearer(issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", user_id, 600))
+    return bearer(issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", user_id, 3600))
 
 
 ALICE, BOB = user("alice"), user("bob")
