@@ -238,14 +238,16 @@ class RemoteJobs:
     async def read_input(self, claim: LeaseClaim) -> AssetStream:
         """The input's bytes from media, for the current claim only: checked when the
         worker asks, so nothing outlives the lease (there is no URL to pass on)."""
-        now = self._clock()
-        job = _holding(
-            await remote.read_lease(self._engine, claim.token_hash, claim.job_id), claim, now
-        )
+        job = await self._held(claim)
         try:
             return await self._media.open_asset(job.input_asset_id)
         except AssetUnreadable:
             raise InputAssetNotFound() from None
+
+    async def _held(self, claim: LeaseClaim) -> Job:
+        """The job ``claim`` holds now (read without a lock), or its refusal."""
+        held = await remote.read_lease(self._engine, claim.token_hash, claim.job_id)
+        return _holding(held, claim, self._clock())
 
     # --- keyed calls ------------------------------------------------------------------
 
@@ -277,10 +279,7 @@ class RemoteJobs:
         stored = await self._stored(claim.pool, key)
         if stored is not None:
             return stored
-        now = self._clock()
-        job = _holding(
-            await remote.read_lease(self._engine, claim.token_hash, claim.job_id), claim, now
-        )
+        job = await self._held(claim)
         _require_all_outputs(job, len(specs), "outputs")
         uploads = []
         for index, spec in enumerate(specs):
@@ -327,10 +326,7 @@ class RemoteJobs:
         stored = await self._stored(claim.pool, key)
         if stored is not None:
             return stored
-        now = self._clock()
-        job = _holding(
-            await remote.read_lease(self._engine, claim.token_hash, claim.job_id), claim, now
-        )
+        job = await self._held(claim)
         if job.version != expected_version:
             raise VersionMismatch(job.version)
         _require_all_outputs(job, len(output_asset_ids), "output_asset_ids")

@@ -47,6 +47,8 @@ LEASE_REASONS = {
     Reason.LEASE_GENERATION_STALE,
     Reason.LEASE_POOL_MISMATCH,
 }
+# ReadJobInput's answer when media cannot read the input: no attempt will.
+INPUT_ASSET_NOT_FOUND = "INPUT_ASSET_NOT_FOUND"
 POLL_ERRORS_BEFORE_RELEASE = 5
 PROVIDER_CANCEL_TIMEOUT_SECONDS = 10.0
 MAX_INPUT_BYTES = 20 * 1024 * 1024
@@ -169,7 +171,12 @@ class RemoteAttempt:
                     raise _Cancel()
                 if self._drain.asked.is_set():
                     return await self._release()
-                image = await self._read_input()
+                try:
+                    image = await self._read_input()
+                except Refused as refused:
+                    if refused.reason != INPUT_ASSET_NOT_FOUND:
+                        raise
+                    return await self._fail("INPUT_UNREADABLE", str(refused), retryable=False)
                 submitted = await self._submit(provider, image)
                 if isinstance(submitted, str) and submitted.startswith("outcome:"):
                     return submitted.removeprefix("outcome:")
