@@ -65,6 +65,9 @@ _IDEMPOTENT = (
     "ReadAsset",
     "DeleteAsset",
     "DeleteKeyedAssets",
+    # Keyed by the caller: a repeat answers the same asset.
+    "ReserveOutputUpload",
+    "CompleteOutputUpload",
 )
 # Moving an image's bytes takes longer than a metadata call.
 TRANSFER_TIMEOUT_SECONDS = 30.0
@@ -87,6 +90,26 @@ class AssetUnreadable(Exception):
 
 class AssetRefused(Exception):
     """media refused to store the bytes (not an image it accepts, too large)."""
+
+
+@dataclass(frozen=True)
+class OutputUpload:
+    """A reserved output upload: where to PUT its bytes (no URL once it is ready)."""
+
+    asset_id: str
+    url: str
+    method: str
+    headers: dict[str, str]
+    expires_at: datetime | None
+
+
+@dataclass(frozen=True)
+class AssetStream:
+    """A ready asset's metadata and its bytes, to be read once."""
+
+    content_type: str
+    size_bytes: int
+    chunks: AsyncIterator[bytes]
 
 
 @dataclass(frozen=True)
@@ -202,6 +225,87 @@ class MediaClient:
             raise _unavailable("ReadAsset", RemoteFailure.of(error)) from None
         return AssetBytes(bytes(data), content_type)
 
+    async def open_asset(self, asset_id: str) -> AssetStream:
+        """A ready asset's bytes as media streams them, the metadata read first, so a
+        missing asset is refused before anything is relayed."""
+        options = {**self._client.call_options(), "timeout": TRANSFER_TIMEOUT_SECONDS}
+        call = self._stub.ReadAsset(
+            media_internal_service_pb2.ReadAssetRequest(asset_id=asset_id), **options
+        )
+        messages = aiter(call)
+        try:
+            first = await anext(messages)
+        except grpc.aio.AioRpcError as error:
+            if error.code() in _UNREADABLE:
+                raise AssetUnreadable(f"asset {asset_id}: {error.code().name}") from None
+            raise _unavailable("ReadAsset", RemoteFailure.of(error)) from None
+        except StopAsyncIteration:
+            raise AssetUnreadable(f"asset {asset_id}: no metadata") from None
+
+        async def chunks() -> AsyncIterator[bytes]:
+            try:
+                async for message in messages:
+                    yield message.chunk
+            except grpc.aio.AioRpcError as error:
+                raise _unavailable("ReadAsset", RemoteFailure.of(error)) from None
+            finally:
+                call.cancel()
+
+        return AssetStream(first.asset.content_type, first.asset.size_bytes, chunks())
+
+    async def reserve_output(
+        self,
+        owner_user_id: str,
+        content_type: str,
+        size_bytes: int,
+        sha256: str,
+        idempotency_key: str,
+    ) -> OutputUpload:
+        """A presigned upload of an output the caller will complete with
+        :meth:`complete_output`; the same key and declaration answer the same asset. A
+        declaration media refuses (or a key that holds another) is AssetRefused."""
+        try:
+            reply = await self._stub.ReserveOutputUpload(
+                media_internal_service_pb2.ReserveOutputUploadRequest(
+                    owner_user_id=owner_user_id,
+                    content_type=content_type,
+                    size_bytes=size_bytes,
+                    sha256=sha256,
+                    idempotency_key=idempotency_key,
+                ),
+                **self._client.call_options(),
+            )
+        except grpc.aio.AioRpcError as error:
+            raise _refused_or_unavailable("ReserveOutputUpload", error) from None
+        expires_at = (
+            reply.expire_time.ToDatetime(tzinfo=UTC) if reply.HasField("expire_time") else None
+        )
+        return OutputUpload(
+            reply.asset.asset_id,
+            reply.upload_url,
+            reply.upload_method,
+            dict(reply.upload_headers),
+            expires_at,
+        )
+
+    async def complete_output(self, owner_user_id: str, asset_id: str, idempotency_key: str) -> str:
+        """Checks an uploaded output and makes it READY (its id); repeating it is safe. An
+        upload that does not match its declaration, or an asset not reserved for this
+        owner and key, is AssetRefused."""
+        options = {**self._client.call_options(), "timeout": TRANSFER_TIMEOUT_SECONDS}
+        try:
+            reply = await self._stub.CompleteOutputUpload(
+                media_internal_service_pb2.CompleteOutputUploadRequest(
+                    asset_id=asset_id,
+                    owner_user_id=owner_user_id,
+                    idempotency_key=idempotency_key,
+                ),
+                **options,
+            )
+        except grpc.aio.AioRpcError as error:
+            raise _refused_or_unavailable("CompleteOutputUpload", error) from None
+        return str(reply.asset.asset_id)
+
     async def put_asset(
         self,
         owner_user_id: str,
@@ -232,10 +336,7 @@ class MediaClient:
         try:
             reply = await self._stub.PutAsset(parts(), **options)
         except grpc.aio.AioRpcError as error:
-            failure = RemoteFailure.of(error)
-            if not failure.transient:
-                raise AssetRefused(f"{failure.code.name} {failure.reason}") from None
-            raise _unavailable("PutAsset", failure) from None
+            raise _refused_or_unavailable("PutAsset", error) from None
         return str(reply.asset.asset_id)
 
     async def delete_asset(self, asset_id: str) -> None:
@@ -284,6 +385,13 @@ def _without_urls(call: str, error: grpc.aio.AioRpcError) -> None:
     failure = RemoteFailure.of(error)
     if _log_throttle.admit(f"{call}:{failure.reason}") is not None:
         log.warning("media_call_failed", call=call, reason=failure.reason)
+
+
+def _refused_or_unavailable(call: str, error: grpc.aio.AioRpcError) -> Exception:
+    failure = RemoteFailure.of(error)
+    if not failure.transient:
+        return AssetRefused(f"{failure.code.name} {failure.reason}")
+    return _unavailable(call, failure)
 
 
 def _unavailable(call: str, failure: RemoteFailure) -> MediaUnavailable:

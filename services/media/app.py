@@ -84,7 +84,7 @@ def build(
             Binding(
                 media_internal_service_pb2.DESCRIPTOR.services_by_name["MediaInternalService"],
                 media_internal_service_pb2_grpc.add_MediaInternalServiceServicer_to_server,
-                MediaInternalServicer(assets),
+                MediaInternalServicer(assets, settings.max_upload_bytes),
             )
         ],
         readiness=database.answers,

@@ -90,6 +90,15 @@ class Upload:
 
 
 @dataclass(frozen=True)
+class Reservation:
+    """A reserved output upload; no request once the asset is ready."""
+
+    asset: Asset
+    request: SignedRequest | None
+    expires_at: datetime | None
+
+
+@dataclass(frozen=True)
 class Download:
     asset: Asset
     # None unless the asset is ready.
@@ -202,14 +211,20 @@ class Assets:
     async def complete_upload(self, owner_user_id: str, asset_id: uuid.UUID) -> Asset:
         asset = await self._store.get_owned(asset_id, owner_user_id)
         # Only client uploads (they carry a declared size) can be completed.
-        if asset is None or asset.declared_size_bytes is None:
+        if asset is None or asset.declared_size_bytes is None or asset.purpose != Purpose.AI_INPUT:
             raise AssetNotFound()
+        return await self._complete(asset, asset.declared_size_bytes)
+
+    async def _complete(self, asset: Asset, declared: int) -> Asset:
+        """Checks an uploaded object against its declaration and marks the asset ready
+        (with the thumbnail an output gets, stored first)."""
+        asset_id = asset.asset_id
         _require_completable(asset, self._clock())
         stat = await self._storage.stat(asset.object_key)
         if stat is None:
             raise await self._why_missing(asset_id)
         try:
-            facts = await self._verify_upload(asset, asset.declared_size_bytes, stat)
+            facts, thumbnail = await self._verify_upload(asset, declared, stat)
         except ObjectNotFound:
             raise await self._why_missing(asset_id) from None
         except ContentRejected as rejected:
@@ -219,7 +234,12 @@ class Assets:
                 await self._storage.delete(asset.object_key)
             log.info("upload_rejected", asset_id=str(asset_id), reason=rejected.reason)
             raise
-        ready = await self._store.mark_ready(asset_id, facts, self._clock(), asset.rejected_uploads)
+        # A repeat after a crash finds the thumbnail it stored: the same bytes made it.
+        with contextlib.suppress(ObjectExists):
+            await self._store_thumbnail(asset, thumbnail)
+        ready = await self._store.mark_ready(
+            asset_id, facts, self._clock(), asset.rejected_uploads, _content_type(thumbnail)
+        )
         if ready is None:
             # Someone else completed it, housekeeping removed it, or a racing check
             # rejected the bytes we read, while we checked.
@@ -230,7 +250,9 @@ class Assets:
         log.info("upload_completed", asset_id=str(asset_id), size_bytes=facts.size_bytes)
         return ready
 
-    async def _verify_upload(self, asset: Asset, declared: int, stat: ObjectStat) -> ContentFacts:
+    async def _verify_upload(
+        self, asset: Asset, declared: int, stat: ObjectStat
+    ) -> tuple[ContentFacts, Thumbnail | None]:
         if stat.size_bytes != declared:
             raise _size_mismatch(declared, stat.size_bytes)
         stored_type = (stat.content_type or asset.content_type).split(";")[0].strip().lower()
@@ -255,9 +277,11 @@ class Assets:
             dimensions = await self._inspector.inspect(
                 spooled.file, asset.content_type, spooled.in_memory
             )
+            thumbnail = await self._thumbnail(asset.purpose, asset.content_type, spooled)
         finally:
             spooled.close()
-        return ContentFacts(spooled.size, spooled.sha256, dimensions.width, dimensions.height)
+        facts = ContentFacts(spooled.size, spooled.sha256, dimensions.width, dimensions.height)
+        return facts, thumbnail
 
     async def _why_missing(self, asset_id: uuid.UUID) -> MediaError:
         """No object: not uploaded yet, unless the upload meanwhile expired or was removed
@@ -273,6 +297,67 @@ class Assets:
             max_bytes=max_bytes,
             memory_bytes=max(self._limits.chunk_bytes, SPOOL_MEMORY_BYTES),
         )
+
+    # -- outputs a remote worker uploads -------------------------------------------------
+
+    async def reserve_output(
+        self,
+        owner_user_id: str,
+        content_type: str,
+        size_bytes: int,
+        sha256: str,
+        idempotency_key: str,
+    ) -> Reservation:
+        """A server-owned output upload under the caller's key: a new one, or the one the
+        key already made when it declares the same bytes (a fresh URL for its expiry,
+        none once it is ready)."""
+        asset, expires_at = self._new_asset(
+            owner_user_id,
+            Purpose.AI_OUTPUT,
+            content_type,
+            size_bytes,
+            sha256,
+            idempotency_key=idempotency_key,
+        )
+        stored = await self._store.insert_keyed(asset)
+        if stored.asset_id != asset.asset_id:
+            if stored.declared_size_bytes != size_bytes:
+                raise IdempotencyKeyReused()
+            _require_same_put(stored, Purpose.AI_OUTPUT, content_type, sha256)
+            if stored.status == Status.READY:
+                return Reservation(stored, None, None)
+            _require_completable(stored, self._clock())
+            assert stored.upload_expires_at is not None
+            asset, expires_at = stored, stored.upload_expires_at
+        request = await self._storage.presign_put(
+            asset.object_key, content_type, size_bytes, expires_at
+        )
+        log.info("output_upload_reserved", asset_id=str(asset.asset_id), size_bytes=size_bytes)
+        return Reservation(asset, request, expires_at)
+
+    async def complete_output(
+        self, owner_user_id: str, asset_id: uuid.UUID, idempotency_key: str
+    ) -> Asset:
+        """Checks a reserved output's upload and marks it ready; a ready one is answered
+        as it is, so a caller that crashed half-way may simply ask again."""
+        asset = await self._store.get_owned(asset_id, owner_user_id)
+        if (
+            asset is None
+            or asset.purpose != Purpose.AI_OUTPUT
+            or asset.idempotency_key != idempotency_key
+            or asset.declared_size_bytes is None
+        ):
+            raise AssetNotFound()
+        if asset.status == Status.READY:
+            return asset
+        try:
+            return await self._complete(asset, asset.declared_size_bytes)
+        except (UploadAlreadyCompleted, UploadChanged):
+            # A racing twin completed it first.
+            current = await self.info(asset_id)
+            if current.status == Status.READY:
+                return current
+            raise
 
     # -- server-made assets --------------------------------------------------------------
 

@@ -95,6 +95,13 @@ def sha256(text: str) -> str | None:
     return normalized
 
 
+def required_sha256(text: str) -> str:
+    found = sha256(text)
+    if found is None:
+        raise bad_field(Reason.INVALID_SHA256, "sha256", "must be 64 hex digits (SHA-256)")
+    return found
+
+
 def owner_user_id(text: str, field: str) -> str:
     if (
         not text.strip()
@@ -121,6 +128,13 @@ def idempotency_key(text: str, field: str) -> str | None:
     if not _IDEMPOTENCY_KEY.fullmatch(text):
         raise bad_field(Reason.INVALID_IDEMPOTENCY_KEY, field, f"must be {_KEY_RULE}")
     return text
+
+
+def required_idempotency_key(text: str, field: str) -> str:
+    found = idempotency_key(text, field)
+    if found is None:
+        raise bad_field(Reason.INVALID_IDEMPOTENCY_KEY, field, f"must be {_KEY_RULE}")
+    return found
 
 
 def request_id(field: str, header: str | None) -> str | None:

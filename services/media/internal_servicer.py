@@ -16,8 +16,9 @@ from services.media.wire import asset_message, asset_urls_message, timestamp
 
 
 class MediaInternalServicer(media_internal_service_pb2_grpc.MediaInternalServiceServicer):
-    def __init__(self, assets: Assets) -> None:
+    def __init__(self, assets: Assets, max_upload_bytes: int) -> None:
         self._assets = assets
+        self._max_upload_bytes = max_upload_bytes
 
     async def PutAsset(
         self,
@@ -71,6 +72,32 @@ class MediaInternalServicer(media_internal_service_pb2_grpc.MediaInternalService
     ) -> pb.GetAssetInfoResponse:
         asset = await self._assets.info(fields.asset_id(request.asset_id))
         return pb.GetAssetInfoResponse(asset=asset_message(asset))
+
+    async def ReserveOutputUpload(
+        self, request: pb.ReserveOutputUploadRequest, context: aio.ServicerContext[Any, Any]
+    ) -> pb.ReserveOutputUploadResponse:
+        owner = fields.owner_user_id(request.owner_user_id, "owner_user_id")
+        content_type = fields.content_type(request.content_type, "content_type")
+        size_bytes = fields.size_bytes(request.size_bytes, self._max_upload_bytes)
+        sha256 = fields.required_sha256(request.sha256)
+        key = fields.required_idempotency_key(request.idempotency_key, "idempotency_key")
+        reserved = await self._assets.reserve_output(owner, content_type, size_bytes, sha256, key)
+        reply = pb.ReserveOutputUploadResponse(asset=asset_message(reserved.asset))
+        if reserved.request is not None and reserved.expires_at is not None:
+            reply.upload_url = reserved.request.url
+            reply.upload_method = reserved.request.method
+            reply.upload_headers.update(reserved.request.headers)
+            reply.expire_time.CopyFrom(timestamp(reserved.expires_at))
+        return reply
+
+    async def CompleteOutputUpload(
+        self, request: pb.CompleteOutputUploadRequest, context: aio.ServicerContext[Any, Any]
+    ) -> pb.CompleteOutputUploadResponse:
+        asset_id = fields.asset_id(request.asset_id)
+        owner = fields.owner_user_id(request.owner_user_id, "owner_user_id")
+        key = fields.required_idempotency_key(request.idempotency_key, "idempotency_key")
+        asset = await self._assets.complete_output(owner, asset_id, key)
+        return pb.CompleteOutputUploadResponse(asset=asset_message(asset))
 
     async def DeleteAsset(
         self, request: pb.DeleteAssetRequest, context: aio.ServicerContext[Any, Any]

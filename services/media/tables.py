@@ -68,9 +68,9 @@ CHECKS: dict[str, str] = {
         "thumbnail_content_type IS NULL OR thumbnail_content_type IN ('image/webp', 'image/jpeg')"
     ),
     "thumbnail_only_when_ready": "thumbnail_content_type IS NULL OR ready_at IS NOT NULL",
+    # The server's keys: PutAsset's, and the output uploads it reserves (with a size).
     "idempotency_key_shape": (
-        "idempotency_key IS NULL OR (declared_size_bytes IS NULL"
-        " AND idempotency_key ~ '^[A-Za-z0-9._:-]{1,200}$')"
+        "idempotency_key IS NULL OR idempotency_key ~ '^[A-Za-z0-9._:-]{1,200}$'"
     ),
     # Client uploads only (they always declare a size); the kit's idempotency key rule.
     "upload_request_id_shape": (

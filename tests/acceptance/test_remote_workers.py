@@ -7,6 +7,7 @@ run exactly once."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import secrets
 import time
 import uuid
@@ -16,7 +17,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from atelier.creation.v1 import admin_service_pb2, admin_service_pb2_grpc, worker_service_pb2_grpc
@@ -28,7 +31,7 @@ from services.creation.store import jobs as jobs_store
 from services.dev.stack import Stack
 from services.kit.db import asyncpg_url
 from services.kit.settings import DEV_SERVICE_TOKEN
-from tests.acceptance.test_jobs_edge import put_input
+from tests.acceptance.test_jobs_edge import png, put_input
 from tests.support.remote_workers import (
     channel,
     pool_metadata,
@@ -103,6 +106,38 @@ def claim_request(worker: str = "probe") -> pb.ClaimJobRequest:
     )
     request.lease_duration.FromTimedelta(timedelta(seconds=SHORT_LEASE))
     return request
+
+
+async def read_input(
+    stub: worker_service_pb2_grpc.WorkerServiceStub,
+    lease: pb.LeaseRef,
+    metadata: tuple[tuple[str, str], ...],
+) -> tuple[str, bytes]:
+    call = stub.ReadJobInput(
+        pb.ReadJobInputRequest(lease=lease, worker_id="probe"), metadata=metadata
+    )
+    messages = [message async for message in call]
+    assert [m.WhichOneof("part") for m in messages[:1]] == ["info"]
+    data = b"".join(m.chunk for m in messages[1:])
+    assert messages[0].info.size_bytes == len(data)
+    return messages[0].info.content_type, data
+
+
+def spec_of(data: bytes) -> pb.OutputSpec:
+    return pb.OutputSpec(
+        content_type="image/png", size_bytes=len(data), sha256=hashlib.sha256(data).hexdigest()
+    )
+
+
+async def put_upload(upload: pb.OutputUpload, data: bytes) -> None:
+    async with httpx.AsyncClient() as http:
+        sent = await http.request(
+            upload.upload_method,
+            upload.upload_url,
+            headers=dict(upload.upload_headers),
+            content=data,
+        )
+    assert sent.status_code == 200, sent.text
 
 
 async def refused(call: object) -> tuple[grpc.StatusCode, str]:
@@ -201,19 +236,58 @@ async def test_the_protocol_replays_claims_and_refuses_leases_it_does_not_hold(
             grpc.StatusCode.ALREADY_EXISTS,
             "IDEMPOTENCY_KEY_REUSED",
         )
+        # The input streams under the lease, and only under it.
+        assert await read_input(stub, lease, gpu) == ("image/png", png())
+        for ref, reason in (
+            (wrong_token, "LEASE_TOKEN_INVALID"),
+            (no_such_job, "LEASE_TOKEN_INVALID"),
+            (stale, "LEASE_GENERATION_STALE"),
+        ):
+            assert await refused(read_input(stub, ref, gpu)) == (precondition, reason)
+        assert await refused(read_input(stub, lease, office)) == (
+            precondition,
+            "LEASE_POOL_MISMATCH",
+        )
+
+        # Outputs go up by PUT to media: PrepareOutputs reserves them, and its replay (or
+        # another call for the same attempt) answers the same assets.
+        junk = b"not an image, whatever it says"
+        prepare = pb.PrepareOutputsRequest(
+            lease=lease,
+            worker_id="probe",
+            request_id=str(uuid.uuid4()),
+            outputs=[spec_of(junk)],
+        )
+        prepared = await stub.PrepareOutputs(prepare, metadata=gpu)
+        assert await stub.PrepareOutputs(prepare, metadata=gpu) == prepared
+        prepare.request_id = str(uuid.uuid4())
+        [upload] = prepared.uploads
+        assert [u.asset_id for u in (await stub.PrepareOutputs(prepare, metadata=gpu)).uploads] == [
+            upload.asset_id
+        ]
         # Outputs must be the job's number of images, checked before anything lands.
-        two = [pb.WorkerOutput(data=b"x", content_type="image/png")] * 2
         complete = pb.CompleteJobRequest(
             lease=lease,
             worker_id="probe",
             request_id=str(uuid.uuid4()),
             expected_version=started.version,
-            outputs=two,
+            output_asset_ids=[upload.asset_id, str(uuid.uuid4())],
         )
         assert await refused(stub.CompleteJob(complete, metadata=gpu)) == (
             grpc.StatusCode.INVALID_ARGUMENT,
             "INVALID_WORKER_REQUEST",
         )
+        # Uploads that are not what was declared (not an image; other bytes of the same
+        # size) are refused, and the job does not succeed.
+        for sent in (junk, junk.upper()):
+            await put_upload(upload, sent)
+            complete.request_id = str(uuid.uuid4())
+            del complete.output_asset_ids[1:]
+            assert await refused(stub.CompleteJob(complete, metadata=gpu)) == (
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "OUTPUT_REJECTED",
+            )
+        assert (await read_jobs(db, [job_id]))[job_id].status is Status.RUNNING
 
         # Credentials: the service credential cannot claim; a pool cannot call admin.
         service = (("authorization", f"Bearer {DEV_SERVICE_TOKEN}"),)
@@ -233,6 +307,7 @@ async def test_the_protocol_replays_claims_and_refuses_leases_it_does_not_hold(
             precondition,
             "LEASE_EXPIRED",
         )
+        assert await refused(read_input(stub, lease, gpu)) == (precondition, "LEASE_EXPIRED")
 
         # An in-process worker's reaper takes the job over (step SUBMITTING without a
         # request: it waits for an operator); the claim's replay has expired.
@@ -302,7 +377,7 @@ async def test_a_cancel_reaches_the_remote_worker_and_ends_its_claim(
             worker_id="probe",
             request_id=str(uuid.uuid4()),
             expected_version=version,
-            outputs=[pb.WorkerOutput(data=b"x", content_type="image/png")],
+            output_asset_ids=[str(uuid.uuid4())],
         )
         assert await refused(stub.CompleteJob(late, metadata=gpu)) == (
             grpc.StatusCode.ABORTED,
@@ -347,6 +422,21 @@ async def test_a_remote_worker_completes_jobs_and_replays_a_dropped_claim(
     assert {job_id: len(ids) for job_id, ids in read_ledger(ledger).items()} == dict.fromkeys(
         job_ids, 1
     )
+    # Each output was reserved with its size declared and PUT by the worker (PutAsset's
+    # assets declare none), then completed with a thumbnail, before its job succeeded.
+    outputs = [uuid.UUID(o) for j in finished.values() for o in j.outputs]
+    async with db.connect() as connection:
+        rows = (
+            await connection.execute(
+                text(
+                    "SELECT status, declared_size_bytes = size_bytes, thumbnail_content_type,"
+                    " idempotency_key LIKE 'creation:job:%' FROM media.assets"
+                    " WHERE asset_id = ANY(:ids)"
+                ),
+                {"ids": outputs},
+            )
+        ).all()
+    assert [tuple(r) for r in rows] == [("ready", True, "image/webp", True)] * len(job_ids)
     events = await read_events(db, job_ids)
     for history in events.values():
         assert [(e.to_status, e.actor_id) for e in history[1:]] == [

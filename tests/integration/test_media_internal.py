@@ -486,3 +486,111 @@ async def test_bad_idempotency_keys_are_refused(stub: Stub, keys: list[str], bad
         )
         expected = "INVALID_IDEMPOTENCY_KEYS"
     assert await failure(call) == (grpc.StatusCode.INVALID_ARGUMENT, expected)
+
+
+# -- output uploads: reserved by the server, PUT by a remote worker ------------------------
+
+OUTPUT_KEY = "creation:job:j1:attempt:1:output:0"
+
+
+async def reserve_output(
+    stub: Stub, owner: str, data: bytes, sha256: str = "", key: str = OUTPUT_KEY
+) -> pb.ReserveOutputUploadResponse:
+    return await stub.ReserveOutputUpload(
+        pb.ReserveOutputUploadRequest(
+            owner_user_id=owner,
+            content_type="image/png",
+            size_bytes=len(data),
+            sha256=sha256 or hashlib.sha256(data).hexdigest(),
+            idempotency_key=key,
+        ),
+        metadata=SERVICE,
+    )
+
+
+def complete_output(stub: Stub, owner: str, asset_id: str, key: str = OUTPUT_KEY) -> object:
+    return stub.CompleteOutputUpload(
+        pb.CompleteOutputUploadRequest(asset_id=asset_id, owner_user_id=owner, idempotency_key=key),
+        metadata=SERVICE,
+    )
+
+
+async def put_upload(reserved: pb.ReserveOutputUploadResponse, data: bytes) -> None:
+    async with httpx.AsyncClient() as client:
+        sent = await client.request(
+            reserved.upload_method,
+            reserved.upload_url,
+            content=data,
+            headers=dict(reserved.upload_headers),
+        )
+    assert sent.status_code == 200, sent.text
+
+
+async def test_an_output_upload_is_reserved_put_and_completed_with_a_thumbnail(
+    media: MediaHarness,
+) -> None:
+    png, owner = noisy_png(300, 200), str(uuid.uuid4())
+    async with media.internal_channel() as channel:
+        stub = Stub(channel)
+        reserved = await reserve_output(stub, owner, png)
+        asset_id = reserved.asset.asset_id
+        assert reserved.asset.status == asset_pb2.ASSET_STATUS_UPLOADING
+        assert reserved.asset.purpose == OUTPUT and reserved.upload_method == "PUT"
+        # A replay answers the same asset; the key with other bytes is refused.
+        assert (await reserve_output(stub, owner, png)).asset.asset_id == asset_id
+        assert await failure(reserve_output(stub, owner, png, sha256="0" * 64)) == (
+            grpc.StatusCode.ALREADY_EXISTS,
+            "IDEMPOTENCY_KEY_REUSED",
+        )
+        assert await failure(complete_output(stub, owner, asset_id)) == (
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "OBJECT_MISSING",
+        )
+        await put_upload(reserved, png)
+        # Only its owner and key name it.
+        for who, key in (("user-8", OUTPUT_KEY), (owner, "creation:job:j1:attempt:1:output:1")):
+            assert await failure(complete_output(stub, who, asset_id, key)) == (
+                grpc.StatusCode.NOT_FOUND,
+                "ASSET_NOT_FOUND",
+            )
+        ready = (await complete_output(stub, owner, asset_id)).asset  # type: ignore[attr-defined]
+        assert ready.status == asset_pb2.ASSET_STATUS_READY
+        assert (ready.width, ready.height, ready.sha256) == (
+            300,
+            200,
+            hashlib.sha256(png).hexdigest(),
+        )
+        # Completing again (a caller that crashed half-way) answers the same asset.
+        again = (await complete_output(stub, owner, asset_id)).asset  # type: ignore[attr-defined]
+        assert again == ready
+        replayed = await reserve_output(stub, owner, png)
+        assert replayed.asset.status == asset_pb2.ASSET_STATUS_READY and not replayed.upload_url
+        urls = await stub.GetAssetUrl(pb.GetAssetUrlRequest(asset_id=asset_id), metadata=SERVICE)
+        assert urls.thumbnail_url
+        async with httpx.AsyncClient() as client:
+            thumbnail = await client.get(urls.thumbnail_url)
+        assert thumbnail.status_code == 200 and thumbnail.content[:4] == b"RIFF"
+
+
+@pytest.mark.parametrize(
+    ("declared", "sent", "reason"),
+    [
+        ("sha of other bytes", noisy_png(40, 30), "HASH_MISMATCH"),
+        ("the same bytes", b"not an image at all", "NOT_AN_IMAGE"),
+    ],
+)
+async def test_an_output_upload_that_is_not_what_was_declared_is_refused(
+    stub: Stub, declared: str, sent: bytes, reason: str
+) -> None:
+    owner = str(uuid.uuid4())
+    sha = hashlib.sha256(sent if declared == "the same bytes" else b"other").hexdigest()
+    reserved = await reserve_output(stub, owner, sent, sha256=sha)
+    await put_upload(reserved, sent)
+    assert await failure(complete_output(stub, owner, reserved.asset.asset_id)) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        reason,
+    )
+    info = await stub.GetAssetInfo(
+        pb.GetAssetInfoRequest(asset_id=reserved.asset.asset_id), metadata=SERVICE
+    )
+    assert info.asset.status == asset_pb2.ASSET_STATUS_UPLOADING

@@ -19,8 +19,14 @@ import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.domain import Job, Status, backoff, output_key
-from services.creation.errors import IdempotencyKeyReused, MediaUnavailable
-from services.creation.media_client import AssetRefused, DownloadUrl, MediaClient
+from services.creation.errors import IdempotencyKeyReused, InputAssetNotFound
+from services.creation.media_client import (
+    AssetRefused,
+    AssetStream,
+    AssetUnreadable,
+    MediaClient,
+    OutputUpload,
+)
 from services.creation.remote.errors import (
     ClaimReplayExpired,
     ClaimTokenReused,
@@ -32,7 +38,13 @@ from services.creation.remote.errors import (
 from services.creation.remote.settings import RemoteSettings
 from services.creation.store import leases, remote
 from services.creation.store.fenced import FencedWrite, outputs_value
-from services.creation.store.remote import CallTransaction, ClaimRequest, HeldLease, NewClaim
+from services.creation.store.remote import (
+    CallTransaction,
+    ClaimRequest,
+    HeldLease,
+    NewClaim,
+    StoredCall,
+)
 from services.creation.worker import output_purger
 from services.kit.clock import Clock
 from services.kit.errors import FieldViolation, invalid_argument
@@ -104,8 +116,30 @@ def _holding(held: HeldLease | None, claim: LeaseClaim, now: datetime) -> Job:
 
 
 @dataclass(frozen=True)
-class Outputs:
-    images: Sequence[tuple[bytes, str]]  # data, content type
+class OutputSpec:
+    """An output as the worker declares it before uploading it."""
+
+    content_type: str
+    size_bytes: int
+    sha256: str
+
+
+Respond = Callable[[Sequence[OutputUpload]], bytes]
+
+
+def _replayed(stored: StoredCall, key: CallKey) -> bytes:
+    """A keyed call's stored answer, if ``key`` repeats its request."""
+    if (stored.method, stored.request_hash) != (key.method, key.request_hash):
+        raise IdempotencyKeyReused()
+    return stored.response
+
+
+def _require_all_outputs(job: Job, count: int, field: str) -> None:
+    if count != job.num_outputs:
+        raise invalid_argument(
+            Reason.INVALID_WORKER_REQUEST,
+            [FieldViolation(field, f"the job makes exactly {job.num_outputs} images")],
+        )
 
 
 @dataclass(frozen=True)
@@ -201,16 +235,19 @@ class RemoteJobs:
             raise LeaseRefused(Reason.LEASE_EXPIRED)
         return job, now
 
-    async def input_url(self, claim: LeaseClaim) -> DownloadUrl:
-        """media's short-lived signed URL of the input, for the current claim only."""
-        now = self._clock()
-        job = _holding(
-            await remote.read_lease(self._engine, claim.token_hash, claim.job_id), claim, now
-        )
-        signed = await self._media.download_url(job.input_asset_id)
-        if signed is None:
-            raise MediaUnavailable("no input URL")
-        return signed
+    async def read_input(self, claim: LeaseClaim) -> AssetStream:
+        """The input's bytes from media, for the current claim only: checked when the
+        worker asks, so nothing outlives the lease (there is no URL to pass on)."""
+        job = await self._held(claim)
+        try:
+            return await self._media.open_asset(job.input_asset_id)
+        except AssetUnreadable:
+            raise InputAssetNotFound() from None
+
+    async def _held(self, claim: LeaseClaim) -> Job:
+        """The job ``claim`` holds now (read without a lock), or its refusal."""
+        held = await remote.read_lease(self._engine, claim.token_hash, claim.job_id)
+        return _holding(held, claim, self._clock())
 
     # --- keyed calls ------------------------------------------------------------------
 
@@ -233,44 +270,76 @@ class RemoteJobs:
 
         return await self._keyed(claim, key, expected_version, act, respond)
 
+    async def prepare_outputs(
+        self, claim: LeaseClaim, key: CallKey, specs: Sequence[OutputSpec], respond: Respond
+    ) -> bytes:
+        """One media upload per output, reserved under the output's key (job, attempt,
+        index): a replay, or another call for the same attempt's outputs, answers the same
+        assets. The answer is stored under the call's key like any keyed call's."""
+        stored = await self._stored(claim.pool, key)
+        if stored is not None:
+            return stored
+        job = await self._held(claim)
+        _require_all_outputs(job, len(specs), "outputs")
+        uploads = []
+        for index, spec in enumerate(specs):
+            try:
+                uploads.append(
+                    await self._media.reserve_output(
+                        job.user_id,
+                        spec.content_type,
+                        spec.size_bytes,
+                        spec.sha256,
+                        output_key(job.job_id, job.attempt, index),
+                    )
+                )
+            except AssetRefused as error:
+                raise OutputRejected(str(error)) from None
+        response = respond(uploads)
+        try:
+            async with remote.call_transaction(self._engine, self._clock()) as tx:
+                held = await tx.lock_lease(claim.token_hash, claim.job_id)
+                twin = await tx.find_call(claim.pool, key.request_id)
+                if twin is not None:
+                    return _replayed(twin, key)
+                _holding(held, claim, self._clock())
+                await tx.record(
+                    claim.pool, key.request_id, key.method, key.request_hash, job.job_id, response
+                )
+        except asyncpg.UniqueViolationError:
+            raise IdempotencyKeyReused() from None
+        return response
+
     async def complete(
         self,
         claim: LeaseClaim,
         key: CallKey,
         expected_version: int,
-        outputs: Outputs,
+        output_asset_ids: Sequence[str],
         respond: Callable[[Job], bytes],
     ) -> bytes:
-        """Lands the outputs through media (keyed by job, attempt and index, so a retry
-        lands onto the same assets), then completes the job; a cancel asked meanwhile
-        cancels it instead and the outputs are deleted."""
+        """Completes each uploaded output through media (which checks it against what
+        PrepareOutputs declared, and answers a completed one as it is, so a retry after a
+        crash finishes the work), then completes the job; a cancel asked meanwhile
+        cancels it instead and the outputs are deleted. An output media refuses (not the
+        declared bytes, not this attempt's asset) leaves the job running."""
         stored = await self._stored(claim.pool, key)
         if stored is not None:
             return stored
-        now = self._clock()
-        job = _holding(
-            await remote.read_lease(self._engine, claim.token_hash, claim.job_id), claim, now
-        )
+        job = await self._held(claim)
         if job.version != expected_version:
             raise VersionMismatch(job.version)
-        if len(outputs.images) != job.num_outputs:
-            raise invalid_argument(
-                Reason.INVALID_WORKER_REQUEST,
-                [FieldViolation("outputs", f"the job makes exactly {job.num_outputs} images")],
-            )
+        _require_all_outputs(job, len(output_asset_ids), "output_asset_ids")
         landed = []
-        for index, (data, content_type) in enumerate(outputs.images):
+        for index, asset_id in enumerate(output_asset_ids):
             try:
                 landed.append(
-                    await self._media.put_asset(
-                        job.user_id,
-                        "ai_output",
-                        content_type,
-                        data,
-                        idempotency_key=output_key(job.job_id, job.attempt, index),
+                    await self._media.complete_output(
+                        job.user_id, asset_id, output_key(job.job_id, job.attempt, index)
                     )
                 )
             except AssetRefused as error:
+                log.info("remote_output_rejected", job_id=job.job_id, index=index, error=str(error))
                 raise OutputRejected(str(error)) from None
 
         async def act(tx: CallTransaction, job: Job) -> Job | None:
@@ -344,11 +413,7 @@ class RemoteJobs:
 
     async def _stored(self, pool: str, key: CallKey) -> bytes | None:
         stored = await remote.find_call(self._engine, pool, key.request_id)
-        if stored is None:
-            return None
-        if (stored.method, stored.request_hash) != (key.method, key.request_hash):
-            raise IdempotencyKeyReused()
-        return stored.response
+        return None if stored is None else _replayed(stored, key)
 
     async def _keyed(
         self,
@@ -369,9 +434,7 @@ class RemoteJobs:
                 held = await tx.lock_lease(claim.token_hash, claim.job_id)
                 stored = await tx.find_call(claim.pool, key.request_id)
                 if stored is not None:
-                    if (stored.method, stored.request_hash) != (key.method, key.request_hash):
-                        raise IdempotencyKeyReused()
-                    return stored.response
+                    return _replayed(stored, key)
                 job = _holding(held, claim, now)
                 if job.version != expected_version:
                     raise VersionMismatch(job.version)

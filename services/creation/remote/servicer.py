@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -16,8 +17,15 @@ from atelier.creation.v1 import worker_service_pb2 as pb
 from atelier.creation.v1 import worker_service_pb2_grpc
 from services.creation import convert, submission
 from services.creation.domain import Job, Status
+from services.creation.media_client import OutputUpload
 from services.creation.remote.errors import Reason
-from services.creation.remote.service import CallKey, Failure, LeaseClaim, Outputs, RemoteJobs
+from services.creation.remote.service import (
+    CallKey,
+    Failure,
+    LeaseClaim,
+    OutputSpec,
+    RemoteJobs,
+)
 from services.kit.auth import current_principal, principal_id_problem
 from services.kit.errors import FieldViolation, invalid_argument
 
@@ -95,6 +103,18 @@ def _call_key(
     return CallKey(request_id, method, digest)
 
 
+def _output_spec(index: int, spec: pb.OutputSpec, problems: list[FieldViolation]) -> OutputSpec:
+    """Shapes only; media judges the type and size it accepts (OUTPUT_REJECTED)."""
+    where = f"outputs[{index}]"
+    if not 0 < len(spec.content_type) <= MAX_KEY:
+        problems.append(FieldViolation(f"{where}.content_type", "must be an image MIME type"))
+    if spec.size_bytes < 1:
+        problems.append(FieldViolation(f"{where}.size_bytes", "must be the size in bytes"))
+    if not _TOKEN.fullmatch(spec.sha256):
+        problems.append(FieldViolation(f"{where}.sha256", "must be 64 lowercase hex digits"))
+    return OutputSpec(spec.content_type, spec.size_bytes, spec.sha256)
+
+
 def _expected(value: int, problems: list[FieldViolation]) -> int:
     if value < 1:
         problems.append(FieldViolation("expected_version", "must be at least 1"))
@@ -165,14 +185,46 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             response.lease_expire_time.CopyFrom(_timestamp(job.lease_expires_at))
         return response
 
-    async def GetJobInput(
-        self, request: pb.GetJobInputRequest, context: Context
-    ) -> pb.GetJobInputResponse:
+    async def ReadJobInput(
+        self, request: pb.ReadJobInputRequest, context: Context
+    ) -> AsyncIterator[pb.ReadJobInputResponse]:
         problems: list[FieldViolation] = []
         claim = _lease(request.lease, request.worker_id, problems)
         _check(problems)
-        signed = await self._jobs.input_url(claim)
-        return pb.GetJobInputResponse(url=signed.url, expire_time=_timestamp(signed.expires_at))
+        # The claim is checked before the first message: a refusal is the call's status.
+        opened = await self._jobs.read_input(claim)
+        yield pb.ReadJobInputResponse(
+            info=pb.JobInputInfo(content_type=opened.content_type, size_bytes=opened.size_bytes)
+        )
+        async for chunk in opened.chunks:
+            yield pb.ReadJobInputResponse(chunk=chunk)
+
+    async def PrepareOutputs(
+        self, request: pb.PrepareOutputsRequest, context: Context
+    ) -> pb.PrepareOutputsResponse:
+        problems: list[FieldViolation] = []
+        claim = _lease(request.lease, request.worker_id, problems)
+        key = _call_key("PrepareOutputs", request.request_id, request, problems)
+        specs = [_output_spec(i, o, problems) for i, o in enumerate(request.outputs)]
+        if not specs:
+            problems.append(FieldViolation("outputs", "name the outputs to upload"))
+        _check(problems)
+
+        def respond(uploads: Sequence[OutputUpload]) -> bytes:
+            reply = pb.PrepareOutputsResponse()
+            for upload in uploads:
+                answer = reply.uploads.add(
+                    asset_id=upload.asset_id,
+                    upload_url=upload.url,
+                    upload_method=upload.method,
+                    upload_headers=upload.headers,
+                )
+                if upload.expires_at is not None:
+                    answer.expire_time.CopyFrom(_timestamp(upload.expires_at))
+            return reply.SerializeToString()
+
+        answer = await self._jobs.prepare_outputs(claim, key, specs, respond)
+        return pb.PrepareOutputsResponse.FromString(answer)
 
     async def StartJob(self, request: pb.StartJobRequest, context: Context) -> pb.StartJobResponse:
         problems: list[FieldViolation] = []
@@ -208,8 +260,13 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         key = _call_key("CompleteJob", request.request_id, request, problems)
         expected = _expected(request.expected_version, problems)
         failed = request.HasField("failure")
-        if failed == bool(request.outputs):
-            problems.append(FieldViolation("outputs", "send either outputs or a failure"))
+        if failed == bool(request.output_asset_ids):
+            problems.append(
+                FieldViolation("output_asset_ids", "send either the outputs or a failure")
+            )
+        for index, asset_id in enumerate(request.output_asset_ids):
+            if not submission.is_uuid(asset_id):
+                problems.append(FieldViolation(f"output_asset_ids[{index}]", "must be a UUID"))
         if failed and not 0 < len(request.failure.code) <= 100:
             problems.append(FieldViolation("failure.code", "must be 1-100 characters"))
         if len(request.failure.message) > MAX_TEXT:
@@ -243,8 +300,9 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                 respond,
             )
         else:
-            outputs = Outputs([(o.data, o.content_type) for o in request.outputs])
-            answer = await self._jobs.complete(claim, key, expected, outputs, respond)
+            answer = await self._jobs.complete(
+                claim, key, expected, list(request.output_asset_ids), respond
+            )
         return pb.CompleteJobResponse.FromString(answer)
 
     async def ReleaseJob(

@@ -1,7 +1,8 @@
-"""One job run by a remote worker, in DESIGN.md's order, through WorkerService: read the
-input through its job-scoped URL, report SUBMITTING, submit, report the request id at
-once (GENERATING), poll while a heartbeat keeps the lease, then send the outputs (the
-server lands them through media and completes the job). A job that already has a
+"""One job run by a remote worker, in DESIGN.md's order, through WorkerService: stream the
+input under the lease (ReadJobInput), report SUBMITTING, submit, report the request id at
+once (GENERATING), poll while a heartbeat keeps the lease, then upload the outputs (one
+presigned PUT each, PrepareOutputs) and name them in CompleteJob (the server checks and
+completes them through media before the job succeeds). A job that already has a
 request resumes polling and never submits.
 
 The calls that change the job take turns (one lock) and send the newest version any
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
@@ -45,6 +47,8 @@ LEASE_REASONS = {
     Reason.LEASE_GENERATION_STALE,
     Reason.LEASE_POOL_MISMATCH,
 }
+# ReadJobInput's answer when media cannot read the input: no attempt will.
+INPUT_ASSET_NOT_FOUND = "INPUT_ASSET_NOT_FOUND"
 POLL_ERRORS_BEFORE_RELEASE = 5
 PROVIDER_CANCEL_TIMEOUT_SECONDS = 10.0
 MAX_INPUT_BYTES = 20 * 1024 * 1024
@@ -167,7 +171,12 @@ class RemoteAttempt:
                     raise _Cancel()
                 if self._drain.asked.is_set():
                     return await self._release()
-                image = await self._read_input()
+                try:
+                    image = await self._read_input()
+                except Refused as refused:
+                    if refused.reason != INPUT_ASSET_NOT_FOUND:
+                        raise
+                    return await self._fail("INPUT_UNREADABLE", str(refused), retryable=False)
                 submitted = await self._submit(provider, image)
                 if isinstance(submitted, str) and submitted.startswith("outcome:"):
                     return submitted.removeprefix("outcome:")
@@ -177,13 +186,10 @@ class RemoteAttempt:
             return await self._cancelled(provider, request_id)
 
     async def _read_input(self) -> InputImage:
-        url = await self._call(lambda: self._client.input_url(self._lease))
-        response = await self._http.get(url)
-        response.raise_for_status()
-        if len(response.content) > MAX_INPUT_BYTES:
-            raise RuntimeError("the input is larger than this worker reads")
-        content_type = response.headers.get("content-type", "application/octet-stream")
-        return InputImage(response.content, content_type.split(";")[0].strip())
+        content_type, data = await self._call(
+            lambda: self._client.read_input(self._lease, MAX_INPUT_BYTES)
+        )
+        return InputImage(data, content_type)
 
     async def _submit(self, provider: Provider, image: InputImage) -> str:
         job = self._job
@@ -266,12 +272,40 @@ class RemoteAttempt:
             return await self._fail(
                 "NO_OUTPUT", f"the provider returned {len(outputs)} images", retryable=True
             )
-        sent = [
-            pb.WorkerOutput(data=o.data, content_type=o.content_type)
-            for o in outputs[: job.num_outputs]
+        made = outputs[: job.num_outputs]
+        specs = [
+            pb.OutputSpec(
+                content_type=o.content_type,
+                size_bytes=len(o.data),
+                sha256=hashlib.sha256(o.data).hexdigest(),
+            )
+            for o in made
         ]
-        answer = await self._call(lambda: self._client.complete(self._lease, outputs=sent))
+        try:
+            uploads = await self._call(lambda: self._client.prepare_outputs(self._lease, specs))
+            for output, upload in zip(made, uploads, strict=True):
+                if upload.upload_url:  # empty: a replay found it complete already
+                    await self._upload(output, upload)
+            ids = [upload.asset_id for upload in uploads]
+            answer = await self._call(lambda: self._client.complete(self._lease, ids))
+        except Refused as refused:
+            if refused.reason != Reason.OUTPUT_REJECTED:
+                raise
+            return await self._fail("OUTPUT_REJECTED", str(refused), retryable=True)
         return _OUTCOME_NAMES.get(answer.outcome, "unknown")
+
+    async def _upload(self, output: OutputImage, upload: pb.OutputUpload) -> None:
+        """PUTs an output's bytes with exactly the headers the presigned URL asks for.
+        A 412 says the object is there already (an earlier PUT of this attempt whose
+        answer was lost): the server checks it either way."""
+        response = await self._http.request(
+            upload.upload_method or "PUT",
+            upload.upload_url,
+            headers=dict(upload.upload_headers),
+            content=output.data,
+        )
+        if response.status_code != 412:
+            response.raise_for_status()
 
     async def _fail(
         self,

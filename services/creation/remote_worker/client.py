@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
@@ -34,6 +34,13 @@ RESEND_PAUSE_SECONDS = 0.2
 # got a job, as if the connection dropped, and replays the claim.
 DROP_FIRST_CLAIM = "drop_first_claim"
 FAULTS = ("", DROP_FIRST_CLAIM)
+
+
+class InputTooLarge(Exception):
+    """The job's input is larger than this worker reads."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(f"the input is larger than {max_bytes} bytes")
 
 
 class Refused(Exception):
@@ -151,9 +158,23 @@ class WorkerClient:
         lease.saw(answer.version)
         return answer
 
-    async def input_url(self, lease: Lease) -> str:
-        request = pb.GetJobInputRequest(lease=lease.ref(), worker_id=self.worker_id)
-        return (await self._send(self._stub.GetJobInput, request)).url
+    async def read_input(self, lease: Lease, max_bytes: int) -> tuple[str, bytes]:
+        """The job's input (content type, bytes), streamed under the lease; read again
+        from the start when the stream broke off."""
+        request = pb.ReadJobInputRequest(lease=lease.ref(), worker_id=self.worker_id)
+
+        async def read(request: pb.ReadJobInputRequest, **options: Any) -> tuple[str, bytes]:
+            content_type, data = "", bytearray()
+            async for message in self._stub.ReadJobInput(request, **options):
+                if message.HasField("info"):
+                    content_type = message.info.content_type
+                    continue
+                data += message.chunk
+                if len(data) > max_bytes:
+                    raise InputTooLarge(max_bytes)
+            return content_type, bytes(data)
+
+        return await self._send(read, request)
 
     async def start(self, lease: Lease, request_id: str | None) -> None:
         request = pb.StartJobRequest(
@@ -166,10 +187,18 @@ class WorkerClient:
         )
         lease.saw((await self._send(self._stub.StartJob, request)).version)
 
+    async def prepare_outputs(
+        self, lease: Lease, outputs: list[pb.OutputSpec]
+    ) -> list[pb.OutputUpload]:
+        request = pb.PrepareOutputsRequest(
+            lease=lease.ref(), worker_id=self.worker_id, request_id=new_key(), outputs=outputs
+        )
+        return list((await self._send(self._stub.PrepareOutputs, request)).uploads)
+
     async def complete(
         self,
         lease: Lease,
-        outputs: list[pb.WorkerOutput] | None = None,
+        output_asset_ids: list[str] | None = None,
         failure: pb.WorkerFailure | None = None,
     ) -> pb.CompleteJobResponse:
         request = pb.CompleteJobRequest(
@@ -177,7 +206,7 @@ class WorkerClient:
             worker_id=self.worker_id,
             request_id=new_key(),
             expected_version=lease.version,
-            outputs=outputs or [],
+            output_asset_ids=output_asset_ids or [],
             failure=failure,
         )
         answer = await self._send(self._stub.CompleteJob, request)

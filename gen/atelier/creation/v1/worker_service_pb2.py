@@ -28,7 +28,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(atelier/creation/v1/worker_service.proto\x12\x13\x61telier.creation.v1\x1a$atelier/creation/v1/parameters.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"[\n\x08LeaseRef\x12\x14\n\x06job_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x19\n\x0b\x63laim_token\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1e\n\x10lease_generation\x18\x03 \x01(\x03\x42\x04\xe2\x41\x01\x02\"\xee\x03\n\nClaimedJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x18\n\x10lease_generation\x18\x02 \x01(\x03\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x05\x12\x15\n\rprovider_code\x18\x05 \x01(\t\x12\x16\n\x0eprovider_model\x18\x06 \x01(\t\x12\x10\n\x08style_id\x18\x07 \x01(\t\x12\x0e\n\x06prompt\x18\x08 \x01(\t\x12\x17\n\x0fnegative_prompt\x18\t \x01(\t\x12\r\n\x05width\x18\n \x01(\x05\x12\x0e\n\x06height\x18\x0b \x01(\x05\x12=\n\nparameters\x18\x0c \x01(\x0b\x32).atelier.creation.v1.GenerationParameters\x12\x13\n\x0bnum_outputs\x18\r \x01(\x05\x12\x1b\n\x13provider_request_id\x18\x0e \x01(\t\x12\x35\n\x11lease_expire_time\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10\x63\x61ncel_requested\x18\x10 \x01(\x08\x12\x35\n\x12heartbeat_interval\x18\x11 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x12\n\nsubmit_key\x18\x12 \x01(\t\"\x98\x01\n\x0f\x43laimJobRequest\x12\x18\n\nrequest_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x19\n\x0b\x63laim_token\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tworker_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x37\n\x0elease_duration\x18\x04 \x01(\x0b\x32\x19.google.protobuf.DurationB\x04\xe2\x41\x01\x01\"q\n\x10\x43laimJobResponse\x12,\n\x03job\x18\x01 \x01(\x0b\x32\x1f.atelier.creation.v1.ClaimedJob\x12/\n\x0bserver_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x9e\x01\n\x13HeartbeatJobRequest\x12\x32\n\x05lease\x18\x01 \x01(\x0b\x32\x1d.atelier.creation.v1.LeaseRefB\x04\xe2\x41\x01\x02\x12\x17\n\tworker_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1e\n\x10progress_percent\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x1a\n\x0chas_progress\x18\x04 \x01(\x08\x42\x04\xe2\x41\x01\x01\"\xa9\x01\n\x14HeartbeatJobResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x35\n\x11lease_expire_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bserver_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10\x63\x61ncel_requested\x18\x04 \x01(\x08\"a\n\x12GetJobInputRequest\x12\x32\n\x05lease\x18\x01 \x01(\x0b\x32\x1d.atelier.creation.v1.LeaseRefB\x04\xe2\x41\x01\x02\x12\x17\n\tworker_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\"S\n\x13GetJobInputResponse\x12\x0b\n\x03url\x18\x01 \x01(\t\x12/\n\x0b\x65xpire_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xf0\x01\n\x0fStartJobRequest\x12\x32\n\x05lease\x18\x01 \x01(\x0b\x32\x1d.atelier.creation.v1.LeaseRefB\x04\xe2\x41\x01\x02\x12\x17\n\tworker_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x18\n\nrequest_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1e\n\x10\x65xpected_version\x18\x04 \x01(\x03\x42\x04\xe2\x41\x01\x02\x12\x33\n\x04step\x18\x05 \x01(\x0e\x32\x1f.atelier.creation.v1.WorkerStepB\x04\xe2\x41\x01\x02\x12!\n\x13provider_request_id\x18\x06 \x01(\tB\x04\xe2\x41\x01\x01\"#\n\x10StartJobResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\">\n\x0cWorkerOutput\x12\x12\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x42\x04\xe2\x41\x01\x02\x12\x1a\n\x0c\x63ontent_type\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\"\xa8\x01\n\rWorkerFailure\x12\x12\n\x04\x63ode\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x15\n\x07message\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\x12\x17\n\tretryable\x18\x03 \x01(\x08\x42\x04\xe2\x41\x01\x01\x12\x1d\n\x0foutcome_unknown\x18\x04 \x01(\x08\x42\x04\xe2\x41\x01\x01\x12\x34\n\x0bretry_after\x18\x05 \x01(\x0b\x32\x19.google.protobuf.DurationB\x04\xe2\x41\x01\x01\"\x90\x02\n\x12\x43ompleteJobRequest\x12\x32\n\x05lease\x18\x01 \x01(\x0b\x32\x1d.atelier.creation.v1.LeaseRefB\x04\xe2\x41\x01\x02\x12\x17\n\tworker_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x18\n\nrequest_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1e\n\x10\x65xpected_version\x18\x04 \x01(\x03\x42\x04\xe2\x41\x01\x02\x12\x38\n\x07outputs\x18\x05 \x03(\x0b\x32!.atelier.creation.v1.WorkerOutputB\x04\xe2\x41\x01\x01\x12\x39\n\x07\x66\x61ilure\x18\x06 \x01(\x0b\x32\".atelier.creation.v1.WorkerFailureB\x04\xe2\x41\x01\x01\"^\n\x13\x43ompleteJobResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x36\n\x07outcome\x18\x02 \x01(\x0e\x32%.atelier.creation.v1.WorkerJobOutcome\"\xca\x01\n\x11ReleaseJobRequest\x12\x32\n\x05lease\x18\x01 \x01(\x0b\x32\x1d.atelier.creation.v1.LeaseRefB\x04\xe2\x41\x01\x02\x12\x17\n\tworker_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x18\n\nrequest_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1e\n\x10\x65xpected_version\x18\x04 \x01(\x03\x42\x04\xe2\x41\x01\x02\x12.\n\x05\x64\x65lay\x18\x05 \x01(\x0b\x32\x19.google.protobuf.DurationB\x04\xe2\x41\x01\x01\"]\n\x12ReleaseJobResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x36\n\x07outcome\x18\x02 \x01(\x0e\x32%.atelier.creation.v1.WorkerJobOutcome\"\xa1\x01\n\x18\x41\x63knowledgeCancelRequest\x12\x32\n\x05lease\x18\x01 \x01(\x0b\x32\x1d.atelier.creation.v1.LeaseRefB\x04\xe2\x41\x01\x02\x12\x17\n\tworker_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x18\n\nrequest_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1e\n\x10\x65xpected_version\x18\x04 \x01(\x03\x42\x04\xe2\x41\x01\x02\",\n\x19\x41\x63knowledgeCancelResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03*a\n\nWorkerStep\x12\x1b\n\x17WORKER_STEP_UNSPECIFIED\x10\x00\x12\x1a\n\x16WORKER_STEP_SUBMITTING\x10\x01\x12\x1a\n\x16WORKER_STEP_GENERATING\x10\x02*\xe0\x01\n\x10WorkerJobOutcome\x12\"\n\x1eWORKER_JOB_OUTCOME_UNSPECIFIED\x10\x00\x12 \n\x1cWORKER_JOB_OUTCOME_SUCCEEDED\x10\x01\x12\x1d\n\x19WORKER_JOB_OUTCOME_QUEUED\x10\x02\x12\x1d\n\x19WORKER_JOB_OUTCOME_FAILED\x10\x03\x12 \n\x1cWORKER_JOB_OUTCOME_CANCELLED\x10\x04\x12&\n\"WORKER_JOB_OUTCOME_NEEDS_ATTENTION\x10\x05\x32\xbd\x05\n\rWorkerService\x12W\n\x08\x43laimJob\x12$.atelier.creation.v1.ClaimJobRequest\x1a%.atelier.creation.v1.ClaimJobResponse\x12\x63\n\x0cHeartbeatJob\x12(.atelier.creation.v1.HeartbeatJobRequest\x1a).atelier.creation.v1.HeartbeatJobResponse\x12`\n\x0bGetJobInput\x12\'.atelier.creation.v1.GetJobInputRequest\x1a(.atelier.creation.v1.GetJobInputResponse\x12W\n\x08StartJob\x12$.atelier.creation.v1.StartJobRequest\x1a%.atelier.creation.v1.StartJobResponse\x12`\n\x0b\x43ompleteJob\x12\'.atelier.creation.v1.CompleteJobRequest\x1a(.atelier.creation.v1.CompleteJobResponse\x12]\n\nReleaseJob\x12&.atelier.creation.v1.ReleaseJobRequest\x1a\'.atelier.creation.v1.ReleaseJobResponse\x12r\n\x11\x41\x63knowledgeCancel\x12-.atelier.creation.v1.AcknowledgeCancelRequest\x1a..atelier.creation.v1.AcknowledgeCancelResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(atelier/creation/v1/worker_service.proto\x12\x13\x61telier.creation.v1\x1a$atelier/creation/v1/parameters.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"[\n\x08LeaseRef\x12\x14\n\x06job_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x19\n\x0b\x63laim_token\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1e\n\x10lease_generation\x18\x03 \x01(\x03\x42\x04\xe2\x41\x01\x02\"\xee\x03\n\nClaimedJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x18\n\x10lease_generation\x18\x02 \x01(\x03\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x05\x12\x15\n\rprovider_code\x18\x05 \x01(\t\x12\x16\n\x0eprovider_model\x18\x06 \x01(\t\x12\x10\n\x08style_id\x18\x07 \x01(\t\x12\x0e\n\x06prompt\x18\x08 \x01(\t\x12\x17\n\x0fnegative_prompt\x18\t \x01(\t\x12\r\n\x05width\x18\n \x01(\x05\x12\x0e\n\x06height\x18\x0b \x01(\x05\x12=\n\nparameters\x18\x0c \x01(\x0b\x32).atelier.creation.v1.GenerationParameters\x12\x13\n\x0bnum_outputs\x18\r \x01(\x05\x12\x1b\n\x13provider_request_id\x18\x0e \x01(\t\x12\x35\n\x11lease_expire_time\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10\x63\x61ncel_requested\x18\x10 \x01(\x08\x12\x35\n\x12heartbeat_interval\x18\x11 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x12\n\nsubmit_key\x18\x12 \x01(\t\"\x98\x01\n\x0f\x43laimJobRequest\x12\x18\n\nrequest_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x19\n\x0b\x63laim_token\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tworker_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x37\n\x0elease_duration\x18\x04 \x01(\x0b\x32\x19.google.protobuf.DurationB\x04\xe2\x41\x01\x01\"q\n\x10\x43laimJobResponse\x12,\n\x03job\x18\x01 \x01(\x0b\x32\x1f.atelier.creation.v1.ClaimedJob\x12/\n\x0bserver_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x9e\x01\n\x13HeartbeatJobRequest\x12\x32\n\x05lease\x18\x01 \x01(\x0b\x32\x1d.atelier.creation.v1.LeaseRefB\x04\xe2\x41\x01\x02\x12\x17\n\tworker_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1e\n\x10progress_percent\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x1a\n\x0chas_progress\x18\x04 \x01(\x08\x42\x04\xe2\x41\x01\x01\"\xa9\x01\n\x14HeartbeatJobResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x35\n\x11lease_expire_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bserver_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10\x63\x61ncel_requested\x18\x04 \x01(\x08\"b\n\x13ReadJobInputRequest\x12\x32\n\x05lease\x18\x01 \x01(\x0b\x32\x1d.atelier.creation.v1.LeaseRefB\x04\xe2\x41\x01\x02\x12\x17\n\tworker_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\"8\n\x0cJobInputInfo\x12\x14\n\x0c\x63ontent_type\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x03\"b\n\x14ReadJobInputResponse\x12\x31\n\x04info\x18\x01 \x01(\x0b\x32!.atelier.creation.v1.JobInputInfoH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"\xf0\x01\n\x0fStartJobRequest\x12\x32\n\x05lease\x18\x01 \x01(\x0b\x32\x1d.atelier.creation.v1.LeaseRefB\x04\xe2\x41\x01\x02\x12\x17\n\tworker_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x18\n\nrequest_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1e\n\x10\x65xpected_version\x18\x04 \x01(\x03\x42\x04\xe2\x41\x01\x02\x12\x33\n\x04step\x18\x05 \x01(\x0e\x32\x1f.atelier.creation.v1.WorkerStepB\x04\xe2\x41\x01\x02\x12!\n\x13provider_request_id\x18\x06 \x01(\tB\x04\xe2\x41\x01\x01\"#\n\x10StartJobResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\"X\n\nOutputSpec\x12\x1a\n\x0c\x63ontent_type\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x18\n\nsize_bytes\x18\x02 \x01(\x03\x42\x04\xe2\x41\x01\x02\x12\x14\n\x06sha256\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\"\xb6\x01\n\x15PrepareOutputsRequest\x12\x32\n\x05lease\x18\x01 \x01(\x0b\x32\x1d.atelier.creation.v1.LeaseRefB\x04\xe2\x41\x01\x02\x12\x17\n\tworker_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x18\n\nrequest_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x36\n\x07outputs\x18\x04 \x03(\x0b\x32\x1f.atelier.creation.v1.OutputSpecB\x04\xe2\x41\x01\x02\"\x80\x02\n\x0cOutputUpload\x12\x10\n\x08\x61sset_id\x18\x01 \x01(\t\x12\x12\n\nupload_url\x18\x02 \x01(\t\x12\x15\n\rupload_method\x18\x03 \x01(\t\x12L\n\x0eupload_headers\x18\x04 \x03(\x0b\x32\x34.atelier.creation.v1.OutputUpload.UploadHeadersEntry\x12/\n\x0b\x65xpire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a\x34\n\x12UploadHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"L\n\x16PrepareOutputsResponse\x12\x32\n\x07uploads\x18\x01 \x03(\x0b\x32!.atelier.creation.v1.OutputUpload\"\xa8\x01\n\rWorkerFailure\x12\x12\n\x04\x63ode\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x15\n\x07message\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\x12\x17\n\tretryable\x18\x03 \x01(\x08\x42\x04\xe2\x41\x01\x01\x12\x1d\n\x0foutcome_unknown\x18\x04 \x01(\x08\x42\x04\xe2\x41\x01\x01\x12\x34\n\x0bretry_after\x18\x05 \x01(\x0b\x32\x19.google.protobuf.DurationB\x04\xe2\x41\x01\x01\"\x85\x02\n\x12\x43ompleteJobRequest\x12\x32\n\x05lease\x18\x01 \x01(\x0b\x32\x1d.atelier.creation.v1.LeaseRefB\x04\xe2\x41\x01\x02\x12\x17\n\tworker_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x18\n\nrequest_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1e\n\x10\x65xpected_version\x18\x04 \x01(\x03\x42\x04\xe2\x41\x01\x02\x12\x39\n\x07\x66\x61ilure\x18\x06 \x01(\x0b\x32\".atelier.creation.v1.WorkerFailureB\x04\xe2\x41\x01\x01\x12\x1e\n\x10output_asset_ids\x18\x07 \x03(\tB\x04\xe2\x41\x01\x01J\x04\x08\x05\x10\x06R\x07outputs\"^\n\x13\x43ompleteJobResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x36\n\x07outcome\x18\x02 \x01(\x0e\x32%.atelier.creation.v1.WorkerJobOutcome\"\xca\x01\n\x11ReleaseJobRequest\x12\x32\n\x05lease\x18\x01 \x01(\x0b\x32\x1d.atelier.creation.v1.LeaseRefB\x04\xe2\x41\x01\x02\x12\x17\n\tworker_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x18\n\nrequest_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1e\n\x10\x65xpected_version\x18\x04 \x01(\x03\x42\x04\xe2\x41\x01\x02\x12.\n\x05\x64\x65lay\x18\x05 \x01(\x0b\x32\x19.google.protobuf.DurationB\x04\xe2\x41\x01\x01\"]\n\x12ReleaseJobResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x36\n\x07outcome\x18\x02 \x01(\x0e\x32%.atelier.creation.v1.WorkerJobOutcome\"\xa1\x01\n\x18\x41\x63knowledgeCancelRequest\x12\x32\n\x05lease\x18\x01 \x01(\x0b\x32\x1d.atelier.creation.v1.LeaseRefB\x04\xe2\x41\x01\x02\x12\x17\n\tworker_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x18\n\nrequest_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1e\n\x10\x65xpected_version\x18\x04 \x01(\x03\x42\x04\xe2\x41\x01\x02\",\n\x19\x41\x63knowledgeCancelResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03*a\n\nWorkerStep\x12\x1b\n\x17WORKER_STEP_UNSPECIFIED\x10\x00\x12\x1a\n\x16WORKER_STEP_SUBMITTING\x10\x01\x12\x1a\n\x16WORKER_STEP_GENERATING\x10\x02*\xe0\x01\n\x10WorkerJobOutcome\x12\"\n\x1eWORKER_JOB_OUTCOME_UNSPECIFIED\x10\x00\x12 \n\x1cWORKER_JOB_OUTCOME_SUCCEEDED\x10\x01\x12\x1d\n\x19WORKER_JOB_OUTCOME_QUEUED\x10\x02\x12\x1d\n\x19WORKER_JOB_OUTCOME_FAILED\x10\x03\x12 \n\x1cWORKER_JOB_OUTCOME_CANCELLED\x10\x04\x12&\n\"WORKER_JOB_OUTCOME_NEEDS_ATTENTION\x10\x05\x32\xad\x06\n\rWorkerService\x12W\n\x08\x43laimJob\x12$.atelier.creation.v1.ClaimJobRequest\x1a%.atelier.creation.v1.ClaimJobResponse\x12\x63\n\x0cHeartbeatJob\x12(.atelier.creation.v1.HeartbeatJobRequest\x1a).atelier.creation.v1.HeartbeatJobResponse\x12\x65\n\x0cReadJobInput\x12(.atelier.creation.v1.ReadJobInputRequest\x1a).atelier.creation.v1.ReadJobInputResponse0\x01\x12W\n\x08StartJob\x12$.atelier.creation.v1.StartJobRequest\x1a%.atelier.creation.v1.StartJobResponse\x12i\n\x0ePrepareOutputs\x12*.atelier.creation.v1.PrepareOutputsRequest\x1a+.atelier.creation.v1.PrepareOutputsResponse\x12`\n\x0b\x43ompleteJob\x12\'.atelier.creation.v1.CompleteJobRequest\x1a(.atelier.creation.v1.CompleteJobResponse\x12]\n\nReleaseJob\x12&.atelier.creation.v1.ReleaseJobRequest\x1a\'.atelier.creation.v1.ReleaseJobResponse\x12r\n\x11\x41\x63knowledgeCancel\x12-.atelier.creation.v1.AcknowledgeCancelRequest\x1a..atelier.creation.v1.AcknowledgeCancelResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -57,10 +57,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HEARTBEATJOBREQUEST'].fields_by_name['progress_percent']._serialized_options = b'\342A\001\001'
   _globals['_HEARTBEATJOBREQUEST'].fields_by_name['has_progress']._loaded_options = None
   _globals['_HEARTBEATJOBREQUEST'].fields_by_name['has_progress']._serialized_options = b'\342A\001\001'
-  _globals['_GETJOBINPUTREQUEST'].fields_by_name['lease']._loaded_options = None
-  _globals['_GETJOBINPUTREQUEST'].fields_by_name['lease']._serialized_options = b'\342A\001\002'
-  _globals['_GETJOBINPUTREQUEST'].fields_by_name['worker_id']._loaded_options = None
-  _globals['_GETJOBINPUTREQUEST'].fields_by_name['worker_id']._serialized_options = b'\342A\001\002'
+  _globals['_READJOBINPUTREQUEST'].fields_by_name['lease']._loaded_options = None
+  _globals['_READJOBINPUTREQUEST'].fields_by_name['lease']._serialized_options = b'\342A\001\002'
+  _globals['_READJOBINPUTREQUEST'].fields_by_name['worker_id']._loaded_options = None
+  _globals['_READJOBINPUTREQUEST'].fields_by_name['worker_id']._serialized_options = b'\342A\001\002'
   _globals['_STARTJOBREQUEST'].fields_by_name['lease']._loaded_options = None
   _globals['_STARTJOBREQUEST'].fields_by_name['lease']._serialized_options = b'\342A\001\002'
   _globals['_STARTJOBREQUEST'].fields_by_name['worker_id']._loaded_options = None
@@ -73,10 +73,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STARTJOBREQUEST'].fields_by_name['step']._serialized_options = b'\342A\001\002'
   _globals['_STARTJOBREQUEST'].fields_by_name['provider_request_id']._loaded_options = None
   _globals['_STARTJOBREQUEST'].fields_by_name['provider_request_id']._serialized_options = b'\342A\001\001'
-  _globals['_WORKEROUTPUT'].fields_by_name['data']._loaded_options = None
-  _globals['_WORKEROUTPUT'].fields_by_name['data']._serialized_options = b'\342A\001\002'
-  _globals['_WORKEROUTPUT'].fields_by_name['content_type']._loaded_options = None
-  _globals['_WORKEROUTPUT'].fields_by_name['content_type']._serialized_options = b'\342A\001\002'
+  _globals['_OUTPUTSPEC'].fields_by_name['content_type']._loaded_options = None
+  _globals['_OUTPUTSPEC'].fields_by_name['content_type']._serialized_options = b'\342A\001\002'
+  _globals['_OUTPUTSPEC'].fields_by_name['size_bytes']._loaded_options = None
+  _globals['_OUTPUTSPEC'].fields_by_name['size_bytes']._serialized_options = b'\342A\001\002'
+  _globals['_OUTPUTSPEC'].fields_by_name['sha256']._loaded_options = None
+  _globals['_OUTPUTSPEC'].fields_by_name['sha256']._serialized_options = b'\342A\001\002'
+  _globals['_PREPAREOUTPUTSREQUEST'].fields_by_name['lease']._loaded_options = None
+  _globals['_PREPAREOUTPUTSREQUEST'].fields_by_name['lease']._serialized_options = b'\342A\001\002'
+  _globals['_PREPAREOUTPUTSREQUEST'].fields_by_name['worker_id']._loaded_options = None
+  _globals['_PREPAREOUTPUTSREQUEST'].fields_by_name['worker_id']._serialized_options = b'\342A\001\002'
+  _globals['_PREPAREOUTPUTSREQUEST'].fields_by_name['request_id']._loaded_options = None
+  _globals['_PREPAREOUTPUTSREQUEST'].fields_by_name['request_id']._serialized_options = b'\342A\001\002'
+  _globals['_PREPAREOUTPUTSREQUEST'].fields_by_name['outputs']._loaded_options = None
+  _globals['_PREPAREOUTPUTSREQUEST'].fields_by_name['outputs']._serialized_options = b'\342A\001\002'
+  _globals['_OUTPUTUPLOAD_UPLOADHEADERSENTRY']._loaded_options = None
+  _globals['_OUTPUTUPLOAD_UPLOADHEADERSENTRY']._serialized_options = b'8\001'
   _globals['_WORKERFAILURE'].fields_by_name['code']._loaded_options = None
   _globals['_WORKERFAILURE'].fields_by_name['code']._serialized_options = b'\342A\001\002'
   _globals['_WORKERFAILURE'].fields_by_name['message']._loaded_options = None
@@ -95,10 +107,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_COMPLETEJOBREQUEST'].fields_by_name['request_id']._serialized_options = b'\342A\001\002'
   _globals['_COMPLETEJOBREQUEST'].fields_by_name['expected_version']._loaded_options = None
   _globals['_COMPLETEJOBREQUEST'].fields_by_name['expected_version']._serialized_options = b'\342A\001\002'
-  _globals['_COMPLETEJOBREQUEST'].fields_by_name['outputs']._loaded_options = None
-  _globals['_COMPLETEJOBREQUEST'].fields_by_name['outputs']._serialized_options = b'\342A\001\001'
   _globals['_COMPLETEJOBREQUEST'].fields_by_name['failure']._loaded_options = None
   _globals['_COMPLETEJOBREQUEST'].fields_by_name['failure']._serialized_options = b'\342A\001\001'
+  _globals['_COMPLETEJOBREQUEST'].fields_by_name['output_asset_ids']._loaded_options = None
+  _globals['_COMPLETEJOBREQUEST'].fields_by_name['output_asset_ids']._serialized_options = b'\342A\001\001'
   _globals['_RELEASEJOBREQUEST'].fields_by_name['lease']._loaded_options = None
   _globals['_RELEASEJOBREQUEST'].fields_by_name['lease']._serialized_options = b'\342A\001\002'
   _globals['_RELEASEJOBREQUEST'].fields_by_name['worker_id']._loaded_options = None
@@ -117,10 +129,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ACKNOWLEDGECANCELREQUEST'].fields_by_name['request_id']._serialized_options = b'\342A\001\002'
   _globals['_ACKNOWLEDGECANCELREQUEST'].fields_by_name['expected_version']._loaded_options = None
   _globals['_ACKNOWLEDGECANCELREQUEST'].fields_by_name['expected_version']._serialized_options = b'\342A\001\002'
-  _globals['_WORKERSTEP']._serialized_start=2974
-  _globals['_WORKERSTEP']._serialized_end=3071
-  _globals['_WORKERJOBOUTCOME']._serialized_start=3074
-  _globals['_WORKERJOBOUTCOME']._serialized_end=3298
+  _globals['_WORKERSTEP']._serialized_start=3585
+  _globals['_WORKERSTEP']._serialized_end=3682
+  _globals['_WORKERJOBOUTCOME']._serialized_start=3685
+  _globals['_WORKERJOBOUTCOME']._serialized_end=3909
   _globals['_LEASEREF']._serialized_start=201
   _globals['_LEASEREF']._serialized_end=292
   _globals['_CLAIMEDJOB']._serialized_start=295
@@ -133,30 +145,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HEARTBEATJOBREQUEST']._serialized_end=1220
   _globals['_HEARTBEATJOBRESPONSE']._serialized_start=1223
   _globals['_HEARTBEATJOBRESPONSE']._serialized_end=1392
-  _globals['_GETJOBINPUTREQUEST']._serialized_start=1394
-  _globals['_GETJOBINPUTREQUEST']._serialized_end=1491
-  _globals['_GETJOBINPUTRESPONSE']._serialized_start=1493
-  _globals['_GETJOBINPUTRESPONSE']._serialized_end=1576
-  _globals['_STARTJOBREQUEST']._serialized_start=1579
-  _globals['_STARTJOBREQUEST']._serialized_end=1819
-  _globals['_STARTJOBRESPONSE']._serialized_start=1821
-  _globals['_STARTJOBRESPONSE']._serialized_end=1856
-  _globals['_WORKEROUTPUT']._serialized_start=1858
-  _globals['_WORKEROUTPUT']._serialized_end=1920
-  _globals['_WORKERFAILURE']._serialized_start=1923
-  _globals['_WORKERFAILURE']._serialized_end=2091
-  _globals['_COMPLETEJOBREQUEST']._serialized_start=2094
-  _globals['_COMPLETEJOBREQUEST']._serialized_end=2366
-  _globals['_COMPLETEJOBRESPONSE']._serialized_start=2368
-  _globals['_COMPLETEJOBRESPONSE']._serialized_end=2462
-  _globals['_RELEASEJOBREQUEST']._serialized_start=2465
-  _globals['_RELEASEJOBREQUEST']._serialized_end=2667
-  _globals['_RELEASEJOBRESPONSE']._serialized_start=2669
-  _globals['_RELEASEJOBRESPONSE']._serialized_end=2762
-  _globals['_ACKNOWLEDGECANCELREQUEST']._serialized_start=2765
-  _globals['_ACKNOWLEDGECANCELREQUEST']._serialized_end=2926
-  _globals['_ACKNOWLEDGECANCELRESPONSE']._serialized_start=2928
-  _globals['_ACKNOWLEDGECANCELRESPONSE']._serialized_end=2972
-  _globals['_WORKERSERVICE']._serialized_start=3301
-  _globals['_WORKERSERVICE']._serialized_end=4002
+  _globals['_READJOBINPUTREQUEST']._serialized_start=1394
+  _globals['_READJOBINPUTREQUEST']._serialized_end=1492
+  _globals['_JOBINPUTINFO']._serialized_start=1494
+  _globals['_JOBINPUTINFO']._serialized_end=1550
+  _globals['_READJOBINPUTRESPONSE']._serialized_start=1552
+  _globals['_READJOBINPUTRESPONSE']._serialized_end=1650
+  _globals['_STARTJOBREQUEST']._serialized_start=1653
+  _globals['_STARTJOBREQUEST']._serialized_end=1893
+  _globals['_STARTJOBRESPONSE']._serialized_start=1895
+  _globals['_STARTJOBRESPONSE']._serialized_end=1930
+  _globals['_OUTPUTSPEC']._serialized_start=1932
+  _globals['_OUTPUTSPEC']._serialized_end=2020
+  _globals['_PREPAREOUTPUTSREQUEST']._serialized_start=2023
+  _globals['_PREPAREOUTPUTSREQUEST']._serialized_end=2205
+  _globals['_OUTPUTUPLOAD']._serialized_start=2208
+  _globals['_OUTPUTUPLOAD']._serialized_end=2464
+  _globals['_OUTPUTUPLOAD_UPLOADHEADERSENTRY']._serialized_start=2412
+  _globals['_OUTPUTUPLOAD_UPLOADHEADERSENTRY']._serialized_end=2464
+  _globals['_PREPAREOUTPUTSRESPONSE']._serialized_start=2466
+  _globals['_PREPAREOUTPUTSRESPONSE']._serialized_end=2542
+  _globals['_WORKERFAILURE']._serialized_start=2545
+  _globals['_WORKERFAILURE']._serialized_end=2713
+  _globals['_COMPLETEJOBREQUEST']._serialized_start=2716
+  _globals['_COMPLETEJOBREQUEST']._serialized_end=2977
+  _globals['_COMPLETEJOBRESPONSE']._serialized_start=2979
+  _globals['_COMPLETEJOBRESPONSE']._serialized_end=3073
+  _globals['_RELEASEJOBREQUEST']._serialized_start=3076
+  _globals['_RELEASEJOBREQUEST']._serialized_end=3278
+  _globals['_RELEASEJOBRESPONSE']._serialized_start=3280
+  _globals['_RELEASEJOBRESPONSE']._serialized_end=3373
+  _globals['_ACKNOWLEDGECANCELREQUEST']._serialized_start=3376
+  _globals['_ACKNOWLEDGECANCELREQUEST']._serialized_end=3537
+  _globals['_ACKNOWLEDGECANCELRESPONSE']._serialized_start=3539
+  _globals['_ACKNOWLEDGECANCELRESPONSE']._serialized_end=3583
+  _globals['_WORKERSERVICE']._serialized_start=3912
+  _globals['_WORKERSERVICE']._serialized_end=4725
 # @@protoc_insertion_point(module_scope)

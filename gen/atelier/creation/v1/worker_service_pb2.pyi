@@ -361,8 +361,8 @@ class HeartbeatJobResponse(_message.Message):
 Global___HeartbeatJobResponse: _TypeAlias = HeartbeatJobResponse  # noqa: Y015
 
 @_typing.final
-class GetJobInputRequest(_message.Message):
-    """Request for GetJobInput."""
+class ReadJobInputRequest(_message.Message):
+    """Request for ReadJobInput."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -372,7 +372,7 @@ class GetJobInputRequest(_message.Message):
     """The worker's name within its pool."""
     @_builtins.property
     def lease(self) -> Global___LeaseRef:
-        """The lease."""
+        """The lease; checked (token, pool, generation, expiry) before any byte is sent."""
 
     def __init__(
         self,
@@ -386,35 +386,63 @@ class GetJobInputRequest(_message.Message):
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___GetJobInputRequest: _TypeAlias = GetJobInputRequest  # noqa: Y015
+Global___ReadJobInputRequest: _TypeAlias = ReadJobInputRequest  # noqa: Y015
 
 @_typing.final
-class GetJobInputResponse(_message.Message):
-    """Response for GetJobInput."""
+class JobInputInfo(_message.Message):
+    """What the input image is."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    URL_FIELD_NUMBER: _builtins.int
-    EXPIRE_TIME_FIELD_NUMBER: _builtins.int
-    url: _builtins.str
-    """A short-lived signed URL of the input image."""
+    CONTENT_TYPE_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    content_type: _builtins.str
+    """Its MIME type."""
+    size_bytes: _builtins.int
+    """Its size in bytes."""
+    def __init__(
+        self,
+        *,
+        content_type: _builtins.str = ...,
+        size_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content_type", b"content_type", "size_bytes", b"size_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobInputInfo: _TypeAlias = JobInputInfo  # noqa: Y015
+
+@_typing.final
+class ReadJobInputResponse(_message.Message):
+    """One message of a ReadJobInput stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INFO_FIELD_NUMBER: _builtins.int
+    CHUNK_FIELD_NUMBER: _builtins.int
+    chunk: _builtins.bytes
+    """A piece of the bytes, in order."""
     @_builtins.property
-    def expire_time(self) -> _timestamp_pb2.Timestamp:
-        """When the URL stops working."""
+    def info(self) -> Global___JobInputInfo:
+        """The first message."""
 
     def __init__(
         self,
         *,
-        url: _builtins.str = ...,
-        expire_time: _timestamp_pb2.Timestamp | None = ...,
+        info: Global___JobInputInfo | None = ...,
+        chunk: _builtins.bytes = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "info", b"info", "part", b"part"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time", "url", b"url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "info", b"info", "part", b"part"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType_part: _TypeAlias = _typing.Literal["info", "chunk"]  # noqa: Y015
+    _WhichOneofArgType_part: _TypeAlias = _typing.Literal["part", b"part"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_part) -> _WhichOneofReturnType_part | None: ...
 
-Global___GetJobInputResponse: _TypeAlias = GetJobInputResponse  # noqa: Y015
+Global___ReadJobInputResponse: _TypeAlias = ReadJobInputResponse  # noqa: Y015
 
 @_typing.final
 class StartJobRequest(_message.Message):
@@ -483,30 +511,158 @@ class StartJobResponse(_message.Message):
 Global___StartJobResponse: _TypeAlias = StartJobResponse  # noqa: Y015
 
 @_typing.final
-class WorkerOutput(_message.Message):
-    """One image the provider made."""
+class OutputSpec(_message.Message):
+    """One image the provider made, described before it is uploaded."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    DATA_FIELD_NUMBER: _builtins.int
     CONTENT_TYPE_FIELD_NUMBER: _builtins.int
-    data: _builtins.bytes
-    """The image's bytes."""
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
     content_type: _builtins.str
     """Its MIME type (image/png, image/jpeg, image/webp)."""
+    size_bytes: _builtins.int
+    """Its exact size in bytes."""
+    sha256: _builtins.str
+    """The SHA-256 of its bytes, as 64 hex digits."""
     def __init__(
         self,
         *,
-        data: _builtins.bytes = ...,
         content_type: _builtins.str = ...,
+        size_bytes: _builtins.int = ...,
+        sha256: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content_type", b"content_type", "data", b"data"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content_type", b"content_type", "sha256", b"sha256", "size_bytes", b"size_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___WorkerOutput: _TypeAlias = WorkerOutput  # noqa: Y015
+Global___OutputSpec: _TypeAlias = OutputSpec  # noqa: Y015
+
+@_typing.final
+class PrepareOutputsRequest(_message.Message):
+    """Request for PrepareOutputs."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_FIELD_NUMBER: _builtins.int
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    OUTPUTS_FIELD_NUMBER: _builtins.int
+    worker_id: _builtins.str
+    """The worker's name within its pool."""
+    request_id: _builtins.str
+    """Idempotency key, unique per pool."""
+    @_builtins.property
+    def lease(self) -> Global___LeaseRef:
+        """The lease."""
+
+    @_builtins.property
+    def outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___OutputSpec]:
+        """The outputs, in order (exactly the job's num_outputs)."""
+
+    def __init__(
+        self,
+        *,
+        lease: Global___LeaseRef | None = ...,
+        worker_id: _builtins.str = ...,
+        request_id: _builtins.str = ...,
+        outputs: _abc.Iterable[Global___OutputSpec] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "outputs", b"outputs", "request_id", b"request_id", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PrepareOutputsRequest: _TypeAlias = PrepareOutputsRequest  # noqa: Y015
+
+@_typing.final
+class OutputUpload(_message.Message):
+    """Where one output goes."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class UploadHeadersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ASSET_ID_FIELD_NUMBER: _builtins.int
+    UPLOAD_URL_FIELD_NUMBER: _builtins.int
+    UPLOAD_METHOD_FIELD_NUMBER: _builtins.int
+    UPLOAD_HEADERS_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    asset_id: _builtins.str
+    """The asset the output becomes; name it in CompleteJob.output_asset_ids."""
+    upload_url: _builtins.str
+    """A short-lived URL to send the bytes to; empty when the asset is already complete."""
+    upload_method: _builtins.str
+    """The HTTP method (PUT)."""
+    @_builtins.property
+    def upload_headers(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Headers the upload must carry exactly as given."""
+
+    @_builtins.property
+    def expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When upload_url stops working."""
+
+    def __init__(
+        self,
+        *,
+        asset_id: _builtins.str = ...,
+        upload_url: _builtins.str = ...,
+        upload_method: _builtins.str = ...,
+        upload_headers: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        expire_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["asset_id", b"asset_id", "expire_time", b"expire_time", "upload_headers", b"upload_headers", "upload_method", b"upload_method", "upload_url", b"upload_url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OutputUpload: _TypeAlias = OutputUpload  # noqa: Y015
+
+@_typing.final
+class PrepareOutputsResponse(_message.Message):
+    """Response for PrepareOutputs."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    UPLOADS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def uploads(self) -> _containers.RepeatedCompositeFieldContainer[Global___OutputUpload]:
+        """One upload per output, in the request's order."""
+
+    def __init__(
+        self,
+        *,
+        uploads: _abc.Iterable[Global___OutputUpload] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["uploads", b"uploads"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PrepareOutputsResponse: _TypeAlias = PrepareOutputsResponse  # noqa: Y015
 
 @_typing.final
 class WorkerFailure(_message.Message):
@@ -560,8 +716,8 @@ class CompleteJobRequest(_message.Message):
     WORKER_ID_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     EXPECTED_VERSION_FIELD_NUMBER: _builtins.int
-    OUTPUTS_FIELD_NUMBER: _builtins.int
     FAILURE_FIELD_NUMBER: _builtins.int
+    OUTPUT_ASSET_IDS_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """The worker's name within its pool."""
     request_id: _builtins.str
@@ -573,12 +729,15 @@ class CompleteJobRequest(_message.Message):
         """The lease."""
 
     @_builtins.property
-    def outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkerOutput]:
-        """The outputs (exactly the job's num_outputs), or why there are none."""
+    def failure(self) -> Global___WorkerFailure:
+        """Set instead of output_asset_ids when the attempt failed."""
 
     @_builtins.property
-    def failure(self) -> Global___WorkerFailure:
-        """Set instead of outputs when the attempt failed."""
+    def output_asset_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The assets PrepareOutputs answered, in its order, once their bytes are uploaded
+        (exactly the job's num_outputs); unset with a failure. An upload that does not
+        match what was declared is refused with OUTPUT_REJECTED and the job stays running.
+        """
 
     def __init__(
         self,
@@ -587,12 +746,12 @@ class CompleteJobRequest(_message.Message):
         worker_id: _builtins.str = ...,
         request_id: _builtins.str = ...,
         expected_version: _builtins.int = ...,
-        outputs: _abc.Iterable[Global___WorkerOutput] | None = ...,
         failure: Global___WorkerFailure | None = ...,
+        output_asset_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "lease", b"lease"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected_version", b"expected_version", "failure", b"failure", "lease", b"lease", "outputs", b"outputs", "request_id", b"request_id", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected_version", b"expected_version", "failure", b"failure", "lease", b"lease", "output_asset_ids", b"output_asset_ids", "request_id", b"request_id", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -53,15 +53,20 @@ class WorkerServiceStub:
                 request_serializer=atelier_dot_creation_dot_v1_dot_worker__service__pb2.HeartbeatJobRequest.SerializeToString,
                 response_deserializer=atelier_dot_creation_dot_v1_dot_worker__service__pb2.HeartbeatJobResponse.FromString,
                 _registered_method=True)
-        self.GetJobInput = channel.unary_unary(
-                '/atelier.creation.v1.WorkerService/GetJobInput',
-                request_serializer=atelier_dot_creation_dot_v1_dot_worker__service__pb2.GetJobInputRequest.SerializeToString,
-                response_deserializer=atelier_dot_creation_dot_v1_dot_worker__service__pb2.GetJobInputResponse.FromString,
+        self.ReadJobInput = channel.unary_stream(
+                '/atelier.creation.v1.WorkerService/ReadJobInput',
+                request_serializer=atelier_dot_creation_dot_v1_dot_worker__service__pb2.ReadJobInputRequest.SerializeToString,
+                response_deserializer=atelier_dot_creation_dot_v1_dot_worker__service__pb2.ReadJobInputResponse.FromString,
                 _registered_method=True)
         self.StartJob = channel.unary_unary(
                 '/atelier.creation.v1.WorkerService/StartJob',
                 request_serializer=atelier_dot_creation_dot_v1_dot_worker__service__pb2.StartJobRequest.SerializeToString,
                 response_deserializer=atelier_dot_creation_dot_v1_dot_worker__service__pb2.StartJobResponse.FromString,
+                _registered_method=True)
+        self.PrepareOutputs = channel.unary_unary(
+                '/atelier.creation.v1.WorkerService/PrepareOutputs',
+                request_serializer=atelier_dot_creation_dot_v1_dot_worker__service__pb2.PrepareOutputsRequest.SerializeToString,
+                response_deserializer=atelier_dot_creation_dot_v1_dot_worker__service__pb2.PrepareOutputsResponse.FromString,
                 _registered_method=True)
         self.CompleteJob = channel.unary_unary(
                 '/atelier.creation.v1.WorkerService/CompleteJob',
@@ -106,8 +111,9 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def GetJobInput(self, request, context):
-        """A short-lived URL of the job's input image, issued only to the current claim.
+    def ReadJobInput(self, request, context):
+        """Streams the job's input image (its metadata first, then chunks), checking the
+        current claim when called: there is no URL to leak or to outlive the lease.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -121,9 +127,17 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PrepareOutputs(self, request, context):
+        """Reserves one media upload per output (a presigned PUT each); the worker PUTs the
+        bytes, then names the assets in CompleteJob. Replays answer the same assets.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CompleteJob(self, request, context):
-        """Ends the attempt with the provider's outputs (landed through media by the server
-        before the job succeeds) or a failure.
+        """Ends the attempt with the uploaded outputs (checked and completed through media by
+        the server before the job succeeds) or a failure.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -157,15 +171,20 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     request_deserializer=atelier_dot_creation_dot_v1_dot_worker__service__pb2.HeartbeatJobRequest.FromString,
                     response_serializer=atelier_dot_creation_dot_v1_dot_worker__service__pb2.HeartbeatJobResponse.SerializeToString,
             ),
-            'GetJobInput': grpc.unary_unary_rpc_method_handler(
-                    servicer.GetJobInput,
-                    request_deserializer=atelier_dot_creation_dot_v1_dot_worker__service__pb2.GetJobInputRequest.FromString,
-                    response_serializer=atelier_dot_creation_dot_v1_dot_worker__service__pb2.GetJobInputResponse.SerializeToString,
+            'ReadJobInput': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadJobInput,
+                    request_deserializer=atelier_dot_creation_dot_v1_dot_worker__service__pb2.ReadJobInputRequest.FromString,
+                    response_serializer=atelier_dot_creation_dot_v1_dot_worker__service__pb2.ReadJobInputResponse.SerializeToString,
             ),
             'StartJob': grpc.unary_unary_rpc_method_handler(
                     servicer.StartJob,
                     request_deserializer=atelier_dot_creation_dot_v1_dot_worker__service__pb2.StartJobRequest.FromString,
                     response_serializer=atelier_dot_creation_dot_v1_dot_worker__service__pb2.StartJobResponse.SerializeToString,
+            ),
+            'PrepareOutputs': grpc.unary_unary_rpc_method_handler(
+                    servicer.PrepareOutputs,
+                    request_deserializer=atelier_dot_creation_dot_v1_dot_worker__service__pb2.PrepareOutputsRequest.FromString,
+                    response_serializer=atelier_dot_creation_dot_v1_dot_worker__service__pb2.PrepareOutputsResponse.SerializeToString,
             ),
             'CompleteJob': grpc.unary_unary_rpc_method_handler(
                     servicer.CompleteJob,
@@ -257,7 +276,7 @@ class WorkerService:
             _registered_method=True)
 
     @staticmethod
-    def GetJobInput(request,
+    def ReadJobInput(request,
             target,
             options=(),
             channel_credentials=None,
@@ -267,12 +286,12 @@ class WorkerService:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
+        return grpc.experimental.unary_stream(
             request,
             target,
-            '/atelier.creation.v1.WorkerService/GetJobInput',
-            atelier_dot_creation_dot_v1_dot_worker__service__pb2.GetJobInputRequest.SerializeToString,
-            atelier_dot_creation_dot_v1_dot_worker__service__pb2.GetJobInputResponse.FromString,
+            '/atelier.creation.v1.WorkerService/ReadJobInput',
+            atelier_dot_creation_dot_v1_dot_worker__service__pb2.ReadJobInputRequest.SerializeToString,
+            atelier_dot_creation_dot_v1_dot_worker__service__pb2.ReadJobInputResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -300,6 +319,33 @@ class WorkerService:
             '/atelier.creation.v1.WorkerService/StartJob',
             atelier_dot_creation_dot_v1_dot_worker__service__pb2.StartJobRequest.SerializeToString,
             atelier_dot_creation_dot_v1_dot_worker__service__pb2.StartJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrepareOutputs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atelier.creation.v1.WorkerService/PrepareOutputs',
+            atelier_dot_creation_dot_v1_dot_worker__service__pb2.PrepareOutputsRequest.SerializeToString,
+            atelier_dot_creation_dot_v1_dot_worker__service__pb2.PrepareOutputsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -46,15 +46,21 @@ class WorkerServiceStub:
     """Claims the next due job (or nothing). Replay-safe: see ClaimJobRequest."""
     HeartbeatJob: _grpc.UnaryUnaryMultiCallable[_worker_service_pb2.HeartbeatJobRequest, _worker_service_pb2.HeartbeatJobResponse]
     """Extends the lease and reports progress; answers whether the owner asked to cancel."""
-    GetJobInput: _grpc.UnaryUnaryMultiCallable[_worker_service_pb2.GetJobInputRequest, _worker_service_pb2.GetJobInputResponse]
-    """A short-lived URL of the job's input image, issued only to the current claim."""
+    ReadJobInput: _grpc.UnaryStreamMultiCallable[_worker_service_pb2.ReadJobInputRequest, _worker_service_pb2.ReadJobInputResponse]
+    """Streams the job's input image (its metadata first, then chunks), checking the
+    current claim when called: there is no URL to leak or to outlive the lease.
+    """
     StartJob: _grpc.UnaryUnaryMultiCallable[_worker_service_pb2.StartJobRequest, _worker_service_pb2.StartJobResponse]
     """Records a provider step: SUBMITTING before calling the provider's submit, GENERATING
     (with the provider's request id) as soon as it accepted.
     """
+    PrepareOutputs: _grpc.UnaryUnaryMultiCallable[_worker_service_pb2.PrepareOutputsRequest, _worker_service_pb2.PrepareOutputsResponse]
+    """Reserves one media upload per output (a presigned PUT each); the worker PUTs the
+    bytes, then names the assets in CompleteJob. Replays answer the same assets.
+    """
     CompleteJob: _grpc.UnaryUnaryMultiCallable[_worker_service_pb2.CompleteJobRequest, _worker_service_pb2.CompleteJobResponse]
-    """Ends the attempt with the provider's outputs (landed through media by the server
-    before the job succeeds) or a failure.
+    """Ends the attempt with the uploaded outputs (checked and completed through media by
+    the server before the job succeeds) or a failure.
     """
     ReleaseJob: _grpc.UnaryUnaryMultiCallable[_worker_service_pb2.ReleaseJobRequest, _worker_service_pb2.ReleaseJobResponse]
     """Hands a job this worker will not finish back to the queue (a drain); a job with a
@@ -81,15 +87,21 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     """Claims the next due job (or nothing). Replay-safe: see ClaimJobRequest."""
     HeartbeatJob: _aio.UnaryUnaryMultiCallable[_worker_service_pb2.HeartbeatJobRequest, _worker_service_pb2.HeartbeatJobResponse]  # type: ignore[assignment]
     """Extends the lease and reports progress; answers whether the owner asked to cancel."""
-    GetJobInput: _aio.UnaryUnaryMultiCallable[_worker_service_pb2.GetJobInputRequest, _worker_service_pb2.GetJobInputResponse]  # type: ignore[assignment]
-    """A short-lived URL of the job's input image, issued only to the current claim."""
+    ReadJobInput: _aio.UnaryStreamMultiCallable[_worker_service_pb2.ReadJobInputRequest, _worker_service_pb2.ReadJobInputResponse]  # type: ignore[assignment]
+    """Streams the job's input image (its metadata first, then chunks), checking the
+    current claim when called: there is no URL to leak or to outlive the lease.
+    """
     StartJob: _aio.UnaryUnaryMultiCallable[_worker_service_pb2.StartJobRequest, _worker_service_pb2.StartJobResponse]  # type: ignore[assignment]
     """Records a provider step: SUBMITTING before calling the provider's submit, GENERATING
     (with the provider's request id) as soon as it accepted.
     """
+    PrepareOutputs: _aio.UnaryUnaryMultiCallable[_worker_service_pb2.PrepareOutputsRequest, _worker_service_pb2.PrepareOutputsResponse]  # type: ignore[assignment]
+    """Reserves one media upload per output (a presigned PUT each); the worker PUTs the
+    bytes, then names the assets in CompleteJob. Replays answer the same assets.
+    """
     CompleteJob: _aio.UnaryUnaryMultiCallable[_worker_service_pb2.CompleteJobRequest, _worker_service_pb2.CompleteJobResponse]  # type: ignore[assignment]
-    """Ends the attempt with the provider's outputs (landed through media by the server
-    before the job succeeds) or a failure.
+    """Ends the attempt with the uploaded outputs (checked and completed through media by
+    the server before the job succeeds) or a failure.
     """
     ReleaseJob: _aio.UnaryUnaryMultiCallable[_worker_service_pb2.ReleaseJobRequest, _worker_service_pb2.ReleaseJobResponse]  # type: ignore[assignment]
     """Hands a job this worker will not finish back to the queue (a drain); a job with a
@@ -127,12 +139,14 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
         """Extends the lease and reports progress; answers whether the owner asked to cancel."""
 
     @_abc_1.abstractmethod
-    def GetJobInput(
+    def ReadJobInput(
         self,
-        request: _worker_service_pb2.GetJobInputRequest,
+        request: _worker_service_pb2.ReadJobInputRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_worker_service_pb2.GetJobInputResponse, _abc.Awaitable[_worker_service_pb2.GetJobInputResponse]]:
-        """A short-lived URL of the job's input image, issued only to the current claim."""
+    ) -> _typing.Union[_abc.Iterator[_worker_service_pb2.ReadJobInputResponse], _abc.AsyncIterator[_worker_service_pb2.ReadJobInputResponse]]:
+        """Streams the job's input image (its metadata first, then chunks), checking the
+        current claim when called: there is no URL to leak or to outlive the lease.
+        """
 
     @_abc_1.abstractmethod
     def StartJob(
@@ -145,13 +159,23 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
         """
 
     @_abc_1.abstractmethod
+    def PrepareOutputs(
+        self,
+        request: _worker_service_pb2.PrepareOutputsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_worker_service_pb2.PrepareOutputsResponse, _abc.Awaitable[_worker_service_pb2.PrepareOutputsResponse]]:
+        """Reserves one media upload per output (a presigned PUT each); the worker PUTs the
+        bytes, then names the assets in CompleteJob. Replays answer the same assets.
+        """
+
+    @_abc_1.abstractmethod
     def CompleteJob(
         self,
         request: _worker_service_pb2.CompleteJobRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_worker_service_pb2.CompleteJobResponse, _abc.Awaitable[_worker_service_pb2.CompleteJobResponse]]:
-        """Ends the attempt with the provider's outputs (landed through media by the server
-        before the job succeeds) or a failure.
+        """Ends the attempt with the uploaded outputs (checked and completed through media by
+        the server before the job succeeds) or a failure.
         """
 
     @_abc_1.abstractmethod

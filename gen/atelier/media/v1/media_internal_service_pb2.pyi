@@ -466,3 +466,161 @@ class DeleteKeyedAssetsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeleteKeyedAssetsResponse: _TypeAlias = DeleteKeyedAssetsResponse  # noqa: Y015
+
+@_typing.final
+class ReserveOutputUploadRequest(_message.Message):
+    """Request for ReserveOutputUpload."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OWNER_USER_ID_FIELD_NUMBER: _builtins.int
+    CONTENT_TYPE_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    owner_user_id: _builtins.str
+    """The user who will own the asset."""
+    content_type: _builtins.str
+    """image/jpeg, image/png or image/webp."""
+    size_bytes: _builtins.int
+    """The exact size the upload must have."""
+    sha256: _builtins.str
+    """The SHA-256 the upload must have, as 64 hex digits."""
+    idempotency_key: _builtins.str
+    """Makes the reservation repeatable, as PutAssetHeader.idempotency_key (the same keys:
+    an output reserved here and one PutAsset stored never share one).
+    """
+    def __init__(
+        self,
+        *,
+        owner_user_id: _builtins.str = ...,
+        content_type: _builtins.str = ...,
+        size_bytes: _builtins.int = ...,
+        sha256: _builtins.str = ...,
+        idempotency_key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content_type", b"content_type", "idempotency_key", b"idempotency_key", "owner_user_id", b"owner_user_id", "sha256", b"sha256", "size_bytes", b"size_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReserveOutputUploadRequest: _TypeAlias = ReserveOutputUploadRequest  # noqa: Y015
+
+@_typing.final
+class ReserveOutputUploadResponse(_message.Message):
+    """Response for ReserveOutputUpload."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class UploadHeadersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ASSET_FIELD_NUMBER: _builtins.int
+    UPLOAD_URL_FIELD_NUMBER: _builtins.int
+    UPLOAD_METHOD_FIELD_NUMBER: _builtins.int
+    UPLOAD_HEADERS_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    upload_url: _builtins.str
+    """A short-lived URL to send the bytes to; empty when the asset is READY."""
+    upload_method: _builtins.str
+    """The HTTP method (PUT)."""
+    @_builtins.property
+    def asset(self) -> _asset_pb2.Asset:
+        """The asset, UPLOADING (READY when a replay finds it completed)."""
+
+    @_builtins.property
+    def upload_headers(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Headers the upload must carry exactly as given."""
+
+    @_builtins.property
+    def expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When upload_url stops working."""
+
+    def __init__(
+        self,
+        *,
+        asset: _asset_pb2.Asset | None = ...,
+        upload_url: _builtins.str = ...,
+        upload_method: _builtins.str = ...,
+        upload_headers: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        expire_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["asset", b"asset", "expire_time", b"expire_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["asset", b"asset", "expire_time", b"expire_time", "upload_headers", b"upload_headers", "upload_method", b"upload_method", "upload_url", b"upload_url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReserveOutputUploadResponse: _TypeAlias = ReserveOutputUploadResponse  # noqa: Y015
+
+@_typing.final
+class CompleteOutputUploadRequest(_message.Message):
+    """Request for CompleteOutputUpload."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ASSET_ID_FIELD_NUMBER: _builtins.int
+    OWNER_USER_ID_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    asset_id: _builtins.str
+    """The reserved asset."""
+    owner_user_id: _builtins.str
+    """The owner it was reserved for; another owner's asset is NOT_FOUND."""
+    idempotency_key: _builtins.str
+    """The key it was reserved under; an asset reserved under another key is NOT_FOUND."""
+    def __init__(
+        self,
+        *,
+        asset_id: _builtins.str = ...,
+        owner_user_id: _builtins.str = ...,
+        idempotency_key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["asset_id", b"asset_id", "idempotency_key", b"idempotency_key", "owner_user_id", b"owner_user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompleteOutputUploadRequest: _TypeAlias = CompleteOutputUploadRequest  # noqa: Y015
+
+@_typing.final
+class CompleteOutputUploadResponse(_message.Message):
+    """Response for CompleteOutputUpload."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ASSET_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def asset(self) -> _asset_pb2.Asset:
+        """The asset, READY."""
+
+    def __init__(
+        self,
+        *,
+        asset: _asset_pb2.Asset | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["asset", b"asset"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["asset", b"asset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompleteOutputUploadResponse: _TypeAlias = CompleteOutputUploadResponse  # noqa: Y015

@@ -61,6 +61,16 @@ class MediaInternalServiceStub:
                 request_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetInfoRequest.SerializeToString,
                 response_deserializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetInfoResponse.FromString,
                 _registered_method=True)
+        self.ReserveOutputUpload = channel.unary_unary(
+                '/atelier.media.v1.MediaInternalService/ReserveOutputUpload',
+                request_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.ReserveOutputUploadRequest.SerializeToString,
+                response_deserializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.ReserveOutputUploadResponse.FromString,
+                _registered_method=True)
+        self.CompleteOutputUpload = channel.unary_unary(
+                '/atelier.media.v1.MediaInternalService/CompleteOutputUpload',
+                request_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.CompleteOutputUploadRequest.SerializeToString,
+                response_deserializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.CompleteOutputUploadResponse.FromString,
+                _registered_method=True)
         self.DeleteAsset = channel.unary_unary(
                 '/atelier.media.v1.MediaInternalService/DeleteAsset',
                 request_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.DeleteAssetRequest.SerializeToString,
@@ -118,6 +128,25 @@ class MediaInternalServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReserveOutputUpload(self, request, context):
+        """Reserves a server-owned AI_OUTPUT asset that a remote worker uploads to with a
+        presigned PUT. The same owner and key answer the same asset (a fresh URL for the
+        same expiry; none once it is READY); the key with another declaration is
+        ALREADY_EXISTS IDEMPOTENCY_KEY_REUSED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CompleteOutputUpload(self, request, context):
+        """Checks an output upload as CompleteUpload checks a client's (size, SHA-256, type, a
+        decodable image), makes its thumbnail and marks it READY. Idempotent: a READY asset
+        is answered as it is.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DeleteAsset(self, request, context):
         """Marks an asset deleted and removes its object. Idempotent.
         """
@@ -160,6 +189,16 @@ def add_MediaInternalServiceServicer_to_server(servicer, server):
                     servicer.GetAssetInfo,
                     request_deserializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetInfoRequest.FromString,
                     response_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetInfoResponse.SerializeToString,
+            ),
+            'ReserveOutputUpload': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReserveOutputUpload,
+                    request_deserializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.ReserveOutputUploadRequest.FromString,
+                    response_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.ReserveOutputUploadResponse.SerializeToString,
+            ),
+            'CompleteOutputUpload': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompleteOutputUpload,
+                    request_deserializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.CompleteOutputUploadRequest.FromString,
+                    response_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.CompleteOutputUploadResponse.SerializeToString,
             ),
             'DeleteAsset': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteAsset,
@@ -309,6 +348,60 @@ class MediaInternalService:
             '/atelier.media.v1.MediaInternalService/GetAssetInfo',
             atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetInfoRequest.SerializeToString,
             atelier_dot_media_dot_v1_dot_media__internal__service__pb2.GetAssetInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReserveOutputUpload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atelier.media.v1.MediaInternalService/ReserveOutputUpload',
+            atelier_dot_media_dot_v1_dot_media__internal__service__pb2.ReserveOutputUploadRequest.SerializeToString,
+            atelier_dot_media_dot_v1_dot_media__internal__service__pb2.ReserveOutputUploadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompleteOutputUpload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atelier.media.v1.MediaInternalService/CompleteOutputUpload',
+            atelier_dot_media_dot_v1_dot_media__internal__service__pb2.CompleteOutputUploadRequest.SerializeToString,
+            atelier_dot_media_dot_v1_dot_media__internal__service__pb2.CompleteOutputUploadResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -53,6 +53,17 @@ class MediaInternalServiceStub:
     """Returns an asset's metadata whatever its status, so another service can check an
     asset a user names (owner, purpose, readiness) before relying on it.
     """
+    ReserveOutputUpload: _grpc.UnaryUnaryMultiCallable[_media_internal_service_pb2.ReserveOutputUploadRequest, _media_internal_service_pb2.ReserveOutputUploadResponse]
+    """Reserves a server-owned AI_OUTPUT asset that a remote worker uploads to with a
+    presigned PUT. The same owner and key answer the same asset (a fresh URL for the
+    same expiry; none once it is READY); the key with another declaration is
+    ALREADY_EXISTS IDEMPOTENCY_KEY_REUSED.
+    """
+    CompleteOutputUpload: _grpc.UnaryUnaryMultiCallable[_media_internal_service_pb2.CompleteOutputUploadRequest, _media_internal_service_pb2.CompleteOutputUploadResponse]
+    """Checks an output upload as CompleteUpload checks a client's (size, SHA-256, type, a
+    decodable image), makes its thumbnail and marks it READY. Idempotent: a READY asset
+    is answered as it is.
+    """
     DeleteAsset: _grpc.UnaryUnaryMultiCallable[_media_internal_service_pb2.DeleteAssetRequest, _media_internal_service_pb2.DeleteAssetResponse]
     """Marks an asset deleted and removes its object. Idempotent."""
     DeleteKeyedAssets: _grpc.UnaryUnaryMultiCallable[_media_internal_service_pb2.DeleteKeyedAssetsRequest, _media_internal_service_pb2.DeleteKeyedAssetsResponse]
@@ -84,6 +95,17 @@ class MediaInternalServiceAsyncStub(MediaInternalServiceStub):
     GetAssetInfo: _aio.UnaryUnaryMultiCallable[_media_internal_service_pb2.GetAssetInfoRequest, _media_internal_service_pb2.GetAssetInfoResponse]  # type: ignore[assignment]
     """Returns an asset's metadata whatever its status, so another service can check an
     asset a user names (owner, purpose, readiness) before relying on it.
+    """
+    ReserveOutputUpload: _aio.UnaryUnaryMultiCallable[_media_internal_service_pb2.ReserveOutputUploadRequest, _media_internal_service_pb2.ReserveOutputUploadResponse]  # type: ignore[assignment]
+    """Reserves a server-owned AI_OUTPUT asset that a remote worker uploads to with a
+    presigned PUT. The same owner and key answer the same asset (a fresh URL for the
+    same expiry; none once it is READY); the key with another declaration is
+    ALREADY_EXISTS IDEMPOTENCY_KEY_REUSED.
+    """
+    CompleteOutputUpload: _aio.UnaryUnaryMultiCallable[_media_internal_service_pb2.CompleteOutputUploadRequest, _media_internal_service_pb2.CompleteOutputUploadResponse]  # type: ignore[assignment]
+    """Checks an output upload as CompleteUpload checks a client's (size, SHA-256, type, a
+    decodable image), makes its thumbnail and marks it READY. Idempotent: a READY asset
+    is answered as it is.
     """
     DeleteAsset: _aio.UnaryUnaryMultiCallable[_media_internal_service_pb2.DeleteAssetRequest, _media_internal_service_pb2.DeleteAssetResponse]  # type: ignore[assignment]
     """Marks an asset deleted and removes its object. Idempotent."""
@@ -143,6 +165,29 @@ class MediaInternalServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_media_internal_service_pb2.GetAssetInfoResponse, _abc.Awaitable[_media_internal_service_pb2.GetAssetInfoResponse]]:
         """Returns an asset's metadata whatever its status, so another service can check an
         asset a user names (owner, purpose, readiness) before relying on it.
+        """
+
+    @_abc_1.abstractmethod
+    def ReserveOutputUpload(
+        self,
+        request: _media_internal_service_pb2.ReserveOutputUploadRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_media_internal_service_pb2.ReserveOutputUploadResponse, _abc.Awaitable[_media_internal_service_pb2.ReserveOutputUploadResponse]]:
+        """Reserves a server-owned AI_OUTPUT asset that a remote worker uploads to with a
+        presigned PUT. The same owner and key answer the same asset (a fresh URL for the
+        same expiry; none once it is READY); the key with another declaration is
+        ALREADY_EXISTS IDEMPOTENCY_KEY_REUSED.
+        """
+
+    @_abc_1.abstractmethod
+    def CompleteOutputUpload(
+        self,
+        request: _media_internal_service_pb2.CompleteOutputUploadRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_media_internal_service_pb2.CompleteOutputUploadResponse, _abc.Awaitable[_media_internal_service_pb2.CompleteOutputUploadResponse]]:
+        """Checks an output upload as CompleteUpload checks a client's (size, SHA-256, type, a
+        decodable image), makes its thumbnail and marks it READY. Idempotent: a READY asset
+        is answered as it is.
         """
 
     @_abc_1.abstractmethod
