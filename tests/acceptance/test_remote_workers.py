@@ -238,6 +238,22 @@ async def test_the_protocol_replays_claims_and_refuses_leases_it_does_not_hold(
         start.request_id, start.expected_version = str(uuid.uuid4()), beat.version
         started = await stub.StartJob(start, metadata=gpu)
         assert (await stub.StartJob(start, metadata=gpu)).version == started.version
+        # First sent longer ago than claims and answers are kept (7 days): refused,
+        # whether or not the record is still there.
+        eight_days_ago = datetime.now(UTC) - timedelta(days=8)
+        old_claim, old_start = pb.ClaimJobRequest(), pb.StartJobRequest()
+        old_claim.CopyFrom(first)
+        old_start.CopyFrom(start)
+        old_claim.request_time.FromDatetime(eight_days_ago)
+        old_start.request_time.FromDatetime(eight_days_ago)
+        assert await refused(stub.ClaimJob(old_claim, metadata=gpu)) == (
+            precondition,
+            "CLAIM_REPLAY_EXPIRED",
+        )
+        assert await refused(stub.StartJob(old_start, metadata=gpu)) == (
+            precondition,
+            "CALL_REPLAY_EXPIRED",
+        )
         start.step = pb.WORKER_STEP_GENERATING  # the same key for another request
         start.provider_request_id = "req-1"
         assert await refused(stub.StartJob(start, metadata=gpu)) == (
