@@ -33,6 +33,7 @@ from services.creation.providers.registry import ProviderRegistry, RegistryError
 from services.creation.providers.stub import crash_point
 from services.creation.ready_inputs import ReadyInputs
 from services.creation.relay.notify_client import NotifyClient
+from services.creation.relay.pruning import remote_prunings
 from services.creation.relay.relay import OutboxRelay
 from services.creation.remote.service import RemoteJobs
 from services.creation.remote.servicer import WorkerServicer
@@ -120,7 +121,12 @@ def build(
         settings.relay.deliver_timeout_seconds,
     )
     relay = OutboxRelay(
-        database.engine, notify, settings.relay, settings.common.database_url, clock=clock
+        database.engine,
+        notify,
+        settings.relay,
+        settings.common.database_url,
+        clock=clock,
+        prunings=remote_prunings(settings.remote.retention_seconds),
     )
     background = [
         *(

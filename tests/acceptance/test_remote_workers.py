@@ -32,6 +32,14 @@ from services.dev.stack import Stack
 from services.kit.db import asyncpg_url
 from services.kit.settings import DEV_SERVICE_TOKEN
 from tests.acceptance.test_jobs_edge import png, put_input
+from tests.support.crash_matrix import (
+    KILL_POINTS,
+    LANDED_POINTS,
+    OUTPUTS,
+    StartWorker,
+    cancelled_after_landed_outputs,
+    killed_at_a_point,
+)
 from tests.support.remote_workers import (
     channel,
     pool_metadata,
@@ -40,8 +48,8 @@ from tests.support.remote_workers import (
 )
 from tests.support.stacks import stack_of_its_own
 from tests.support.workers import (
+    WorkerProcess,
     all_finished,
-    exited,
     log_lines,
     new_user,
     queue_jobs,
@@ -230,6 +238,22 @@ async def test_the_protocol_replays_claims_and_refuses_leases_it_does_not_hold(
         start.request_id, start.expected_version = str(uuid.uuid4()), beat.version
         started = await stub.StartJob(start, metadata=gpu)
         assert (await stub.StartJob(start, metadata=gpu)).version == started.version
+        # First sent longer ago than claims and answers are kept (7 days): refused,
+        # whether or not the record is still there.
+        eight_days_ago = datetime.now(UTC) - timedelta(days=8)
+        old_claim, old_start = pb.ClaimJobRequest(), pb.StartJobRequest()
+        old_claim.CopyFrom(first)
+        old_start.CopyFrom(start)
+        old_claim.request_time.FromDatetime(eight_days_ago)
+        old_start.request_time.FromDatetime(eight_days_ago)
+        assert await refused(stub.ClaimJob(old_claim, metadata=gpu)) == (
+            precondition,
+            "CLAIM_REPLAY_EXPIRED",
+        )
+        assert await refused(stub.StartJob(old_start, metadata=gpu)) == (
+            precondition,
+            "CALL_REPLAY_EXPIRED",
+        )
         start.step = pb.WORKER_STEP_GENERATING  # the same key for another request
         start.provider_request_id = "req-1"
         assert await refused(stub.StartJob(start, metadata=gpu)) == (
@@ -445,40 +469,56 @@ async def test_a_remote_worker_completes_jobs_and_replays_a_dropped_claim(
         ]
 
 
-async def test_a_remote_worker_killed_mid_job_is_reaped_like_an_in_process_one(
-    api: Stack, db: AsyncEngine, tmp_path: Path
+def remote_then_in_process(api: Stack, ledger: Path) -> StartWorker:
+    """The crash matrix's workers here: the doomed one is remote (short lease), the
+    survivor in-process (it runs the reaper, which finds the remote lease expired)."""
+
+    def start(name: str, crash_at: str) -> WorkerProcess:
+        env = {"ATELIER_STUB_DURATION": "1", "ATELIER_STUB_LEDGER": str(ledger)}
+        if not crash_at:
+            return start_worker(api, f"survivor-{name}", {**ENGINE_ENV, **env})
+        remote = {
+            **REMOTE_ENV,
+            **env,
+            "ATELIER_STUB_CRASH_AT": crash_at,
+            "ATELIER_REMOTE_WORKER_CONCURRENCY": "1",
+            "ATELIER_REMOTE_WORKER_LEASE": str(SHORT_LEASE),
+        }
+        return start_remote_worker(api, f"remote-{name}", remote)
+
+    return start
+
+
+@pytest.mark.parametrize(("point", "final", "reserved"), KILL_POINTS)
+async def test_a_remote_worker_killed_at_a_point_is_reaped_like_an_in_process_one(
+    api: Stack,
+    db: AsyncEngine,
+    http: httpx.AsyncClient,
+    tmp_path: Path,
+    point: str,
+    final: str,
+    reserved: str,
 ) -> None:
-    """Killed while polling (the request id stored): the reaper queues the job keeping its
-    request, and an in-process worker resumes polling it without a second submit."""
-    [job_id] = await queue(api, db, users=1, per_user=1)
+    """The in-process crash matrix, the doomed worker remote: the same final status,
+    submits, points and outputs whatever the point."""
     ledger = tmp_path / "ledger"
-    env = {
-        **REMOTE_ENV,
-        "ATELIER_STUB_DURATION": "1",
-        "ATELIER_STUB_CRASH_AT": "polling",
-        "ATELIER_REMOTE_WORKER_LEASE": str(SHORT_LEASE),
-        "ATELIER_STUB_LEDGER": str(ledger),
-    }
-    doomed = start_remote_worker(api, "remote-doomed", env)
-    assert await exited(doomed, within=30) == -9  # SIGKILL, as a power cut
-    survivor = start_worker(
-        api, "remote-survivor", {**ENGINE_ENV, "ATELIER_STUB_LEDGER": str(ledger)}
-    )
-    try:
-        await all_finished(db, [survivor], within=30, job_ids=[job_id])
-    finally:
-        assert survivor.stop() == 0
-    job = (await read_jobs(db, [job_id]))[job_id]
-    assert job.status is Status.SUCCEEDED and len(job.outputs) == 1
-    assert len(read_ledger(ledger)[job_id]) == 1  # the provider saw one submit
+    start = remote_then_in_process(api, ledger)
+    job_id = await killed_at_a_point(api, http, ledger, start, point, final, reserved)
     events = (await read_events(db, [job_id]))[job_id]
-    assert [(e.to_status, e.actor_kind) for e in events[1:]] == [
-        ("running", "worker"),
-        ("queued", "reaper"),
-        ("running", "worker"),
-        ("succeeded", "worker"),
-    ]
-    assert events[1].actor_id == "gpu/remote-doomed"
+    assert events[1].actor_id == f"gpu/remote-crash-{point}"
+    assert "reaper" in {e.actor_kind for e in events[2:]}  # the lease ran out, was reaped
+
+
+@pytest.mark.parametrize("point", LANDED_POINTS)
+async def test_a_job_cancelled_after_its_dead_remote_worker_uploaded_outputs_keeps_none(
+    api: Stack, http: httpx.AsyncClient, tmp_path: Path, point: str
+) -> None:
+    """PrepareOutputs reserved both outputs, none completed (media holds them uploading,
+    one or both with its bytes): the cancel's reaper deletes them as it deletes an
+    in-process worker's landed outputs."""
+    start = remote_then_in_process(api, tmp_path / "ledger")
+    landed_as = ["uploading"] * OUTPUTS
+    await cancelled_after_landed_outputs(api, http, start, point, landed_as=landed_as)
 
 
 USERS = 50

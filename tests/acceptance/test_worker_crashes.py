@@ -1,33 +1,29 @@
-"""A worker killed with SIGKILL at each point of an attempt, as real processes: the API
-beside media and Envoy, a worker that dies where the stub's crash point says, then a
-second worker that finds the expired lease. Whatever the point, the job ends where
-DESIGN.md says, the provider saw the submits it allows, the user is charged at most once,
-and no output landed in media is left without a job to show it (jobs of two outputs, so a
-kill can fall between them)."""
+"""An in-process worker killed with SIGKILL at each point of an attempt, as real
+processes: the API beside media and Envoy, a worker that dies where the stub's crash
+point says, then a second worker that finds the expired lease. The matrix and what it
+asserts are tests/support/crash_matrix.py's (remote workers answer to it too)."""
 
 from __future__ import annotations
 
-import asyncio
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import create_async_engine
 
-from services.creation.providers.stub import read_ledger
-from services.dev.processes import Child, free_port, spawn
 from services.dev.stack import Stack
-from services.kit.db import asyncpg_url
-from tests.acceptance.test_jobs_edge import User, job_body, put_input
-from tests.support.stacks import job_in, stack_of_its_own
+from tests.support.crash_matrix import (
+    KILL_POINTS,
+    LANDED_POINTS,
+    StartWorker,
+    cancelled_after_landed_outputs,
+    killed_at_a_point,
+)
+from tests.support.stacks import stack_of_its_own
+from tests.support.workers import WorkerProcess, start_worker
 
 # Short leases and beats, so a dead worker's job is found within seconds.
 ENGINE_ENV = {
-    "ATELIER_ENV": "test",
     "ATELIER_STUB_DURATION": "1",
     "ATELIER_LEASE_TTL": "5",
     "ATELIER_HEARTBEAT": "1",
@@ -45,140 +41,24 @@ def api(postgres_admin_url: str, tmp_path_factory: pytest.TempPathFactory) -> It
         yield stack
 
 
-def start_worker(api: Stack, name: str, ledger: Path, crash_at: str = "") -> Child:
-    env = {
-        **ENGINE_ENV,
-        "ATELIER_DATABASE_URL": api.database_url,
-        "ATELIER_CREATION_PUBLIC_PORT": str(free_port()),
-        "ATELIER_CREATION_INTERNAL_PORT": str(free_port()),
-        "ATELIER_CREATION_METRICS_PORT": str(free_port()),
-        "ATELIER_MEDIA_INTERNAL_ADDRESS": f"127.0.0.1:{api.ports.internal['media']}",
-        "ATELIER_STUB_STATE_DIR": str(api.work_dir / "stub"),
-        "ATELIER_STUB_LEDGER": str(ledger),
-        "ATELIER_STUB_CRASH_AT": crash_at,
-    }
-    argv = [sys.executable, "-m", "services.creation", "--role", "worker"]
-    return spawn(name, argv, env, api.work_dir / "logs")
+def in_process(api: Stack, ledger: Path) -> StartWorker:
+    def start(name: str, crash_at: str) -> WorkerProcess:
+        env = {**ENGINE_ENV, "ATELIER_STUB_LEDGER": str(ledger), "ATELIER_STUB_CRASH_AT": crash_at}
+        return start_worker(api, f"worker-{name}", env)
+
+    return start
 
 
-FINAL = {
-    "JOB_STATUS_SUCCEEDED",
-    "JOB_STATUS_FAILED",
-    "JOB_STATUS_CANCELLED",
-    "JOB_STATUS_NEEDS_ATTENTION",
-}
-
-
-async def died(worker: Child, within: float) -> int:
-    deadline = time.monotonic() + within
-    while worker.alive():
-        assert time.monotonic() < deadline, f"{worker.name} did not reach its crash point"
-        await asyncio.sleep(0.05)
-    return int(worker.process.returncode)
-
-
-OUTPUTS = 2  # each job makes two images, at the model's 5 points each
-
-
-async def ai_outputs(api: Stack, owner: str) -> dict[str, str]:
-    """Every ai_output asset media holds for ``owner``, deleted ones too: id → status."""
-    engine = create_async_engine(asyncpg_url(api.database_url))
-    try:
-        async with engine.connect() as connection:
-            rows = await connection.execute(
-                text(
-                    "SELECT asset_id::text, status FROM media.assets"
-                    " WHERE owner_user_id = :o AND purpose = 'ai_output'"
-                ),
-                {"o": owner},
-            )
-            return {row.asset_id: row.status for row in rows}
-    finally:
-        await engine.dispose()
-
-
-@pytest.mark.parametrize(
-    ("point", "final", "reserved"),
-    [
-        # Nothing reached the provider: the next worker runs a new attempt.
-        ("before_submit", "JOB_STATUS_SUCCEEDED", "0"),
-        # The provider has the request, but its id was never stored: the outcome is
-        # unknown, so an operator decides; no second submit, the points stay held.
-        ("after_submit", "JOB_STATUS_NEEDS_ATTENTION", "10"),
-        # The id was stored: the next worker resumes polling it.
-        ("polling", "JOB_STATUS_SUCCEEDED", "0"),
-        # One output (after_output) or both (before_complete) landed: the next worker
-        # resumes the attempt and lands onto the same assets.
-        ("after_output", "JOB_STATUS_SUCCEEDED", "0"),
-        ("before_complete", "JOB_STATUS_SUCCEEDED", "0"),
-    ],
-)
+@pytest.mark.parametrize(("point", "final", "reserved"), KILL_POINTS)
 async def test_a_worker_killed_at_a_point_loses_nothing_and_charges_once(
     api: Stack, http: httpx.AsyncClient, tmp_path: Path, point: str, final: str, reserved: str
 ) -> None:
-    url = f"http://127.0.0.1:{api.ports.envoy}"
-    user = User()
-    asset = await put_input(api, user.user_id)
-    body = job_body(asset, numOutputs=OUTPUTS)
-    submitted = await http.post(f"{url}/v1/jobs", headers=user.headers, json=body)
-    job_id = submitted.json()["job"]["jobId"]
     ledger = tmp_path / "ledger"
-
-    doomed = start_worker(api, f"worker-crash-{point}", ledger, crash_at=point)
-    assert await died(doomed, within=30) == -9  # SIGKILL, as a power cut
-    survivor = start_worker(api, f"worker-after-{point}", ledger)
-    try:
-        job = await job_in(http, url, user.headers, job_id, FINAL, within=40)
-    finally:
-        assert survivor.stop() == 0
-
-    assert job["status"] == final, job
-    assert len(read_ledger(ledger).get(job_id, [])) == 1  # the provider saw one submit
-    # 100 welcome points, a price of 2 x 5: captured once on success, held for the operator.
-    balance = (await http.get(f"{url}/v1/balance", headers=user.headers)).json()
-    assert (balance["availablePoints"], balance["reservedPoints"]) == ("90", reserved)
-    outputs = [output["assetId"] for output in job.get("outputs", [])]
-    if final == "JOB_STATUS_SUCCEEDED":
-        assert len(outputs) == OUTPUTS
-        for output in job["outputs"]:
-            assert (await http.get(output["url"])).status_code == 200
-    # Not one ai_output asset beyond the job's own: none orphaned, none landed twice.
-    assert await ai_outputs(api, user.user_id) == dict.fromkeys(outputs, "ready")
+    await killed_at_a_point(api, http, ledger, in_process(api, ledger), point, final, reserved)
 
 
-@pytest.mark.parametrize("point", ["after_output", "before_complete"])
+@pytest.mark.parametrize("point", LANDED_POINTS)
 async def test_a_job_cancelled_after_its_dead_worker_landed_outputs_keeps_none(
     api: Stack, http: httpx.AsyncClient, tmp_path: Path, point: str
 ) -> None:
-    """The worker dies with outputs landed; the owner cancels; the reaper cancels the job
-    (telling the provider) and deletes what the dead worker landed: nothing orphaned, the
-    points released."""
-    url = f"http://127.0.0.1:{api.ports.envoy}"
-    user = User()
-    asset = await put_input(api, user.user_id)
-    body = job_body(asset, numOutputs=OUTPUTS)
-    submitted = await http.post(f"{url}/v1/jobs", headers=user.headers, json=body)
-    job_id = submitted.json()["job"]["jobId"]
-    ledger = tmp_path / "ledger"
-
-    doomed = start_worker(api, f"worker-cancel-{point}", ledger, crash_at=point)
-    assert await died(doomed, within=30) == -9
-    landed = await ai_outputs(api, user.user_id)
-    assert list(landed.values()) == ["ready"] * (1 if point == "after_output" else OUTPUTS)
-    cancel = await http.post(f"{url}/v1/jobs/{job_id}:cancel", headers=user.headers, json={})
-    assert cancel.json()["job"]["cancelRequested"] is True
-
-    survivor = start_worker(api, f"worker-reaps-{point}", ledger)
-    try:
-        job = await job_in(http, url, user.headers, job_id, FINAL, within=40)
-        assert job["status"] == "JOB_STATUS_CANCELLED" and not job.get("outputs")
-        # The reaper's sweep purges right after it cancels.
-        deadline = time.monotonic() + 10
-        while set((await ai_outputs(api, user.user_id)).values()) != {"deleted"}:
-            assert time.monotonic() < deadline, await ai_outputs(api, user.user_id)
-            await asyncio.sleep(0.1)
-    finally:
-        assert survivor.stop() == 0
-    assert set(await ai_outputs(api, user.user_id)) == set(landed)  # nothing new landed
-    balance = (await http.get(f"{url}/v1/balance", headers=user.headers)).json()
-    assert (balance["availablePoints"], balance["reservedPoints"]) == ("100", "0")
+    await cancelled_after_landed_outputs(api, http, in_process(api, tmp_path / "ledger"), point)

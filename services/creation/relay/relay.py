@@ -13,7 +13,8 @@ A NOTIFY on ``creation_outbox`` (a trigger sends it at the commit of every outbo
 wakes the relay; a poll is the fallback. While notify (or the database) is away the relay
 retries with exponential backoff and full jitter, logging one throttled line per kind of
 failure, and says once when deliveries flow again. Now and then it prunes delivered rows
-older than the retention period.
+older than the retention period, and the other tables it is given (``prunings``: the
+remote workers' claims and answers), each after its own retention.
 
 While tracing is on, each message carries its job's submit trace context (notify's span
 for it joins the job's trace), and each Deliver is a span of its own linked to those
@@ -25,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -35,6 +37,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from atelier.notify.v1 import notify_ingest_service_pb2 as pb
 from services.creation.domain import backoff
 from services.creation.relay.notify_client import DeliveryFailed
+from services.creation.relay.pruning import Pruning
 from services.creation.relay.states import read_state
 from services.creation.settings import RelaySettings
 from services.creation.store import outbox
@@ -69,8 +72,13 @@ class OutboxRelay:
         clock: Clock = system_clock,
         throttle: Throttle | None = None,
         rng: random.Random | None = None,
+        prunings: Sequence[Pruning] = (),
     ) -> None:
         self._engine = engine
+        self._prunings = (
+            Pruning("outbox", settings.retention_seconds, outbox.prune),
+            *prunings,
+        )
         self._notify = notify
         self._settings = settings
         self._clock = clock
@@ -253,11 +261,13 @@ class OutboxRelay:
         if loop.time() < self._next_prune:
             return
         self._next_prune = loop.time() + self._settings.prune_period_seconds
-        before = self._clock() - timedelta(seconds=self._settings.retention_seconds)
+        now = self._clock()
         try:
-            while not self._stopping.is_set():
-                if await outbox.prune(self._engine, before, PRUNE_BATCH) < PRUNE_BATCH:
-                    break
+            for pruning in self._prunings:
+                before = now - timedelta(seconds=pruning.retention_seconds)
+                while not self._stopping.is_set():
+                    if await pruning.prune(self._engine, before, PRUNE_BATCH) < PRUNE_BATCH:
+                        break
         except Exception as error:
             outage = classify(error)
             if outage is None:

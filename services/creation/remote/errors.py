@@ -13,8 +13,11 @@ from services.kit.errors import ApiError
 
 
 class Reason:
-    # A claim's replay after its lease was released, cancelled, reaped or expired.
+    # A claim's replay after its lease was released, cancelled, reaped or expired, or
+    # first sent (request_time) longer ago than the retention of claims.
     CLAIM_REPLAY_EXPIRED = "CLAIM_REPLAY_EXPIRED"
+    # A keyed call first sent (request_time) longer ago than the retention of answers.
+    CALL_REPLAY_EXPIRED = "CALL_REPLAY_EXPIRED"
     # A new claim (new idempotency key) sent a claim token already used.
     CLAIM_TOKEN_REUSED = "CLAIM_TOKEN_REUSED"
     # No claim of this pool's worker holds the job with this token (or no such job).
@@ -39,6 +42,15 @@ class ClaimReplayExpired(CreationError):
             grpc.StatusCode.FAILED_PRECONDITION,
             Reason.CLAIM_REPLAY_EXPIRED,
             "this claim's lease is no longer held; claim again with a new key and token",
+        )
+
+
+class CallReplayExpired(CreationError):
+    def to_api_error(self) -> ApiError:
+        return ApiError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            Reason.CALL_REPLAY_EXPIRED,
+            "this call was first sent longer ago than its answer is kept; do not send it again",
         )
 
 

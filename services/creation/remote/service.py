@@ -28,6 +28,7 @@ from services.creation.media_client import (
     OutputUpload,
 )
 from services.creation.remote.errors import (
+    CallReplayExpired,
     ClaimReplayExpired,
     ClaimTokenReused,
     LeaseRefused,
@@ -84,6 +85,7 @@ class CallKey:
     request_id: str
     method: str
     request_hash: str
+    sent_at: datetime | None = None  # the request's request_time, when it says
 
 
 def lease_problem(held: HeldLease | None, claim: LeaseClaim, now: datetime) -> str | None:
@@ -168,6 +170,12 @@ class RemoteJobs:
         self._clock = clock
         self._backoff = (backoff_base_seconds, backoff_max_seconds)
 
+    def _past_retention(self, sent_at: datetime | None, now: datetime) -> bool:
+        """A request first sent longer ago than claims and answers are kept: what it
+        would replay may be pruned, so it is refused whether or not it still is."""
+        retention = timedelta(seconds=self._settings.retention_seconds)
+        return sent_at is not None and sent_at < now - retention
+
     def heartbeat_seconds(self, job: Job) -> float:
         """The heartbeat interval for a claimed job's lease."""
         if job.lease_expires_at is None:
@@ -178,11 +186,20 @@ class RemoteJobs:
     # --- claims -----------------------------------------------------------------------
 
     async def claim(
-        self, pool: str, request_id: str, claim_token: str, worker_id: str, lease_seconds: float
+        self,
+        pool: str,
+        request_id: str,
+        claim_token: str,
+        worker_id: str,
+        lease_seconds: float,
+        sent_at: datetime | None = None,
     ) -> Job | None:
         """The job claimed (None: nothing due), or the same answer for a replay.
-        ``lease_seconds`` is the worker's ask (0: the default)."""
+        ``lease_seconds`` is the worker's ask (0: the default); ``sent_at`` when the
+        worker first sent the claim, if it says."""
         now = self._clock()
+        if self._past_retention(sent_at, now):
+            raise ClaimReplayExpired()
         token_hash = digest(claim_token)
         owner = lease_owner(pool, worker_id)
         request = ClaimRequest(
@@ -412,6 +429,8 @@ class RemoteJobs:
         return await self._keyed(claim, key, expected_version, act, respond, purge=True)
 
     async def _stored(self, pool: str, key: CallKey) -> bytes | None:
+        if self._past_retention(key.sent_at, self._clock()):
+            raise CallReplayExpired()
         stored = await remote.find_call(self._engine, pool, key.request_id)
         return None if stored is None else _replayed(stored, key)
 
@@ -429,6 +448,8 @@ class RemoteJobs:
         (checked after the lock, so a concurrent twin's answer is seen), the lease and the
         version checked, the write, its answer stored."""
         now = self._clock()
+        if self._past_retention(key.sent_at, now):
+            raise CallReplayExpired()
         try:
             async with remote.call_transaction(self._engine, now) as tx:
                 held = await tx.lock_lease(claim.token_hash, claim.job_id)

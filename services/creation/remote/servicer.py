@@ -95,12 +95,23 @@ def _lease(lease: pb.LeaseRef, worker_id: str, problems: list[FieldViolation]) -
     )
 
 
+def _sent_at(request: Any, problems: list[FieldViolation]) -> datetime | None:
+    """The request's request_time (when the worker first sent it), if set."""
+    if not request.HasField("request_time"):
+        return None
+    try:
+        return request.request_time.ToDatetime(tzinfo=UTC)  # type: ignore[no-any-return]
+    except (ValueError, OverflowError):
+        problems.append(FieldViolation("request_time", "must be a valid time"))
+        return None
+
+
 def _call_key(
     method: str, request_id: str, request: Any, problems: list[FieldViolation]
 ) -> CallKey:
     _key(request_id, problems)
     digest = hashlib.sha256(request.SerializeToString(deterministic=True)).hexdigest()
-    return CallKey(request_id, method, digest)
+    return CallKey(request_id, method, digest, _sent_at(request, problems))
 
 
 def _output_spec(index: int, spec: pb.OutputSpec, problems: list[FieldViolation]) -> OutputSpec:
@@ -157,9 +168,10 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         asked = request.lease_duration.ToTimedelta().total_seconds()
         if not 0 <= asked <= 86400:
             problems.append(FieldViolation("lease_duration", "must be between 0 and 1 day"))
+        sent_at = _sent_at(request, problems)
         _check(problems)
         job = await self._jobs.claim(
-            _pool(), request.request_id, request.claim_token, request.worker_id, asked
+            _pool(), request.request_id, request.claim_token, request.worker_id, asked, sent_at
         )
         response = pb.ClaimJobResponse(server_time=_timestamp(datetime.now(UTC)))
         if job is not None:

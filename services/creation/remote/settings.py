@@ -1,5 +1,6 @@
-"""The remote worker protocol's settings (ATELIER_REMOTE_*): the worker pools and the
-leases they get. The server keeps each pool's credential only as its SHA-256."""
+"""The remote worker protocol's settings (ATELIER_REMOTE_*): the worker pools, the
+leases they get and how long their replays are answered. The server keeps each pool's
+credential only as its SHA-256."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class RemoteSettings:
     lease_min_seconds: float = 5.0
     lease_max_seconds: float = 600.0
     heartbeat_seconds: float = 10.0
+    retention_seconds: float = 7 * 86400.0
 
     def granted(self, asked_seconds: float) -> float:
         """The lease a claim gets: the worker's ask (0: the default) within the bounds."""
@@ -56,6 +58,11 @@ class RemoteSettings:
             lease_max_seconds=reader.seconds("REMOTE_LEASE_MAX", 600, minimum=1, maximum=3600),
             # How often remote workers are told to heartbeat.
             heartbeat_seconds=reader.seconds("REMOTE_HEARTBEAT", 10, minimum=0.5, maximum=600),
+            # How long claims and calls are kept for replays once their lease ended, then
+            # pruned (with the outbox's delivered rows); older replays are refused.
+            retention_seconds=reader.seconds(
+                "REMOTE_RETENTION", 7 * 86400, minimum=3600, maximum=90 * 86400
+            ),
         )
         reader.require(
             settings.lease_min_seconds <= settings.lease_ttl_seconds <= settings.lease_max_seconds,

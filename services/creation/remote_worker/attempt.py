@@ -8,7 +8,12 @@ request resumes polling and never submits.
 The calls that change the job take turns (one lock) and send the newest version any
 answer gave; heartbeats run beside them, so a slow call never lets the lease run out. A
 heartbeat refused for the lease (expired, taken) stops the attempt at once: the job is
-someone else's now."""
+someone else's now.
+
+``on_point`` is called at the in-process attempt's named points, at the same places
+(before_submit ahead of reporting SUBMITTING, after_submit before the request id is
+reported, polling, after_output once an output is uploaded, before_complete ahead of
+CompleteJob), so the crash matrix (ATELIER_STUB_CRASH_AT) kills a remote worker at each."""
 
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ from services.creation.providers.base import (
 from services.creation.providers.failures import is_retryable
 from services.creation.remote.errors import Reason
 from services.creation.remote_worker.client import Lease, Refused, WorkerClient
+from services.creation.worker.context import PointHook, no_point
 from services.kit.logging import get_logger
 
 log = get_logger(__name__)
@@ -76,8 +82,10 @@ class RemoteAttempt:
         http: httpx.AsyncClient,
         drain: RemoteDrain,
         provider_poll_seconds: float,
+        on_point: PointHook = no_point,
     ) -> None:
         self._job = job
+        self._on_point = on_point
         self._lease = lease
         self._client = client
         self._providers = providers
@@ -206,6 +214,7 @@ class RemoteAttempt:
             parameters=parameters_from_proto(job.parameters),
             num_outputs=job.num_outputs,
         )
+        self._on_point("before_submit")  # before SUBMITTING is reported, as in-process
         await self._call(lambda: self._client.start(self._lease, None))
         try:
             request_id = await provider.submit(request, job.submit_key)
@@ -220,12 +229,14 @@ class RemoteAttempt:
                 retryable=is_retryable(error.code, error.retryable),
                 retry_after=error.retry_after_seconds,
             )
+        self._on_point("after_submit")
         await self._call(lambda: self._client.start(self._lease, request_id))
         return request_id
 
     async def _poll(self, provider: Provider, request_id: str) -> str:
         errors = 0
         while True:
+            self._on_point("polling")
             if self._cancel.is_set():
                 raise _Cancel()
             if self._drain.due.is_set():
@@ -286,6 +297,8 @@ class RemoteAttempt:
             for output, upload in zip(made, uploads, strict=True):
                 if upload.upload_url:  # empty: a replay found it complete already
                     await self._upload(output, upload)
+                self._on_point("after_output")
+            self._on_point("before_complete")
             ids = [upload.asset_id for upload in uploads]
             answer = await self._call(lambda: self._client.complete(self._lease, ids))
         except Refused as refused:

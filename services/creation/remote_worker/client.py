@@ -10,10 +10,11 @@ import secrets
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf import timestamp_pb2
 
 from atelier.creation.v1 import worker_service_pb2 as pb
 from atelier.creation.v1 import worker_service_pb2_grpc
@@ -59,6 +60,13 @@ def reason_of(error: grpc.aio.AioRpcError) -> str:
 
 def new_key() -> str:
     return str(uuid.uuid4())
+
+
+def sent_now() -> timestamp_pb2.Timestamp:
+    """A request's request_time: set once with its key, resent unchanged with it."""
+    stamp = timestamp_pb2.Timestamp()
+    stamp.FromDatetime(datetime.now(UTC))
+    return stamp
 
 
 def new_claim_token() -> str:
@@ -123,7 +131,10 @@ class WorkerClient:
         """A due job and the lease on it, or (None, None)."""
         # Kept before sending: a replay must carry both unchanged.
         request = pb.ClaimJobRequest(
-            request_id=new_key(), claim_token=new_claim_token(), worker_id=self.worker_id
+            request_id=new_key(),
+            request_time=sent_now(),
+            claim_token=new_claim_token(),
+            worker_id=self.worker_id,
         )
         if self._lease_seconds > 0:
             request.lease_duration.FromTimedelta(timedelta(seconds=self._lease_seconds))
@@ -181,6 +192,7 @@ class WorkerClient:
             lease=lease.ref(),
             worker_id=self.worker_id,
             request_id=new_key(),
+            request_time=sent_now(),
             expected_version=lease.version,
             step=pb.WORKER_STEP_GENERATING if request_id else pb.WORKER_STEP_SUBMITTING,
             provider_request_id=request_id or "",
@@ -191,7 +203,11 @@ class WorkerClient:
         self, lease: Lease, outputs: list[pb.OutputSpec]
     ) -> list[pb.OutputUpload]:
         request = pb.PrepareOutputsRequest(
-            lease=lease.ref(), worker_id=self.worker_id, request_id=new_key(), outputs=outputs
+            lease=lease.ref(),
+            worker_id=self.worker_id,
+            request_id=new_key(),
+            request_time=sent_now(),
+            outputs=outputs,
         )
         return list((await self._send(self._stub.PrepareOutputs, request)).uploads)
 
@@ -205,6 +221,7 @@ class WorkerClient:
             lease=lease.ref(),
             worker_id=self.worker_id,
             request_id=new_key(),
+            request_time=sent_now(),
             expected_version=lease.version,
             output_asset_ids=output_asset_ids or [],
             failure=failure,
@@ -218,6 +235,7 @@ class WorkerClient:
             lease=lease.ref(),
             worker_id=self.worker_id,
             request_id=new_key(),
+            request_time=sent_now(),
             expected_version=lease.version,
         )
         answer = await self._send(self._stub.ReleaseJob, request)
@@ -229,6 +247,7 @@ class WorkerClient:
             lease=lease.ref(),
             worker_id=self.worker_id,
             request_id=new_key(),
+            request_time=sent_now(),
             expected_version=lease.version,
         )
         lease.saw((await self._send(self._stub.AcknowledgeCancel, request)).version)

@@ -17,6 +17,7 @@ from services.creation.providers.base import Provider
 from services.creation.remote_worker.attempt import RemoteAttempt, RemoteDrain
 from services.creation.remote_worker.client import Refused, WorkerClient
 from services.creation.remote_worker.settings import RemoteWorkerSettings
+from services.creation.worker.context import PointHook, no_point
 from services.kit.logging import get_logger
 
 log = get_logger(__name__)
@@ -33,8 +34,10 @@ class RemoteWorker:
         client: WorkerClient,
         providers: Mapping[str, Provider],
         settings: RemoteWorkerSettings,
+        on_point: PointHook = no_point,
     ) -> None:
         self._client = client
+        self._on_point = on_point
         self._providers = providers
         self._settings = settings
         self._drain = RemoteDrain()
@@ -86,6 +89,7 @@ class RemoteWorker:
                 http,
                 self._drain,
                 self._settings.provider_poll_seconds,
+                self._on_point,
             )
             try:
                 self.outcomes[job.job_id] = await attempt.run()
@@ -100,13 +104,16 @@ class RemoteWorker:
 
 
 async def serve(
-    address: str, settings: RemoteWorkerSettings, providers: Mapping[str, Provider]
+    address: str,
+    settings: RemoteWorkerSettings,
+    providers: Mapping[str, Provider],
+    on_point: PointHook = no_point,
 ) -> int:
     """Runs the worker until SIGTERM or SIGINT, then drains; the exit code."""
     client = WorkerClient(
         address, settings.credential, settings.worker_id, settings.fault, settings.lease_seconds
     )
-    worker = RemoteWorker(client, providers, settings)
+    worker = RemoteWorker(client, providers, settings, on_point)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stop)
@@ -122,7 +129,9 @@ async def serve(
 def main(address: str) -> int:
     """`atelier worker --remote ADDRESS`: the stub provider (settings ATELIER_STUB_*)
     through the protocol. Any adapter with the Provider interface can be added here."""
-    from services.creation.providers.stub import StubProvider
+    import functools
+
+    from services.creation.providers.stub import StubProvider, crash_point
     from services.creation.settings import StubSettings
     from services.kit.logging import configure
     from services.kit.settings import EnvReader
@@ -137,4 +146,8 @@ def main(address: str) -> int:
     # httpx logs every request at INFO, signed input URLs included: keep them out.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     providers: dict[str, Provider] = {"stub": StubProvider(stub)}
-    return asyncio.run(serve(address, settings, providers))
+    # ATELIER_STUB_CRASH_AT: the crash matrix's points, as for an in-process worker.
+    on_point: PointHook = no_point
+    if stub.crash_at:
+        on_point = functools.partial(crash_point, crash_at=stub.crash_at)
+    return asyncio.run(serve(address, settings, providers, on_point))

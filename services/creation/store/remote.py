@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
+from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.domain import Job
@@ -250,3 +251,50 @@ class CallTransaction:
 async def call_transaction(engine: AsyncEngine, now: datetime) -> AsyncIterator[CallTransaction]:
     async with driver_connection(engine) as connection, connection.transaction():
         yield CallTransaction(connection, now)
+
+
+# Pruning (with the outbox's, in the relay's housekeeping): claims older than the
+# retention whose lease is over (no running job holds their generation), and calls older
+# than it whose job no longer runs, so a live lease never loses its claim or its answers.
+# Oldest first on their created_at indexes; rows another replica holds are skipped.
+
+
+def _prune_statement(table: str, held_by: str) -> TextClause:
+    """Rows of ``table`` older than :before whose job is not running (``held_by``:
+    under the row's own lease), at most :limit, oldest first."""
+    return text(
+        f"""
+        DELETE FROM creation.{table} WHERE (pool, request_id) IN (
+            SELECT r.pool, r.request_id FROM creation.{table} AS r
+            WHERE r.created_at < :before
+              AND NOT EXISTS (
+                SELECT 1 FROM creation.jobs AS j
+                WHERE j.job_id = r.job_id AND j.status = 'running'{held_by}
+              )
+            ORDER BY r.created_at
+            LIMIT :limit
+            FOR UPDATE OF r SKIP LOCKED
+        )
+        """  # noqa: S608 (the table and condition are this module's constants)
+    )
+
+
+_PRUNE_CLAIMS = _prune_statement("remote_claims", " AND j.lease_epoch = r.lease_generation")
+_PRUNE_CALLS = _prune_statement("remote_calls", "")
+
+
+async def prune_claims(engine: AsyncEngine, before: datetime, limit: int) -> int:
+    """Deletes up to ``limit`` ended claims made before ``before``; how many."""
+    return await _prune(engine, _PRUNE_CLAIMS, before, limit)
+
+
+async def prune_calls(engine: AsyncEngine, before: datetime, limit: int) -> int:
+    """Deletes up to ``limit`` answers recorded before ``before`` of jobs no longer
+    running; how many."""
+    return await _prune(engine, _PRUNE_CALLS, before, limit)
+
+
+async def _prune(engine: AsyncEngine, statement: TextClause, before: datetime, limit: int) -> int:
+    async with engine.begin() as connection:
+        result = await connection.execute(statement, {"before": before, "limit": limit})
+    return int(result.rowcount)

@@ -3,7 +3,8 @@ row and marks it delivered; a NOTIFY wakes it long before its poll; delivered tw
 out of order (its fault injection) no version moves back; two replicas share the queue
 (SKIP LOCKED) and deliver each row once; while notify is down it retries, says so in one
 throttled line, and catches up by itself when notify returns; old delivered rows are
-pruned."""
+pruned, and so are the remote workers' ended claims and answers (a replay first sent
+before the retention refused with a stable reason)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -21,13 +22,19 @@ from sqlalchemy import func, insert, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from services.creation.domain import Job, Status, Step
+from services.creation.media_client import MediaClient
 from services.creation.relay.notify_client import NotifyClient
+from services.creation.relay.pruning import Pruning, remote_prunings
 from services.creation.relay.relay import OutboxRelay
+from services.creation.remote.errors import CallReplayExpired, ClaimReplayExpired
+from services.creation.remote.service import CallKey, LeaseClaim, RemoteJobs
+from services.creation.remote.settings import RemoteSettings
 from services.creation.settings import RelaySettings
 from services.creation.store import jobs as store
 from services.creation.store.changes import outbox_payload
-from services.creation.tables import outbox
+from services.creation.tables import outbox, remote_calls, remote_claims
 from services.dev.processes import free_port
+from services.kit.clock import Clock, SettableClock, system_clock
 from services.kit.db import asyncpg_url
 from services.kit.settings import DEV_SERVICE_TOKEN
 from tests.integration.creation.helpers import LIMITS, T0, command, new_user
@@ -68,10 +75,16 @@ async def notify(notify_url: str, notify_db: AsyncEngine) -> AsyncIterator[Notif
 
 @asynccontextmanager
 async def relaying(
-    engine: AsyncEngine, url: str, address: str, settings: RelaySettings = FAST
+    engine: AsyncEngine,
+    url: str,
+    address: str,
+    settings: RelaySettings = FAST,
+    *,
+    clock: Clock = system_clock,
+    prunings: Sequence[Pruning] = (),
 ) -> AsyncIterator[OutboxRelay]:
     client = NotifyClient(address, DEV_SERVICE_TOKEN, settings.deliver_timeout_seconds)
-    relay = OutboxRelay(engine, client, settings, url)
+    relay = OutboxRelay(engine, client, settings, url, clock=clock, prunings=prunings)
     task = asyncio.create_task(relay.run())
     try:
         yield relay
@@ -278,6 +291,70 @@ async def test_delivered_rows_are_pruned_after_the_retention(
 
         await eventually(pruned)
         assert relay.delivered == 1  # the waiting row went out; the other two were done
+
+
+REMOTE = RemoteSettings(retention_seconds=7 * 86400)
+
+
+async def remote_rows(engine: AsyncEngine) -> tuple[set[str], set[str]]:
+    """The request ids of the stored claims and of the stored calls."""
+    async with engine.connect() as connection:
+        claims = await connection.execute(select(remote_claims.c.request_id))
+        calls = await connection.execute(select(remote_calls.c.request_id))
+        return set(claims.scalars()), set(calls.scalars())
+
+
+async def test_remote_claims_and_answers_are_pruned_after_the_retention_unless_held(
+    engine: AsyncEngine, creation_url: str, notify: NotifyHarness
+) -> None:
+    """A claim whose lease ended, an empty claim and a released job's answer go once
+    older than the retention; a held lease keeps its claim and its answers, so it still
+    replays. A request first sent before the retention is refused, pruned or not."""
+    await jobs_with_versions(engine, jobs=2, versions=1)
+    clock = SettableClock(T0 + timedelta(minutes=1))
+    media = MediaClient("127.0.0.1:9", DEV_SERVICE_TOKEN)  # never called by these calls
+    jobs = RemoteJobs(engine, media, REMOTE, clock, backoff_base_seconds=1, backoff_max_seconds=2)
+    ended = await jobs.claim("gpu", "claim-ended", "a" * 64, "w", 60)
+    held = await jobs.claim("gpu", "claim-held", "b" * 64, "w", 60)
+    assert ended is not None and held is not None
+    assert await jobs.claim("gpu", "claim-empty", "c" * 64, "w", 60) is None
+
+    def lease(job: Job, token: str) -> LeaseClaim:
+        return LeaseClaim("gpu", "w", job.job_id, token, job.lease_epoch)
+
+    release = CallKey("call-release", "ReleaseJob", "r")
+    await jobs.release(lease(ended, "a" * 64), release, ended.version, timedelta(0), lambda _: b"r")
+    start = CallKey("call-start", "StartJob", "s")
+    started = await jobs.start(lease(held, "b" * 64), start, held.version, None, lambda _: b"s")
+    assert await remote_rows(engine) == (
+        {"claim-ended", "claim-held", "claim-empty"},
+        {"call-release", "call-start"},
+    )
+
+    clock.advance(REMOTE.retention_seconds + 60)
+    prunings = remote_prunings(REMOTE.retention_seconds)
+    async with relaying(
+        engine, creation_url, notify.internal_address, clock=clock, prunings=prunings
+    ):
+
+        async def pruned() -> bool:
+            return await remote_rows(engine) == ({"claim-held"}, {"call-start"})
+
+        await eventually(pruned)
+
+    # The held lease's answer still replays (the job still runs under it).
+    assert (
+        await jobs.start(lease(held, "b" * 64), start, held.version, None, lambda _: b"x")
+        == started
+    )
+    # Sent before the retention: refused with a stable reason, whatever is stored.
+    sent = T0 + timedelta(seconds=30)
+    with pytest.raises(ClaimReplayExpired):
+        await jobs.claim("gpu", "claim-ended", "a" * 64, "w", 60, sent)
+    with pytest.raises(CallReplayExpired):
+        stale = dataclasses.replace(start, sent_at=sent)
+        await jobs.start(lease(held, "b" * 64), stale, held.version, None, lambda _: b"x")
+    await media.close()
 
 
 async def test_a_row_that_is_no_job_state_is_logged_and_does_not_block_the_queue(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import date, datetime, timedelta
 from typing import Any
 
@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from services.creation.domain import Status
 from services.creation.list_filter import JobFilter
-from services.creation.store import admin, leases, outbox
+from services.creation.store import admin, leases, outbox, remote
 from services.creation.store import jobs as job_store
 from services.creation.store.changes import json_time
 from services.creation.store.fenced import CLAIM_SQL, FAIL_SQL, HAND_BACK_SQL, FencedWrite
@@ -206,6 +206,25 @@ async def test_the_relay_prunes_through_the_delivered_index(
     await outbox.prune(engine, T0 - timedelta(days=3650), 1000)
     statement, parameters = one_statement(sent, lambda s: "DELETE FROM creation.outbox" in s)
     assert "ix_outbox_delivered" in await generic_plan(engine, statement, parameters)
+
+
+@pytest.mark.parametrize(
+    ("prune", "table", "index"),
+    [
+        (remote.prune_claims, "remote_claims", "ix_remote_claims_created"),
+        (remote.prune_calls, "remote_calls", "ix_remote_calls_created"),
+    ],
+)
+async def test_the_relay_prunes_remote_claims_and_calls_through_their_created_index(
+    capturing: tuple[AsyncEngine, list[tuple[str, Any]]],
+    prune: Callable[[AsyncEngine, datetime, int], Awaitable[int]],
+    table: str,
+    index: str,
+) -> None:
+    engine, sent = capturing
+    await prune(engine, T0 - timedelta(days=3650), 1000)
+    statement, parameters = one_statement(sent, lambda s: f"DELETE FROM creation.{table}" in s)
+    assert index in await generic_plan(engine, statement, parameters)
 
 
 @pytest.mark.parametrize(

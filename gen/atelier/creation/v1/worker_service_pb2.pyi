@@ -222,6 +222,7 @@ class ClaimJobRequest(_message.Message):
     CLAIM_TOKEN_FIELD_NUMBER: _builtins.int
     WORKER_ID_FIELD_NUMBER: _builtins.int
     LEASE_DURATION_FIELD_NUMBER: _builtins.int
+    REQUEST_TIME_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Idempotency key, unique per pool; kept by the worker before sending. A replay with
     the same key and claim token answers the same job while the lease is still this
@@ -240,6 +241,15 @@ class ClaimJobRequest(_message.Message):
         every heartbeat extends by the same duration.
         """
 
+    @_builtins.property
+    def request_time(self) -> _timestamp_pb2.Timestamp:
+        """When the worker first sent this claim: set once and kept with request_id for every
+        replay. The server keeps a claim's record for its retention (ATELIER_REMOTE_RETENTION,
+        7 days by default), then prunes it: a claim first sent longer ago is
+        FAILED_PRECONDITION CLAIM_REPLAY_EXPIRED, pruned or not. Unset: no such check, and
+        a replay after the record was pruned is taken as a new claim.
+        """
+
     def __init__(
         self,
         *,
@@ -247,10 +257,11 @@ class ClaimJobRequest(_message.Message):
         claim_token: _builtins.str = ...,
         worker_id: _builtins.str = ...,
         lease_duration: _duration_pb2.Duration | None = ...,
+        request_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["lease_duration", b"lease_duration"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease_duration", b"lease_duration", "request_time", b"request_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["claim_token", b"claim_token", "lease_duration", b"lease_duration", "request_id", b"request_id", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claim_token", b"claim_token", "lease_duration", b"lease_duration", "request_id", b"request_id", "request_time", b"request_time", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -456,6 +467,7 @@ class StartJobRequest(_message.Message):
     EXPECTED_VERSION_FIELD_NUMBER: _builtins.int
     STEP_FIELD_NUMBER: _builtins.int
     PROVIDER_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_TIME_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """The worker's name within its pool."""
     request_id: _builtins.str
@@ -470,6 +482,16 @@ class StartJobRequest(_message.Message):
     def lease(self) -> Global___LeaseRef:
         """The lease."""
 
+    @_builtins.property
+    def request_time(self) -> _timestamp_pb2.Timestamp:
+        """When the worker first sent this call: set once and kept with request_id for every
+        replay. The server keeps a call's answer for its retention (ATELIER_REMOTE_RETENTION,
+        7 days by default) once the job is no longer running, then prunes it: a call first
+        sent longer ago is FAILED_PRECONDITION CALL_REPLAY_EXPIRED, pruned or not. Unset: a
+        replay after its answer was pruned is refused by its lease (a LEASE_* reason), which
+        ended before the answer was pruned.
+        """
+
     def __init__(
         self,
         *,
@@ -479,10 +501,11 @@ class StartJobRequest(_message.Message):
         expected_version: _builtins.int = ...,
         step: Global___WorkerStep.ValueType = ...,
         provider_request_id: _builtins.str = ...,
+        request_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "request_time", b"request_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected_version", b"expected_version", "lease", b"lease", "provider_request_id", b"provider_request_id", "request_id", b"request_id", "step", b"step", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected_version", b"expected_version", "lease", b"lease", "provider_request_id", b"provider_request_id", "request_id", b"request_id", "request_time", b"request_time", "step", b"step", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -550,6 +573,7 @@ class PrepareOutputsRequest(_message.Message):
     WORKER_ID_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     OUTPUTS_FIELD_NUMBER: _builtins.int
+    REQUEST_TIME_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """The worker's name within its pool."""
     request_id: _builtins.str
@@ -562,6 +586,16 @@ class PrepareOutputsRequest(_message.Message):
     def outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___OutputSpec]:
         """The outputs, in order (exactly the job's num_outputs)."""
 
+    @_builtins.property
+    def request_time(self) -> _timestamp_pb2.Timestamp:
+        """When the worker first sent this call: set once and kept with request_id for every
+        replay. The server keeps a call's answer for its retention (ATELIER_REMOTE_RETENTION,
+        7 days by default) once the job is no longer running, then prunes it: a call first
+        sent longer ago is FAILED_PRECONDITION CALL_REPLAY_EXPIRED, pruned or not. Unset: a
+        replay after its answer was pruned is refused by its lease (a LEASE_* reason), which
+        ended before the answer was pruned.
+        """
+
     def __init__(
         self,
         *,
@@ -569,10 +603,11 @@ class PrepareOutputsRequest(_message.Message):
         worker_id: _builtins.str = ...,
         request_id: _builtins.str = ...,
         outputs: _abc.Iterable[Global___OutputSpec] | None = ...,
+        request_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "request_time", b"request_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "outputs", b"outputs", "request_id", b"request_id", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "outputs", b"outputs", "request_id", b"request_id", "request_time", b"request_time", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -718,6 +753,7 @@ class CompleteJobRequest(_message.Message):
     EXPECTED_VERSION_FIELD_NUMBER: _builtins.int
     FAILURE_FIELD_NUMBER: _builtins.int
     OUTPUT_ASSET_IDS_FIELD_NUMBER: _builtins.int
+    REQUEST_TIME_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """The worker's name within its pool."""
     request_id: _builtins.str
@@ -739,6 +775,16 @@ class CompleteJobRequest(_message.Message):
         match what was declared is refused with OUTPUT_REJECTED and the job stays running.
         """
 
+    @_builtins.property
+    def request_time(self) -> _timestamp_pb2.Timestamp:
+        """When the worker first sent this call: set once and kept with request_id for every
+        replay. The server keeps a call's answer for its retention (ATELIER_REMOTE_RETENTION,
+        7 days by default) once the job is no longer running, then prunes it: a call first
+        sent longer ago is FAILED_PRECONDITION CALL_REPLAY_EXPIRED, pruned or not. Unset: a
+        replay after its answer was pruned is refused by its lease (a LEASE_* reason), which
+        ended before the answer was pruned.
+        """
+
     def __init__(
         self,
         *,
@@ -748,10 +794,11 @@ class CompleteJobRequest(_message.Message):
         expected_version: _builtins.int = ...,
         failure: Global___WorkerFailure | None = ...,
         output_asset_ids: _abc.Iterable[_builtins.str] | None = ...,
+        request_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "lease", b"lease"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "lease", b"lease", "request_time", b"request_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected_version", b"expected_version", "failure", b"failure", "lease", b"lease", "output_asset_ids", b"output_asset_ids", "request_id", b"request_id", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected_version", b"expected_version", "failure", b"failure", "lease", b"lease", "output_asset_ids", b"output_asset_ids", "request_id", b"request_id", "request_time", b"request_time", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -794,6 +841,7 @@ class ReleaseJobRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     EXPECTED_VERSION_FIELD_NUMBER: _builtins.int
     DELAY_FIELD_NUMBER: _builtins.int
+    REQUEST_TIME_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """The worker's name within its pool."""
     request_id: _builtins.str
@@ -808,6 +856,16 @@ class ReleaseJobRequest(_message.Message):
     def delay(self) -> _duration_pb2.Duration:
         """When the job may run again (0: at once)."""
 
+    @_builtins.property
+    def request_time(self) -> _timestamp_pb2.Timestamp:
+        """When the worker first sent this call: set once and kept with request_id for every
+        replay. The server keeps a call's answer for its retention (ATELIER_REMOTE_RETENTION,
+        7 days by default) once the job is no longer running, then prunes it: a call first
+        sent longer ago is FAILED_PRECONDITION CALL_REPLAY_EXPIRED, pruned or not. Unset: a
+        replay after its answer was pruned is refused by its lease (a LEASE_* reason), which
+        ended before the answer was pruned.
+        """
+
     def __init__(
         self,
         *,
@@ -816,10 +874,11 @@ class ReleaseJobRequest(_message.Message):
         request_id: _builtins.str = ...,
         expected_version: _builtins.int = ...,
         delay: _duration_pb2.Duration | None = ...,
+        request_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["delay", b"delay", "lease", b"lease"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delay", b"delay", "lease", b"lease", "request_time", b"request_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delay", b"delay", "expected_version", b"expected_version", "lease", b"lease", "request_id", b"request_id", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delay", b"delay", "expected_version", b"expected_version", "lease", b"lease", "request_id", b"request_id", "request_time", b"request_time", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -861,6 +920,7 @@ class AcknowledgeCancelRequest(_message.Message):
     WORKER_ID_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     EXPECTED_VERSION_FIELD_NUMBER: _builtins.int
+    REQUEST_TIME_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """The worker's name within its pool."""
     request_id: _builtins.str
@@ -871,6 +931,16 @@ class AcknowledgeCancelRequest(_message.Message):
     def lease(self) -> Global___LeaseRef:
         """The lease."""
 
+    @_builtins.property
+    def request_time(self) -> _timestamp_pb2.Timestamp:
+        """When the worker first sent this call: set once and kept with request_id for every
+        replay. The server keeps a call's answer for its retention (ATELIER_REMOTE_RETENTION,
+        7 days by default) once the job is no longer running, then prunes it: a call first
+        sent longer ago is FAILED_PRECONDITION CALL_REPLAY_EXPIRED, pruned or not. Unset: a
+        replay after its answer was pruned is refused by its lease (a LEASE_* reason), which
+        ended before the answer was pruned.
+        """
+
     def __init__(
         self,
         *,
@@ -878,10 +948,11 @@ class AcknowledgeCancelRequest(_message.Message):
         worker_id: _builtins.str = ...,
         request_id: _builtins.str = ...,
         expected_version: _builtins.int = ...,
+        request_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "request_time", b"request_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected_version", b"expected_version", "lease", b"lease", "request_id", b"request_id", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected_version", b"expected_version", "lease", b"lease", "request_id", b"request_id", "request_time", b"request_time", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,31 @@
+"""What the relay's housekeeping prunes besides the outbox's delivered rows: each table
+with its own retention, deleted in batches (short transactions, each statement under the
+database's statement deadline) until a batch comes back short."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.creation.store import remote
+
+# (engine, delete what is older than this, at most this many) → how many were deleted.
+PruneBatch = Callable[[AsyncEngine, datetime, int], Awaitable[int]]
+
+
+@dataclass(frozen=True)
+class Pruning:
+    name: str
+    retention_seconds: float
+    prune: PruneBatch
+
+
+def remote_prunings(retention_seconds: float) -> tuple[Pruning, ...]:
+    """The remote protocol's claims and answers, kept for replays, then pruned."""
+    return (
+        Pruning("remote_claims", retention_seconds, remote.prune_claims),
+        Pruning("remote_calls", retention_seconds, remote.prune_calls),
+    )
