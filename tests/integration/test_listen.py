@@ -13,11 +13,18 @@ from services.kit.listen import Listener
 
 
 async def _backend_of(admin: asyncpg.Connection, channel: str) -> int | None:
+    # By the listener's application name: its last query is LISTEN only until its first
+    # check (SELECT 1), so the query text can't find it on a slow machine.
     pid = await admin.fetchval(
-        "SELECT pid FROM pg_stat_activity WHERE query LIKE $1 AND pid <> pg_backend_pid()",
-        f'%LISTEN "{channel}"%',
+        "SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()",
+        channel,
     )
     return int(pid) if pid is not None else None
+
+
+def _named(database_url: str, name: str) -> str:
+    """The URL whose connections carry ``name`` as their application name."""
+    return f"{database_url}{'&' if '?' in database_url else '?'}application_name={name}"
 
 
 async def _until(condition: object, within: float = 10.0) -> None:
@@ -32,7 +39,9 @@ async def _until(condition: object, within: float = 10.0) -> None:
 async def test_notify_wakes_and_a_lost_connection_is_restored(database_url: str) -> None:
     channel = f"test_listen_{uuid.uuid4().hex[:8]}"
     payloads: list[str] = []
-    listener = Listener(database_url, channel, on_notify=payloads.append, check_seconds=0.5)
+    listener = Listener(
+        _named(database_url, channel), channel, on_notify=payloads.append, check_seconds=0.5
+    )
     runner = asyncio.create_task(listener.run())
     admin = await asyncpg.connect(**connect_kwargs(database_url))
     try:
