@@ -226,6 +226,11 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """INVALID_ARGUMENT (WorkerService only): a completed job's output is not an image media
     accepts, or their count is not the job's. The attempt may be failed or released.
     """
+    ERROR_REASON_CALL_REPLAY_EXPIRED: _ErrorReason.ValueType  # 54
+    """FAILED_PRECONDITION (WorkerService only): a keyed call (start, prepare outputs,
+    complete, release, cancel-ack) first sent (request_time) longer ago than the retention
+    of answers. Its answer is gone: heartbeat to learn the job's state.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Every google.rpc.ErrorInfo.reason that creation (CreationService, AdminService) can return, so clients can generate
@@ -450,5 +455,10 @@ claim token (also when there is no such job). Stop working on the job.
 ERROR_REASON_OUTPUT_REJECTED: ErrorReason.ValueType  # 53
 """INVALID_ARGUMENT (WorkerService only): a completed job's output is not an image media
 accepts, or their count is not the job's. The attempt may be failed or released.
+"""
+ERROR_REASON_CALL_REPLAY_EXPIRED: ErrorReason.ValueType  # 54
+"""FAILED_PRECONDITION (WorkerService only): a keyed call (start, prepare outputs,
+complete, release, cancel-ack) first sent (request_time) longer ago than the retention
+of answers. Its answer is gone: heartbeat to learn the job's state.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
