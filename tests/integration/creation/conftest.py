@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from services.kit.db import asyncpg_url
@@ -21,6 +22,22 @@ _JOB_TABLES = (
     "creation.outbox, creation.job_events, creation.points_ledger, creation.output_purges,"
     " creation.remote_claims, creation.remote_calls, creation.jobs"
 )
+
+
+async def empty_job_tables(engine: AsyncEngine, attempts: int = 5) -> None:
+    """TRUNCATE locks the tables in its list's order; a module's service still running
+    (its gauges, relay or reaper read jobs with the outbox or ledger) may hold them in
+    another, and PostgreSQL then aborts one of the two as a deadlock. Each side's retry
+    goes through once the other is done."""
+    for attempt in range(attempts):
+        try:
+            async with engine.begin() as connection:
+                await connection.execute(text(f"TRUNCATE {_JOB_TABLES}"))
+            return
+        except DBAPIError as error:
+            deadlock = getattr(error.orig, "sqlstate", None) == "40P01"
+            if not deadlock or attempt == attempts - 1:
+                raise
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +59,7 @@ def own_pg() -> Iterator[tuple[OwnPostgres, str]]:
 async def engine(creation_url: str) -> AsyncIterator[AsyncEngine]:
     """An engine on the module's database, whose job tables are emptied first."""
     engine = create_async_engine(asyncpg_url(creation_url))
-    async with engine.begin() as connection:
-        await connection.execute(text(f"TRUNCATE {_JOB_TABLES}"))
+    await empty_job_tables(engine)
     yield engine
     await engine.dispose()
 
