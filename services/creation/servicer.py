@@ -18,6 +18,7 @@ from services.creation.store.jobs import Cursor
 from services.creation.store.ledger_entries import EntryCursor
 from services.kit.auth import current_principal
 from services.kit.errors import FieldViolation, invalid_argument
+from services.kit.idempotency import header_key
 from services.kit.pagination import Integer, KeysetCodec, Timestamp, Uuid, page_size
 
 _KIND_TO_PROTO = convert.MEDIA_KIND_TO_PROTO
@@ -28,13 +29,6 @@ Context = aio.ServicerContext[Any, Any]
 JOB_PAGES = KeysetCodec("jobs", Cursor, created_at=Timestamp(), job_id=Uuid())
 # ListLedgerEntries pages: newest first by (created_at, entry_id); bound to the caller.
 LEDGER_PAGES = KeysetCodec("ledgerEntries", EntryCursor, created_at=Timestamp(), entry_id=Integer())
-
-
-def _metadata_value(context: Context, key: str) -> str | None:
-    for name, value in context.invocation_metadata() or ():
-        if name == key:
-            return value.decode() if isinstance(value, bytes) else value
-    return None
 
 
 def _job_id(value: str) -> str:
@@ -94,7 +88,7 @@ class CreationServicer(creation_service_pb2_grpc.CreationServiceServicer):
         self, request: creation_service_pb2.SubmitJobRequest, context: Context
     ) -> creation_service_pb2.SubmitJobResponse:
         key, key_problems = submission.choose_idempotency_key(
-            request.request_id, _metadata_value(context, "idempotency-key")
+            request.request_id, header_key(context)
         )
         model = (
             await self._catalog.model(request.model_id)
