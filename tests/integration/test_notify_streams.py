@@ -285,12 +285,13 @@ async def test_two_replicas_behind_one_redis(
         assert (await on_b.next()).job.version == 1
         await many_on_b.next("snapshot_end")
         await _subscribed(own_redis, f"job:{job}", f"user:{user}")
+        # B's backstop sweeps once a minute: only Redis can bring these within seconds
+        # (and the counter says the backstop sent nothing). Latency itself is the bench's
+        # figure (bench/notify_streams.py), not a wall-clock bound on a shared machine.
         for version, progress in ((2, 10), (3, 70)):
-            started = time.monotonic()
             await deliver(db, a, job, user, version, RUNNING, progress)
-            assert (await on_b.next(within=1)).job.version == version
-            assert (await many_on_b.next(within=1)).job.version == version
-            assert time.monotonic() - started < 0.5
+            assert (await on_b.next(within=5)).job.version == version
+            assert (await many_on_b.next(within=5)).job.version == version
         assert b.streams.backstop.delivered == 0
 
 
@@ -332,8 +333,7 @@ async def test_redis_stopped_mid_stream_the_backstop_delivers_and_redis_back_is_
         # The publisher pauses after a failure; give A's pause time to lapse.
         await asyncio.sleep(1.1)
         for version in (4, 5):
-            started = time.monotonic()
             await deliver(db, a, job, user, version, RUNNING, version * 10)
             assert (await on_b.next(within=3)).job.version == version
-            assert time.monotonic() - started < 0.5
-        assert b.streams.backstop.delivered == by_backstop  # the fast path, not the backstop
+        # Redis brought them, not a backstop sweep: no restart needed for the fast path.
+        assert b.streams.backstop.delivered == by_backstop
