@@ -47,8 +47,13 @@ deploy-check: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The suite runs on PYTEST_WORKERS processes, each taking a whole test module at a time
+# (module-scoped stacks stay shared within it; every worker has its own session database).
+# Most tests wait on the processes they start, so more workers than cores pays.
+# `PYTEST_WORKERS=0 make pytest` runs it in one process.
+PYTEST_WORKERS ?= 3
 pytest: $(STAMP) chromium
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 # The playground's browser test (tests/acceptance/test_playground.py) drives Debian's
 # Chromium through Playwright; Playwright never downloads a browser of its own. Installed

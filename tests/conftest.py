@@ -27,6 +27,29 @@ LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 LOCAL_REDIS = "redis://127.0.0.1:6379/0"
 SERVICES = ("creation", "media", "notify")
 
+# `make test` hands whole modules to its workers (pytest-xdist, --dist loadfile) in the
+# order collected: the longest go first, so that none of them starts late and ends the run
+# alone. Ranked by their time in a three-worker run (2026-11-30): 215 s down to ~50 s.
+LONGEST_FIRST = [
+    "tests/acceptance/test_benches_run.py",
+    "tests/acceptance/test_remote_workers.py",
+    "tests/acceptance/test_cli.py",
+    "tests/acceptance/test_worker_crashes.py",
+    "tests/acceptance/test_outages.py",
+    "tests/acceptance/test_worker_fleet.py",
+    "tests/acceptance/test_hosted_fleet.py",
+    "tests/acceptance/test_scale_out.py",
+]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gone = [module for module in LONGEST_FIRST if not (config.rootpath / module).is_file()]
+    if gone:
+        raise pytest.UsageError(f"LONGEST_FIRST in tests/conftest.py names no module: {gone}")
+    rank = {module: place for place, module in enumerate(LONGEST_FIRST)}
+    # A stable sort: every other module keeps its place, after these.
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
 
 @pytest.fixture(scope="session")
 def postgres_admin_url(tmp_path_factory: pytest.TempPathFactory) -> str:

@@ -75,6 +75,9 @@ def run_bench(
             "ATELIER_TEST_POSTGRES_URL": postgres_admin_url,
             "ATELIER_BENCH_POSTGRES_URL": postgres_admin_url,
             "ATELIER_TEST_REDIS_URL": redis_url,
+            # Tiny runs need few connections; the default pools of three benches at once
+            # (each service 20) would take most of a shared server's max_connections.
+            "ATELIER_DB_POOL_SIZE": "8",
         },
         capture_output=True,
         text=True,
