@@ -63,6 +63,9 @@ from tests.support.workers import (
 # Leases of 30 s unless a claim asks for less (down to 1 s): the tests that wait for an
 # abandoned lease ask for 2 s; the loaded ones keep theirs through slow answers.
 SHORT_LEASE = 2
+# The protocol walk-through holds one lease without a heartbeat through ~20 calls, then
+# waits for it to run out: long enough for those calls on a loaded machine.
+PROTOCOL_LEASE = 6
 API_ENV = {
     "ATELIER_ENV": "test",
     "ATELIER_REMOTE_POOLS": pools_setting(),
@@ -108,11 +111,11 @@ async def queue(api: Stack, db: AsyncEngine, users: int, per_user: int) -> list[
     return [q.job_id for q in queued]
 
 
-def claim_request(worker: str = "probe") -> pb.ClaimJobRequest:
+def claim_request(worker: str = "probe", seconds: float = SHORT_LEASE) -> pb.ClaimJobRequest:
     request = pb.ClaimJobRequest(
         request_id=str(uuid.uuid4()), claim_token=secrets.token_hex(32), worker_id=worker
     )
-    request.lease_duration.FromTimedelta(timedelta(seconds=SHORT_LEASE))
+    request.lease_duration.FromTimedelta(timedelta(seconds=seconds))
     return request
 
 
@@ -163,20 +166,20 @@ async def test_the_protocol_replays_claims_and_refuses_leases_it_does_not_hold(
 
         # Nothing due: the claim finds nothing, and its replay stays empty after a job
         # arrived.
-        empty = claim_request()
+        empty = claim_request(seconds=PROTOCOL_LEASE)
         assert not (await stub.ClaimJob(empty, metadata=gpu)).HasField("job")
         [job_id] = await queue(api, db, users=1, per_user=1)
         assert not (await stub.ClaimJob(empty, metadata=gpu)).HasField("job")
 
         # A claim and its replay (the answer lost): the same job and generation.
-        first = claim_request()
+        first = claim_request(seconds=PROTOCOL_LEASE)
         job = (await stub.ClaimJob(first, metadata=gpu)).job
         assert job.job_id == job_id and job.lease_generation == 1
-        assert job.heartbeat_interval.ToTimedelta() <= timedelta(seconds=SHORT_LEASE / 3)
+        assert job.heartbeat_interval.ToTimedelta() <= timedelta(seconds=PROTOCOL_LEASE / 3)
         again = (await stub.ClaimJob(first, metadata=gpu)).job
         assert (again.job_id, again.lease_generation) == (job_id, 1)
         # The same key with another request.
-        other = claim_request()
+        other = claim_request(seconds=PROTOCOL_LEASE)
         other.request_id = first.request_id
         assert await refused(stub.ClaimJob(other, metadata=gpu)) == (
             grpc.StatusCode.ALREADY_EXISTS,

@@ -42,6 +42,8 @@ async def test_cancel_while_running_is_cancelled_within_one_beat(rig: Engine) ->
         await store.cancel(rig.db, job.user_id, job.job_id, system_clock())
         done = await rig.until_job(job.job_id, lambda j: j.status.terminal)
         took = time.monotonic() - asked
+        # The attempt records its outcome after the write the poll above saw.
+        await until(lambda: job.job_id in worker.context.outcomes)
     assert done.status is Status.CANCELLED
     # Seen on the next beat, acted on at once (the bound the issue sets, with slack for
     # the acknowledging write).
