@@ -21,7 +21,10 @@ venv: $(STAMP)
 dev: $(STAMP)
 	$(BIN)/atelier dev
 
-test: lint typecheck pytest
+# The checks run side by side: mypy works the CPU while the tests mostly wait on the
+# processes they start. Any failure fails `make test`.
+test: $(STAMP)
+	$(MAKE) --no-print-directory -j3 lint typecheck pytest
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
