@@ -1,21 +1,34 @@
 """The edge health-checks its upstreams with the standard gRPC health service: a replica
 that starts draining (SIGTERM: NOT_SERVING at once, still serving through its drain
-window) receives no new request through Envoy, while the other takes them all."""
+window) receives no new request through Envoy, while the other takes them all. A replica
+that passes its health check yet keeps answering UNAVAILABLE is set aside by outlier
+detection, and stays aside while its health checks pass."""
 
 from __future__ import annotations
 
+import json
 import signal
 import time
+import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
+from grpc_health.v1 import health_pb2
 
 from services.dev import edge
 from services.dev.processes import free_port
 from services.dev.stack import Replica, Stack
-from tests.support.edges import RunningEdge, running_edge, set_endpoints
+from tests.support.edges import (
+    SERVICES,
+    RecordingUpstream,
+    RunningEdge,
+    running_edge,
+    set_endpoints,
+)
 
 # Long enough that the draining replica still answers throughout the test.
 DRAIN_WINDOW_SECONDS = 60
@@ -97,3 +110,79 @@ def test_a_draining_replica_receives_no_new_request(
         lines = log.read_text(errors="replace").splitlines()
         drained_at = next(i for i, x in enumerate(lines) if '"service_draining"' in x)
         assert not [x for x in lines[drained_at:] if '"rpc_finished"' in x]
+
+
+GET_JOB = "/atelier.creation.v1.CreationService/GetJob"
+# deploy/envoy/envoy.yaml: outlier_detection.consecutive_gateway_failure
+CONSECUTIVE_FAILURES = 5
+
+
+def creation_stat(running: RunningEdge, name: str) -> int:
+    """One of Envoy's counters for the creation cluster (``cluster.creation.<name>``)."""
+    pattern = "^cluster\\.creation\\." + name.replace(".", "\\.") + "$"
+    with urllib.request.urlopen(
+        f"http://127.0.0.1:{running.admin_port}/stats?format=json&filter={pattern}", timeout=5
+    ) as response:
+        [stat] = json.load(response)["stats"]
+    return int(stat["value"])
+
+
+def test_a_replica_that_keeps_failing_calls_is_set_aside_though_its_health_passes(
+    tmp_path: Path,
+) -> None:
+    """Without ``successful_active_health_check_uneject_host: false`` the next passing
+    health check (every second) would bring the replica straight back."""
+    with RecordingUpstream() as sound, RecordingUpstream() as failing:
+        for replica in (sound, failing):
+            replica.health.set(
+                "atelier.creation.v1.CreationService", health_pb2.HealthCheckResponse.SERVING
+            )
+        failing.failures[GET_JOB] = [grpc.StatusCode.UNAVAILABLE] * 1000
+        config = edge.render(
+            listen_port=free_port(),
+            admin_port=free_port(),
+            upstream_ports=dict.fromkeys(SERVICES, sound.port),
+        )
+        set_endpoints(config, "creation", [sound.port, failing.port])
+        with running_edge(config, tmp_path) as running:
+
+            def checks_passed() -> int:
+                return creation_stat(running, "health_check.success")
+
+            def read() -> None:
+                # A read: the edge tries it again on the other replica when one fails.
+                response = httpx.get(f"{running.url}/v1/jobs/{uuid.uuid4()}")
+                assert response.status_code == 200, response.text
+
+            def ejected() -> bool:
+                status = running.host_health("creation")[failing.port]
+                return bool(status.get("failed_outlier_check"))
+
+            def read_through_health_checks(rounds: int) -> None:
+                """Reads until both replicas have passed ``rounds`` more health checks."""
+                target = checks_passed() + 2 * rounds
+                while checks_passed() < target:
+                    read()
+
+            until(lambda: checks_passed() >= 2, 15, "both replicas checked")
+            deadline = time.monotonic() + 20
+            while not ejected():
+                assert time.monotonic() < deadline, "the failing replica was never set aside"
+                read()
+            assert len(failing.calls_to(GET_JOB)) >= CONSECUTIVE_FAILURES
+            assert creation_stat(running, "outlier_detection.ejections_enforced_total") == 1
+            assert (
+                creation_stat(
+                    running, "outlier_detection.ejections_enforced_consecutive_gateway_failure"
+                )
+                == 1
+            )
+            # Envoy's workers see the ejection within its update merge window (1 s).
+            read_through_health_checks(1)
+            failed_before = len(failing.calls_to(GET_JOB))
+            # Two more rounds of passing health checks on both replicas: neither brings
+            # the failing one back before its ejection time (15 s).
+            read_through_health_checks(2)
+            assert ejected()
+            assert len(failing.calls_to(GET_JOB)) == failed_before
+            assert "failed_active_health_check" not in running.host_health("creation")[failing.port]
