@@ -2,7 +2,8 @@
 that starts draining (SIGTERM: NOT_SERVING at once, still serving through its drain
 window) receives no new request through Envoy, while the other takes them all. A replica
 that passes its health check yet keeps answering UNAVAILABLE is set aside by outlier
-detection, and stays aside while its health checks pass."""
+detection, and stays aside while its health checks pass. A replica that stops answering
+behind an idle pooled connection is found by the edge's HTTP/2 pings."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from tests.support.edges import (
     SERVICES,
     RecordingUpstream,
     RunningEdge,
+    cluster,
     running_edge,
     set_endpoints,
 )
@@ -74,8 +76,8 @@ def test_a_draining_replica_receives_no_new_request(
         listen_port=free_port(), admin_port=free_port(), upstream_ports=stack.ports.upstreams()
     )
     ports = [draining.public_port, staying.public_port]
-    for cluster in ("notify", "notify_streams"):
-        set_endpoints(config, cluster, ports)
+    for name in ("notify", "notify_streams"):
+        set_endpoints(config, name, ports)
     with running_edge(config, tmp_path) as running:
         url = f"{running.url}/v1/devices"
         until(
@@ -186,3 +188,49 @@ def test_a_replica_that_keeps_failing_calls_is_set_aside_though_its_health_passe
             assert ejected()
             assert len(failing.calls_to(GET_JOB)) == failed_before
             assert "failed_active_health_check" not in running.host_health("creation")[failing.port]
+
+
+def test_a_replica_that_stops_answering_behind_a_quiet_connection_is_found_by_pings(
+    stack: Stack, token: str, tmp_path: Path
+) -> None:
+    """A replica frozen (SIGSTOP: its socket stays open, nothing answers) behind an idle
+    pooled connection: the edge's HTTP/2 ping goes unanswered and the connection is
+    closed. deploy/envoy/envoy.yaml pings every 30 s and waits 10 s; 1 s each here."""
+    frozen = stack.start_replica("notify")
+    try:
+        config = edge.render(
+            listen_port=free_port(), admin_port=free_port(), upstream_ports=stack.ports.upstreams()
+        )
+        set_endpoints(config, "notify", [frozen.public_port])
+        options = cluster(config, "notify")["typed_extension_protocol_options"]
+        http2 = options["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"][
+            "explicit_http_config"
+        ]["http2_protocol_options"]
+        assert http2["connection_keepalive"] == {"interval": "30s", "timeout": "10s"}
+        http2["connection_keepalive"] = {"interval": "1s", "timeout": "1s"}
+        with running_edge(config, tmp_path) as running:
+            answer = httpx.get(
+                f"{running.url}/v1/devices", headers={"authorization": f"Bearer {token}"}
+            )
+            assert answer.status_code == 200, answer.text
+            assert notify_stat(running, "http2.keepalive_timeout") == 0
+            frozen.child.process.send_signal(signal.SIGSTOP)
+            until(
+                lambda: notify_stat(running, "http2.keepalive_timeout") >= 1,
+                15,
+                "the unanswered ping closing the connection",
+            )
+    finally:
+        frozen.child.process.send_signal(signal.SIGCONT)
+        frozen.child.process.kill()
+        frozen.child.process.wait()
+        stack.children.remove(frozen.child)
+
+
+def notify_stat(running: RunningEdge, name: str) -> int:
+    pattern = "^cluster\\.notify\\." + name.replace(".", "\\.") + "$"
+    with urllib.request.urlopen(
+        f"http://127.0.0.1:{running.admin_port}/stats?format=json&filter={pattern}", timeout=5
+    ) as response:
+        stats = json.load(response)["stats"]
+    return int(stats[0]["value"]) if stats else 0
