@@ -222,9 +222,7 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
                     Reason.CURSOR_EXPIRED,
                     "too much changed since this cursor: watch afresh and list the jobs",
                 )
-            for change in snapshot.changes:
-                inbox.offer(change)
-            inbox.max_seq = max(inbox.max_seq, snapshot.cursor)
+            inbox.settle(snapshot.changes, snapshot.cursor)
             async for message in self._jobs_messages(inbox, snapshot.cursor):
                 yield message
         finally:

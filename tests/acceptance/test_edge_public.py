@@ -2,7 +2,8 @@
 reaches a service (its address and request id come from the edge; forwarding, internal and
 x-envoy-* headers from clients never), what the client gets back (no x-envoy-* headers),
 the JSON access log (no credential, no URL signature), the per-client rate limit, retries
-of reads only, grpc-timeout, bounded HTTP/2 and the connection limit.
+of reads only, grpc-timeout, the request headers timeout, bounded HTTP/2, the connection
+limit and the heap's overload actions.
 
 A recording gRPC server stands in for the services where a test must see every header a
 request arrives with, or make a service fail on purpose; the rest go to the real stack."""
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +35,7 @@ from tests.support.edges import (
     RecordingUpstream,
     RunningEdge,
     logged,
+    manager,
     running_edge,
 )
 
@@ -375,3 +378,71 @@ def test_connections_over_the_global_limit_are_closed(
         finally:
             for client in clients:
                 client.close()
+
+
+def test_a_client_that_never_finishes_its_headers_gets_408_and_is_closed(
+    upstream: RecordingUpstream, tmp_path: Path
+) -> None:
+    """deploy/envoy/envoy.yaml gives the headers 10 s; 1 s here, to keep the test short."""
+    config = edge_config(dict.fromkeys(SERVICES, upstream.port))
+    assert manager(config)["request_headers_timeout"] == "10s"
+    manager(config)["request_headers_timeout"] = "1s"
+    before = len(upstream.calls)
+    with (
+        running_edge(config, tmp_path) as running,
+        socket.create_connection(("127.0.0.1", running.port), timeout=20) as raw,
+    ):
+        started = time.monotonic()
+        raw.sendall(b"GET /v1/catalog HTTP/1.1\r\nHost: edge\r\n")  # no blank line
+        answer = b""
+        while chunk := raw.recv(65536):
+            answer += chunk
+        elapsed = time.monotonic() - started
+        line = next(x for x in running.access_log() if x["details"] == "request_header_timeout")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 "), answer
+    assert b"connection: close" in head.lower()
+    assert json.loads(body)["details"][0]["reason"] == "BAD_REQUEST"
+    assert 0.9 < elapsed < 8
+    assert line["status"] == 408
+    assert len(upstream.calls) == before
+
+
+def test_an_edge_over_its_heap_limit_sheds_requests_with_a_retryable_status(
+    upstream: RecordingUpstream, tmp_path: Path
+) -> None:
+    """The overload manager's heap actions, made to fire by a limit (1 MiB) below what
+    Envoy holds at rest: requests are answered 503 UNAVAILABLE with retry-after and the
+    connection is not kept alive; no request reaches a service."""
+    config = edge_config(dict.fromkeys(SERVICES, upstream.port))
+    [heap] = [
+        m
+        for m in config["overload_manager"]["resource_monitors"]
+        if m["name"] == "envoy.resource_monitors.fixed_heap"
+    ]
+    heap["typed_config"]["max_heap_size_bytes"] = 1024 * 1024
+    before = len(upstream.calls)
+    with running_edge(config, tmp_path) as running:
+
+        def active(action: str) -> bool:
+            name = f"overload.envoy.overload_actions.{action}.active"
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{running.admin_port}/stats?format=json&filter=^{name}$",
+                timeout=5,
+            ) as response:
+                return bool(json.load(response)["stats"][0]["value"])
+
+        deadline = time.monotonic() + 10
+        while not active("stop_accepting_requests"):
+            assert time.monotonic() < deadline, "the heap's overload actions never fired"
+            time.sleep(0.05)
+        assert active("disable_http_keepalive") and active("shrink_heap")
+        refused = httpx.get(f"{running.url}/v1/catalog")
+    assert refused.status_code == 503
+    assert refused.headers["retry-after"]
+    assert refused.headers["connection"] == "close"
+    body = refused.json()
+    assert body["code"] == 14
+    assert body["details"][0]["reason"] == "UPSTREAM_UNAVAILABLE"
+    no_envoy_headers(refused)
+    assert len(upstream.calls) == before

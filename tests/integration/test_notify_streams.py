@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -17,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from atelier.creation.v1 import job_pb2
 from atelier.notify.v1 import notify_service_pb2 as pb
 from services.kit.db import asyncpg_url
+from services.notify import watch_reads
 from tests.support.databases import migrated_database
 from tests.support.notify_streams import (
     OwnRedis,
@@ -214,6 +216,43 @@ async def test_watch_jobs_snapshot_marker_live_changes_and_a_resume_gets_only_wh
             got.append((message.job.job_id, message.job.version))
         assert sorted(got) == sorted([(running, 3), (later, 1)])
         assert done_before not in {job for job, _ in got}
+        again.cancel()
+
+
+async def test_a_backstop_pass_during_a_resumed_streams_snapshot_sends_nothing_it_had(
+    db: AsyncEngine, notify_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backstop runs while the stream reads its snapshot (registered, no cursor of its
+    own yet): the client gets only what moved after its cursor, never again a job it
+    finished before (the backstop once asked for the user's whole history then)."""
+    user = new_user()
+    done_before, running = str(uuid.uuid4()), str(uuid.uuid4())
+    async with replica(settings(notify_url, poll_period=60)) as rep:
+        await deliver(db, rep, done_before, user, 1, SUCCEEDED)
+        await deliver(db, rep, running, user, 1, RUNNING, 20)
+        first = watch_jobs(rep, user)
+        marker = await first.next("snapshot_end")
+        first.cancel()
+        await first.done.wait()
+        await deliver(db, rep, running, user, 2, RUNNING, 50)
+
+        read_snapshot = watch_reads.user_snapshot
+        backstop_deliveries = []
+
+        async def snapshot_after_a_backstop_pass(*args: Any) -> watch_reads.Snapshot:
+            backstop_deliveries.append(await rep.streams.backstop.tick())
+            return await read_snapshot(*args)
+
+        monkeypatch.setattr(watch_reads, "user_snapshot", snapshot_after_a_backstop_pass)
+        again = watch_jobs(rep, user, marker.cursor)
+        got = []
+        while (message := await again.next()).WhichOneof("event") != "snapshot_end":
+            got.append((message.job.job_id, message.job.version))
+        assert got == [(running, 2)]
+        assert backstop_deliveries == [0]
+        await deliver(db, rep, running, user, 3, SUCCEEDED, 100)
+        live = await again.next()
+        assert (live.job.job_id, live.job.version) == (running, 3)
         again.cancel()
 
 

@@ -147,11 +147,40 @@ def test_watched_asks_from_the_lowest_point_of_any_local_stream() -> None:
     behind.skip_through(JOB_A, 3)
     user_inbox = Inbox(10)
     registry.watch_user(UserWatch("u1", user_inbox))
-    user_inbox.offer(change(JOB_B, 2, seq=12))
+    user_inbox.settle([change(JOB_B, 2, seq=12)], cursor=12)
     watched = registry.watched()
     # WatchJobs streams also watch, by id, the jobs they saw unfinished.
     assert watched.jobs == {JOB_A: 3, JOB_B: 2}
     assert watched.users == {"u1": 12}
+
+
+def test_a_watchjobs_stream_reading_its_snapshot_is_not_watched_yet() -> None:
+    """Its max_seq is still 0: asking for everything above it would bring back the
+    user's whole history."""
+    registry = StreamRegistry()
+    starting, settled = Inbox(10), Inbox(10)
+    registry.watch_user(UserWatch("u1", starting))
+    assert registry.watched().users == {}
+    registry.watch_user(UserWatch("u1", settled))
+    settled.settle([], cursor=40)
+    assert registry.watched().users == {"u1": 40}
+
+
+def test_settling_drops_what_arrived_at_or_below_the_cursor_unless_the_snapshot_has_it() -> None:
+    """A resumed stream (cursor 20): a backstop pass that read before the snapshot
+    offers a job the client finished long ago (seq 5) and one that moved after the cursor
+    (seq 25). Only the snapshot's job and the newer change are sent, and nothing at or
+    below the cursor is taken afterwards."""
+    inbox = Inbox(10)
+    assert inbox.offer(change(JOB_A, 6, seq=5, terminal=True))
+    assert inbox.offer(change(JOB_B, 3, seq=25))
+    job_c = "00000000-0000-4000-8000-00000000000c"
+    inbox.settle([change(job_c, 2, seq=21)], cursor=21)
+    assert [(c.job_id, c.version) for c in inbox.take()] == [(job_c, 2), (JOB_B, 3)]
+    assert inbox.max_seq == 25
+    assert not inbox.offer(change(JOB_A, 6, seq=5, terminal=True))
+    assert not inbox.offer(change("00000000-0000-4000-8000-00000000000d", 1, seq=21))
+    assert inbox.offer(change(JOB_A, 7, seq=26))
 
 
 def test_end_all_ends_every_stream() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Sequence
 
 from services.notify.streams.change import Change
 
@@ -31,6 +32,7 @@ class Inbox:
         "_waiter",
         "deadline",
         "ended",
+        "floor_seq",
         "keep_alive_due",
         "last_sent",
         "max_seq",
@@ -56,6 +58,9 @@ class Inbox:
         self.ended: EndReason | None = None
         # The highest cursor (projection seq) taken: the backstop asks for what is above.
         self.max_seq = 0
+        # A WatchJobs stream's starting cursor, once its snapshot is taken (settle): no
+        # change at or below it is taken any more. None: not settled (or a WatchJob).
+        self.floor_seq: int | None = None
 
     def seen_version(self, job_id: str) -> int:
         return self._seen.get(job_id, 0)
@@ -65,9 +70,25 @@ class Inbox:
         if version > self._seen.get(job_id, 0):
             self._seen[job_id] = version
 
+    def settle(self, snapshot: Sequence[Change], cursor: int) -> None:
+        """A WatchJobs stream's start: takes its snapshot, which holds every change at or
+        below ``cursor`` the client wants (a resumed client has the rest already; a fresh
+        one wants unfinished jobs only). Changes at or below it that arrived meanwhile (a
+        backstop pass that read before the snapshot) are dropped, and later ones refused."""
+        for change in snapshot:
+            self.offer(change)
+        in_snapshot = {change.job_id for change in snapshot}
+        for job_id, change in list(self._pending.items()):
+            if change.seq <= cursor and job_id not in in_snapshot:
+                del self._pending[job_id]
+        self.max_seq = max(self.max_seq, cursor)
+        self.floor_seq = cursor
+
     def offer(self, change: Change) -> bool:
         """Takes ``change`` if it is newer than what the stream has; True when taken."""
         if self.ended is not None or change.version <= self._seen.get(change.job_id, 0):
+            return False
+        if self.floor_seq is not None and change.seq <= self.floor_seq:
             return False
         if change.job_id not in self._pending and len(self._pending) >= self._limit:
             self.end(EndReason.SLOW_READER)

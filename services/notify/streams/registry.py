@@ -148,7 +148,11 @@ class StreamRegistry:
         for job_id, inboxes in self._by_job.items():
             jobs[job_id] = min(inbox.seen_version(job_id) for inbox in inboxes)
         users: dict[str, int] = {}
-        for user_id, watches in self._by_user.items():
+        for user_id, all_watches in self._by_user.items():
+            # A stream still reading its snapshot is left out: the snapshot covers it.
+            watches = [w for w in all_watches if w.inbox.floor_seq is not None]
+            if not watches:
+                continue
             users[user_id] = min(w.inbox.max_seq for w in watches)
             for watch in watches:
                 for job_id in watch.inbox.open_jobs:
