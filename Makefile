@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: dev test venv proto lint typecheck pytest breaking deploy-check lock clean chromium
+.PHONY: dev test venv proto lint typecheck pytest breaking deploy-check lock clean chromium promtool
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -43,8 +43,9 @@ breaking: $(STAMP)
 # deploy/: hadolint on the image's Dockerfile; every Kubernetes overlay rendered with
 # `kubectl kustomize` (no kustomize binary installs from PyPI for this Python; without
 # kubectl the manifests are reported unchecked) and validated offline against the
-# Kubernetes schemas (kubernetes-validate) and our schemas for KEDA's kinds.
-deploy-check: $(STAMP)
+# Kubernetes schemas (kubernetes-validate) and our schemas for KEDA's kinds. The alert
+# rules, their unit tests and the dashboard's queries go through promtool.
+deploy-check: $(STAMP) promtool
 	$(BIN)/python scripts/deploy_check.py
 
 typecheck: $(STAMP)
@@ -55,7 +56,7 @@ typecheck: $(STAMP)
 # Most tests wait on the processes they start, so more workers than cores pays.
 # `PYTEST_WORKERS=0 make pytest` runs it in one process.
 PYTEST_WORKERS ?= 3
-pytest: $(STAMP) chromium
+pytest: $(STAMP) chromium promtool
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 # The playground's browser test (tests/acceptance/test_playground.py) drives Debian's
@@ -72,6 +73,13 @@ chromium:
 			exit 1; \
 		fi; \
 	fi
+
+# Prometheus' promtool checks the alert rules and runs their unit tests (deploy-check, and
+# tests/contract/test_observability.py). No PyPI package carries it: it is taken out of
+# Debian's prometheus package at exactly this version, without installing the package.
+PROMTOOL_VERSION := 2.42.0+ds-5+deb12u1
+promtool: $(STAMP)
+	@scripts/get-promtool.sh $(BIN)/promtool '$(PROMTOOL_VERSION)'
 
 proto: $(STAMP)
 	scripts/gen-protos.sh gen

@@ -9,6 +9,11 @@ tests/contract/test_deploy.py import its pieces.
   (their names, types and required fields; unknown fields refused). That is less than
   KEDA's full schema: a field KEDA added or renamed after these were written is refused
   here, and KEDA's own server-side validation still has the last word.
+- The Prometheus alert rules (deploy/observability/alerts.yml) go through Prometheus' own
+  promtool: `promtool check rules` (with its lints, fatal) and `promtool test rules` on
+  their unit tests (alerts_test.yml). The Grafana dashboard's queries, which promtool
+  cannot read in place, are written out as recording rules and checked the same way.
+  `make promtool` puts promtool in the virtual environment; without it the check fails.
 - Rendering needs kustomize: no pinned kustomize binary installs from PyPI for this
   Python (pykustomize needs 3.14), so `kubectl kustomize` renders, when kubectl is on the
   PATH. Without it the Kubernetes part is skipped and says so.
@@ -16,9 +21,11 @@ tests/contract/test_deploy.py import its pieces.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +37,12 @@ ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"
 OVERLAYS = ("dev", "prod")
 DOCKERFILE = ROOT / "deploy" / "image" / "Dockerfile"
+OBSERVABILITY = ROOT / "deploy" / "observability"
+ALERTS = OBSERVABILITY / "alerts.yml"
+ALERT_TESTS = OBSERVABILITY / "alerts_test.yml"
+DASHBOARD = OBSERVABILITY / "dashboard.json"
+# What Grafana's rate interval stands for when a dashboard query is checked.
+RATE_INTERVAL = "5m"
 KUBERNETES_VERSION = "1.37.0"
 
 _NAME = {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}
@@ -258,8 +271,75 @@ def hadolint() -> list[str]:
     )
 
 
+def promtool() -> str:
+    binary = Path(sys.executable).parent / "promtool"
+    command = str(binary) if binary.exists() else shutil.which("promtool")
+    if command is None:
+        raise Unavailable("promtool is not installed (make promtool)")
+    return command
+
+
+def run_promtool(*args: str) -> list[str]:
+    """promtool's complaints when it refuses (empty: it accepted)."""
+    done = subprocess.run(
+        [promtool(), *args], capture_output=True, text=True, timeout=120, check=False
+    )
+    if done.returncode == 0:
+        return []
+    said = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    return [*said, f"promtool {args[0]} {args[1]} exited {done.returncode}"]
+
+
+def check_rules(path: Path) -> list[str]:
+    """`promtool check rules` on a rule file, every lint fatal."""
+    return run_promtool("check", "rules", "--lint=all", "--lint-fatal", str(path))
+
+
+def run_rule_tests(path: Path) -> list[str]:
+    """`promtool test rules` on a rule unit-test file."""
+    return run_promtool("test", "rules", str(path))
+
+
+def dashboard_rules(dashboard: dict[str, Any]) -> dict[str, Any]:
+    """The dashboard's queries as a Prometheus rule file: one recording rule per target,
+    named after its panel and refId, Grafana's variables spelled out."""
+    rules = [
+        {
+            "record": f"dashboard:panel_{panel['id']}:{target['refId']}",
+            "expr": target["expr"].replace("$__rate_interval", RATE_INTERVAL),
+        }
+        for panel in dashboard["panels"]
+        for target in panel.get("targets", ())
+    ]
+    return {"groups": [{"name": "dashboard", "rules": rules}]}
+
+
+def check_dashboard(path: Path) -> list[str]:
+    """promtool's check of the dashboard's queries (as recording rules)."""
+    with tempfile.TemporaryDirectory(prefix="atelier-dashboard-") as work:
+        rules = Path(work) / "dashboard-queries.yml"
+        rules.write_text(yaml.safe_dump(dashboard_rules(json.loads(path.read_text()))))
+        return check_rules(rules)
+
+
+def observability() -> list[str]:
+    """The alert rules, their unit tests and the dashboard's queries through promtool."""
+    return (
+        [f"alerts.yml: {line}" for line in check_rules(ALERTS)]
+        + [f"alerts_test.yml: {line}" for line in run_rule_tests(ALERT_TESTS)]
+        + [f"dashboard.json: {line}" for line in check_dashboard(DASHBOARD)]
+    )
+
+
 def main() -> int:
     problems = [f"Dockerfile: {line}" for line in hadolint()]
+    try:
+        found = observability()
+    except Unavailable as missing:
+        found = [f"observability: NOT checked: {missing}"]
+    problems += found
+    if not found:
+        print("deploy-check: alert rules, their unit tests and dashboard queries pass promtool")
     try:
         rendered = {overlay: render(overlay) for overlay in OVERLAYS}
     except Unavailable as missing:

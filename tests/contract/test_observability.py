@@ -3,7 +3,8 @@ expression parses as PromQL (promql-parser, the Rust parser's Python bindings: s
 types, e.g. rate() of an instant vector is refused), and every metric, label and label
 value it names is one the services export, taken from their registry, so a renamed
 metric or label fails here rather than silently in production. docs/observability.md
-names exactly the metrics the code exports."""
+names exactly the metrics the code exports. Prometheus' promtool checks the same files
+(scripts/deploy_check.py, also run here), and is shown to refuse broken ones."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from prometheus_client import REGISTRY
 import services.creation.app
 import services.media.app
 import services.notify.app  # noqa: F401
+from scripts import deploy_check
 from services.creation.domain import ReapDecision
 from services.creation.gauges import READING as BACKLOG_READING
 from services.notify.apns.rules import APPLE_REASONS, SENDER_REASONS
@@ -269,3 +271,100 @@ def test_the_docs_name_exactly_the_metrics_the_code_exports() -> None:
     assert set(OPERATOR_METRICS) <= ours
     assert sorted(documented - ours) == [], "documented but not exported"
     assert sorted(ours - documented) == [], "exported but not documented"
+
+
+# -- promtool: Prometheus' own checks ------------------------------------------------------
+# `make promtool` puts it in the virtual environment (`make pytest` and `make deploy-check`
+# depend on it); without it these fail, saying so.
+
+
+def test_promtool_accepts_the_alert_rules() -> None:
+    assert deploy_check.check_rules(RULES) == []
+
+
+def test_the_alerts_pass_their_unit_tests() -> None:
+    assert deploy_check.run_rule_tests(deploy_check.ALERT_TESTS) == []
+
+
+def test_promtool_accepts_the_dashboard_queries() -> None:
+    written = deploy_check.dashboard_rules(json.loads(DASHBOARD.read_text()))
+    assert [r["expr"] for r in written["groups"][0]["rules"]] == [
+        expr.replace("$__rate_interval", deploy_check.RATE_INTERVAL)
+        for _, expr in dashboard_targets()
+    ]
+    assert deploy_check.check_dashboard(DASHBOARD) == []
+
+
+def rule_file(tmp_path: Path, *rules: dict[str, Any]) -> Path:
+    path = tmp_path / "rules.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "broken", "rules": list(rules)}]}))
+    return path
+
+
+ALERT = {"alert": "AtelierBroken", "labels": {"severity": "ticket"}}
+
+
+@pytest.mark.parametrize(
+    ("rules", "said"),
+    [
+        ([{**ALERT, "expr": "sum(rate(atelier_rpc_total[5m])"}], "unclosed left parenthesis"),
+        ([{**ALERT, "expr": "rate(atelier_jobs_queued) > 0"}], "expected type range vector"),
+        ([{**ALERT, "expr": "max(atelier_jobs_queued) > 0", "for": "soon"}], "soon"),
+        ([{**ALERT, "expr": "up"}, {**ALERT, "expr": "up"}], "duplicate"),
+    ],
+    ids=["syntax", "types", "duration", "duplicate-rule"],
+)
+def test_promtool_refuses_a_broken_rule(
+    tmp_path: Path, rules: list[dict[str, Any]], said: str
+) -> None:
+    refused = deploy_check.check_rules(rule_file(tmp_path, *rules))
+    assert refused, "promtool accepted a broken rule"
+    assert said in "\n".join(refused)
+
+
+def test_promtool_refuses_a_broken_dashboard_query(tmp_path: Path) -> None:
+    document = json.loads(DASHBOARD.read_text())
+    document["panels"][-1]["targets"][0]["expr"] = "histogram_quantile(0.95, sum by (le) ("
+    broken = tmp_path / "dashboard.json"
+    broken.write_text(json.dumps(document))
+    assert deploy_check.check_dashboard(broken) != []
+
+
+def test_promtool_fails_an_alert_test_whose_expectation_is_wrong(tmp_path: Path) -> None:
+    """An alert expected to fire on series that should leave it silent: promtool test
+    rules must refuse, or the unit tests above prove nothing."""
+    wrong = {
+        "rule_files": [str(RULES)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {"series": 'atelier_jobs_needs_attention{instance="w1:9461"}', "values": "0x30"}
+                ],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "30m",
+                        "alertname": "AtelierJobsNeedAttention",
+                        "exp_alerts": [{"exp_labels": {"severity": "ticket"}}],
+                    }
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "wrong_test.yml"
+    path.write_text(yaml.safe_dump(wrong))
+    refused = deploy_check.run_rule_tests(path)
+    assert refused and "FAILED" in "\n".join(refused)
+
+
+def test_every_alert_has_unit_tests_that_fire_it_and_keep_it_silent() -> None:
+    cases = [
+        case
+        for test in yaml.safe_load(deploy_check.ALERT_TESTS.read_text())["tests"]
+        for case in test["alert_rule_test"]
+    ]
+    for rule in rules():
+        mine = [case for case in cases if case["alertname"] == rule["alert"]]
+        assert any(case["exp_alerts"] for case in mine), f"{rule['alert']} never fires"
+        assert any(not case["exp_alerts"] for case in mine), f"{rule['alert']} never silent"
