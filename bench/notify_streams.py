@@ -14,7 +14,12 @@ Per stream count N:
 - **one job**: N WatchJob streams, one job each; updates to random jobs one at a time
   (each awaited): p50/p99 of the commit → client latency.
 - **broadcast**: N WatchJob streams on one job; one update reaches all N: the time until
-  the last stream has it (and p50/p99 over the streams).
+  the last stream has it (and p50/p99 over the streams). The streams are read by
+  ``--clients`` processes (4 by default), N/clients streams each, as phones would each
+  read their own: one Python process reading 10,000 streams needs ~50 µs of CPU per
+  message, 0.5 s of a core per broadcast, so alone it would measure itself rather than
+  notify. Arrival times are ``time.perf_counter()`` (CLOCK_MONOTONIC: one clock for every
+  process on the host). ``--clients 1`` reads them in the bench's own process.
 - **memory**: notify's resident size with the N streams open, minus its idle size.
 - notify's CPU time per delivered stream message (from /proc/<pid>/stat), a figure that
   noise on a shared machine barely moves.
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import os
 import random
 import statistics
@@ -285,6 +291,76 @@ class Streams:
             await channel.close(grace=None)
 
 
+class Readers:
+    """The broadcast's streams read by ``clients`` processes of their own (this file with
+    ``--reader``); each records every arrival and, asked for a version, answers with the
+    arrival times of its streams once they all have it."""
+
+    def __init__(self, port: int, clients: int) -> None:
+        self.port = port
+        self.clients = clients
+        self.processes: list[asyncio.subprocess.Process] = []
+
+    async def open(self, job: str, user: str, count: int) -> None:
+        shares = [count // self.clients + (i < count % self.clients) for i in range(self.clients)]
+        for share in shares:
+            self.processes.append(
+                await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    __file__,
+                    "--reader",
+                    str(self.port),
+                    job,
+                    user,
+                    str(share),
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                )
+            )
+        for process in self.processes:
+            line = await self._line(process)
+            if line != "ready":
+                raise RuntimeError(f"a reader did not open its streams: {line!r}")
+
+    @staticmethod
+    async def _line(process: asyncio.subprocess.Process) -> str:
+        assert process.stdout is not None
+        return (await process.stdout.readline()).decode().strip()
+
+    async def arrived(self, version: int) -> list[float]:
+        for process in self.processes:
+            assert process.stdin is not None
+            process.stdin.write(f"{version}\n".encode())
+            await process.stdin.drain()
+        arrivals: list[float] = []
+        for process in self.processes:
+            arrivals.extend(float(t) for t in (await self._line(process)).split())
+        return arrivals
+
+    async def close(self) -> None:
+        for process in self.processes:
+            assert process.stdin is not None
+            process.stdin.close()
+        for process in self.processes:
+            await process.wait()
+
+
+async def reader(port: int, job: str, user: str, count: int) -> None:
+    """A client process of the broadcast (see Readers): opens ``count`` streams on
+    ``job``, then for each version read on stdin prints its streams' arrival times."""
+    streams = Streams(port)
+    await streams.open([(job, user)] * count)
+    # The client's own collector out of the way: 1,000s of calls' objects are long-lived.
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
+    print("ready", flush=True)
+    loop = asyncio.get_running_loop()
+    while line := await loop.run_in_executor(None, sys.stdin.readline):
+        arrivals = await streams.arrived(job, int(line), count, within=60)
+        print(" ".join(f"{t:.6f}" for t in arrivals), flush=True)
+    await streams.close()
+
+
 async def redis_anchor(redis_url: str, rounds: int) -> list[float]:
     """A bare publish → subscriber round trip in this process, in ms."""
     client = aioredis.Redis.from_url(redis_url)
@@ -307,7 +383,13 @@ def summary(values_ms: list[float]) -> str:
 
 
 async def measure(
-    count: int, port: int, pid: int, deliverer: Deliverer, updates: int, idle_rss: float
+    count: int,
+    port: int,
+    pid: int,
+    deliverer: Deliverer,
+    updates: int,
+    idle_rss: float,
+    clients: int,
 ) -> None:
     users = [f"bench-{uuid.uuid4().hex[:6]}-{i}" for i in range(min(USERS, count))]
     jobs = [(str(uuid.uuid4()), users[i % len(users)]) for i in range(count)]
@@ -345,8 +427,13 @@ async def measure(
     # Broadcast: N streams on one job.
     job, user = str(uuid.uuid4()), users[0]
     await deliverer.deliver(job, user)
+    clients = min(clients, count)
+    readers = Readers(port, clients) if clients > 1 else None
     broadcast = Streams(port)
-    await broadcast.open([(job, user)] * count)
+    if readers is not None:
+        await readers.open(job, user, count)
+    else:
+        await broadcast.open([(job, user)] * count)
     await asyncio.sleep(0.5)
     spans: list[float] = []
     per_stream: list[float] = []
@@ -355,12 +442,18 @@ async def measure(
     rounds = 5
     for _ in range(rounds):
         committed = await deliverer.deliver(job, user)
-        arrivals = await broadcast.arrived(job, deliverer.versions[job], count, within=60)
+        version = deliverer.versions[job]
+        if readers is not None:
+            arrivals = await readers.arrived(version)
+        else:
+            arrivals = await broadcast.arrived(job, version, count, within=60)
         per_stream.extend((t - committed) * 1000 for t in arrivals)
         spans.append((max(arrivals) - committed) * 1000)
     phase = time.perf_counter() - phase_started
     cpu_broadcast = max(0.0, cpu_seconds(pid) - cpu_before - idle_rate * phase) / (rounds * count)
     await broadcast.close()
+    if readers is not None:
+        await readers.close()
 
     print(
         f"{count:>6} streams | one job: {summary(latencies)} (commit alone {summary(commit_ms)})"
@@ -368,8 +461,8 @@ async def measure(
     )
     print(
         f"{'':>6}         | broadcast to all: last {statistics.median(spans):8.1f} ms (median of"
-        f" {rounds}), per stream {summary(per_stream)} | notify CPU {cpu_broadcast * 1e6:5.1f}"
-        " µs/stream message"
+        f" {rounds}, {clients} client processes), per stream {summary(per_stream)}"
+        f" | notify CPU {cpu_broadcast * 1e6:5.1f} µs/stream message"
     )
     print(
         f"{'':>6}         | memory: {rss:6.1f} MiB resident with the streams open"
@@ -436,6 +529,7 @@ async def run(
     profile: str,
     through_edge: bool,
     work: Path,
+    clients: int,
 ) -> None:
     engine = create_async_engine(asyncpg_url(url), pool_size=4)
     await ensure_table(engine)
@@ -452,7 +546,7 @@ async def run(
         idle = rss_mib(process.pid)
         print(f"notify idle: {idle:.1f} MiB resident", flush=True)
         for count in stream_counts:
-            await measure(count, port, process.pid, deliverer, updates, idle)
+            await measure(count, port, process.pid, deliverer, updates, idle, clients)
         if storm_size:
             await storm(storm_size, port, process.pid, deliverer)
         if through_edge:
@@ -470,7 +564,15 @@ def main() -> None:
     parser.add_argument(
         "--storm", type=int, default=5000, help="clients reconnecting at once (0: skip)"
     )
+    parser.add_argument(
+        "--clients", type=int, default=4, help="processes reading the broadcast's streams"
+    )
+    parser.add_argument("--reader", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.reader:
+        port, job, user, count = args.reader
+        asyncio.run(reader(int(port), job, user, int(count)))
+        return
     with tempfile.TemporaryDirectory(prefix="bench-notify-") as work:
         admin = os.environ.get("ATELIER_BENCH_POSTGRES_URL", LOCAL_POSTGRES)
         if not postgres.server_answers(admin):
@@ -491,6 +593,7 @@ def main() -> None:
                     args.profile,
                     args.edge,
                     Path(work),
+                    args.clients,
                 )
             )
         finally:
