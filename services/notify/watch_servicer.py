@@ -176,7 +176,8 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
                         inbox.keep_alive_due = False
                         yield pb.WatchJobResponse(keep_alive=_keep_alive())
                         inbox.last_sent = loop.time()
-                    await inbox.wait()
+                    if (woken := inbox.wake_up()) is not None:
+                        await woken
             except Exception as error:
                 api, status = _error_status(error)
                 log.exception("stream_failed", rpc="WatchJob")
@@ -260,7 +261,8 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
                     inbox.keep_alive_due = False
                     yield pb.WatchJobsResponse(keep_alive=_keep_alive())
                     inbox.last_sent = loop.time()
-                await inbox.wait()
+                if (woken := inbox.wake_up()) is not None:
+                    await woken
         except Exception as error:
             api, status = _error_status(error)
             log.exception("stream_failed", rpc="WatchJobs")
