@@ -291,6 +291,14 @@ class Streams:
             await channel.close(grace=None)
 
 
+def quiet_collector() -> None:
+    """The client's own collector out of the way (as notify's is, services/notify/app.py):
+    thousands of calls' objects are long-lived, and the young collector would walk them
+    again and again during a broadcast."""
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
+
+
 class Readers:
     """The broadcast's streams read by ``clients`` processes of their own (this file with
     ``--reader``); each records every arrival and, asked for a version, answers with the
@@ -350,9 +358,7 @@ async def reader(port: int, job: str, user: str, count: int) -> None:
     ``job``, then for each version read on stdin prints its streams' arrival times."""
     streams = Streams(port)
     await streams.open([(job, user)] * count)
-    # The client's own collector out of the way: 1,000s of calls' objects are long-lived.
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 20)
+    quiet_collector()
     print("ready", flush=True)
     loop = asyncio.get_running_loop()
     while line := await loop.run_in_executor(None, sys.stdin.readline):
@@ -434,6 +440,7 @@ async def measure(
         await readers.open(job, user, count)
     else:
         await broadcast.open([(job, user)] * count)
+        quiet_collector()
     await asyncio.sleep(0.5)
     spans: list[float] = []
     per_stream: list[float] = []
