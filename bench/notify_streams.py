@@ -14,12 +14,12 @@ Per stream count N:
 - **one job**: N WatchJob streams, one job each; updates to random jobs one at a time
   (each awaited): p50/p99 of the commit → client latency.
 - **broadcast**: N WatchJob streams on one job; one update reaches all N: the time until
-  the last stream has it (and p50/p99 over the streams). The streams are read by
-  ``--clients`` processes (4 by default), N/clients streams each, as phones would each
-  read their own: one Python process reading 10,000 streams needs ~50 µs of CPU per
-  message, 0.5 s of a core per broadcast, so alone it would measure itself rather than
-  notify. Arrival times are ``time.perf_counter()`` (CLOCK_MONOTONIC: one clock for every
-  process on the host). ``--clients 1`` reads them in the bench's own process.
+  the last stream has it (and p50/p99 over the streams). ``--clients K`` reads the streams
+  in K processes of their own, N/K streams each, as phones each read their own (arrival
+  times are ``time.perf_counter()``: CLOCK_MONOTONIC, one clock for every process on the
+  host); by default (1) the bench's own process reads them all. A Python client needs
+  ~50 µs of CPU per message, about what notify needs to send it: on two vCPUs more reader
+  processes than one per core take CPU from notify (docs/benchmarks.md).
 - **memory**: notify's resident size with the N streams open, minus its idle size.
 - notify's CPU time per delivered stream message (from /proc/<pid>/stat), a figure that
   noise on a shared machine barely moves.
@@ -572,7 +572,7 @@ def main() -> None:
         "--storm", type=int, default=5000, help="clients reconnecting at once (0: skip)"
     )
     parser.add_argument(
-        "--clients", type=int, default=4, help="processes reading the broadcast's streams"
+        "--clients", type=int, default=1, help="processes reading the broadcast's streams"
     )
     parser.add_argument("--reader", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
