@@ -25,7 +25,10 @@ Per stream count N:
   noise on a shared machine barely moves.
 
 Anchors, measured in the same run: the commit alone, and a bare Redis publish → subscriber
-round trip in this process: the floor under the fast path.
+round trip in this process: the floor under the fast path. With ``--bare-broadcast`` also a
+bare grpc.aio server (this file with ``--bare-server``: the services' server options, no
+interceptors, no Redis, no projection) broadcasting one message to the same number of
+streams, read by the same client: the floor under a broadcast, and its CPU per message.
 """
 
 from __future__ import annotations
@@ -43,9 +46,10 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import grpc
 import redis.asyncio as aioredis
@@ -54,8 +58,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from atelier.creation.v1 import job_pb2
+from atelier.notify.v1 import job_state_pb2, notify_service_pb2_grpc
 from atelier.notify.v1 import notify_service_pb2 as pb
-from atelier.notify.v1 import notify_service_pb2_grpc
 from services.dev import edge, postgres
 from services.dev.processes import (
     free_port,
@@ -64,6 +68,7 @@ from services.dev.processes import (
 from services.kit import migrations
 from services.kit.auth import issue_token
 from services.kit.db import asyncpg_url
+from services.kit.server import SERVER_OPTIONS
 from services.kit.settings import DEV_JWT_SECRET
 from services.notify.streams.change import from_applied
 from services.notify.streams.registry import job_channel, user_channel
@@ -367,6 +372,108 @@ async def reader(port: int, job: str, user: str, count: int) -> None:
     await streams.close()
 
 
+class BareWatch(notify_service_pb2_grpc.NotifyServiceServicer):
+    """The broadcast anchor's servicer: every WatchJob stream waits on one future per
+    message, as notify's do, and sends one prebuilt message, whatever the request."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.message = pb.WatchJobResponse()
+        self.waiters: list[asyncio.Future[None]] = []
+
+    def broadcast(self, job: str, version: int) -> None:
+        self.version = version
+        self.message = pb.WatchJobResponse(job=job_state_pb2.JobState(job_id=job, version=version))
+        waiters, self.waiters = self.waiters, []
+        for waiter in waiters:
+            waiter.set_result(None)
+
+    async def WatchJob(  # type: ignore[override]
+        self, request: pb.WatchJobRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.WatchJobResponse]:
+        loop = asyncio.get_running_loop()
+        sent = -1
+        while True:
+            # A broadcast while this stream was still sending the last one is sent now.
+            if self.version > sent:
+                sent = self.version
+                yield self.message
+                continue
+            waiter = loop.create_future()
+            self.waiters.append(waiter)
+            await waiter
+
+
+async def bare_server(port: int) -> None:
+    """The anchor's server process: broadcasts ``job version`` read from stdin."""
+    quiet_collector()
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    watch = BareWatch()
+    notify_service_pb2_grpc.add_NotifyServiceServicer_to_server(watch, server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    print("ready", flush=True)
+    loop = asyncio.get_running_loop()
+    while line := await loop.run_in_executor(None, sys.stdin.readline):
+        job, version = line.split()
+        watch.broadcast(job, int(version))
+    await server.stop(None)
+
+
+async def bare_broadcast(count: int, clients: int, rounds: int = 5) -> None:
+    """The broadcast anchor: ``count`` streams on a bare grpc.aio server, ``rounds``
+    broadcasts; prints the last stream's time and the server's CPU per stream message."""
+    port = free_port()
+    server = await asyncio.create_subprocess_exec(
+        sys.executable,
+        __file__,
+        "--bare-server",
+        str(port),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        # grpc.aio prints each stream it cancels at the end; a failure to start shows as
+        # no "ready" line.
+        stderr=subprocess.DEVNULL,
+    )
+    assert server.stdin is not None
+    assert server.stdout is not None
+    if (await server.stdout.readline()).strip() != b"ready":
+        raise RuntimeError("the bare server did not start")
+    job, user = str(uuid.uuid4()), "bench-bare"
+    clients = min(clients, count)
+    readers = Readers(port, clients) if clients > 1 else None
+    streams = Streams(port)
+    if readers is not None:
+        await readers.open(job, user, count)
+    else:
+        await streams.open([(job, user)] * count)
+        quiet_collector()
+    await asyncio.sleep(0.5)
+    spans: list[float] = []
+    cpu_before = cpu_seconds(server.pid)
+    for version in range(1, rounds + 1):
+        started = time.perf_counter()
+        server.stdin.write(f"{job} {version}\n".encode())
+        await server.stdin.drain()
+        if readers is not None:
+            arrivals = await readers.arrived(version)
+        else:
+            arrivals = await streams.arrived(job, version, count, within=60)
+        spans.append((max(arrivals) - started) * 1000)
+    cpu = (cpu_seconds(server.pid) - cpu_before) / (rounds * count)
+    await streams.close()
+    if readers is not None:
+        await readers.close()
+    server.stdin.close()
+    await server.wait()
+    print(
+        f"anchor | bare grpc.aio broadcast to {count} streams: last"
+        f" {statistics.median(spans):8.1f} ms (median of {rounds}) | server CPU"
+        f" {cpu * 1e6:5.1f} µs/stream message",
+        flush=True,
+    )
+
+
 async def redis_anchor(redis_url: str, rounds: int) -> list[float]:
     """A bare publish → subscriber round trip in this process, in ms."""
     client = aioredis.Redis.from_url(redis_url)
@@ -537,12 +644,16 @@ async def run(
     through_edge: bool,
     work: Path,
     clients: int,
+    bare: bool,
 ) -> None:
     engine = create_async_engine(asyncpg_url(url), pool_size=4)
     await ensure_table(engine)
     deliverer = Deliverer(engine, own_redis.url)
     anchor = await redis_anchor(own_redis.url, 200)
     print(f"anchor | bare Redis publish → subscribe round trip: {summary(anchor)}")
+    if bare:
+        for count in stream_counts:
+            await bare_broadcast(count, clients)
     with contextlib.ExitStack() as stack:
         process, port = stack.enter_context(notify_process(url, own_redis.url, profile))
         admin = 0
@@ -574,8 +685,17 @@ def main() -> None:
     parser.add_argument(
         "--clients", type=int, default=1, help="processes reading the broadcast's streams"
     )
+    parser.add_argument(
+        "--bare-broadcast",
+        action="store_true",
+        help="first, the same broadcasts from a bare grpc.aio server (the anchor)",
+    )
     parser.add_argument("--reader", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--bare-server", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.bare_server:
+        asyncio.run(bare_server(args.bare_server))
+        return
     if args.reader:
         port, job, user, count = args.reader
         asyncio.run(reader(int(port), job, user, int(count)))
@@ -601,6 +721,7 @@ def main() -> None:
                     args.edge,
                     Path(work),
                     args.clients,
+                    args.bare_broadcast,
                 )
             )
         finally:
