@@ -305,16 +305,26 @@ def quiet_collector() -> None:
 
 
 class Readers:
-    """The broadcast's streams read by ``clients`` processes of their own (this file with
-    ``--reader``); each records every arrival and, asked for a version, answers with the
-    arrival times of its streams once they all have it."""
+    """The broadcast's streams: with one client, read in this process; with more, by
+    ``clients`` processes of their own (this file with ``--reader``), each recording every
+    arrival and, asked for a version, answering with the arrival times of its streams
+    once they all have it."""
 
     def __init__(self, port: int, clients: int) -> None:
         self.port = port
         self.clients = clients
         self.processes: list[asyncio.subprocess.Process] = []
+        self.streams = Streams(port)
+        self.job = ""
+        self.count = 0
 
     async def open(self, job: str, user: str, count: int) -> None:
+        self.job, self.count = job, count
+        self.clients = min(self.clients, count)
+        if self.clients <= 1:
+            await self.streams.open([(job, user)] * count)
+            quiet_collector()
+            return
         shares = [count // self.clients + (i < count % self.clients) for i in range(self.clients)]
         for share in shares:
             self.processes.append(
@@ -341,6 +351,8 @@ class Readers:
         return (await process.stdout.readline()).decode().strip()
 
     async def arrived(self, version: int) -> list[float]:
+        if not self.processes:
+            return await self.streams.arrived(self.job, version, self.count, within=60)
         for process in self.processes:
             assert process.stdin is not None
             process.stdin.write(f"{version}\n".encode())
@@ -351,6 +363,7 @@ class Readers:
         return arrivals
 
     async def close(self) -> None:
+        await self.streams.close()
         for process in self.processes:
             assert process.stdin is not None
             process.stdin.close()
@@ -440,14 +453,8 @@ async def bare_broadcast(count: int, clients: int, rounds: int = 5) -> None:
     if (await server.stdout.readline()).strip() != b"ready":
         raise RuntimeError("the bare server did not start")
     job, user = str(uuid.uuid4()), "bench-bare"
-    clients = min(clients, count)
-    readers = Readers(port, clients) if clients > 1 else None
-    streams = Streams(port)
-    if readers is not None:
-        await readers.open(job, user, count)
-    else:
-        await streams.open([(job, user)] * count)
-        quiet_collector()
+    readers = Readers(port, clients)
+    await readers.open(job, user, count)
     await asyncio.sleep(0.5)
     spans: list[float] = []
     cpu_before = cpu_seconds(server.pid)
@@ -455,15 +462,10 @@ async def bare_broadcast(count: int, clients: int, rounds: int = 5) -> None:
         started = time.perf_counter()
         server.stdin.write(f"{job} {version}\n".encode())
         await server.stdin.drain()
-        if readers is not None:
-            arrivals = await readers.arrived(version)
-        else:
-            arrivals = await streams.arrived(job, version, count, within=60)
+        arrivals = await readers.arrived(version)
         spans.append((max(arrivals) - started) * 1000)
     cpu = (cpu_seconds(server.pid) - cpu_before) / (rounds * count)
-    await streams.close()
-    if readers is not None:
-        await readers.close()
+    await readers.close()
     server.stdin.close()
     await server.wait()
     print(
@@ -540,14 +542,8 @@ async def measure(
     # Broadcast: N streams on one job.
     job, user = str(uuid.uuid4()), users[0]
     await deliverer.deliver(job, user)
-    clients = min(clients, count)
-    readers = Readers(port, clients) if clients > 1 else None
-    broadcast = Streams(port)
-    if readers is not None:
-        await readers.open(job, user, count)
-    else:
-        await broadcast.open([(job, user)] * count)
-        quiet_collector()
+    readers = Readers(port, clients)
+    await readers.open(job, user, count)
     await asyncio.sleep(0.5)
     spans: list[float] = []
     per_stream: list[float] = []
@@ -556,18 +552,12 @@ async def measure(
     rounds = 5
     for _ in range(rounds):
         committed = await deliverer.deliver(job, user)
-        version = deliverer.versions[job]
-        if readers is not None:
-            arrivals = await readers.arrived(version)
-        else:
-            arrivals = await broadcast.arrived(job, version, count, within=60)
+        arrivals = await readers.arrived(deliverer.versions[job])
         per_stream.extend((t - committed) * 1000 for t in arrivals)
         spans.append((max(arrivals) - committed) * 1000)
     phase = time.perf_counter() - phase_started
     cpu_broadcast = max(0.0, cpu_seconds(pid) - cpu_before - idle_rate * phase) / (rounds * count)
-    await broadcast.close()
-    if readers is not None:
-        await readers.close()
+    await readers.close()
 
     print(
         f"{count:>6} streams | one job: {summary(latencies)} (commit alone {summary(commit_ms)})"
@@ -575,7 +565,7 @@ async def measure(
     )
     print(
         f"{'':>6}         | broadcast to all: last {statistics.median(spans):8.1f} ms (median of"
-        f" {rounds}, {clients} client processes), per stream {summary(per_stream)}"
+        f" {rounds}, {readers.clients} client processes), per stream {summary(per_stream)}"
         f" | notify CPU {cpu_broadcast * 1e6:5.1f} µs/stream message"
     )
     print(
