@@ -14,13 +14,21 @@ Per stream count N:
 - **one job**: N WatchJob streams, one job each; updates to random jobs one at a time
   (each awaited): p50/p99 of the commit → client latency.
 - **broadcast**: N WatchJob streams on one job; one update reaches all N: the time until
-  the last stream has it (and p50/p99 over the streams).
+  the last stream has it (and p50/p99 over the streams). ``--clients K`` reads the streams
+  in K processes of their own, N/K streams each, as phones each read their own (arrival
+  times are ``time.perf_counter()``: CLOCK_MONOTONIC, one clock for every process on the
+  host); by default (1) the bench's own process reads them all. A Python client needs
+  ~50 µs of CPU per message, about what notify needs to send it: on two vCPUs more reader
+  processes than one per core take CPU from notify (docs/benchmarks.md).
 - **memory**: notify's resident size with the N streams open, minus its idle size.
 - notify's CPU time per delivered stream message (from /proc/<pid>/stat), a figure that
   noise on a shared machine barely moves.
 
 Anchors, measured in the same run: the commit alone, and a bare Redis publish → subscriber
-round trip in this process: the floor under the fast path.
+round trip in this process: the floor under the fast path. With ``--bare-broadcast`` also a
+bare grpc.aio server (this file with ``--bare-server``: the services' server options, no
+interceptors, no Redis, no projection) broadcasting one message to the same number of
+streams, read by the same client: the floor under a broadcast, and its CPU per message.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import os
 import random
 import statistics
@@ -37,9 +46,10 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import grpc
 import redis.asyncio as aioredis
@@ -48,8 +58,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from atelier.creation.v1 import job_pb2
+from atelier.notify.v1 import job_state_pb2, notify_service_pb2_grpc
 from atelier.notify.v1 import notify_service_pb2 as pb
-from atelier.notify.v1 import notify_service_pb2_grpc
 from services.dev import edge, postgres
 from services.dev.processes import (
     free_port,
@@ -58,6 +68,7 @@ from services.dev.processes import (
 from services.kit import migrations
 from services.kit.auth import issue_token
 from services.kit.db import asyncpg_url
+from services.kit.server import SERVER_OPTIONS
 from services.kit.settings import DEV_JWT_SECRET
 from services.notify.streams.change import from_applied
 from services.notify.streams.registry import job_channel, user_channel
@@ -285,6 +296,186 @@ class Streams:
             await channel.close(grace=None)
 
 
+def quiet_collector() -> None:
+    """The client's own collector out of the way (as notify's is, services/notify/app.py):
+    thousands of calls' objects are long-lived, and the young collector would walk them
+    again and again during a broadcast."""
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
+
+
+class Readers:
+    """The broadcast's streams: with one client, read in this process; with more, by
+    ``clients`` processes of their own (this file with ``--reader``), each recording every
+    arrival and, asked for a version, answering with the arrival times of its streams
+    once they all have it."""
+
+    def __init__(self, port: int, clients: int) -> None:
+        self.port = port
+        self.clients = clients
+        self.processes: list[asyncio.subprocess.Process] = []
+        self.streams = Streams(port)
+        self.job = ""
+        self.count = 0
+
+    async def open(self, job: str, user: str, count: int) -> None:
+        self.job, self.count = job, count
+        self.clients = min(self.clients, count)
+        if self.clients <= 1:
+            await self.streams.open([(job, user)] * count)
+            quiet_collector()
+            return
+        shares = [count // self.clients + (i < count % self.clients) for i in range(self.clients)]
+        for share in shares:
+            self.processes.append(
+                await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    __file__,
+                    "--reader",
+                    str(self.port),
+                    job,
+                    user,
+                    str(share),
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                )
+            )
+        for process in self.processes:
+            line = await self._line(process)
+            if line != "ready":
+                raise RuntimeError(f"a reader did not open its streams: {line!r}")
+
+    @staticmethod
+    async def _line(process: asyncio.subprocess.Process) -> str:
+        assert process.stdout is not None
+        return (await process.stdout.readline()).decode().strip()
+
+    async def arrived(self, version: int) -> list[float]:
+        if not self.processes:
+            return await self.streams.arrived(self.job, version, self.count, within=60)
+        for process in self.processes:
+            assert process.stdin is not None
+            process.stdin.write(f"{version}\n".encode())
+            await process.stdin.drain()
+        arrivals: list[float] = []
+        for process in self.processes:
+            arrivals.extend(float(t) for t in (await self._line(process)).split())
+        return arrivals
+
+    async def close(self) -> None:
+        await self.streams.close()
+        for process in self.processes:
+            assert process.stdin is not None
+            process.stdin.close()
+        for process in self.processes:
+            await process.wait()
+
+
+async def reader(port: int, job: str, user: str, count: int) -> None:
+    """A client process of the broadcast (see Readers): opens ``count`` streams on
+    ``job``, then for each version read on stdin prints its streams' arrival times."""
+    streams = Streams(port)
+    await streams.open([(job, user)] * count)
+    quiet_collector()
+    print("ready", flush=True)
+    loop = asyncio.get_running_loop()
+    while line := await loop.run_in_executor(None, sys.stdin.readline):
+        arrivals = await streams.arrived(job, int(line), count, within=60)
+        print(" ".join(f"{t:.6f}" for t in arrivals), flush=True)
+    await streams.close()
+
+
+class BareWatch(notify_service_pb2_grpc.NotifyServiceServicer):
+    """The broadcast anchor's servicer: every WatchJob stream waits on one future per
+    message, as notify's do, and sends one prebuilt message, whatever the request."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.message = pb.WatchJobResponse()
+        self.waiters: list[asyncio.Future[None]] = []
+
+    def broadcast(self, job: str, version: int) -> None:
+        self.version = version
+        self.message = pb.WatchJobResponse(job=job_state_pb2.JobState(job_id=job, version=version))
+        waiters, self.waiters = self.waiters, []
+        for waiter in waiters:
+            waiter.set_result(None)
+
+    async def WatchJob(  # type: ignore[override]
+        self, request: pb.WatchJobRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.WatchJobResponse]:
+        loop = asyncio.get_running_loop()
+        sent = -1
+        while True:
+            # A broadcast while this stream was still sending the last one is sent now.
+            if self.version > sent:
+                sent = self.version
+                yield self.message
+                continue
+            waiter = loop.create_future()
+            self.waiters.append(waiter)
+            await waiter
+
+
+async def bare_server(port: int) -> None:
+    """The anchor's server process: broadcasts ``job version`` read from stdin."""
+    quiet_collector()
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    watch = BareWatch()
+    notify_service_pb2_grpc.add_NotifyServiceServicer_to_server(watch, server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    print("ready", flush=True)
+    loop = asyncio.get_running_loop()
+    while line := await loop.run_in_executor(None, sys.stdin.readline):
+        job, version = line.split()
+        watch.broadcast(job, int(version))
+    await server.stop(None)
+
+
+async def bare_broadcast(count: int, clients: int, rounds: int = 5) -> None:
+    """The broadcast anchor: ``count`` streams on a bare grpc.aio server, ``rounds``
+    broadcasts; prints the last stream's time and the server's CPU per stream message."""
+    port = free_port()
+    server = await asyncio.create_subprocess_exec(
+        sys.executable,
+        __file__,
+        "--bare-server",
+        str(port),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        # grpc.aio prints each stream it cancels at the end; a failure to start shows as
+        # no "ready" line.
+        stderr=subprocess.DEVNULL,
+    )
+    assert server.stdin is not None
+    assert server.stdout is not None
+    if (await server.stdout.readline()).strip() != b"ready":
+        raise RuntimeError("the bare server did not start")
+    job, user = str(uuid.uuid4()), "bench-bare"
+    readers = Readers(port, clients)
+    await readers.open(job, user, count)
+    await asyncio.sleep(0.5)
+    spans: list[float] = []
+    cpu_before = cpu_seconds(server.pid)
+    for version in range(1, rounds + 1):
+        started = time.perf_counter()
+        server.stdin.write(f"{job} {version}\n".encode())
+        await server.stdin.drain()
+        arrivals = await readers.arrived(version)
+        spans.append((max(arrivals) - started) * 1000)
+    cpu = (cpu_seconds(server.pid) - cpu_before) / (rounds * count)
+    await readers.close()
+    server.stdin.close()
+    await server.wait()
+    print(
+        f"anchor | bare grpc.aio broadcast to {count} streams: last"
+        f" {statistics.median(spans):8.1f} ms (median of {rounds}) | server CPU"
+        f" {cpu * 1e6:5.1f} µs/stream message",
+        flush=True,
+    )
+
+
 async def redis_anchor(redis_url: str, rounds: int) -> list[float]:
     """A bare publish → subscriber round trip in this process, in ms."""
     client = aioredis.Redis.from_url(redis_url)
@@ -307,7 +498,13 @@ def summary(values_ms: list[float]) -> str:
 
 
 async def measure(
-    count: int, port: int, pid: int, deliverer: Deliverer, updates: int, idle_rss: float
+    count: int,
+    port: int,
+    pid: int,
+    deliverer: Deliverer,
+    updates: int,
+    idle_rss: float,
+    clients: int,
 ) -> None:
     users = [f"bench-{uuid.uuid4().hex[:6]}-{i}" for i in range(min(USERS, count))]
     jobs = [(str(uuid.uuid4()), users[i % len(users)]) for i in range(count)]
@@ -345,8 +542,8 @@ async def measure(
     # Broadcast: N streams on one job.
     job, user = str(uuid.uuid4()), users[0]
     await deliverer.deliver(job, user)
-    broadcast = Streams(port)
-    await broadcast.open([(job, user)] * count)
+    readers = Readers(port, clients)
+    await readers.open(job, user, count)
     await asyncio.sleep(0.5)
     spans: list[float] = []
     per_stream: list[float] = []
@@ -355,12 +552,12 @@ async def measure(
     rounds = 5
     for _ in range(rounds):
         committed = await deliverer.deliver(job, user)
-        arrivals = await broadcast.arrived(job, deliverer.versions[job], count, within=60)
+        arrivals = await readers.arrived(deliverer.versions[job])
         per_stream.extend((t - committed) * 1000 for t in arrivals)
         spans.append((max(arrivals) - committed) * 1000)
     phase = time.perf_counter() - phase_started
     cpu_broadcast = max(0.0, cpu_seconds(pid) - cpu_before - idle_rate * phase) / (rounds * count)
-    await broadcast.close()
+    await readers.close()
 
     print(
         f"{count:>6} streams | one job: {summary(latencies)} (commit alone {summary(commit_ms)})"
@@ -368,8 +565,8 @@ async def measure(
     )
     print(
         f"{'':>6}         | broadcast to all: last {statistics.median(spans):8.1f} ms (median of"
-        f" {rounds}), per stream {summary(per_stream)} | notify CPU {cpu_broadcast * 1e6:5.1f}"
-        " µs/stream message"
+        f" {rounds}, {readers.clients} client processes), per stream {summary(per_stream)}"
+        f" | notify CPU {cpu_broadcast * 1e6:5.1f} µs/stream message"
     )
     print(
         f"{'':>6}         | memory: {rss:6.1f} MiB resident with the streams open"
@@ -436,12 +633,17 @@ async def run(
     profile: str,
     through_edge: bool,
     work: Path,
+    clients: int,
+    bare: bool,
 ) -> None:
     engine = create_async_engine(asyncpg_url(url), pool_size=4)
     await ensure_table(engine)
     deliverer = Deliverer(engine, own_redis.url)
     anchor = await redis_anchor(own_redis.url, 200)
     print(f"anchor | bare Redis publish → subscribe round trip: {summary(anchor)}")
+    if bare:
+        for count in stream_counts:
+            await bare_broadcast(count, clients)
     with contextlib.ExitStack() as stack:
         process, port = stack.enter_context(notify_process(url, own_redis.url, profile))
         admin = 0
@@ -452,7 +654,7 @@ async def run(
         idle = rss_mib(process.pid)
         print(f"notify idle: {idle:.1f} MiB resident", flush=True)
         for count in stream_counts:
-            await measure(count, port, process.pid, deliverer, updates, idle)
+            await measure(count, port, process.pid, deliverer, updates, idle, clients)
         if storm_size:
             await storm(storm_size, port, process.pid, deliverer)
         if through_edge:
@@ -470,7 +672,24 @@ def main() -> None:
     parser.add_argument(
         "--storm", type=int, default=5000, help="clients reconnecting at once (0: skip)"
     )
+    parser.add_argument(
+        "--clients", type=int, default=1, help="processes reading the broadcast's streams"
+    )
+    parser.add_argument(
+        "--bare-broadcast",
+        action="store_true",
+        help="first, the same broadcasts from a bare grpc.aio server (the anchor)",
+    )
+    parser.add_argument("--reader", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--bare-server", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.bare_server:
+        asyncio.run(bare_server(args.bare_server))
+        return
+    if args.reader:
+        port, job, user, count = args.reader
+        asyncio.run(reader(int(port), job, user, int(count)))
+        return
     with tempfile.TemporaryDirectory(prefix="bench-notify-") as work:
         admin = os.environ.get("ATELIER_BENCH_POSTGRES_URL", LOCAL_POSTGRES)
         if not postgres.server_answers(admin):
@@ -491,6 +710,8 @@ def main() -> None:
                     args.profile,
                     args.edge,
                     Path(work),
+                    args.clients,
+                    args.bare_broadcast,
                 )
             )
         finally:

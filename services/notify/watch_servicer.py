@@ -4,14 +4,14 @@ notify_service.proto). The token RPCs live in devices_servicer.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn
 
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
-from google.rpc import status_pb2
 from grpc import aio
 
 from atelier.notify.v1 import notify_service_pb2 as pb
@@ -102,9 +102,19 @@ def _keep_alive() -> pb.KeepAlive:
     return pb.KeepAlive(send_time=now)
 
 
-def _error_status(error: Exception) -> tuple[ApiError, status_pb2.Status]:
+async def _write_error(
+    context: Context,
+    error: Exception,
+    response: type[pb.WatchJobResponse] | type[pb.WatchJobsResponse],
+) -> NoReturn:
+    """A stream that failed after its first message: the error as the stream's last
+    message, then as the RPC's status. A failed write of it (the client gone) leaves
+    the status to say it."""
     api = error if isinstance(error, ApiError) else internal()
-    return api, api.to_status()
+    log.exception("stream_failed", rpc=response.__name__.removesuffix("Response"))
+    with contextlib.suppress(Exception):
+        await context.write(response(error=api.to_status()))
+    raise api from error
 
 
 def _inbox(settings: StreamSettings, limit: int) -> Inbox:
@@ -130,11 +140,14 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
         self._latest_of_job = latest_of_job
         self._user_snapshot = user_snapshot
 
-    # The streams may yield a response already serialized (bytes): the stack's response
-    # serializer sends it as it is (kit.interceptors), which the generated base cannot say.
+    # The streams write their messages with context.write rather than yield them: a
+    # handler that is a coroutine saves each message an async generator's step, which a
+    # broadcast pays once per stream (docs/benchmarks.md). A message may be written
+    # already serialized (bytes): the stack's response serializer sends it as it is
+    # (kit.interceptors). The generated base declares iterators, hence the ignores.
     async def WatchJob(  # type: ignore[override]
         self, request: pb.WatchJobRequest, context: Context
-    ) -> AsyncIterator[pb.WatchJobResponse | bytes]:
+    ) -> None:
         user_id = current_principal().user_id
         job_id = _job_id(request.job_id)
         if request.after_version < 0:
@@ -154,34 +167,33 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
             if first.terminal and first.version <= request.after_version:
                 return  # the client already has the end
             inbox.offer(first)
-            # The sending loop lives here rather than in a helper generator: one frame
-            # less per open stream, and there may be ten thousand.
+            # The sending loop lives here rather than in a helper: one frame less per open
+            # stream, and there may be ten thousand.
             loop = asyncio.get_running_loop()
+            write = context.write
             try:
                 while True:
                     for change in inbox.take():
                         if self._output_urls.needed(change.state):
                             state = await self._output_urls.fill(change.state)
-                            yield pb.WatchJobResponse(job=state)
+                            await write(pb.WatchJobResponse(job=state))
                         else:
                             # Serialized once for every stream (see kit.interceptors).
-                            yield change.job_response()
+                            await write(change.job_response())
                         inbox.last_sent = loop.time()
                         if change.terminal:
                             return
                     if inbox.ended is not None:
-                        yield pb.WatchJobResponse(end=stream_end(inbox.ended))
+                        await write(pb.WatchJobResponse(end=stream_end(inbox.ended)))
                         return
                     if inbox.keep_alive_due:
                         inbox.keep_alive_due = False
-                        yield pb.WatchJobResponse(keep_alive=_keep_alive())
+                        await write(pb.WatchJobResponse(keep_alive=_keep_alive()))
                         inbox.last_sent = loop.time()
-                    await inbox.wait()
+                    if (woken := inbox.wake_up()) is not None:
+                        await woken
             except Exception as error:
-                api, status = _error_status(error)
-                log.exception("stream_failed", rpc="WatchJob")
-                yield pb.WatchJobResponse(error=status)
-                raise api from error
+                await _write_error(context, error, pb.WatchJobResponse)
         finally:
             self._registry.unwatch_job(job_id, inbox)
 
@@ -208,7 +220,7 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
 
     async def WatchJobs(  # type: ignore[override]
         self, request: pb.WatchJobsRequest, context: Context
-    ) -> AsyncIterator[pb.WatchJobsResponse | bytes]:
+    ) -> None:
         user_id = current_principal().user_id
         after_seq = decode_cursor(request.cursor)
         inbox = _inbox(self._settings, limit=self._settings.pending_limit)
@@ -223,15 +235,13 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
                     "too much changed since this cursor: watch afresh and list the jobs",
                 )
             inbox.settle(snapshot.changes, snapshot.cursor)
-            async for message in self._jobs_messages(inbox, snapshot.cursor):
-                yield message
+            await self._send_jobs(inbox, snapshot.cursor, context)
         finally:
             self._registry.unwatch_user(watch)
 
-    async def _jobs_messages(
-        self, inbox: Inbox, snapshot_cursor: int
-    ) -> AsyncIterator[pb.WatchJobsResponse | bytes]:
+    async def _send_jobs(self, inbox: Inbox, snapshot_cursor: int, context: Context) -> None:
         loop = asyncio.get_running_loop()
+        write = context.write
         cursor = 0
         snapshot_sent = False
         try:
@@ -240,27 +250,27 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
                     cursor = max(cursor, change.seq)
                     if self._output_urls.needed(change.state):
                         state = await self._output_urls.fill(change.state)
-                        yield pb.WatchJobsResponse(job=state, cursor=encode_cursor(cursor))
+                        await write(pb.WatchJobsResponse(job=state, cursor=encode_cursor(cursor)))
                     else:
-                        yield change.jobs_response(encode_cursor(cursor))
+                        await write(change.jobs_response(encode_cursor(cursor)))
                     inbox.last_sent = loop.time()
                 if not snapshot_sent:
                     snapshot_sent = True
                     cursor = max(cursor, snapshot_cursor)
-                    yield pb.WatchJobsResponse(
-                        snapshot_end=pb.SnapshotEnd(), cursor=encode_cursor(cursor)
+                    await write(
+                        pb.WatchJobsResponse(
+                            snapshot_end=pb.SnapshotEnd(), cursor=encode_cursor(cursor)
+                        )
                     )
                     inbox.last_sent = loop.time()
                 if inbox.ended is not None:
-                    yield pb.WatchJobsResponse(end=stream_end(inbox.ended))
+                    await write(pb.WatchJobsResponse(end=stream_end(inbox.ended)))
                     return
                 if inbox.keep_alive_due:
                     inbox.keep_alive_due = False
-                    yield pb.WatchJobsResponse(keep_alive=_keep_alive())
+                    await write(pb.WatchJobsResponse(keep_alive=_keep_alive()))
                     inbox.last_sent = loop.time()
-                await inbox.wait()
+                if (woken := inbox.wake_up()) is not None:
+                    await woken
         except Exception as error:
-            api, status = _error_status(error)
-            log.exception("stream_failed", rpc="WatchJobs")
-            yield pb.WatchJobsResponse(error=status)
-            raise api from error
+            await _write_error(context, error, pb.WatchJobsResponse)

@@ -101,6 +101,21 @@ async def test_an_end_wakes_the_stream() -> None:
     assert inbox.ended is EndReason.DRAINING
 
 
+async def test_wake_up_is_none_while_a_wake_up_is_owed_and_completes_on_an_offer() -> None:
+    inbox = Inbox(limit=1)
+    woken = inbox.wake_up()
+    assert woken is not None and not woken.done()
+    inbox.offer(change(JOB_A, 1, seq=1))
+    assert woken.done()
+    # Owed until the stream takes what is pending.
+    assert inbox.wake_up() is None
+    inbox.take()
+    again = inbox.wake_up()
+    assert again is not None and not again.done()
+    inbox.nudge()
+    assert again.done()
+
+
 class Channels:
     def __init__(self) -> None:
         self.added: list[str] = []

@@ -140,6 +140,15 @@ class Inbox:
     def pending(self) -> int:
         return len(self._pending)
 
+    def wake_up(self) -> asyncio.Future[None] | None:
+        """The future the next wake-up completes, or None when one is already owed. The
+        streams' sending loops await it directly: a coroutine less per message than
+        :meth:`wait`, and a broadcast pays it once per stream."""
+        if self._signalled:
+            return None
+        self._waiter = waiter = asyncio.get_running_loop().create_future()
+        return waiter
+
     async def wait(self, seconds: float | None = None) -> bool:
         """Waits (up to ``seconds``, if given) for something to send, a keep-alive owed or
         an end; False when the time ran out with nothing."""
