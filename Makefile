@@ -23,7 +23,7 @@ dev: $(STAMP)
 
 # The checks run side by side: mypy works the CPU while the tests mostly wait on the
 # processes they start. Any failure fails `make test`.
-test: $(STAMP)
+test: $(STAMP) chromium promtool
 	$(MAKE) --no-print-directory -j3 lint typecheck pytest
 
 lint: $(STAMP)

@@ -19,7 +19,13 @@ fi
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 echo "promtool: fetching Debian's prometheus=$version for its promtool (not installing it)"
-if ! (cd "$work" && apt-get download -q "prometheus=$version" >/dev/null 2>"$work/apt.log"); then
+download() { (cd "$work" && apt-get download -q "prometheus=$version" >/dev/null 2>"$work/apt.log"); }
+# A fresh machine may have no package lists yet: fetch them once, as root (CI is).
+if ! download && [ "$(id -u)" = 0 ]; then
+  apt-get update -qq >/dev/null 2>&1 || true
+  download || true
+fi
+if ! ls "$work"/prometheus_*.deb >/dev/null 2>&1; then
   cat "$work/apt.log" >&2
   echo "promtool: apt-get could not download prometheus=$version (is this Debian" \
     "bookworm, and has \`apt-get update\` run?)" >&2
@@ -28,6 +34,6 @@ fi
 dpkg-deb --fsys-tarfile "$work"/prometheus_*.deb | tar -x -C "$work" ./usr/bin/promtool
 "$work/usr/bin/promtool" --version 2>&1 | grep -qF "revision: $version)"
 mkdir -p "$(dirname "$target")"
-install -m 0755 "$work/usr/bin/promtool" "$target.tmp"
-mv -f "$target.tmp" "$target"
+install -m 0755 "$work/usr/bin/promtool" "$target.$$"
+mv -f "$target.$$" "$target"
 echo "promtool: $("$target" --version 2>&1 | head -1) at $target"
