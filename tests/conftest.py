@@ -17,7 +17,7 @@ import pytest
 import redis
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from services.dev import postgres
+from services.dev import postgres, processes
 from services.kit import migrations
 from services.kit.db import asyncpg_url
 
@@ -40,6 +40,14 @@ LONGEST_FIRST = [
     "tests/acceptance/test_hosted_fleet.py",
     "tests/acceptance/test_scale_out.py",
 ]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Under `make test` (pytest-xdist) each worker chooses ports from a share of its own.
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        count = os.environ["PYTEST_XDIST_WORKER_COUNT"]
+        os.environ[processes.PORT_SHARE_VARIABLE] = f"{worker.removeprefix('gw')}/{count}"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -35,8 +35,24 @@ def _below_ephemeral_range() -> tuple[int, int]:
     return 20000, max(20000 + 1000, low - 1)
 
 
-def free_port() -> int:
+# Several processes choosing ports at once (test workers side by side) each take theirs
+# from a share of the range, "index/count", so none can hand out a port another chose and
+# has not bound yet.
+PORT_SHARE_VARIABLE = "ATELIER_FREE_PORT_SHARE"
+
+
+def _port_range() -> tuple[int, int]:
     low, high = _below_ephemeral_range()
+    share = os.environ.get(PORT_SHARE_VARIABLE)
+    if not share:
+        return low, high
+    index, count = (int(part) for part in share.split("/"))
+    size = (high - low + 1) // count
+    return low + index * size, low + (index + 1) * size - 1
+
+
+def free_port() -> int:
+    low, high = _port_range()
     for _ in range(500):
         port = random.randint(low, high)  # noqa: S311 (a port, not a secret)
         if port in _handed_out:
