@@ -44,12 +44,18 @@ async def _driver(engine: AsyncEngine) -> Any:
 async def _terminate(admin: AsyncEngine, pid: int) -> None:
     async with admin.connect() as connection:
         await connection.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        await connection.commit()
         deadline = time.monotonic() + 10
-        while (
-            await connection.execute(
-                text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}
-            )
-        ).scalar_one():
+        while True:
+            alive = (
+                await connection.execute(
+                    text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}
+                )
+            ).scalar_one()
+            # A transaction reads pg_stat_activity once: end it to see the backend go.
+            await connection.rollback()
+            if not alive:
+                return
             assert time.monotonic() < deadline, "the backend did not exit"
             await asyncio.sleep(0.02)
 
