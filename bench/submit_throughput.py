@@ -5,14 +5,15 @@ database, stores one input photo per simulated user through media, then submits 
 1 and 16 concurrent clients (each client its own user, as on a phone) and prints jobs/s
 and p50/p99 latency. At one client, gRPC straight to creation, native gRPC through Envoy
 and JSON through Envoy run in alternating blocks (a change in the machine's load falls on
-all three). JSON goes over plain keep-alive HTTP/1.1 connections (bench/anchors.py's
-Http1Client: aiohttp's own cost per call would be charged to the edge). In the same run it
+all of them). JSON goes over plain keep-alive HTTP/1.1 connections (bench/anchors.py's
+Http1Client) and, at one client, over aiohttp too. In the same run it
 measures the anchors (a bare grpc.aio echo server in its own process; a bare HTTP/1.1 echo
 server through that JSON client and through aiohttp; plain asyncpg running the very call
 the store sends for a submit, from this process, on a pool of its own) and the read RPCs at
 one client, and prints the ratios and the CPU spent per operation by creation, media,
-notify, PostgreSQL, this client and Envoy. A submit phase's CPU is read once creation's outbox relay has delivered every row
-the phase wrote (so the relay's and notify's share of each submit is in the figure).
+notify, PostgreSQL, this client and Envoy. A submit phase's CPU is read once creation's
+outbox relay has delivered every row the phase wrote (so the relay's and notify's share of
+each submit is in the figure).
 
     .venv/bin/python bench/submit_throughput.py [--requests 1000] [--database-url URL]
     .venv/bin/python bench/submit_throughput.py --submit-only   # anchors and gRPC submits
@@ -114,7 +115,7 @@ def report(label: str, clients: int, elapsed: float, latencies: list[float]) -> 
     cut = statistics.quantiles(latencies, n=100)
     figure = Figure(len(latencies) / elapsed, cut[49] * 1000, cut[98] * 1000)
     print(
-        f"{label:<26} {clients:>7} {len(latencies):>8} {figure.per_second:>9.0f}"
+        f"{label:<28} {clients:>7} {len(latencies):>8} {figure.per_second:>9.0f}"
         f" {figure.p50_ms:>8.2f} {figure.p99_ms:>8.2f}"
     )
     return figure
@@ -277,6 +278,7 @@ async def http_echo_anchor(host: str, port: int, requests: int) -> dict[str, Fig
     return figures
 
 
+AIOHTTP_PATH = "SubmitJob via Envoy aiohttp"
 # The one-client submit paths run in this many alternating blocks, so a change in the
 # neighbours' load during the run falls on every path alike.
 BLOCKS = 5
@@ -341,7 +343,7 @@ async def bench(
     tokens: list[str] = []
     assets: list[str] = []
     submits: dict[tuple[str, int], Figure] = {}
-    print(f"{'path':<26} {'clients':>7} {'calls':>8} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
+    print(f"{'path':<28} {'clients':>7} {'calls':>8} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
     echo = await echo_anchor(echo_address, requests)
     client_anchor = {} if submit_only else await http_echo_anchor(*http_echo, requests)
     sql = await submit_sql_anchor(stack.database_url, requests)
@@ -354,6 +356,7 @@ async def bench(
     async with (
         AsyncClient.connect(f"127.0.0.1:{stack.ports.public['creation']}", token="") as direct,
         AsyncClient.connect(f"127.0.0.1:{stack.ports.envoy}", token="") as through_edge,
+        aiohttp.ClientSession(f"http://127.0.0.1:{stack.ports.envoy}") as session,
     ):
         # One client, one channel; each simulated phone calls as its own user (of the
         # users of the phase: call after new_users).
@@ -385,14 +388,31 @@ async def bench(
 
             return submit
 
+        def over_aiohttp(user: int) -> Submit:
+            async def submit(_: int, __: int) -> None:
+                async with session.post(
+                    "/v1/jobs",
+                    data=job_json(assets[user]),
+                    headers={
+                        "content-type": "application/json",
+                        "authorization": f"Bearer {tokens[user]}",
+                    },
+                ) as response:
+                    response.raise_for_status()
+                    await response.read()
+
+            return submit
+
         try:
             # One client: gRPC straight to creation, and (unless --submit-only) native
-            # gRPC and JSON through the edge, each path its own user, in alternating blocks.
+            # gRPC and JSON through the edge (JSON over aiohttp too, for comparison), each
+            # path its own user, in alternating blocks.
             tokens[:], assets[:] = await new_users(stack)
             one = {"SubmitJob gRPC": over_grpc(direct, 0)}
             if not submit_only:
                 one["SubmitJob gRPC via Envoy"] = over_grpc(through_edge, 1)
                 one["SubmitJob via Envoy"] = over_envoy(2)
+                one[AIOHTTP_PATH] = over_aiohttp(3)
             figures = await one_client_interleaved(one, requests, stack.database_url, meter, cpu)
             for name, figure in figures.items():
                 submits[name, 1] = figure
@@ -425,7 +445,7 @@ async def bench(
             )
         print()
         for phase, spent in cpu.items():
-            print(f"{phase:<28} {format_per_op(spent)}")
+            print(f"{phase:<30} {format_per_op(spent)}")
         return
 
     reads = await read_latencies(stack, tokens[0], assets[0], requests, meter, cpu)
@@ -437,7 +457,8 @@ async def bench(
     )
     print(
         "ratios: Envoy / gRPC p50 at 1 client: JSON "
-        f"{submits['SubmitJob via Envoy', 1].p50_ms / grpc_one:.2f}, native gRPC "
+        f"{submits['SubmitJob via Envoy', 1].p50_ms / grpc_one:.2f} (over aiohttp "
+        f"{submits[AIOHTTP_PATH, 1].p50_ms / grpc_one:.2f}), native gRPC "
         f"{submits['SubmitJob gRPC via Envoy', 1].p50_ms / grpc_one:.2f} (client anchors p50: "
         f"HTTP echo {client_anchor['HTTP echo (anchor)'].p50_ms:.2f} ms, "
         f"gRPC echo {echo[1].p50_ms:.2f} ms)"
@@ -453,7 +474,7 @@ async def bench(
         print(f"ratios: {name} p50 / echo p50 at 1 client {figure.p50_ms / echo[1].p50_ms:.2f}")
     print()
     for phase, spent in cpu.items():
-        print(f"{phase:<28} {format_per_op(spent)}")
+        print(f"{phase:<30} {format_per_op(spent)}")
 
 
 async def read_latencies(
