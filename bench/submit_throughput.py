@@ -3,12 +3,17 @@
 Starts the real stack (three services and Envoy) on free ports against a throwaway
 database, stores one input photo per simulated user through media, then submits jobs with
 1 and 16 concurrent clients (each client its own user, as on a phone) and prints jobs/s
-and p50/p99 latency. In the same run it measures the anchors (a bare grpc.aio echo server
-in its own process; plain asyncpg running the very call the store sends for a submit, from
-this process, on a pool of its own) and the read RPCs at one client, and prints the
-ratios and the CPU spent per operation by creation, media, notify, PostgreSQL and this
-client. A submit phase's CPU is read once creation's outbox relay has delivered every row
-the phase wrote (so the relay's and notify's share of each submit is in the figure).
+and p50/p99 latency. At one client, gRPC straight to creation, native gRPC through Envoy
+and JSON through Envoy run in alternating blocks (a change in the machine's load falls on
+all of them). JSON goes over plain keep-alive HTTP/1.1 connections (bench/anchors.py's
+Http1Client) and, at one client, over aiohttp too. In the same run it
+measures the anchors (a bare grpc.aio echo server in its own process; a bare HTTP/1.1 echo
+server through that JSON client and through aiohttp; plain asyncpg running the very call
+the store sends for a submit, from this process, on a pool of its own) and the read RPCs at
+one client, and prints the ratios and the CPU spent per operation by creation, media,
+notify, PostgreSQL, this client and Envoy. A submit phase's CPU is read once creation's
+outbox relay has delivered every row the phase wrote (so the relay's and notify's share of
+each submit is in the figure).
 
     .venv/bin/python bench/submit_throughput.py [--requests 1000] [--database-url URL]
     .venv/bin/python bench/submit_throughput.py --submit-only   # anchors and gRPC submits
@@ -46,7 +51,7 @@ from atelier.media.v1 import (
     media_internal_service_pb2_grpc,
 )
 from atelier_client import AsyncClient
-from bench.anchors import echo_call, echo_server
+from bench.anchors import Http1Client, echo_call, echo_server, http_echo_server
 from bench.cpu import CpuMeter, format_per_op
 from services.creation.store.changes import submitted_payload
 from services.creation.store.submit_statement import SUBMIT_CALL, submit_arguments
@@ -96,6 +101,9 @@ async def run_clients(
     return time.perf_counter() - began, latencies
 
 
+Submit = Callable[[int, int], Awaitable[None]]
+
+
 @dataclass(frozen=True)
 class Figure:
     per_second: float
@@ -107,7 +115,7 @@ def report(label: str, clients: int, elapsed: float, latencies: list[float]) -> 
     cut = statistics.quantiles(latencies, n=100)
     figure = Figure(len(latencies) / elapsed, cut[49] * 1000, cut[98] * 1000)
     print(
-        f"{label:<22} {clients:>7} {len(latencies):>8} {figure.per_second:>9.0f}"
+        f"{label:<28} {clients:>7} {len(latencies):>8} {figure.per_second:>9.0f}"
         f" {figure.p50_ms:>8.2f} {figure.p99_ms:>8.2f}"
     )
     return figure
@@ -177,6 +185,7 @@ def cpu_meter(stack: Stack, database: str) -> CpuMeter:
             "notify": lambda: [pids["notify"]],
             "postgres": lambda: postgres_backends(database),
             "client": lambda: [os.getpid()],
+            "envoy": lambda: [pids["envoy"]],
         }
     )
 
@@ -239,103 +248,233 @@ async def submit_sql_anchor(database_url: str, requests: int) -> dict[int, Figur
     return figures
 
 
-async def bench(stack: Stack, echo_address: str, requests: int, submit_only: bool) -> None:
+async def http_echo_anchor(host: str, port: int, requests: int) -> dict[str, Figure]:
+    """The HTTP echo at one client through the JSON client the bench uses
+    (:class:`Http1Client`) and, for comparison, through aiohttp."""
+    figures = {}
+    plain = Http1Client(host, port)
+    body = job_json(str(uuid.uuid4()))
+    headers = {"content-type": "application/json"}
+    try:
+        async with aiohttp.ClientSession(f"http://{host}:{port}") as session:
+
+            async def over_aiohttp(_: int, __: int) -> None:
+                async with session.post("/", data=body, headers=headers) as response:
+                    response.raise_for_status()
+                    await response.read()
+
+            async def over_plain(_: int, __: int) -> None:
+                await plain.request("POST", "/", body, headers)
+
+            for label, once in (
+                ("HTTP echo (anchor)", over_plain),
+                ("HTTP echo via aiohttp", over_aiohttp),
+            ):
+                await run_clients(1, 50, once)  # warm-up
+                elapsed, latencies = await run_clients(1, requests, once)
+                figures[label] = report(label, 1, elapsed, latencies)
+    finally:
+        await plain.close()
+    return figures
+
+
+AIOHTTP_PATH = "SubmitJob via Envoy aiohttp"
+# The one-client submit paths run in this many alternating blocks, so a change in the
+# neighbours' load during the run falls on every path alike.
+BLOCKS = 5
+
+
+async def one_client_interleaved(
+    paths: dict[str, Callable[[int, int], Awaitable[None]]],
+    requests: int,
+    database_url: str,
+    meter: CpuMeter,
+    cpu: dict[str, dict[str, float]],
+) -> dict[str, Figure]:
+    """Each path at one client, ``requests`` calls in all, in BLOCKS blocks taken in
+    turn (the order rotating by block); its CPU per call summed over its blocks, each
+    read once the outbox relay has delivered the block's rows."""
+    latencies: dict[str, list[float]] = {name: [] for name in paths}
+    elapsed = dict.fromkeys(paths, 0.0)
+    spent: dict[str, dict[str, float]] = {name: {} for name in paths}
+    names = list(paths)
+    # No warm-up: each user's jobs all stay queued, up to the in-flight limit.
+    for block in range(BLOCKS):
+        size = requests // BLOCKS + (1 if block < requests % BLOCKS else 0)
+        if not size:
+            continue
+        for name in names[block % len(names) :] + names[: block % len(names)]:
+            meter.start()
+            took, block_latencies = await run_clients(1, size, paths[name])
+            await outbox_drained(database_url)
+            for group, ms in meter.per_op(size).items():
+                spent[name][group] = spent[name].get(group, 0.0) + ms * size
+            latencies[name] += block_latencies
+            elapsed[name] += took
+    figures = {}
+    for name in names:
+        done = len(latencies[name])
+        cpu[f"{name} x1"] = {group: ms / done for group, ms in spent[name].items()}
+        figures[name] = report(name, 1, elapsed[name], latencies[name])
+    return figures
+
+
+def job_json(asset_id: str) -> bytes:
+    """SubmitJob's request as the JSON API takes it."""
+    return json.dumps(
+        {
+            "modelId": "stub-fast",
+            "styleId": "natural",
+            "inputAssetId": asset_id,
+            "prompt": "bench",
+            "width": 512,
+            "height": 512,
+        }
+    ).encode()
+
+
+async def bench(
+    stack: Stack,
+    echo_address: str,
+    http_echo: tuple[str, int],
+    requests: int,
+    submit_only: bool,
+) -> None:
     tokens: list[str] = []
     assets: list[str] = []
     submits: dict[tuple[str, int], Figure] = {}
-    print(f"{'path':<22} {'clients':>7} {'calls':>8} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
+    print(f"{'path':<28} {'clients':>7} {'calls':>8} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
     echo = await echo_anchor(echo_address, requests)
+    client_anchor = {} if submit_only else await http_echo_anchor(*http_echo, requests)
     sql = await submit_sql_anchor(stack.database_url, requests)
     meter = cpu_meter(stack, make_url(stack.database_url).database or "")
     cpu: dict[str, dict[str, float]] = {}
 
-    async with AsyncClient.connect(
-        f"127.0.0.1:{stack.ports.public['creation']}", token=""
-    ) as atelier:
-        callers: list[AsyncClient] = []
+    # JSON goes through the edge on plain keep-alive HTTP/1.1 connections, one per client
+    # (bench/anchors.py says why not aiohttp; the HTTP echo anchor shows both).
+    plain = [Http1Client("127.0.0.1", stack.ports.envoy) for _ in range(16)]
+    async with (
+        AsyncClient.connect(f"127.0.0.1:{stack.ports.public['creation']}", token="") as direct,
+        AsyncClient.connect(f"127.0.0.1:{stack.ports.envoy}", token="") as through_edge,
+        aiohttp.ClientSession(f"http://127.0.0.1:{stack.ports.envoy}") as session,
+    ):
+        # One client, one channel; each simulated phone calls as its own user (of the
+        # users of the phase: call after new_users).
+        def over_grpc(client: AsyncClient, user: int | None = None) -> Submit:
+            callers = [client.with_token(token) for token in tokens]
 
-        async def over_grpc(client: int, _: int) -> None:
-            await callers[client].submit(
-                model_id="stub-fast",
-                style_id="natural",
-                input_asset_id=assets[client],
-                prompt="bench",
-                width=512,
-                height=512,
-            )
+            async def submit(index: int, _: int) -> None:
+                mine = index if user is None else user
+                await callers[mine].submit(
+                    model_id="stub-fast",
+                    style_id="natural",
+                    input_asset_id=assets[mine],
+                    prompt="bench",
+                    width=512,
+                    height=512,
+                )
 
-        for clients in (1, 16):
+            return submit
+
+        def over_envoy(user: int | None = None) -> Submit:
+            async def submit(index: int, _: int) -> None:
+                mine = index if user is None else user
+                await plain[index].request(
+                    "POST",
+                    "/v1/jobs",
+                    job_json(assets[mine]),
+                    {"content-type": "application/json", "authorization": f"Bearer {tokens[mine]}"},
+                )
+
+            return submit
+
+        def over_aiohttp(user: int) -> Submit:
+            async def submit(_: int, __: int) -> None:
+                async with session.post(
+                    "/v1/jobs",
+                    data=job_json(assets[user]),
+                    headers={
+                        "content-type": "application/json",
+                        "authorization": f"Bearer {tokens[user]}",
+                    },
+                ) as response:
+                    response.raise_for_status()
+                    await response.read()
+
+            return submit
+
+        try:
+            # One client: gRPC straight to creation, and (unless --submit-only) native
+            # gRPC and JSON through the edge (JSON over aiohttp too, for comparison), each
+            # path its own user, in alternating blocks.
             tokens[:], assets[:] = await new_users(stack)
-            # One client, one channel; each simulated phone calls as its own user.
-            callers[:] = [atelier.with_token(token) for token in tokens]
+            one = {"SubmitJob gRPC": over_grpc(direct, 0)}
+            if not submit_only:
+                one["SubmitJob gRPC via Envoy"] = over_grpc(through_edge, 1)
+                one["SubmitJob via Envoy"] = over_envoy(2)
+                one[AIOHTTP_PATH] = over_aiohttp(3)
+            figures = await one_client_interleaved(one, requests, stack.database_url, meter, cpu)
+            for name, figure in figures.items():
+                submits[name, 1] = figure
+
+            tokens[:], assets[:] = await new_users(stack)
             meter.start()
-            elapsed, latencies = await run_clients(clients, requests // clients, over_grpc)
+            elapsed, latencies = await run_clients(16, requests // 16, over_grpc(direct))
             await outbox_drained(stack.database_url)
-            cpu[f"SubmitJob gRPC x{clients}"] = meter.per_op(len(latencies))
-            submits["grpc", clients] = report("SubmitJob gRPC", clients, elapsed, latencies)
+            cpu["SubmitJob gRPC x16"] = meter.per_op(len(latencies))
+            submits["SubmitJob gRPC", 16] = report("SubmitJob gRPC", 16, elapsed, latencies)
+
+            if not submit_only:
+                tokens[:], assets[:] = await new_users(stack)
+                elapsed, latencies = await run_clients(16, requests // 16, over_envoy())
+                submits["SubmitJob via Envoy", 16] = report(
+                    "SubmitJob via Envoy", 16, elapsed, latencies
+                )
+                await outbox_drained(stack.database_url)
+        finally:
+            for connection in plain:
+                await connection.close()
 
     if submit_only:
         print()
         for clients in (1, 16):
             print(
                 f"ratios: SubmitJob gRPC / echo at {clients} client(s) "
-                f"{submits['grpc', clients].per_second / echo[clients].per_second:.3f}"
+                f"{submits['SubmitJob gRPC', clients].per_second / echo[clients].per_second:.3f}"
                 " (throughput)"
             )
         print()
         for phase, spent in cpu.items():
-            print(f"{phase:<22} {format_per_op(spent)}")
+            print(f"{phase:<30} {format_per_op(spent)}")
         return
 
-    # aiohttp (C parser, keep-alive), not httpx: httpx's async client spent ~2 ms of CPU
-    # per call here (httpcore 1.0 tries to import the absent sniffio on every request),
-    # more than Envoy and the transcoding together, and only the JSON path paid it.
-    connector = aiohttp.TCPConnector(limit=32)
-    async with aiohttp.ClientSession(
-        f"http://127.0.0.1:{stack.ports.envoy}", connector=connector
-    ) as http:
-
-        async def over_envoy(client: int, _: int) -> None:
-            async with http.post(
-                "/v1/jobs",
-                headers={"authorization": f"Bearer {tokens[client]}"},
-                json={
-                    "modelId": "stub-fast",
-                    "styleId": "natural",
-                    "inputAssetId": assets[client],
-                    "prompt": "bench",
-                    "width": 512,
-                    "height": 512,
-                },
-            ) as response:
-                response.raise_for_status()
-                await response.read()
-
-        for clients in (1, 16):
-            tokens[:], assets[:] = await new_users(stack)
-            elapsed, latencies = await run_clients(clients, requests // clients, over_envoy)
-            submits["json", clients] = report("SubmitJob via Envoy", clients, elapsed, latencies)
-            await outbox_drained(stack.database_url)
-
     reads = await read_latencies(stack, tokens[0], assets[0], requests, meter, cpu)
+    grpc_one = submits["SubmitJob gRPC", 1].p50_ms
     print()
     print(
         "ratios: SubmitJob gRPC / echo at 16 clients "
-        f"{submits['grpc', 16].per_second / echo[16].per_second:.3f} (throughput); "
-        "Envoy / gRPC p50 at 1 client "
-        f"{submits['json', 1].p50_ms / submits['grpc', 1].p50_ms:.2f}"
+        f"{submits['SubmitJob gRPC', 16].per_second / echo[16].per_second:.3f} (throughput)"
+    )
+    print(
+        "ratios: Envoy / gRPC p50 at 1 client: JSON "
+        f"{submits['SubmitJob via Envoy', 1].p50_ms / grpc_one:.2f} (over aiohttp "
+        f"{submits[AIOHTTP_PATH, 1].p50_ms / grpc_one:.2f}), native gRPC "
+        f"{submits['SubmitJob gRPC via Envoy', 1].p50_ms / grpc_one:.2f} (client anchors p50: "
+        f"HTTP echo {client_anchor['HTTP echo (anchor)'].p50_ms:.2f} ms, "
+        f"gRPC echo {echo[1].p50_ms:.2f} ms)"
     )
     for clients in (1, 16):
+        grpc_figure = submits["SubmitJob gRPC", clients]
         print(
             f"ratios: SubmitJob gRPC / submit SQL (asyncpg) at {clients} client(s) "
-            f"{submits['grpc', clients].per_second / sql[clients].per_second:.3f} (throughput),"
-            f" p50 {submits['grpc', clients].p50_ms / sql[clients].p50_ms:.2f}x"
+            f"{grpc_figure.per_second / sql[clients].per_second:.3f}"
+            f" (throughput), p50 {grpc_figure.p50_ms / sql[clients].p50_ms:.2f}x"
         )
     for name, figure in reads.items():
         print(f"ratios: {name} p50 / echo p50 at 1 client {figure.p50_ms / echo[1].p50_ms:.2f}")
     print()
     for phase, spent in cpu.items():
-        print(f"{phase:<22} {format_per_op(spent)}")
+        print(f"{phase:<30} {format_per_op(spent)}")
 
 
 async def read_latencies(
@@ -405,8 +544,12 @@ def main() -> None:
         "ATELIER_IN_FLIGHT_LIMIT": str(MAX_REQUESTS),
         "ATELIER_WELCOME_POINTS": unlimited,
     }
-    with api_stack(args.database_url, limits_lifted) as stack, echo_server() as echo_address:
-        asyncio.run(bench(stack, echo_address, args.requests, args.submit_only))
+    with (
+        api_stack(args.database_url, limits_lifted) as stack,
+        echo_server() as echo_address,
+        http_echo_server() as http_echo,
+    ):
+        asyncio.run(bench(stack, echo_address, http_echo, args.requests, args.submit_only))
 
 
 @contextmanager
