@@ -86,6 +86,28 @@ _INSERT = text(
 )
 
 
+# A deleted job's Live Activity tokens serve nothing any more: retired with it, and what
+# they still had waiting dropped (one the sender holds right now is left to it). Rides
+# ix_push_tokens_job_id_activity_active.
+_RETIRE_FOR_DELETED_JOBS = text(
+    """
+    WITH retired AS (
+        UPDATE notify.push_tokens
+        SET status = 'retired', status_reason = 'job_deleted', retired_at = now()
+        WHERE kind = 'activity' AND status = 'active'
+          AND job_id = ANY(CAST(:job_ids AS uuid[]))
+        RETURNING token_id
+    )
+    UPDATE notify.pushes SET status = 'dropped', last_reason = 'token_retired'
+    WHERE push_id IN (
+        SELECT push_id FROM notify.pushes
+        WHERE token_id IN (SELECT token_id FROM retired) AND status = 'pending'
+        FOR UPDATE SKIP LOCKED
+    )
+    """
+)
+
+
 class PushQueue:
     """Plans and records pushes for what a Deliver moved (pass :meth:`record` to
     ``projection.apply`` as its ``in_transaction``)."""
@@ -110,6 +132,12 @@ class PushQueue:
         ]
         if not tokens:
             return
+        deleted = {c.applied.job_id for c in moved if c.applied.state.deleted}
+        orphaned = [t for t in tokens if t.kind == "activity" and t.job_id in deleted]
+        if orphaned:
+            await connection.execute(_RETIRE_FOR_DELETED_JOBS, {"job_ids": sorted(deleted)})
+            log.info("activity_tokens_retired", reason="job_deleted", count=len(orphaned))
+            tokens = [t for t in tokens if t not in orphaned]
         prior = await self._prior(connection, tokens, job_ids)
         try:
             result = planning.plan(moved, tokens, prior, self._rules, datetime.now(UTC))

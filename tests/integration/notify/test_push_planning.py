@@ -273,3 +273,37 @@ async def test_an_update_the_sender_holds_is_left_to_it_and_the_next_waits_its_t
     rows = await pushes(engine, job)
     assert summary(rows) == [("la_update", 1, "pending"), ("la_update", 2, "pending")]
     assert rows[1]["next_attempt_at"] >= rows[1]["created_at"] + timedelta(seconds=INTERVAL - 1)
+
+
+async def test_deleting_a_job_retires_its_activity_tokens_and_drops_their_waiting_pushes(
+    notify: NotifyHarness, engine: AsyncEngine
+) -> None:
+    client = Client(notify)
+    device = await client.register_device("erin", start=START_TOKEN)
+    job, kept = new_job_id(), new_job_id()
+    for each in (job, kept):
+        await client.deliver(job_state(each, 1, user_id="erin", status=RUNNING))
+        await mark_sent(engine, each, 1)
+    await client.register_activity("erin", job, device, ACTIVITY_TOKEN)
+    await client.register_activity("erin", kept, device, "dd" * 50)
+    await client.deliver(job_state(job, 2, user_id="erin", progress=40))
+    assert summary(await pushes(engine, job))[-1] == ("la_update", 2, "pending")
+
+    tombstone = job_state(job, 3, user_id="erin", status=SUCCEEDED)
+    tombstone.deleted = True
+    assert await client.deliver(tombstone) == 1
+
+    # The waiting update will not go to an activity whose job is gone, nor will any later.
+    assert summary(await pushes(engine, job))[-1] == ("la_update", 2, "dropped")
+    async with engine.connect() as connection:
+        statuses = dict(
+            (
+                await connection.execute(
+                    text(
+                        "SELECT job_id::text, status || '/' || coalesce(status_reason, '')"
+                        " FROM notify.push_tokens WHERE kind = 'activity' AND user_id = 'erin'"
+                    )
+                )
+            ).all()
+        )
+    assert statuses == {job: "retired/job_deleted", kept: "active/"}
