@@ -1,13 +1,15 @@
 """A phone's history grid in one call, over the whole stack through the edge: a succeeded
 job's ListJobs entry and its stream state both carry the output's url and thumbnail_url,
 each downloading an image, the thumbnail a small WebP; with media stopped for real the
-list still answers at once (URLs empty), and the URLs come back with media."""
+list still answers at once (URLs empty), with media frozen (SIGSTOP) within creation's
+deadline on it, and the URLs come back with media."""
 
 from __future__ import annotations
 
 import asyncio
 import io
 import json
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -23,6 +25,8 @@ from tests.support.stacks import stack_of_its_own
 
 # creation's deadline on media is 2 s; a stopped media refuses at once.
 ANSWER_WITHOUT_MEDIA = 3.0
+# A frozen media answers nothing: the list waits out that deadline, never more.
+ANSWER_WITH_MEDIA_FROZEN = 2.0 + 2.0
 
 
 @pytest.fixture(scope="module")
@@ -125,4 +129,39 @@ async def test_without_media_the_list_still_answers_and_the_urls_come_back_with_
     deadline = time.monotonic() + 10
     while not (await list_jobs(http, url, user))[0]["outputs"][0].get("thumbnailUrl"):
         assert time.monotonic() < deadline, "the URLs did not come back with media"
+        await asyncio.sleep(0.2)
+
+
+async def test_with_media_frozen_the_list_answers_within_its_deadline_and_urls_return_on_thaw(
+    running: Stack, http: httpx.AsyncClient
+) -> None:
+    """SIGSTOP, as an outside prober freezes a dependency: the connection stays open and
+    nothing answers, so only creation's deadline on GetAssetUrls bounds the wait."""
+    url = f"http://127.0.0.1:{running.ports.envoy}"
+    user = User()
+    asset = await put_input(running, user.user_id)
+    submitted = await http.post(f"{url}/v1/jobs", headers=user.headers, json=job_body(asset))
+    job_id = submitted.json()["job"]["jobId"]
+    await watched_to_the_end(http, url, user, job_id)
+
+    media = running.child("media").process
+    media.send_signal(signal.SIGSTOP)
+    try:
+        for _ in range(2):  # the second call finds the channel as the first left it
+            asked = time.monotonic()
+            [job] = await list_jobs(http, url, user)
+            assert time.monotonic() - asked < ANSWER_WITH_MEDIA_FROZEN
+            assert job["status"] == "JOB_STATUS_SUCCEEDED"
+            [output] = job["outputs"]
+            assert output["assetId"] and not output.get("url") and not output.get("thumbnailUrl")
+        asked = time.monotonic()
+        got = await http.get(f"{url}/v1/jobs/{job_id}", headers=user.headers)
+        assert time.monotonic() - asked < ANSWER_WITH_MEDIA_FROZEN
+        assert got.status_code == 200 and not got.json()["job"]["outputs"][0].get("url")
+    finally:
+        media.send_signal(signal.SIGCONT)
+
+    deadline = time.monotonic() + 10
+    while not (await list_jobs(http, url, user))[0]["outputs"][0].get("thumbnailUrl"):
+        assert time.monotonic() < deadline, "the URLs did not come back after the thaw"
         await asyncio.sleep(0.2)
