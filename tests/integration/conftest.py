@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
-from services.media.storage.s3 import S3Settings
-from tests.support.media import media_database
+from services.media.storage.s3 import S3Settings, S3Storage
+from tests.support.media import MediaHarness, media_database, media_settings, running_media
 
 
 @pytest.fixture(scope="module")
@@ -24,3 +25,13 @@ def bucket(request: pytest.FixtureRequest) -> S3Settings | None:
         return None
     found: S3Settings = request.getfixturevalue("s3_bucket")
     return found
+
+
+@pytest.fixture
+async def any_media(
+    bucket: S3Settings | None, media_url: str, tmp_path: Path
+) -> AsyncIterator[MediaHarness]:
+    """media running in this process, once on each storage backend."""
+    storage = None if bucket is None else S3Storage(bucket)
+    async with running_media(media_settings(media_url, tmp_path), storage) as harness:
+        yield harness

@@ -175,15 +175,6 @@ async def test_a_store_that_fails_half_way_leaves_a_deleted_row_and_no_object(
 # -- orphans a crash leaves behind ---------------------------------------------------------
 
 
-@pytest.fixture
-async def any_media(
-    bucket: S3Settings | None, media_url: str, tmp_path: Path
-) -> AsyncIterator[MediaHarness]:
-    storage = None if bucket is None else S3Storage(bucket)
-    async with running_media(media_settings(media_url, tmp_path), storage) as harness:
-        yield harness
-
-
 async def put_png(media: MediaHarness, owner: str) -> Asset:
     """A ready asset, stored through PutAsset as a worker would."""
 

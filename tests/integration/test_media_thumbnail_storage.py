@@ -27,22 +27,11 @@ from atelier.media.v1 import media_internal_service_pb2 as pb
 from services.kit.auth import issue_token
 from services.kit.settings import DEV_JWT_SECRET, DEV_SERVICE_TOKEN
 from services.media.model import thumbnail_key
-from services.media.settings import S3Settings
-from services.media.storage.s3 import S3Storage
 from tests.support.media import MediaHarness, media_settings, noisy_png, running_media
 from tests.support.rpc import bearer, error_info
 
 SERVICE = bearer(DEV_SERVICE_TOKEN)
 Stub = media_internal_service_pb2_grpc.MediaInternalServiceStub
-
-
-@pytest.fixture
-async def media(
-    bucket: S3Settings | None, media_url: str, tmp_path: Path
-) -> AsyncIterator[MediaHarness]:
-    settings = media_settings(media_url, tmp_path)
-    async with running_media(settings, None if bucket is None else S3Storage(bucket)) as harness:
-        yield harness
 
 
 async def put(stub: Stub, data: bytes, purpose: int, owner: str = "alice") -> asset_pb2.Asset:
@@ -71,8 +60,9 @@ async def object_key_of(media: MediaHarness, asset_id: str) -> str:
 
 
 async def test_an_output_gets_a_thumbnail_that_every_url_call_hands_out(
-    media: MediaHarness,
+    any_media: MediaHarness,
 ) -> None:
+    media = any_media
     picture = noisy_png(600, 400)
     async with media.internal_channel() as internal, media.public_channel() as public:
         stub = Stub(internal)
