@@ -26,6 +26,7 @@ from services.media.storage.local import LocalStorage
 from services.media.storage.s3 import S3Storage
 from services.media.storage.signing import UrlSigner
 from services.media.store import AssetStore
+from services.media.thumbnail_backfill import ThumbnailBackfill
 from services.media.thumbnails import Thumbnailer
 
 
@@ -46,6 +47,8 @@ def build(
     )
     storage = storage or open_storage(settings)
     store = AssetStore(database.engine)
+    # One for uploads and the backfill: its slots bound the decodes in memory at once.
+    thumbnailer = Thumbnailer(settings.max_image_pixels)
     assets = Assets(
         store,
         storage,
@@ -57,7 +60,7 @@ def build(
             chunk_bytes=settings.chunk_bytes,
         ),
         clock,
-        Thumbnailer(settings.max_image_pixels),
+        thumbnailer,
     )
     housekeeper = Housekeeper(
         store,
@@ -66,6 +69,13 @@ def build(
         batch_size=settings.housekeeping_batch,
         abandoned_write_age=timedelta(seconds=settings.abandoned_write_age_seconds),
         clock=clock,
+        backfill=ThumbnailBackfill(
+            store,
+            storage,
+            thumbnailer,
+            batch=settings.thumbnail_backfill_batch,
+            chunk_bytes=settings.chunk_bytes,
+        ),
     )
     components: list[Component] = [TaskComponent("housekeeping", housekeeper.housekeeping_loop)]
     if isinstance(storage, LocalStorage):

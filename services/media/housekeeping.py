@@ -9,7 +9,9 @@ client leaves behind stays forever:
   (its upload expiry plus the abandoned-write age); then its object is removed for good;
 - unfinished writes older than the abandoned-write age: the local backend's
   ``.incoming/*.part`` files, S3's incomplete multipart uploads. A write in progress is
-  younger (a local write refreshes its file with every chunk), so it is never touched.
+  younger (a local write refreshes its file with every chunk), so it is never touched;
+- outputs stored before media made thumbnails get theirs, a bounded number per round
+  (services/media/thumbnail_backfill.py).
 
 What S3 cannot do: a presigned URL cannot be revoked. Until its expiry, the holder of an
 upload URL of a deleted asset can PUT an object again, and a download URL handed out
@@ -36,6 +38,7 @@ from services.media.errors import MediaError
 from services.media.model import thumbnail_key
 from services.media.storage import ObjectStorage
 from services.media.store import AssetStore
+from services.media.thumbnail_backfill import BackfillRound, ThumbnailBackfill
 
 log = get_logger(__name__)
 
@@ -66,13 +69,16 @@ class Housekeeper:
         batch_size: int,
         abandoned_write_age: timedelta = DEFAULT_ABANDONED_WRITE_AGE,
         clock: Clock = utc_now,
+        backfill: ThumbnailBackfill | None = None,
     ) -> None:
+        """``backfill``: makes the thumbnails old outputs lack (None: none are made)."""
         self._store = store
         self._storage = storage
         self._period = period_seconds
         self._batch_size = batch_size
         self._abandoned_write_age = abandoned_write_age
         self._clock = clock
+        self._backfill = backfill
 
     async def sweep(self, now: datetime | None = None) -> list[uuid.UUID]:
         """One round of every cleanup; returns the ids of the expired uploads it removed."""
@@ -80,6 +86,7 @@ class Housekeeper:
         removed = await self.remove_expired_uploads(moment)
         await self.purge_deleted(moment)
         await self.remove_abandoned_writes(moment)
+        await self.backfill_thumbnails(moment)
         return removed
 
     async def remove_expired_uploads(self, now: datetime) -> list[uuid.UUID]:
@@ -141,11 +148,22 @@ class Housekeeper:
             log.info("abandoned_writes_removed", count=total)
         return total
 
+    async def backfill_thumbnails(self, now: datetime) -> BackfillRound:
+        """Thumbnails for up to a batch of outputs stored without one."""
+        if self._backfill is None:
+            return BackfillRound(made=0, failed=0)
+        return await self._backfill.run(now)
+
     async def housekeeping_loop(self) -> None:
         """The background task: each cleanup runs on its own, so one whose dependency is
         down (the database, the object store) does not hold up the others; a failure is
         logged and tried again next period (a database restart must not stop media)."""
-        passes = (self.remove_expired_uploads, self.purge_deleted, self.remove_abandoned_writes)
+        passes = (
+            self.remove_expired_uploads,
+            self.purge_deleted,
+            self.remove_abandoned_writes,
+            self.backfill_thumbnails,
+        )
         while True:
             now = self._clock()
             for cleanup in passes:

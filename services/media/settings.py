@@ -53,6 +53,7 @@ class MediaSettings:
     housekeeping_period_seconds: float
     housekeeping_batch: int
     abandoned_write_age_seconds: int
+    thumbnail_backfill_batch: int
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> MediaSettings:
@@ -110,6 +111,11 @@ class MediaSettings:
             # its upload URL expired a PUT may still be arriving.
             abandoned_write_age_seconds=reader.integer(
                 "MEDIA_ABANDONED_WRITE_AGE", 3600, minimum=60, maximum=PRESIGN_MAX_SECONDS
+            ),
+            # Outputs stored without a thumbnail (before migration 0005) given one per
+            # housekeeping round, at most; 0 turns the backfill off.
+            thumbnail_backfill_batch=reader.integer(
+                "MEDIA_THUMBNAIL_BACKFILL_BATCH", 20, minimum=0, maximum=1000
             ),
         )
         reader.require(

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
-from sqlalchemy import Row, bindparam, func, insert, literal_column, select, update
+from sqlalchemy import Row, bindparam, func, insert, literal_column, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
@@ -205,6 +205,16 @@ class Signable:
     object_key: str
     content_type: str
     thumbnail_content_type: str | None
+
+
+@dataclass(frozen=True)
+class ThumbnailWanted:
+    """A ready output without a thumbnail, claimed by this replica for the backfill."""
+
+    asset_id: uuid.UUID
+    object_key: str
+    content_type: str
+    size_bytes: int
 
 
 @dataclass(frozen=True)
@@ -500,3 +510,84 @@ class AssetStore:
                 ],
                 now,
             )
+
+    @_database
+    async def claim_thumbnail_backlog(
+        self, now: datetime, stale_before: datetime, limit: int
+    ) -> list[ThumbnailWanted]:
+        """Claims up to ``limit`` ready outputs with neither a thumbnail nor a failure that
+        no replica claimed since ``stale_before``, by stamping them with ``now``: one
+        statement, its row locks taken with SKIP LOCKED and released at once, so replicas
+        take disjoint rows and no lock is held while the images are read and decoded
+        (rides ix_assets_thumbnail_backlog)."""
+        wanted = (
+            select(_c.asset_id)
+            .where(
+                _c.status == Status.READY.value,
+                _c.purpose == Purpose.AI_OUTPUT.value,
+                _c.thumbnail_content_type.is_(None),
+                _c.thumbnail_failure.is_(None),
+                or_(_c.thumbnail_claimed_at.is_(None), _c.thumbnail_claimed_at <= stale_before),
+            )
+            .order_by(_c.asset_id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        statement = (
+            update(assets)
+            .where(_c.asset_id.in_(wanted.scalar_subquery()))
+            .values(thumbnail_claimed_at=now)
+            .returning(_c.asset_id, _c.object_key, _c.content_type, _c.size_bytes)
+        )
+        async with self._engine.begin() as connection:
+            rows = (await connection.execute(statement)).all()
+        return sorted(
+            (ThumbnailWanted(r.asset_id, r.object_key, r.content_type, r.size_bytes) for r in rows),
+            key=lambda wanted: wanted.asset_id,
+        )
+
+    @_database
+    async def record_thumbnail(self, asset_id: uuid.UUID, content_type: str) -> bool:
+        """The backfill stored the thumbnail: records it, unless the asset is no longer a
+        ready output without one (deleted meanwhile). True when recorded (pk_assets)."""
+        statement = (
+            update(assets)
+            .where(
+                _c.asset_id == asset_id,
+                _c.status == Status.READY.value,
+                _c.thumbnail_content_type.is_(None),
+                _c.thumbnail_failure.is_(None),
+            )
+            .values(thumbnail_content_type=content_type, thumbnail_claimed_at=None)
+            .returning(_c.asset_id)
+        )
+        async with self._engine.begin() as connection:
+            return (await connection.execute(statement)).first() is not None
+
+    @_database
+    async def mark_thumbnail_failed(self, asset_id: uuid.UUID, failure: str) -> None:
+        """No thumbnail can be made of the asset's object (``failure`` says why): the
+        backfill never takes it again (pk_assets)."""
+        statement = (
+            update(assets)
+            .where(_c.asset_id == asset_id, _c.thumbnail_content_type.is_(None))
+            .values(thumbnail_failure=failure, thumbnail_claimed_at=None)
+        )
+        async with self._engine.begin() as connection:
+            await connection.execute(statement)
+
+    @_database
+    async def release_thumbnail_claims(
+        self, asset_ids: Sequence[uuid.UUID], claimed_at: datetime
+    ) -> None:
+        """Hands back claims this replica could not work on (a dependency went down), so
+        the next round may take them without waiting for them to go stale (pk_assets)."""
+        if not asset_ids:
+            return
+        statement = (
+            update(assets)
+            .where(_c.asset_id.in_(list(asset_ids)), _c.thumbnail_claimed_at == claimed_at)
+            .values(thumbnail_claimed_at=None)
+        )
+        async with self._engine.begin() as connection:
+            await connection.execute(statement)

@@ -68,6 +68,11 @@ CHECKS: dict[str, str] = {
         "thumbnail_content_type IS NULL OR thumbnail_content_type IN ('image/webp', 'image/jpeg')"
     ),
     "thumbnail_only_when_ready": "thumbnail_content_type IS NULL OR ready_at IS NOT NULL",
+    # Why housekeeping's backfill could make no thumbnail (never tried again); never both.
+    "thumbnail_failure_known": (
+        "thumbnail_failure IS NULL OR thumbnail_failure IN ('object_missing', 'not_decodable')"
+    ),
+    "thumbnail_or_failure": "thumbnail_failure IS NULL OR thumbnail_content_type IS NULL",
     # The server's keys: PutAsset's, and the output uploads it reserves (with a size).
     "idempotency_key_shape": (
         "idempotency_key IS NULL OR idempotency_key ~ '^[A-Za-z0-9._:-]{1,200}$'"
@@ -114,6 +119,10 @@ assets = Table(
     Column("thumbnail_content_type", Text),
     # A client's request_id that makes its CreateUpload repeatable (see the index below).
     Column("upload_request_id", Text),
+    # Housekeeping's thumbnail backfill: when a replica claimed the row (others skip it
+    # until the claim is old), and why no thumbnail can be made (then it is not retried).
+    Column("thumbnail_claimed_at", DateTime(timezone=True)),
+    Column("thumbnail_failure", Text),
     *(CheckConstraint(rule, name=name) for name, rule in CHECKS.items()),
 )
 
@@ -129,6 +138,16 @@ Index(
     "ix_assets_unpurged",
     assets.c.asset_id,
     postgresql_where=text("status = 'deleted' AND object_purged_at IS NULL"),
+)
+
+# The thumbnail backfill's work list: ready outputs without a thumbnail or a failure.
+Index(
+    "ix_assets_thumbnail_backlog",
+    assets.c.asset_id,
+    postgresql_where=text(
+        "status = 'ready' AND purpose = 'ai_output'"
+        " AND thumbnail_content_type IS NULL AND thumbnail_failure IS NULL"
+    ),
 )
 
 # PutAsset's idempotency: one asset per owner and key, for good. A deleted asset keeps its

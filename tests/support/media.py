@@ -153,6 +153,8 @@ def media_settings(database_url: str, work: Path, **extra: str) -> MediaSettings
             "ATELIER_MEDIA_PUBLIC_BASE_URL": f"http://127.0.0.1:{http_port}",
             # Tests sweep when they choose to; the loop's first sweep runs at start only.
             "ATELIER_MEDIA_HOUSEKEEPING_PERIOD": "3600",
+            # Nor does that sweep make thumbnails of rows a test wrote as old outputs.
+            "ATELIER_MEDIA_THUMBNAIL_BACKFILL_BATCH": "0",
             **{f"ATELIER_{name}": value for name, value in extra.items()},
         }
     )
