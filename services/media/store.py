@@ -523,8 +523,9 @@ class AssetStore:
         wanted = (
             select(_c.asset_id)
             .where(
-                _c.status == Status.READY.value,
-                _c.purpose == Purpose.AI_OUTPUT.value,
+                # Literals, not parameters: a generic plan still sees the index's predicate.
+                _c.status == literal_column(f"'{Status.READY.value}'"),
+                _c.purpose == literal_column(f"'{Purpose.AI_OUTPUT.value}'"),
                 _c.thumbnail_content_type.is_(None),
                 _c.thumbnail_failure.is_(None),
                 or_(_c.thumbnail_claimed_at.is_(None), _c.thumbnail_claimed_at <= stale_before),
