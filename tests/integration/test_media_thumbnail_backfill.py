@@ -14,6 +14,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterable, AsyncIterator
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import httpx
 import pytest
@@ -29,7 +30,7 @@ from services.media.model import Purpose, object_key, thumbnail_key
 from services.media.storage import ObjectStat, ObjectStorage, SignedRequest, WholeObject
 from services.media.thumbnail_backfill import DEFAULT_STALE_AFTER, ThumbnailBackfill
 from services.media.thumbnails import Thumbnailer
-from tests.support.media import MediaHarness, noisy_png
+from tests.support.media import MediaHarness, media_settings, noisy_png, running_media
 from tests.support.rpc import bearer
 
 SERVICE = bearer(DEV_SERVICE_TOKEN)
@@ -260,3 +261,36 @@ async def test_storage_down_postpones_the_round_and_hands_the_claims_back(
     done = await housekeeper(media, storage, batch=10).backfill_thumbnails(media.clock.now)
     assert done.made == 1
     assert storage.puts == {thumbnail_key(key): 1}
+
+
+async def test_the_service_backfills_in_its_housekeeping_loop(
+    media_url: str, tmp_path: Path
+) -> None:
+    # media as app.build wires it: the setting on, a short period.
+    settings = media_settings(
+        media_url,
+        tmp_path,
+        MEDIA_HOUSEKEEPING_PERIOD="0.1",
+        MEDIA_THUMBNAIL_BACKFILL_BATCH="5",
+    )
+    async with running_media(settings) as media:
+        asset_id, key = await old_output(media, noisy_png(320, 200))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        # Nothing signals a round's end: poll the row, with a deadline.
+        while (await thumbnail_of(media, asset_id)) is None:
+            assert loop.time() < deadline, "the loop never made the thumbnail"
+            await asyncio.sleep(0.05)
+        assert await thumbnail_of(media, asset_id) == "image/webp"
+        assert await media.storage.stat(thumbnail_key(key)) is not None
+        assert await signed_thumbnail(media, asset_id)
+
+
+async def thumbnail_of(media: MediaHarness, asset_id: str) -> str | None:
+    async with media.engine.connect() as connection:
+        found = await connection.execute(
+            text("SELECT thumbnail_content_type FROM media.assets WHERE asset_id = :a"),
+            {"a": asset_id},
+        )
+        value: str | None = found.scalar_one()
+    return value
