@@ -101,15 +101,22 @@ async def test_a_history_grid_is_one_call_with_pictures_and_thumbnails(
     assert thumbnail_bytes == streamed_bytes < picture_bytes // 10
 
 
-async def test_without_media_the_list_still_answers_and_the_urls_come_back_with_it(
-    running: Stack, http: httpx.AsyncClient
-) -> None:
+async def a_succeeded_job(running: Stack, http: httpx.AsyncClient) -> tuple[User, str]:
+    """A new user's job, run to SUCCEEDED (watched through the edge): (user, job id)."""
     url = f"http://127.0.0.1:{running.ports.envoy}"
     user = User()
     asset = await put_input(running, user.user_id)
     submitted = await http.post(f"{url}/v1/jobs", headers=user.headers, json=job_body(asset))
-    job_id = submitted.json()["job"]["jobId"]
+    job_id: str = submitted.json()["job"]["jobId"]
     await watched_to_the_end(http, url, user, job_id)
+    return user, job_id
+
+
+async def test_without_media_the_list_still_answers_and_the_urls_come_back_with_it(
+    running: Stack, http: httpx.AsyncClient
+) -> None:
+    url = f"http://127.0.0.1:{running.ports.envoy}"
+    user, job_id = await a_succeeded_job(running, http)
 
     running.stop_service("media")
     try:
@@ -138,11 +145,7 @@ async def test_with_media_frozen_the_list_answers_within_its_deadline_and_urls_r
     """SIGSTOP, as an outside prober freezes a dependency: the connection stays open and
     nothing answers, so only creation's deadline on GetAssetUrls bounds the wait."""
     url = f"http://127.0.0.1:{running.ports.envoy}"
-    user = User()
-    asset = await put_input(running, user.user_id)
-    submitted = await http.post(f"{url}/v1/jobs", headers=user.headers, json=job_body(asset))
-    job_id = submitted.json()["job"]["jobId"]
-    await watched_to_the_end(http, url, user, job_id)
+    user, job_id = await a_succeeded_job(running, http)
 
     media = running.child("media").process
     media.send_signal(signal.SIGSTOP)
