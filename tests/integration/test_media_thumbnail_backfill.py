@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
+import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Iterator
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -23,14 +25,17 @@ from sqlalchemy import text
 
 from atelier.media.v1 import media_internal_service_pb2 as pb
 from atelier.media.v1 import media_internal_service_pb2_grpc
+from services.kit.db import create_engine
 from services.kit.settings import DEV_SERVICE_TOKEN
-from services.media.errors import StorageUnavailable
+from services.media.errors import DatabaseUnavailable, StorageUnavailable
 from services.media.housekeeping import Housekeeper
 from services.media.model import Purpose, object_key, thumbnail_key
 from services.media.storage import ObjectStat, ObjectStorage, SignedRequest, WholeObject
+from services.media.store import AssetStore
 from services.media.thumbnail_backfill import DEFAULT_STALE_AFTER, ThumbnailBackfill
 from services.media.thumbnails import Thumbnailer
 from tests.support.media import MediaHarness, media_settings, noisy_png, running_media
+from tests.support.pg_outage import OwnPostgres, own_migrated
 from tests.support.rpc import bearer
 
 SERVICE = bearer(DEV_SERVICE_TOKEN)
@@ -294,3 +299,45 @@ async def thumbnail_of(media: MediaHarness, asset_id: str) -> str | None:
         )
         value: str | None = found.scalar_one()
     return value
+
+
+@pytest.fixture
+def own_pg() -> Iterator[tuple[OwnPostgres, str]]:
+    """A PostgreSQL of this test's own with media's schema, which it stops and freezes."""
+    with own_migrated("media") as made:
+        yield made
+
+
+async def test_the_database_stopped_or_frozen_fails_a_round_fast_and_the_next_one_makes_it(
+    own_pg: tuple[OwnPostgres, str], tmp_path: Path
+) -> None:
+    """A PostgreSQL of the test's own, stopped and then frozen (SIGSTOP) between rounds: a
+    round with the database gone raises DatabaseUnavailable within the deadlines (the loop
+    logs it and waits a period), and once it is back the next round makes the thumbnail
+    with the same engine — no restart."""
+    pg, url = own_pg
+    settings = media_settings(url, tmp_path)
+    async with running_media(settings) as media:
+        asset_id, key = await old_output(media, noisy_png(300, 200))
+        # The store as media.app builds it: the kit's engine, with its deadlines.
+        engine = create_engine(url, limits=settings.common.database)
+        try:
+            # (The harness's own engine lacks its hooks: its connections die with the
+            # server, so the checks below read through this one too.)
+            kit_media = replace(media, store=AssetStore(engine), engine=engine)
+            rounds = housekeeper(kit_media, media.storage, batch=10)
+            for outage, recovery in ((pg.stop, pg.start), (pg.freeze, pg.thaw)):
+                outage()
+                try:
+                    started = time.monotonic()
+                    with pytest.raises(DatabaseUnavailable):
+                        await rounds.backfill_thumbnails(media.clock.now)
+                    assert time.monotonic() - started < 10
+                finally:
+                    recovery()
+            done = await rounds.backfill_thumbnails(media.clock.now)
+            assert (done.made, done.failed) == (1, 0)
+            assert await backfill_columns(kit_media, asset_id) == ("image/webp", None)
+            assert await media.storage.stat(thumbnail_key(key)) is not None
+        finally:
+            await engine.dispose()
