@@ -24,7 +24,7 @@ from google.protobuf.descriptor import ServiceDescriptor
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from services.kit import tracing
+from services.kit import event_loop, tracing
 from services.kit.auth import Authenticator, JwtAuthenticator, ServiceAuthenticator
 from services.kit.components import Component, Supervisor
 from services.kit.interceptors import ServerStack, StackedServer
@@ -205,6 +205,7 @@ class RunningService:
             internal_port=self.internal_port,
             metrics_port=self._listen.metrics_port,
             components=[c.name for c in self.app.components],
+            event_loop=event_loop.running_loop_name(),
         )
 
     async def _ready(self) -> bool:
@@ -315,7 +316,7 @@ def run_service(app: ServiceApp, common: CommonSettings, listen: ListenSettings)
     configure_logging(common.log_level, app.name)
     tracing.configure(common.tracing, app.name)
     try:
-        return asyncio.run(serve_until_signalled(app, common, listen))
+        return event_loop.run(serve_until_signalled(app, common, listen), common.event_loop)
     finally:
         tracing.shutdown()
 

@@ -206,6 +206,8 @@ class CommonSettings:
     service_token: str
     log_level: str
     drain_grace_seconds: float
+    # uvloop or asyncio (services/kit/event_loop.py).
+    event_loop: str = "uvloop"
     # After SIGTERM: how long the listeners keep serving while health says NOT_SERVING,
     # so load balancers stop routing here before connections are refused.
     drain_window_seconds: float = 0.0
@@ -236,6 +238,7 @@ class CommonSettings:
                 "LOG_LEVEL", "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR")
             ),
             drain_grace_seconds=reader.seconds("DRAIN_GRACE", 10.0, minimum=0, maximum=300),
+            event_loop=reader.string("EVENT_LOOP", "uvloop", choices=("uvloop", "asyncio")),
             drain_window_seconds=reader.seconds(
                 "DRAIN_WINDOW", 5.0 if env == "prod" else 0.0, minimum=0, maximum=120
             ),

@@ -18,6 +18,8 @@ from services.creation.remote_worker.attempt import RemoteAttempt, RemoteDrain
 from services.creation.remote_worker.client import Refused, WorkerClient
 from services.creation.remote_worker.settings import RemoteWorkerSettings
 from services.creation.worker.context import PointHook, no_point
+from services.kit import event_loop
+from services.kit.event_loop import DEFAULT_EVENT_LOOP, EVENT_LOOPS
 from services.kit.logging import get_logger
 
 log = get_logger(__name__)
@@ -140,6 +142,7 @@ def main(address: str) -> int:
     settings = RemoteWorkerSettings.read(reader)
     stub = StubSettings.read(reader)
     level = reader.string("LOG_LEVEL", "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    loop = reader.string("EVENT_LOOP", DEFAULT_EVENT_LOOP, choices=EVENT_LOOPS)
     reader.require(bool(settings.credential), "REMOTE_WORKER_CREDENTIAL", "is required")
     reader.finish()
     configure(level, "remote-worker")
@@ -150,4 +153,4 @@ def main(address: str) -> int:
     on_point: PointHook = no_point
     if stub.crash_at:
         on_point = functools.partial(crash_point, crash_at=stub.crash_at)
-    return asyncio.run(serve(address, settings, providers, on_point))
+    return event_loop.run(serve(address, settings, providers, on_point), loop)
