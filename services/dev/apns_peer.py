@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import jwt
 from cryptography import x509
@@ -361,12 +361,13 @@ class _Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
-        self._peer.connections.add(transport)
+        # A stream transport, though not always a subclass of asyncio.Transport (uvloop's
+        # TLS transport implements the interface without inheriting it).
+        self._transport = cast(asyncio.Transport, transport)
+        self._peer.connections.add(self._transport)
         self._h2.local_settings.update({SettingCodes.MAX_CONCURRENT_STREAMS: 1000})
         self._h2.initiate_connection()
-        transport.write(self._h2.data_to_send())
+        self._transport.write(self._h2.data_to_send())
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._transport is not None:

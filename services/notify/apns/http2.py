@@ -9,6 +9,7 @@ import asyncio
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 from urllib.parse import urlsplit
 
 from h2.config import H2Configuration
@@ -58,10 +59,11 @@ class _Http2Connection(asyncio.Protocol):
     # -- asyncio.Protocol ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # A stream transport, though not always a subclass of asyncio.Transport (uvloop's
+        # TLS transport implements the interface without inheriting it).
+        self._transport = cast(asyncio.Transport, transport)
         self._h2.initiate_connection()
-        transport.write(self._h2.data_to_send())
+        self._transport.write(self._h2.data_to_send())
 
     def data_received(self, data: bytes) -> None:
         try:
