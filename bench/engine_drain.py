@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -45,8 +45,8 @@ from services.creation.providers.base import (
 from services.creation.settings import CreationSettings
 from services.creation.worker.loop import Worker
 from services.dev import postgres
+from services.kit import event_loop, migrations
 from services.kit import logging as kit_logging
-from services.kit import migrations
 from services.kit.db import Database
 from services.kit.listen import asyncpg_dsn
 
@@ -335,6 +335,12 @@ def report(name: str, processes: int, figure: Figure) -> None:
     )
 
 
+def on_services_loop(main: Coroutine[Any, Any, None]) -> None:
+    """A bench worker process's coroutine on the loop the services run on
+    (ATELIER_EVENT_LOOP, uvloop unless set), the anchor's too: a ratio compares code."""
+    event_loop.run(main, os.environ.get("ATELIER_EVENT_LOOP", event_loop.DEFAULT_EVENT_LOOP))
+
+
 def quiet_logging() -> None:
     """The engine's log lines, formatted as in production (their cost is the engine's),
     written to /dev/null; errors also reach this terminal."""
@@ -360,10 +366,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.role == "engine":
         quiet_logging()
-        asyncio.run(engine_worker(args.database_url, args.concurrency, args.claim_batch))
+        on_services_loop(engine_worker(args.database_url, args.concurrency, args.claim_batch))
         return
     if args.role == "anchor":
-        asyncio.run(anchor_worker(args.database_url, 2, args.claim_batch))
+        on_services_loop(anchor_worker(args.database_url, 2, args.claim_batch))
         return
     run(args)
 

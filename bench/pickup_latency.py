@@ -31,7 +31,12 @@ import asyncpg  # type: ignore[import-untyped]
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.engine_drain import ExistingOutputMedia, InstantProvider, quiet_logging
+from bench.engine_drain import (
+    ExistingOutputMedia,
+    InstantProvider,
+    on_services_loop,
+    quiet_logging,
+)
 from services.creation.domain import Job
 from services.creation.media_client import MediaClient
 from services.creation.parameters import GenerationParameters
@@ -225,10 +230,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.role == "worker":
         quiet_logging()
-        asyncio.run(worker(args.database_url))
+        on_services_loop(worker(args.database_url))
         return
     if args.role == "anchor":
-        asyncio.run(anchor(args.database_url))
+        on_services_loop(anchor(args.database_url))
         return
     run(args.database_url, args.jobs, args.rate)
 
