@@ -387,9 +387,27 @@ def _without_urls(call: str, error: grpc.aio.AioRpcError) -> None:
         log.warning("media_call_failed", call=call, reason=failure.reason)
 
 
+# Answers in which media judged the bytes, the declaration or the key (not an image it
+# accepts, too large, a key that holds other bytes or names a deleted asset): landing the
+# same output again cannot help, so the attempt fails.
+_REFUSALS = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.OUT_OF_RANGE,
+    }
+)
+
+
 def _refused_or_unavailable(call: str, error: grpc.aio.AioRpcError) -> Exception:
+    """AssetRefused only when media refused the output itself. Anything else, including
+    what gRPC reports when a media replica dies mid-call (sometimes INTERNAL or UNKNOWN
+    rather than UNAVAILABLE), is media being unavailable: the attempt is handed back and
+    polls again, where a failed attempt would submit to the provider a second time."""
     failure = RemoteFailure.of(error)
-    if not failure.transient:
+    if failure.code in _REFUSALS:
         return AssetRefused(f"{failure.code.name} {failure.reason}")
     return _unavailable(call, failure)
 
