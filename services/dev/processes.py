@@ -47,8 +47,17 @@ def _port_range() -> tuple[int, int]:
     if not share:
         return low, high
     index, count = (int(part) for part in share.split("/"))
-    size = (high - low + 1) // count
-    return low + index * size, low + (index + 1) * size - 1
+    # Bounds at floor(k * whole / count): the parts of a share (sub_share) tile it exactly.
+    whole = high - low + 1
+    return low + index * whole // count, low + (index + 1) * whole // count - 1
+
+
+def sub_share(share: str | None, slot: int, slots: int) -> str:
+    """The ``slot``-th of ``slots`` equal parts of ``share`` ("index/count"; None: the
+    whole range), for children that choose their ports side by side (benches a test
+    worker runs at once)."""
+    index, count = (int(part) for part in (share or "0/1").split("/"))
+    return f"{index * slots + slot}/{count * slots}"
 
 
 def free_port() -> int:

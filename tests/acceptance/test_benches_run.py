@@ -6,12 +6,15 @@ the code they drive changes."""
 from __future__ import annotations
 
 import os
+import queue
 import subprocess
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
+from services.dev.processes import PORT_SHARE_VARIABLE, sub_share
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,17 +64,36 @@ TAKES_DATABASE_URL = {
 AT_ONCE = 3
 
 
+# Each bench running at once holds one slot: its own part of this worker's ports, so two
+# benches never choose the same free port before either has bound it.
+_SLOTS: queue.SimpleQueue[int] = queue.SimpleQueue()
+for _slot in range(AT_ONCE):
+    _SLOTS.put(_slot)
+
+
 def run_bench(
     name: str, postgres_admin_url: str, redis_url: str
+) -> subprocess.CompletedProcess[str]:
+    slot = _SLOTS.get()
+    try:
+        return _run_in_slot(name, postgres_admin_url, redis_url, slot)
+    finally:
+        _SLOTS.put(slot)
+
+
+def _run_in_slot(
+    name: str, postgres_admin_url: str, redis_url: str, slot: int
 ) -> subprocess.CompletedProcess[str]:
     arguments, _ = BENCHES[name]
     if name in TAKES_DATABASE_URL:
         arguments = [*arguments, "--database-url", postgres_admin_url]
+    share = sub_share(os.environ.get(PORT_SHARE_VARIABLE), slot, AT_ONCE)
     return subprocess.run(
         [sys.executable, "-m", f"bench.{name}", *arguments],
         cwd=ROOT,
         env={
             **os.environ,
+            PORT_SHARE_VARIABLE: share,
             "ATELIER_TEST_POSTGRES_URL": postgres_admin_url,
             "ATELIER_BENCH_POSTGRES_URL": postgres_admin_url,
             "ATELIER_TEST_REDIS_URL": redis_url,
