@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -337,6 +338,12 @@ class MediaClient:
             reply = await self._stub.PutAsset(parts(), **options)
         except grpc.aio.AioRpcError as error:
             raise _refused_or_unavailable("PutAsset", error) from None
+        except asyncio.CancelledError:
+            if _cancelled_by_caller():
+                raise
+            # Nobody cancelled this task: grpc.aio has been seen to raise CancelledError
+            # from a call whose server died mid-call. media went away.
+            raise MediaUnavailable(cause="CALL_CANCELLED") from None
         return str(reply.asset.asset_id)
 
     async def delete_asset(self, asset_id: str) -> None:
@@ -399,6 +406,13 @@ _REFUSALS = frozenset(
         grpc.StatusCode.OUT_OF_RANGE,
     }
 )
+
+
+def _cancelled_by_caller() -> bool:
+    """Whether the running task has a cancellation pending (a drain, a lost lease, a
+    timeout around the call), as opposed to a CancelledError gRPC raised on its own."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
 
 
 def _refused_or_unavailable(call: str, error: grpc.aio.AioRpcError) -> Exception:
