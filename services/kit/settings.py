@@ -10,6 +10,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from services.kit.event_loop import DEFAULT_EVENT_LOOP, EVENT_LOOPS
+
 PREFIX = "ATELIER_"
 
 # Development-only credentials. They let `atelier dev` and the tests run with no setup;
@@ -207,7 +209,7 @@ class CommonSettings:
     log_level: str
     drain_grace_seconds: float
     # uvloop or asyncio (services/kit/event_loop.py).
-    event_loop: str = "uvloop"
+    event_loop: str = DEFAULT_EVENT_LOOP
     # After SIGTERM: how long the listeners keep serving while health says NOT_SERVING,
     # so load balancers stop routing here before connections are refused.
     drain_window_seconds: float = 0.0
@@ -238,7 +240,7 @@ class CommonSettings:
                 "LOG_LEVEL", "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR")
             ),
             drain_grace_seconds=reader.seconds("DRAIN_GRACE", 10.0, minimum=0, maximum=300),
-            event_loop=reader.string("EVENT_LOOP", "uvloop", choices=("uvloop", "asyncio")),
+            event_loop=reader.string("EVENT_LOOP", DEFAULT_EVENT_LOOP, choices=EVENT_LOOPS),
             drain_window_seconds=reader.seconds(
                 "DRAIN_WINDOW", 5.0 if env == "prod" else 0.0, minimum=0, maximum=120
             ),
