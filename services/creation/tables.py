@@ -335,7 +335,7 @@ points_ledger = Table(
     UniqueConstraint("job_id", "kind", name="uq_points_ledger_job_id_kind"),
     UniqueConstraint("user_id", "grant_key", name="uq_points_ledger_user_id_grant_key"),
 )
-# Balance sums per user.
+# A user's entries by kind (the balance sums before migration 0013 rode it).
 Index("ix_points_ledger_user", points_ledger.c.user_id, points_ledger.c.kind)
 # A user's entries newest first (ListLedgerEntries' keyset pages).
 Index(
@@ -343,6 +343,21 @@ Index(
     points_ledger.c.user_id,
     points_ledger.c.created_at.desc(),
     points_ledger.c.entry_id.desc(),
+)
+
+# Each user's ledger summed by kind, so a balance is one row (migration 0013): a trigger
+# on points_ledger adds every statement's entries, in the same transaction. available =
+# granted - reserved + released; reserved now = reserved - captured - released; welcomed:
+# the user has a 'welcome' grant. No row: all zeros, not welcomed.
+ledger_totals = Table(
+    "ledger_totals",
+    metadata,
+    Column("user_id", Text, primary_key=True),
+    Column("granted", BigInteger, nullable=False, server_default=text("0")),
+    Column("reserved", BigInteger, nullable=False, server_default=text("0")),
+    Column("captured", BigInteger, nullable=False, server_default=text("0")),
+    Column("released", BigInteger, nullable=False, server_default=text("0")),
+    Column("welcomed", Boolean, nullable=False, server_default=text("false")),
 )
 
 # Remote workers' claims (WorkerService.ClaimJob), one per pool and idempotency key: what

@@ -143,6 +143,10 @@ async def record(connection: AsyncConnection, changes: Sequence[Change], now: da
     if events:
         await connection.execute(insert(job_events), events)
     if entries:
+        # In user order: the ledger's trigger locks each user's totals row, and every
+        # writer takes those locks in this order (Python's str order is the trigger's
+        # COLLATE "C"; see migration 0013), whether the rows go as one statement or many.
+        entries.sort(key=lambda entry: entry["user_id"])
         await connection.execute(insert(points_ledger), entries)
     # A statement trigger on the outbox sends NOTIFY on OUTBOX_CHANNEL, delivered at
     # commit and only if the transaction commits: no writer can forget to wake the relay.

@@ -305,7 +305,7 @@ async def reap_decided(
                 .with_for_update(skip_locked=True)
             )
         ).all()
-        reaped = []
+        decided = []
         for row in rows:
             job = job_from_row(row._mapping)
             decision = reap_decision(
@@ -321,8 +321,15 @@ async def reap_decided(
                 and before_cancel is not None
             ):
                 await before_cancel(job)
-            reaped.append(Reaped(await _write_reaped(connection, job, decision, now), decision))
-    return reaped
+            decided.append((job, decision))
+        # Written in user order, after every provider call: each write may add a ledger
+        # entry, whose trigger locks the user's totals row until commit, and writers take
+        # those locks in user order only (Python's str order is the trigger's COLLATE "C";
+        # see migration 0013). Answered in the order the jobs were taken.
+        written = {}
+        for job, decision in sorted(decided, key=lambda d: (d[0].user_id, d[0].job_id)):
+            written[job.job_id] = await _write_reaped(connection, job, decision, now)
+    return [Reaped(written[job.job_id], decision) for job, decision in decided]
 
 
 async def _write_reaped(

@@ -1,0 +1,205 @@
+"""ledger_totals: each user's points ledger summed by kind, kept by a trigger on
+points_ledger, so SubmitJob and GetBalance read one row instead of summing the user's
+whole history
+
+Revision ID: 0013
+Revises: 0012
+Create Date: 2026-12-01
+"""
+
+import importlib.util
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0013"
+down_revision: str | None = "0012"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+SCHEMA = "creation"
+
+# Why a trigger: every writer of the ledger (the submit function, the worker's batched
+# fenced statements, changes.record, grants, GetBalance's welcome) keeps the totals right
+# without knowing about them, in the same transaction as its entries. Statement-level
+# with a transition table: a batch of N entries is one aggregate and one upsert per user,
+# not N row triggers. Ledger rows are append-only (nothing updates or deletes them; a
+# second trigger refuses it), so an insert is the only change the totals follow; a
+# TRUNCATE (tests empty the tables between cases) empties them too.
+#
+# No deadlock from the totals' row locks. A transaction locks the totals rows of the users
+# it adds entries for in the trigger, at the end of the statement that added them:
+# - each trigger call upserts its users in user_id order, byte order (COLLATE "C", which is
+#   Python's str order, so a caller that sorts in Python agrees); ModifyTable inserts the
+#   rows its sorted input yields one by one, so it takes the row locks in that order;
+# - a transaction that adds entries in more than one statement adds them in user order
+#   across statements too (leases.reap_decided writes its jobs sorted by user; every other
+#   multi-statement writer touches one user);
+# - after taking a totals lock a transaction waits for nothing but further totals locks:
+#   every other lock it takes (the user's advisory lock in submit_job and
+#   user_transaction, the job rows FOR UPDATE of the fenced writes, the reaper and
+#   changes.record's callers, the unique-key waits of ledger inserts) is taken before the
+#   statement that adds its entries ends. grant_points therefore adds its grant and the
+#   welcome in one statement: had it taken the totals lock with the grant and then waited
+#   on GetBalance's uncommitted welcome row, that GetBalance would wait for the same lock.
+# So every wait for a totals lock is for a higher user_id than any its waiter holds, and
+# no cycle can close. The submit's advisory lock comes first and is only ever taken by
+# transactions holding no totals lock.
+TOTALS_FUNCTION = """
+CREATE FUNCTION creation.add_to_ledger_totals() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO creation.ledger_totals AS t
+        (user_id, granted, reserved, captured, released, welcomed)
+    SELECT user_id,
+           coalesce(sum(amount) FILTER (WHERE kind = 'grant'), 0),
+           coalesce(sum(amount) FILTER (WHERE kind = 'reserve'), 0),
+           coalesce(sum(amount) FILTER (WHERE kind = 'capture'), 0),
+           coalesce(sum(amount) FILTER (WHERE kind = 'release'), 0),
+           coalesce(bool_or(grant_key = 'welcome'), false)
+    FROM added
+    GROUP BY user_id
+    -- The lock order (see migration 0013).
+    ORDER BY user_id COLLATE "C"
+    ON CONFLICT (user_id) DO UPDATE
+    SET granted = t.granted + excluded.granted,
+        reserved = t.reserved + excluded.reserved,
+        captured = t.captured + excluded.captured,
+        released = t.released + excluded.released,
+        welcomed = t.welcomed OR excluded.welcomed;
+    RETURN NULL;
+END
+$$
+"""
+
+REFUSE_FUNCTION = """
+CREATE FUNCTION creation.refuse_ledger_change() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'creation.points_ledger is append-only: % refused', TG_OP
+        USING HINT = 'creation.ledger_totals sums its inserts; add an entry instead';
+END
+$$
+"""
+
+EMPTY_FUNCTION = """
+CREATE FUNCTION creation.empty_ledger_totals() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    -- DELETE, not TRUNCATE: it takes no lock a reader of the totals would wait on.
+    DELETE FROM creation.ledger_totals;
+    RETURN NULL;
+END
+$$
+"""
+
+# Every user's totals as the ledger holds them now (the same sums the readers made).
+BACKFILL = """
+INSERT INTO creation.ledger_totals (user_id, granted, reserved, captured, released, welcomed)
+SELECT user_id,
+       coalesce(sum(amount) FILTER (WHERE kind = 'grant'), 0),
+       coalesce(sum(amount) FILTER (WHERE kind = 'reserve'), 0),
+       coalesce(sum(amount) FILTER (WHERE kind = 'capture'), 0),
+       coalesce(sum(amount) FILTER (WHERE kind = 'release'), 0),
+       coalesce(bool_or(grant_key = 'welcome'), false)
+FROM creation.points_ledger
+GROUP BY user_id
+"""
+
+
+def _revision_0008() -> ModuleType:
+    """0008's migration module: its submit_function() is the function this one changes,
+    and the one the downgrade puts back."""
+    path = Path(__file__).with_name("0008_trace_parent.py")
+    spec = importlib.util.spec_from_file_location("creation_revision_0008", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# 0008's function with its balance read from the user's totals row instead of a sum over
+# the user's ledger. No row yet is zeros and not welcomed (the aggregates over no row).
+# Each (before, after) pair must match 0008's text exactly once (history is frozen).
+CHANGES = (
+    (
+        """          -- The balance, and whether the welcome grant was ever made (ix_points_ledger_user).
+          balance AS (
+            SELECT
+              coalesce(sum(amount) FILTER (WHERE kind = 'grant'), 0)
+                - coalesce(sum(amount) FILTER (WHERE kind = 'reserve'), 0)
+                + coalesce(sum(amount) FILTER (WHERE kind = 'release'), 0) AS available,
+              coalesce(bool_or(grant_key = 'welcome'), false) AS welcomed
+            FROM creation.points_ledger
+            WHERE user_id = p_user_id
+          ),""",
+        """          -- The balance, and whether the welcome grant was ever made: the user's totals
+          -- row (pk_ledger_totals, kept by the ledger's trigger; migration 0013).
+          balance AS (
+            SELECT
+              coalesce(max(t.granted - t.reserved + t.released), 0) AS available,
+              coalesce(bool_or(t.welcomed), false) AS welcomed
+            FROM creation.ledger_totals AS t
+            WHERE t.user_id = p_user_id
+          ),""",
+    ),
+)
+
+
+def submit_function() -> str:
+    """This revision's creation.submit_job: 0008's with CHANGES made."""
+    statement: str = _revision_0008().submit_function()
+    for before, after in CHANGES:
+        if statement.count(before) != 1:
+            raise RuntimeError(f"0008's submit_job no longer reads {before!r} once")
+        statement = statement.replace(before, after)
+    return statement
+
+
+def upgrade() -> None:
+    op.create_table(
+        "ledger_totals",
+        sa.Column("user_id", sa.Text(), nullable=False),
+        sa.Column("granted", sa.BigInteger(), server_default=sa.text("0"), nullable=False),
+        sa.Column("reserved", sa.BigInteger(), server_default=sa.text("0"), nullable=False),
+        sa.Column("captured", sa.BigInteger(), server_default=sa.text("0"), nullable=False),
+        sa.Column("released", sa.BigInteger(), server_default=sa.text("0"), nullable=False),
+        sa.Column("welcomed", sa.Boolean(), server_default=sa.text("false"), nullable=False),
+        sa.PrimaryKeyConstraint("user_id", name=op.f("pk_ledger_totals")),
+        schema=SCHEMA,
+    )
+    # Writers wait from here to the migration's commit: no entry lands between the
+    # backfill's sums and the trigger, and every entry committed before is summed.
+    op.execute("LOCK TABLE creation.points_ledger IN SHARE ROW EXCLUSIVE MODE")
+    op.execute(TOTALS_FUNCTION)
+    op.execute(
+        "CREATE TRIGGER points_ledger_totals AFTER INSERT ON creation.points_ledger"
+        " REFERENCING NEW TABLE AS added"
+        " FOR EACH STATEMENT EXECUTE FUNCTION creation.add_to_ledger_totals()"
+    )
+    op.execute(REFUSE_FUNCTION)
+    op.execute(
+        "CREATE TRIGGER points_ledger_append_only BEFORE UPDATE OR DELETE"
+        " ON creation.points_ledger"
+        " FOR EACH STATEMENT EXECUTE FUNCTION creation.refuse_ledger_change()"
+    )
+    op.execute(EMPTY_FUNCTION)
+    op.execute(
+        "CREATE TRIGGER points_ledger_truncated AFTER TRUNCATE ON creation.points_ledger"
+        " FOR EACH STATEMENT EXECUTE FUNCTION creation.empty_ledger_totals()"
+    )
+    op.execute(BACKFILL)
+    op.execute(submit_function())
+
+
+def downgrade() -> None:
+    # 0008's function first: it sums the ledger again before the totals go.
+    op.execute(_revision_0008().submit_function())
+    op.execute("DROP TRIGGER points_ledger_truncated ON creation.points_ledger")
+    op.execute("DROP FUNCTION creation.empty_ledger_totals()")
+    op.execute("DROP TRIGGER points_ledger_append_only ON creation.points_ledger")
+    op.execute("DROP FUNCTION creation.refuse_ledger_change()")
+    op.execute("DROP TRIGGER points_ledger_totals ON creation.points_ledger")
+    op.execute("DROP FUNCTION creation.add_to_ledger_totals()")
+    op.drop_table("ledger_totals", schema=SCHEMA)
