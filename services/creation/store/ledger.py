@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
-from sqlalchemy import ColumnElement, bindparam, case, func, select, text
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import bindparam, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.creation.domain import quota_day_start
 from services.creation.errors import IdempotencyKeyReused
 from services.creation.store.users import user_transaction
-from services.creation.tables import points_ledger
+from services.creation.tables import ledger_totals, points_ledger
 from services.kit.db import DriverStatement, driver_fetch
 
 # The welcome grant's key. Operators' keys carry a prefix, so none can take this one.
@@ -37,21 +35,16 @@ class Granted:
     new: bool  # False: the same grant was made before with this key
 
 
-def _total(kind: str) -> ColumnElement[Any]:
-    return func.coalesce(
-        func.sum(case((points_ledger.c.kind == kind, points_ledger.c.amount), else_=0)), 0
-    )
-
-
-# A user's ledger summed by kind (rides ix_points_ledger_user). Built once: statements are
-# hot, and building SQLAlchemy expressions costs more than running them.
+# A user's totals row (pk_ledger_totals; a trigger on points_ledger keeps it, migration
+# 0013): one row however long the user's history. Built once: statements are hot, and
+# building SQLAlchemy expressions costs more than running them.
 BALANCE = select(
-    _total("grant").label("granted"),
-    _total("reserve").label("reserved"),
-    _total("capture").label("captured"),
-    _total("release").label("released"),
-    func.count().filter(points_ledger.c.grant_key == WELCOME_GRANT_KEY).label("welcomes"),
-).where(points_ledger.c.user_id == bindparam("user_id"))
+    ledger_totals.c.granted,
+    ledger_totals.c.reserved,
+    ledger_totals.c.captured,
+    ledger_totals.c.released,
+    ledger_totals.c.welcomed,
+).where(ledger_totals.c.user_id == bindparam("user_id"))
 
 # A grant made before under a key (rides uq_points_ledger_user_id_grant_key).
 GRANT_BY_KEY = select(points_ledger.c.amount, points_ledger.c.reason).where(
@@ -62,47 +55,36 @@ GRANT_BY_KEY = select(points_ledger.c.amount, points_ledger.c.reason).where(
 
 async def balance(connection: AsyncConnection, user_id: str) -> Balance:
     """available = grants - reserves + releases; reserved = reserves - captures - releases."""
-    row = (await connection.execute(BALANCE, {"user_id": user_id})).one()
+    row = (await connection.execute(BALANCE, {"user_id": user_id})).first()
+    if row is None:  # no entry yet
+        return Balance(available=0, reserved=0, welcomed=False)
     return Balance(
         available=int(row.granted - row.reserved + row.released),
         reserved=int(row.reserved - row.captured - row.released),
-        welcomed=bool(row.welcomes),
+        welcomed=bool(row.welcomed),
     )
 
 
-async def grant(
-    connection: AsyncConnection, user_id: str, amount: int, key: str, reason: str, now: datetime
-) -> bool:
-    """Adds points once per (user, key); False when that key was already granted."""
-    inserted = await connection.execute(
-        insert(points_ledger)
-        .values(
-            user_id=user_id,
-            kind="grant",
-            amount=amount,
-            grant_key=key,
-            reason=reason,
-            created_at=now,
-        )
-        .on_conflict_do_nothing(constraint="uq_points_ledger_user_id_grant_key")
-        .returning(points_ledger.c.entry_id)
-    )
-    return inserted.first() is not None
-
-
-async def balance_after_welcome(
-    connection: AsyncConnection, user_id: str, welcome_points: int, now: datetime
-) -> Balance:
-    """The balance, with the user's welcome points granted if they never had them: once
-    per user, whether their first entry is this call's or an operator's grant (the unique
-    key makes it once even outside the user's lock)."""
-    found = await balance(connection, user_id)
-    if found.welcomed or welcome_points <= 0:
-        return found
-    await grant(connection, user_id, welcome_points, WELCOME_GRANT_KEY, "welcome", now)
-    return Balance(
-        available=found.available + welcome_points, reserved=found.reserved, welcomed=True
-    )
+# An operator's grant and, if the user never had it, their welcome grant, in one statement
+# (the grant first, as entries). One statement because the trigger that adds it to the
+# user's totals locks their row at its end: a second statement inserting the welcome could
+# then wait on GetBalance's uncommitted welcome while that GetBalance waits for the row
+# (the deadlock argument is in migration 0013). The welcome's unique key makes it once even
+# outside the user's lock; the answer lists the keys inserted.
+GRANT_WITH_WELCOME = text(
+    """
+INSERT INTO creation.points_ledger (user_id, kind, amount, grant_key, reason, created_at)
+SELECT :user_id, 'grant', g.amount, g.grant_key, g.reason, :now
+FROM (VALUES (1, CAST(:amount AS bigint), CAST(:key AS text), CAST(:reason AS text)),
+             (2, CAST(:welcome_points AS bigint), 'welcome', 'welcome'))
+  AS g(n, amount, grant_key, reason)
+WHERE g.n = 1 OR (g.amount > 0 AND NOT EXISTS (
+  SELECT 1 FROM creation.ledger_totals WHERE user_id = :user_id AND welcomed))
+ORDER BY g.n
+ON CONFLICT ON CONSTRAINT uq_points_ledger_user_id_grant_key DO NOTHING
+RETURNING grant_key
+"""
+)
 
 
 async def grant_points(
@@ -115,17 +97,30 @@ async def grant_points(
     now: datetime,
 ) -> Granted:
     """An operator's grant, idempotent by ``key``: the same key with the same amount and
-    reason grants nothing more; with another, IdempotencyKeyReused."""
+    reason grants nothing more; with another, IdempotencyKeyReused. The user's welcome
+    points come with it if they never had them, whether their first entry is this grant
+    or not."""
     async with user_transaction(engine, user_id) as connection:
-        new = await grant(connection, user_id, amount, key, reason, now)
+        inserted = await connection.execute(
+            GRANT_WITH_WELCOME,
+            {
+                "user_id": user_id,
+                "amount": amount,
+                "key": key,
+                "reason": reason,
+                "welcome_points": welcome_points,
+                "now": now,
+            },
+        )
+        new = key in inserted.scalars().all()
         if not new:
             earlier = (
                 await connection.execute(GRANT_BY_KEY, {"user_id": user_id, "key": key})
             ).one()
             if (earlier.amount, earlier.reason) != (amount, reason):
                 raise IdempotencyKeyReused()
-        found = await balance_after_welcome(connection, user_id, welcome_points, now)
-        return Granted(found, new)
+        # A statement of its own: it sees what the trigger added.
+        return Granted(await balance(connection, user_id), new)
 
 
 # The balance, granting the welcome points first if this user never had them; one
@@ -135,28 +130,30 @@ BALANCE_AFTER_WELCOME = DriverStatement.of(
     text(
         """
 WITH settings AS (SELECT CAST(:welcome_points AS bigint) AS welcome_points),
+totals AS (SELECT * FROM creation.ledger_totals WHERE user_id = :user_id),
 welcome AS (
   INSERT INTO creation.points_ledger (user_id, kind, amount, grant_key, reason, created_at)
   SELECT :user_id, 'grant', welcome_points, 'welcome', 'welcome', :now
   FROM settings
-  WHERE welcome_points > 0 AND NOT EXISTS (
-    SELECT 1 FROM creation.points_ledger WHERE user_id = :user_id AND grant_key = 'welcome')
+  WHERE welcome_points > 0 AND NOT EXISTS (SELECT 1 FROM totals WHERE welcomed)
   ON CONFLICT ON CONSTRAINT uq_points_ledger_user_id_grant_key DO NOTHING
   RETURNING amount
 )
+-- The totals as the statement began: the welcome it inserts (and what the ledger's
+-- trigger adds for it) is not visible here, so ``welcomed`` is its amount, added apart.
 SELECT
-  coalesce(sum(amount) FILTER (WHERE kind = 'grant'), 0) AS granted,
-  coalesce(sum(amount) FILTER (WHERE kind = 'reserve'), 0) AS reserved,
-  coalesce(sum(amount) FILTER (WHERE kind = 'capture'), 0) AS captured,
-  coalesce(sum(amount) FILTER (WHERE kind = 'release'), 0) AS released,
+  coalesce(t.granted, 0) AS granted,
+  coalesce(t.reserved, 0) AS reserved,
+  coalesce(t.captured, 0) AS captured,
+  coalesce(t.released, 0) AS released,
   (SELECT coalesce(sum(amount), 0) FROM welcome) AS welcomed,
   -- The submit's own counts (ix_jobs_user_newest, ix_jobs_user_in_flight).
   (SELECT count(*) FROM creation.jobs
     WHERE user_id = :user_id AND created_at >= :day_start) AS jobs_today,
   (SELECT count(*) FROM creation.jobs
     WHERE user_id = :user_id AND status IN ('queued', 'running')) AS in_flight
-FROM creation.points_ledger
-WHERE user_id = :user_id
+FROM settings
+LEFT JOIN totals AS t ON true
 """
     )
 )
