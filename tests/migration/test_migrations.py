@@ -331,3 +331,113 @@ def test_0008_replaces_the_submit_function_and_its_downgrade_restores_0007s(
     assert signatures[0].endswith("p_num_outputs integer")
     migrations.upgrade("creation", scratch_database)
     assert differences(scratch_database, "creation") == []
+
+
+LEDGER_SUMS = """
+    SELECT user_id,
+           CAST(coalesce(sum(amount) FILTER (WHERE kind = 'grant'), 0) AS bigint),
+           CAST(coalesce(sum(amount) FILTER (WHERE kind = 'reserve'), 0) AS bigint),
+           CAST(coalesce(sum(amount) FILTER (WHERE kind = 'capture'), 0) AS bigint),
+           CAST(coalesce(sum(amount) FILTER (WHERE kind = 'release'), 0) AS bigint),
+           coalesce(bool_or(grant_key = 'welcome'), false)
+    FROM creation.points_ledger GROUP BY user_id ORDER BY user_id
+"""
+LEDGER_TOTALS = """
+    SELECT user_id, granted, reserved, captured, released, welcomed
+    FROM creation.ledger_totals ORDER BY user_id
+"""
+JOB_ENTRY = """
+    INSERT INTO creation.points_ledger (user_id, job_id, kind, amount, reason, created_at)
+    VALUES (:user_id, :job_id, :kind, 5, 'test', now())
+"""
+GRANT_ENTRY = """
+    INSERT INTO creation.points_ledger (user_id, kind, amount, grant_key, reason, created_at)
+    VALUES (:user_id, 'grant', :amount, :key, 'test', now())
+"""
+
+
+def _sums_and_totals(url: str) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
+    def read(connection: Connection) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
+        sums = [tuple(r) for r in connection.execute(text(LEDGER_SUMS))]
+        totals = [tuple(r) for r in connection.execute(text(LEDGER_TOTALS))]
+        return sums, totals
+
+    return run(url, read)  # type: ignore[return-value]
+
+
+def test_0013_backfills_the_ledger_totals_and_its_downgrade_restores_0008s_submit(
+    scratch_database: str,
+) -> None:
+    """Entries made before 0013 are in its totals; after it the trigger keeps them; its
+    downgrade drops the totals and brings back the submit that sums the ledger."""
+    migrations.upgrade("creation", scratch_database, "0012")
+
+    def fill(connection: Connection) -> None:
+        made: dict[str, list[str]] = {}
+        for user in ("u-a", "u-b"):
+            for _ in range(3):
+                outcome, job_id = connection.execute(
+                    text(_submit_call(True)), {"user_id": user, "trace_parent": None}
+                ).one()
+                assert outcome == "ok"
+                made.setdefault(user, []).append(job_id)
+        connection.execute(
+            text(JOB_ENTRY), {"user_id": "u-a", "job_id": made["u-a"][0], "kind": "capture"}
+        )
+        connection.execute(
+            text(JOB_ENTRY), {"user_id": "u-b", "job_id": made["u-b"][0], "kind": "release"}
+        )
+        connection.execute(text(GRANT_ENTRY), {"user_id": "u-a", "amount": 40, "key": "op:promo"})
+        connection.execute(text(GRANT_ENTRY), {"user_id": "u-c", "amount": 7, "key": "op:promo"})
+        connection.commit()
+
+    run(scratch_database, fill)
+    migrations.upgrade("creation", scratch_database)
+    sums, totals = _sums_and_totals(scratch_database)
+    assert (
+        totals
+        == sums
+        == [
+            ("u-a", 140, 15, 5, 0, True),
+            ("u-b", 100, 15, 0, 5, True),
+            ("u-c", 7, 0, 0, 0, False),
+        ]
+    )
+
+    def submit(user: str) -> object:
+        def go(connection: Connection) -> object:
+            outcome, _ = connection.execute(
+                text(_submit_call(True)), {"user_id": user, "trace_parent": None}
+            ).one()
+            connection.commit()
+            return outcome
+
+        return go
+
+    # u-c's first submit brings the welcome: 107 - 5 left.
+    assert run(scratch_database, submit("u-c")) == "ok"
+    sums, totals = _sums_and_totals(scratch_database)
+    assert totals == sums
+    assert sums[2] == ("u-c", 107, 5, 0, 0, True)
+
+    migrations.downgrade("creation", scratch_database, "0012")
+
+    def after_downgrade(connection: Connection) -> tuple[bool, str]:
+        table = connection.execute(
+            text("SELECT to_regclass('creation.ledger_totals') IS NOT NULL")
+        ).scalar_one()
+        source = connection.execute(
+            text("SELECT prosrc FROM pg_proc WHERE oid = 'creation.submit_job'::regproc")
+        ).scalar_one()
+        return table, source
+
+    table, source = run(scratch_database, after_downgrade)  # type: ignore[misc]
+    assert not table
+    assert "ledger_totals" not in source
+    assert "FROM creation.points_ledger" in source
+    assert run(scratch_database, submit("u-b")) == "ok"  # 0008's submit, summing the ledger
+    migrations.upgrade("creation", scratch_database)
+    sums, totals = _sums_and_totals(scratch_database)
+    assert totals == sums
+    assert sums[1] == ("u-b", 100, 20, 0, 5, True)
+    assert differences(scratch_database, "creation") == []
