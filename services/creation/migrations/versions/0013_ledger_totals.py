@@ -45,6 +45,8 @@ SCHEMA = "creation"
 #   statement that adds its entries ends. grant_points therefore adds its grant and the
 #   welcome in one statement: had it taken the totals lock with the grant and then waited
 #   on GetBalance's uncommitted welcome row, that GetBalance would wait for the same lock.
+#   (A remote worker's keyed call may wait, in its last statement, on a twin call's
+#   uncommitted remote_calls key; that twin has already made its last wait: no cycle.)
 # So every wait for a totals lock is for a higher user_id than any its waiter holds, and
 # no cycle can close. The submit's advisory lock comes first and is only ever taken by
 # transactions holding no totals lock.
