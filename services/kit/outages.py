@@ -4,8 +4,8 @@ INTERNAL; and the log says so in one short line per kind, not a stack trace per 
 
 :func:`classify` recognises the database failures that are about reaching PostgreSQL
 (refused or lost connections, client and server timeouts, a full pool, a server that is
-starting or out of connection slots, a lock wait past lock_timeout), whatever layer
-(SQLAlchemy, asyncpg, the socket) raised them.
+starting or out of connection slots, a lock wait past lock_timeout or ended by the
+deadlock detector), whatever layer (SQLAlchemy, asyncpg, the socket) raised them.
 """
 
 from __future__ import annotations
@@ -34,6 +34,16 @@ class Reason:
 # A hint, not a promise: most outages worth retrying are over within seconds.
 RETRY_AFTER_SECONDS = 1.0
 
+# Lock waits that ended without the request doing anything. A deadlock belongs here: the
+# writers' lock orders rule one out (creation's migration 0013), but should one happen,
+# PostgreSQL aborts one side, which is a retry for a client and a later pass for a worker
+# loop, not a bug that stops the process.
+_CONTENTION_MESSAGES = {
+    "lock_timeout": "the request waited too long for a lock; try again",
+    "deadlock": "the request gave way to another in a lock wait; try again",
+}
+CONTENTION_KINDS = frozenset(_CONTENTION_MESSAGES)
+
 # Server-side conditions that mean "cannot serve you now", not "your request is wrong".
 _UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.CannotConnectNowError,  # starting up or shutting down
@@ -53,13 +63,19 @@ class Outage:
     dependency: str
     kind: str  # e.g. unreachable, timeout, pool_timeout, statement_timeout, lock_timeout
 
+    @property
+    def contention(self) -> bool:
+        """A lock wait that ended (past lock_timeout, or chosen to give way in a
+        deadlock): the request did nothing and may succeed as soon as it is retried."""
+        return self.kind in CONTENTION_KINDS
+
     def api_error(self) -> ApiError:
-        if self.kind == "lock_timeout":
+        if self.contention:
             # Contention, not an outage: the request may succeed as soon as it is retried.
             return ApiError(
                 grpc.StatusCode.ABORTED,
                 Reason.LOCK_TIMEOUT,
-                "the request waited too long for a lock; try again",
+                _CONTENTION_MESSAGES[self.kind],
                 retry_after_seconds=RETRY_AFTER_SECONDS,
             )
         return ApiError(
@@ -101,6 +117,8 @@ def _raised_by_database_driver(error: BaseException) -> bool:
 def _kind(error: BaseException) -> str | None:
     if isinstance(error, asyncpg.exceptions.LockNotAvailableError):
         return "lock_timeout"
+    if isinstance(error, asyncpg.exceptions.DeadlockDetectedError):
+        return "deadlock"
     if isinstance(error, asyncpg.exceptions.QueryCanceledError):
         return "statement_timeout"
     if isinstance(error, sa_exc.TimeoutError):

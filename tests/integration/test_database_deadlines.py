@@ -3,9 +3,11 @@ timeouts, and running past either is an outage answer, not a hang or a bug."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import asyncpg
+import grpc
 import pytest
 from sqlalchemy import text
 
@@ -13,6 +15,7 @@ from services.dev.postgres import connect_kwargs
 from services.kit.db import Database
 from services.kit.outages import Outage, classify
 from services.kit.settings import DatabaseSettings
+from tests.support.workers import until
 
 LIMITS = DatabaseSettings(
     statement_timeout_seconds=0.5, lock_timeout_seconds=0.2, pool_timeout_seconds=0.3, pool_size=1
@@ -51,6 +54,48 @@ async def test_a_lock_wait_ends_at_the_lock_timeout(database: Database, database
     finally:
         await holder.close()
     assert classify(caught.value) == Outage("database", "lock_timeout")
+
+
+async def test_a_deadlock_victim_is_contention_not_a_bug(
+    database: Database, database_url: str
+) -> None:
+    """Two transactions each waiting for the other's lock: PostgreSQL aborts one, and
+    that one is a lock wait to retry (ABORTED), not INTERNAL nor a worker loop's death."""
+    holder = await asyncpg.connect(**connect_kwargs(database_url))
+    watcher = await asyncpg.connect(**connect_kwargs(database_url))
+    holder_wait: asyncio.Task[object] | None = None
+
+    async def holder_waits() -> bool | None:
+        waiting = await watcher.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE pid = $1 AND NOT granted",
+            holder.get_server_pid(),
+        )
+        return True if waiting else None
+
+    try:
+        await holder.execute("BEGIN")
+        await holder.execute("SELECT pg_advisory_xact_lock(515151)")
+        with pytest.raises(Exception) as caught:  # noqa: PT011 - what it is, classify says
+            async with database.engine.begin() as connection:
+                # This side's detector runs first (the holder's waits a second), so it is
+                # the one PostgreSQL picks, before its own lock_timeout could end the wait.
+                await connection.execute(text("SET LOCAL deadlock_timeout = '20ms'"))
+                await connection.execute(text("SELECT pg_advisory_xact_lock(525252)"))
+                holder_wait = asyncio.create_task(
+                    holder.fetchval("SELECT pg_advisory_xact_lock(525252)")
+                )
+                # The holder's wait is in place before ours starts: the detector runs
+                # once per wait, when its timer fires, and must find the cycle closed.
+                await until(holder_waits, 10, "the holder waiting for our lock", every=0.01)
+                await connection.execute(text("SELECT pg_advisory_xact_lock(515151)"))
+        assert holder_wait is not None
+        await holder_wait  # ours rolled back: the holder gets its lock
+    finally:
+        await holder.close()
+        await watcher.close()
+    assert classify(caught.value) == Outage("database", "deadlock")
+    api = Outage("database", "deadlock").api_error()
+    assert (api.code, api.reason) == (grpc.StatusCode.ABORTED, "LOCK_TIMEOUT")
 
 
 async def test_a_full_pool_is_an_outage_after_the_pool_timeout(database: Database) -> None:

@@ -27,6 +27,7 @@ def _wrapped(cause: BaseException) -> sa_exc.DBAPIError:
         (_wrapped(asyncpg.exceptions.ConnectionDoesNotExistError("gone")), "unreachable"),
         (_wrapped(asyncpg.exceptions.QueryCanceledError("statement timeout")), "statement_timeout"),
         (_wrapped(asyncpg.exceptions.LockNotAvailableError("lock timeout")), "lock_timeout"),
+        (_wrapped(asyncpg.exceptions.DeadlockDetectedError("deadlock detected")), "deadlock"),
         (sa_exc.TimeoutError("QueuePool limit reached"), "pool_timeout"),
     ],
 )
@@ -55,6 +56,14 @@ def test_outages_answer_unavailable_and_lock_waits_aborted() -> None:
     busy = Outage("database", "lock_timeout").api_error()
     assert (busy.code, busy.reason) == (grpc.StatusCode.ABORTED, "LOCK_TIMEOUT")
     assert busy.retry_after_seconds
+    gave_way = Outage("database", "deadlock").api_error()
+    assert (gave_way.code, gave_way.reason) == (grpc.StatusCode.ABORTED, "LOCK_TIMEOUT")
+    assert gave_way.retry_after_seconds
+    assert "gave way" in gave_way.message
+    # The fenced writer splits a batch on either (one held row must not fail them all).
+    assert Outage("database", "deadlock").contention
+    assert Outage("database", "lock_timeout").contention
+    assert not Outage("database", "unreachable").contention
 
 
 def test_a_dependency_names_itself_and_keeps_its_cause() -> None:

@@ -78,7 +78,7 @@ class FencedWriter:
             )
         except Exception as error:
             outage = classify(error)
-            if len(batch) > 1 and outage is not None and outage.kind == "lock_timeout":
+            if len(batch) > 1 and outage is not None and outage.contention:
                 # One row held too long by someone else (an owner's cancel, a reaper)
                 # must not fail the whole batch: each job alone, so only that one waits.
                 for job_id, waiting in batch.items():

@@ -145,8 +145,9 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     answer. Retry after the delay.
     """
     ERROR_REASON_LOCK_TIMEOUT: _ErrorReason.ValueType  # 31
-    """ABORTED with RetryInfo (HTTP 409): the request waited too long for a database lock
-    (contention, not an outage). Retry after the delay; the request did nothing.
+    """ABORTED with RetryInfo (HTTP 409): the request waited too long for a database lock,
+    or gave way to another in a deadlock (contention, not an outage). Retry after the
+    delay; the request did nothing.
     """
     ERROR_REASON_INVALID_QUERY_PARAMETER: _ErrorReason.ValueType  # 32
     """--- Answered by the JSON edge (Envoy) itself; HTTP clients only ---
@@ -375,8 +376,9 @@ ERROR_REASON_DATABASE_UNAVAILABLE: ErrorReason.ValueType  # 30
 answer. Retry after the delay.
 """
 ERROR_REASON_LOCK_TIMEOUT: ErrorReason.ValueType  # 31
-"""ABORTED with RetryInfo (HTTP 409): the request waited too long for a database lock
-(contention, not an outage). Retry after the delay; the request did nothing.
+"""ABORTED with RetryInfo (HTTP 409): the request waited too long for a database lock,
+or gave way to another in a deadlock (contention, not an outage). Retry after the
+delay; the request did nothing.
 """
 ERROR_REASON_INVALID_QUERY_PARAMETER: ErrorReason.ValueType  # 32
 """--- Answered by the JSON edge (Envoy) itself; HTTP clients only ---

@@ -172,8 +172,9 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     answer. Retry after the delay.
     """
     ERROR_REASON_LOCK_TIMEOUT: _ErrorReason.ValueType  # 45
-    """ABORTED with RetryInfo (HTTP 409): the request waited too long for a database lock
-    (contention, not an outage). Retry after the delay; the request did nothing.
+    """ABORTED with RetryInfo (HTTP 409): the request waited too long for a database lock,
+    or gave way to another in a deadlock (contention, not an outage). Retry after the
+    delay; the request did nothing.
     """
     ERROR_REASON_INVALID_QUERY_PARAMETER: _ErrorReason.ValueType  # 46
     """--- Answered by the JSON edge (Envoy) itself; HTTP clients only ---
@@ -379,8 +380,9 @@ ERROR_REASON_DATABASE_UNAVAILABLE: ErrorReason.ValueType  # 44
 answer. Retry after the delay.
 """
 ERROR_REASON_LOCK_TIMEOUT: ErrorReason.ValueType  # 45
-"""ABORTED with RetryInfo (HTTP 409): the request waited too long for a database lock
-(contention, not an outage). Retry after the delay; the request did nothing.
+"""ABORTED with RetryInfo (HTTP 409): the request waited too long for a database lock,
+or gave way to another in a deadlock (contention, not an outage). Retry after the
+delay; the request did nothing.
 """
 ERROR_REASON_INVALID_QUERY_PARAMETER: ErrorReason.ValueType  # 46
 """--- Answered by the JSON edge (Envoy) itself; HTTP clients only ---
