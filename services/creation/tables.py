@@ -335,8 +335,6 @@ points_ledger = Table(
     UniqueConstraint("job_id", "kind", name="uq_points_ledger_job_id_kind"),
     UniqueConstraint("user_id", "grant_key", name="uq_points_ledger_user_id_grant_key"),
 )
-# A user's entries by kind (the balance sums before migration 0013 rode it).
-Index("ix_points_ledger_user", points_ledger.c.user_id, points_ledger.c.kind)
 # A user's entries newest first (ListLedgerEntries' keyset pages).
 Index(
     "ix_points_ledger_user_newest",

@@ -1,6 +1,6 @@
 """ledger_totals: each user's points ledger summed by kind, kept by a trigger on
 points_ledger, so SubmitJob and GetBalance read one row instead of summing the user's
-whole history
+whole history; the index those sums rode (ix_points_ledger_user) goes
 
 Revision ID: 0013
 Revises: 0012
@@ -193,10 +193,16 @@ def upgrade() -> None:
     )
     op.execute(BACKFILL)
     op.execute(submit_function())
+    # Only the sums rode it; every ledger insert paid for it.
+    op.drop_index("ix_points_ledger_user", table_name="points_ledger", schema=SCHEMA)
 
 
 def downgrade() -> None:
-    # 0008's function first: it sums the ledger again before the totals go.
+    # The index the sums ride, then 0008's function: it sums the ledger again before the
+    # totals go.
+    op.create_index(
+        "ix_points_ledger_user", "points_ledger", ["user_id", "kind"], unique=False, schema=SCHEMA
+    )
     op.execute(_revision_0008().submit_function())
     op.execute("DROP TRIGGER points_ledger_truncated ON creation.points_ledger")
     op.execute("DROP FUNCTION creation.empty_ledger_totals()")
