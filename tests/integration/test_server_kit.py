@@ -98,6 +98,12 @@ class Readiness:
 
 @pytest.fixture
 async def service() -> AsyncIterator[tuple[RunningService, Readiness]]:
+    running, readiness = await start_service({"ATELIER_DRAIN_GRACE": "0"})
+    yield running, readiness
+    await running.stop()
+
+
+async def start_service(env: dict[str, str]) -> tuple[RunningService, Readiness]:
     readiness = Readiness()
     app = ServiceApp(
         name="kit-test",
@@ -122,11 +128,9 @@ async def service() -> AsyncIterator[tuple[RunningService, Readiness]]:
         ],
         readiness=readiness,
     )
-    common = CommonSettings.read(EnvReader({"ATELIER_DRAIN_GRACE": "0"}))
-    running = RunningService(app, common, ListenSettings(0, 0, 0))
+    running = RunningService(app, CommonSettings.read(EnvReader(env)), ListenSettings(0, 0, 0))
     await running.start()
-    yield running, readiness
-    await running.stop()
+    return running, readiness
 
 
 def channel(port: int) -> grpc.aio.Channel:
@@ -273,29 +277,37 @@ async def test_internal_listener_wants_the_service_credential(
         assert caught.value.details() == "Method not found!"
 
 
-async def test_health_follows_readiness_and_drain(
-    service: tuple[RunningService, Readiness],
-) -> None:
-    running, readiness = service
-    async with channel(running.public_port) as ch:
-        health = health_pb2_grpc.HealthStub(ch)
-        name = "atelier.creation.v1.CreationService"
-        reply = await health.Check(health_pb2.HealthCheckRequest(service=name))
-        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+async def test_health_follows_readiness_and_drain() -> None:
+    # A drain window (production has 5 s): the window is what lets a watcher be told
+    # NOT_SERVING before the server stops; with none (the dev default) the stop may cancel
+    # the Watch before its last message is out, as a loaded run showed.
+    running, readiness = await start_service(
+        {"ATELIER_DRAIN_WINDOW": "1", "ATELIER_DRAIN_GRACE": "0"}
+    )
+    stopping: asyncio.Task[None] | None = None
+    try:
+        async with channel(running.public_port) as ch:
+            health = health_pb2_grpc.HealthStub(ch)
+            name = "atelier.creation.v1.CreationService"
+            reply = await health.Check(health_pb2.HealthCheckRequest(service=name))
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
-        readiness.ready = False
-        await running._refresh_health()
-        reply = await health.Check(health_pb2.HealthCheckRequest(service=""))
-        assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+            readiness.ready = False
+            await running._refresh_health()
+            reply = await health.Check(health_pb2.HealthCheckRequest(service=""))
+            assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
 
-        readiness.ready = True
-        await running._refresh_health()
-        watch = health.Watch(health_pb2.HealthCheckRequest(service=""))
-        assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
-        stopping = asyncio.create_task(running.stop())
-        # The drain announces NOT_SERVING before the server goes away.
-        assert (await watch.read()).status == health_pb2.HealthCheckResponse.NOT_SERVING
-        await stopping
+            readiness.ready = True
+            await running._refresh_health()
+            watch = health.Watch(health_pb2.HealthCheckRequest(service=""))
+            assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
+            stopping = asyncio.create_task(running.stop())
+            # The drain announces NOT_SERVING before the server goes away.
+            assert (await watch.read()).status == health_pb2.HealthCheckResponse.NOT_SERVING
+            await stopping
+    finally:
+        if stopping is None:  # failed before the drain began
+            await running.stop()
 
 
 async def test_liveness_stays_serving_while_readiness_fails(
