@@ -7,11 +7,14 @@ and p50/p99 latency. At one client, gRPC straight to creation, native gRPC throu
 and JSON through Envoy run in alternating blocks (a change in the machine's load falls on
 all of them). JSON goes over plain keep-alive HTTP/1.1 connections (bench/anchors.py's
 Http1Client) and, at one client, over aiohttp too. In the same run it
-measures the anchors (a bare grpc.aio echo server in its own process; a bare HTTP/1.1 echo
-server through that JSON client and through aiohttp; plain asyncpg running the very call
-the store sends for a submit, from this process, on a pool of its own) and the read RPCs at
-one client, and prints the ratios and the CPU spent per operation by creation, media,
-notify, PostgreSQL, this client and Envoy. A submit phase's CPU is read once creation's
+measures the anchors and the read RPCs at one client, and prints the ratios and the CPU
+spent per operation by creation, media, notify, PostgreSQL, this client and Envoy. The
+anchors: a bare grpc.aio echo server in its own process, called in blocks alternating
+with the paths it is compared with (the one-client submits, the 16-client submits, the
+reads), so that a ratio never compares figures taken a minute apart on a machine whose
+speed drifts; a bare HTTP/1.1 echo server through that JSON client and through aiohttp;
+plain asyncpg running the very call the store sends for a submit, from this process, on
+a pool of its own. A submit phase's CPU is read once creation's
 outbox relay has delivered every row the phase wrote (so the relay's and notify's share of
 each submit is in the figure).
 
@@ -129,20 +132,18 @@ async def new_users(stack: Stack) -> tuple[list[str], list[str]]:
     return tokens, assets
 
 
-async def echo_anchor(address: str, requests: int) -> dict[int, Figure]:
-    figures = {}
-    async with grpc.aio.insecure_channel(address) as channel:
-        call = echo_call(channel)
-        payload = b"x" * 64
+ECHO = "echo (anchor)"
 
-        async def once(_: int, __: int) -> None:
-            await call(payload)
 
-        for clients in (1, 16):
-            await run_clients(clients, 50 // clients or 1, once)  # warm-up
-            elapsed, latencies = await run_clients(clients, requests // clients, once)
-            figures[clients] = report("echo (anchor)", clients, elapsed, latencies)
-    return figures
+def echo_once(channel: grpc.aio.Channel) -> Submit:
+    """One bare grpc.aio echo call (the anchor), shaped as a bench path."""
+    call = echo_call(channel)
+    payload = b"x" * 64
+
+    async def once(_: int, __: int) -> None:
+        await call(payload)
+
+    return once
 
 
 def postgres_backends(database: str) -> list[int]:
@@ -279,43 +280,52 @@ async def http_echo_anchor(host: str, port: int, requests: int) -> dict[str, Fig
 
 
 AIOHTTP_PATH = "SubmitJob via Envoy aiohttp"
-# The one-client submit paths run in this many alternating blocks, so a change in the
-# neighbours' load during the run falls on every path alike.
+# The paths of a phase, the echo anchor among them, run in this many alternating blocks,
+# so a change in the machine's speed during the run falls on every path and its anchor
+# alike (the ratios compare figures taken side by side, not a minute apart).
 BLOCKS = 5
 
 
-async def one_client_interleaved(
-    paths: dict[str, Callable[[int, int], Awaitable[None]]],
+async def interleaved(
+    paths: dict[str, Submit],
+    clients: int,
     requests: int,
-    database_url: str,
     meter: CpuMeter,
     cpu: dict[str, dict[str, float]],
+    *,
+    settle: Callable[[], Awaitable[None]] | None = None,
+    cpu_label: Callable[[str], str] = lambda name: name,
 ) -> dict[str, Figure]:
-    """Each path at one client, ``requests`` calls in all, in BLOCKS blocks taken in
-    turn (the order rotating by block); its CPU per call summed over its blocks, each
-    read once the outbox relay has delivered the block's rows."""
+    """Each path at ``clients`` clients, about ``requests`` calls in all, in BLOCKS blocks
+    taken in turn (the order rotating by block). After each block of a path other than
+    the echo anchor, ``settle`` runs (e.g. until the outbox relay has delivered the
+    block's rows), and the stack's CPU per call is summed over the path's blocks."""
     latencies: dict[str, list[float]] = {name: [] for name in paths}
     elapsed = dict.fromkeys(paths, 0.0)
     spent: dict[str, dict[str, float]] = {name: {} for name in paths}
     names = list(paths)
-    # No warm-up: each user's jobs all stay queued, up to the in-flight limit.
     for block in range(BLOCKS):
         size = requests // BLOCKS + (1 if block < requests % BLOCKS else 0)
         if not size:
             continue
+        per_client = max(1, size // clients)
         for name in names[block % len(names) :] + names[: block % len(names)]:
             meter.start()
-            took, block_latencies = await run_clients(1, size, paths[name])
-            await outbox_drained(database_url)
-            for group, ms in meter.per_op(size).items():
-                spent[name][group] = spent[name].get(group, 0.0) + ms * size
+            took, block_latencies = await run_clients(clients, per_client, paths[name])
+            if name != ECHO:
+                if settle is not None:
+                    await settle()
+                done = len(block_latencies)
+                for group, ms in meter.per_op(done).items():
+                    spent[name][group] = spent[name].get(group, 0.0) + ms * done
             latencies[name] += block_latencies
             elapsed[name] += took
     figures = {}
     for name in names:
         done = len(latencies[name])
-        cpu[f"{name} x1"] = {group: ms / done for group, ms in spent[name].items()}
-        figures[name] = report(name, 1, elapsed[name], latencies[name])
+        if name != ECHO:
+            cpu[cpu_label(name)] = {group: ms / done for group, ms in spent[name].items()}
+        figures[name] = report(name, clients, elapsed[name], latencies[name])
     return figures
 
 
@@ -344,7 +354,6 @@ async def bench(
     assets: list[str] = []
     submits: dict[tuple[str, int], Figure] = {}
     print(f"{'path':<28} {'clients':>7} {'calls':>8} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
-    echo = await echo_anchor(echo_address, requests)
     client_anchor = {} if submit_only else await http_echo_anchor(*http_echo, requests)
     sql = await submit_sql_anchor(stack.database_url, requests)
     meter = cpu_meter(stack, make_url(stack.database_url).database or "")
@@ -354,6 +363,7 @@ async def bench(
     # (bench/anchors.py says why not aiohttp; the HTTP echo anchor shows both).
     plain = [Http1Client("127.0.0.1", stack.ports.envoy) for _ in range(16)]
     async with (
+        grpc.aio.insecure_channel(echo_address) as echo_channel,
         AsyncClient.connect(f"127.0.0.1:{stack.ports.public['creation']}", token="") as direct,
         AsyncClient.connect(f"127.0.0.1:{stack.ports.envoy}", token="") as through_edge,
         aiohttp.ClientSession(f"http://127.0.0.1:{stack.ports.envoy}") as session,
@@ -403,26 +413,42 @@ async def bench(
 
             return submit
 
+        echo_call_once = echo_once(echo_channel)
+        for clients in (1, 16):
+            await run_clients(clients, 50 // clients, echo_call_once)  # warm-up
+
+        async def relayed() -> None:
+            await outbox_drained(stack.database_url)
+
+        def per_path(clients: int) -> Callable[[str], str]:
+            return lambda name: f"{name} x{clients}"
+
         try:
-            # One client: gRPC straight to creation, and (unless --submit-only) native
-            # gRPC and JSON through the edge (JSON over aiohttp too, for comparison), each
-            # path its own user, in alternating blocks.
+            # One client: the echo anchor, gRPC straight to creation, and (unless
+            # --submit-only) native gRPC and JSON through the edge (JSON over aiohttp too,
+            # for comparison), each submit path its own user, in alternating blocks.
             tokens[:], assets[:] = await new_users(stack)
-            one = {"SubmitJob gRPC": over_grpc(direct, 0)}
+            one = {ECHO: echo_call_once, "SubmitJob gRPC": over_grpc(direct, 0)}
             if not submit_only:
                 one["SubmitJob gRPC via Envoy"] = over_grpc(through_edge, 1)
                 one["SubmitJob via Envoy"] = over_envoy(2)
                 one[AIOHTTP_PATH] = over_aiohttp(3)
-            figures = await one_client_interleaved(one, requests, stack.database_url, meter, cpu)
+            # No warm-up: each user's jobs all stay queued, up to the in-flight limit.
+            figures = await interleaved(
+                one, 1, requests, meter, cpu, settle=relayed, cpu_label=per_path(1)
+            )
+            echo = {1: figures.pop(ECHO)}
             for name, figure in figures.items():
                 submits[name, 1] = figure
 
+            # Sixteen clients, each its own user: SubmitJob and the echo anchor in turn.
             tokens[:], assets[:] = await new_users(stack)
-            meter.start()
-            elapsed, latencies = await run_clients(16, requests // 16, over_grpc(direct))
-            await outbox_drained(stack.database_url)
-            cpu["SubmitJob gRPC x16"] = meter.per_op(len(latencies))
-            submits["SubmitJob gRPC", 16] = report("SubmitJob gRPC", 16, elapsed, latencies)
+            sixteen = {ECHO: echo_call_once, "SubmitJob gRPC": over_grpc(direct)}
+            figures = await interleaved(
+                sixteen, 16, requests, meter, cpu, settle=relayed, cpu_label=per_path(16)
+            )
+            echo[16] = figures[ECHO]
+            submits["SubmitJob gRPC", 16] = figures["SubmitJob gRPC"]
 
             if not submit_only:
                 tokens[:], assets[:] = await new_users(stack)
@@ -448,7 +474,11 @@ async def bench(
             print(f"{phase:<30} {format_per_op(spent)}")
         return
 
-    reads = await read_latencies(stack, tokens[0], assets[0], requests, meter, cpu)
+    async with grpc.aio.insecure_channel(echo_address) as echo_channel:
+        reads = await read_latencies(
+            stack, tokens[0], assets[0], requests, meter, cpu, echo_once(echo_channel)
+        )
+    echo_beside_reads = reads.pop(ECHO)
     grpc_one = submits["SubmitJob gRPC", 1].p50_ms
     print()
     print(
@@ -471,7 +501,8 @@ async def bench(
             f" (throughput), p50 {grpc_figure.p50_ms / sql[clients].p50_ms:.2f}x"
         )
     for name, figure in reads.items():
-        print(f"ratios: {name} p50 / echo p50 at 1 client {figure.p50_ms / echo[1].p50_ms:.2f}")
+        ratio = figure.p50_ms / echo_beside_reads.p50_ms
+        print(f"ratios: {name} p50 / echo p50 at 1 client {ratio:.2f}")
     print()
     for phase, spent in cpu.items():
         print(f"{phase:<30} {format_per_op(spent)}")
@@ -484,10 +515,11 @@ async def read_latencies(
     requests: int,
     meter: CpuMeter,
     cpu: dict[str, dict[str, float]],
+    echo: Submit,
 ) -> dict[str, Figure]:
-    """The read RPCs at one client, each on a job and an asset that exist."""
+    """The read RPCs at one client, each on a job and an asset that exist, in blocks
+    alternating with the echo anchor's (whose figure comes back as ECHO)."""
     service = (("authorization", f"Bearer {DEV_SERVICE_TOKEN}"),)
-    figures = {}
     atelier = AsyncClient.connect(f"127.0.0.1:{stack.ports.public['creation']}", token=token)
     media = grpc.aio.insecure_channel(f"127.0.0.1:{stack.ports.internal['media']}")
     async with atelier, media:
@@ -502,6 +534,7 @@ async def read_latencies(
                 metadata=service,
             ),
         }
+        paths: dict[str, Submit] = {ECHO: echo}
         for name, call in calls.items():
 
             async def once(
@@ -510,11 +543,8 @@ async def read_latencies(
                 await call(client, n)
 
             await run_clients(1, 20, once)  # warm-up
-            meter.start()
-            elapsed, latencies = await run_clients(1, requests, once)
-            cpu[name] = meter.per_op(len(latencies))
-            figures[name] = report(name, 1, elapsed, latencies)
-    return figures
+            paths[name] = once
+        return await interleaved(paths, 1, requests, meter, cpu)
 
 
 # The most jobs one user may have queued (ATELIER_IN_FLIGHT_LIMIT's upper bound).
