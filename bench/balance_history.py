@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import time
@@ -31,9 +30,10 @@ import asyncpg  # type: ignore[import-untyped]
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.submit_throughput import submit_call_arguments
 from services.creation.domain import quota_day_start
 from services.creation.store.ledger import BALANCE_AFTER_WELCOME
-from services.creation.store.submit_statement import SUBMIT_CALL, submit_arguments
+from services.creation.store.submit_statement import SUBMIT_CALL
 from services.dev import postgres
 from services.kit import migrations
 from services.kit.listen import asyncpg_dsn
@@ -85,30 +85,7 @@ async def measure(url: str, sizes: list[int], calls: int) -> None:
             await connection.execute(FILL, user, size)
 
             async def submit(user: str = user) -> object:
-                job_id = str(uuid.uuid4())
-                arguments = submit_arguments(
-                    job_id=job_id,
-                    user_id=user,
-                    idempotency_key=None,
-                    model_id="stub-fast",
-                    style_id="watercolor",
-                    input_asset_id=str(uuid.uuid4()),
-                    prompt="a cat",
-                    negative_prompt="",
-                    width=512,
-                    height=512,
-                    parameters="{}",
-                    max_attempts=3,
-                    request_hash="0" * 64,
-                    day_start=quota_day_start(now),
-                    daily_quota=1_000_000,
-                    in_flight_limit=1_000_000,
-                    welcome_points=100,
-                    payload=json.dumps({"jobId": job_id}),
-                    now=now,
-                    num_outputs=1,
-                    trace_parent=None,
-                )
+                arguments = submit_call_arguments(user)
                 row = await connection.fetchrow(SUBMIT_CALL, *arguments)
                 assert row["submit_outcome"] == "ok", row["submit_outcome"]
                 return row

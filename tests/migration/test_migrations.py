@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from services.dev import postgres
 from services.kit import migrations
 from services.kit.db import asyncpg_url
+from tests.support.ledger_sums import LEDGER_SUMS, LEDGER_TOTALS
 
 SERVICES = ("creation", "media", "notify")
 USER_TABLES = """
@@ -333,19 +334,6 @@ def test_0008_replaces_the_submit_function_and_its_downgrade_restores_0007s(
     assert differences(scratch_database, "creation") == []
 
 
-LEDGER_SUMS = """
-    SELECT user_id,
-           CAST(coalesce(sum(amount) FILTER (WHERE kind = 'grant'), 0) AS bigint),
-           CAST(coalesce(sum(amount) FILTER (WHERE kind = 'reserve'), 0) AS bigint),
-           CAST(coalesce(sum(amount) FILTER (WHERE kind = 'capture'), 0) AS bigint),
-           CAST(coalesce(sum(amount) FILTER (WHERE kind = 'release'), 0) AS bigint),
-           coalesce(bool_or(grant_key = 'welcome'), false)
-    FROM creation.points_ledger GROUP BY user_id ORDER BY user_id
-"""
-LEDGER_TOTALS = """
-    SELECT user_id, granted, reserved, captured, released, welcomed
-    FROM creation.ledger_totals ORDER BY user_id
-"""
 JOB_ENTRY = """
     INSERT INTO creation.points_ledger (user_id, job_id, kind, amount, reason, created_at)
     VALUES (:user_id, :job_id, :kind, 5, 'test', now())

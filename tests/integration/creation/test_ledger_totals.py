@@ -28,32 +28,15 @@ from services.creation.tables import jobs
 from tests.integration.creation.helpers import LIMITS, T0, command, new_user
 from tests.integration.creation.test_leases import ASSET, TTL
 from tests.integration.creation.test_query_plans import _submit_statement, generic_plan
-
-# Every user's ledger summed by kind: what the readers summed before migration 0013.
-SUMS = """
-SELECT user_id,
-       CAST(coalesce(sum(amount) FILTER (WHERE kind = 'grant'), 0) AS bigint),
-       CAST(coalesce(sum(amount) FILTER (WHERE kind = 'reserve'), 0) AS bigint),
-       CAST(coalesce(sum(amount) FILTER (WHERE kind = 'capture'), 0) AS bigint),
-       CAST(coalesce(sum(amount) FILTER (WHERE kind = 'release'), 0) AS bigint),
-       coalesce(bool_or(grant_key = 'welcome'), false)
-FROM creation.points_ledger
-GROUP BY user_id
-ORDER BY user_id
-"""
-TOTALS = """
-SELECT user_id, granted, reserved, captured, released, welcomed
-FROM creation.ledger_totals
-ORDER BY user_id
-"""
+from tests.support.ledger_sums import LEDGER_SUMS, LEDGER_TOTALS
 
 ROOMY = SubmitLimits(daily_quota=1000, in_flight_limit=1000, max_attempts=1, welcome_points=100)
 
 
 async def sums_and_totals(engine: AsyncEngine) -> tuple[list[tuple[Any, ...]], list[Any]]:
     async with engine.connect() as connection:
-        sums = [tuple(r) for r in (await connection.execute(text(SUMS))).all()]
-        totals = [tuple(r) for r in (await connection.execute(text(TOTALS))).all()]
+        sums = [tuple(r) for r in (await connection.execute(text(LEDGER_SUMS))).all()]
+        totals = [tuple(r) for r in (await connection.execute(text(LEDGER_TOTALS))).all()]
     return sums, totals
 
 
