@@ -111,8 +111,9 @@ def build(
     leaves it out."""
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}")
+    # Named by role: pg_stat_activity then tells the API's connections from the workers'.
     database = Database(
-        settings.common.database_url, "atelier-creation", limits=settings.common.database
+        settings.common.database_url, f"atelier-creation-{role}", limits=settings.common.database
     )
     media = MediaClient(settings.media_internal_address, settings.common.service_token)
     notify = NotifyClient(

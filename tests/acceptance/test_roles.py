@@ -9,6 +9,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import asyncpg
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -16,6 +17,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from services.cli import main as atelier
 from services.creation.app import build
 from services.creation.settings import CreationSettings
+from services.dev.postgres import connect_kwargs
 from services.dev.processes import free_port, grpc_serving, spawn, venv_binary, wait_until
 from services.kit.db import asyncpg_url
 from tests.support.databases import migrated_database
@@ -40,6 +42,24 @@ async def _enable_a_model_of(provider_code: str, database_url: str) -> None:
             )
     finally:
         await engine.dispose()
+
+
+def _backends_named(database_url: str, name: str) -> bool:
+    """Whether a backend of ``database_url``'s database carries application name ``name``."""
+
+    async def count() -> int:
+        connection = await asyncpg.connect(**connect_kwargs(database_url))
+        try:
+            found = await connection.fetchval(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND application_name = $1",
+                name,
+            )
+            return int(found)
+        finally:
+            await connection.close()
+
+    return asyncio.run(count()) > 0
 
 
 @pytest.fixture
@@ -72,6 +92,8 @@ def test_a_worker_process_listens_only_internally(creation_only: str, tmp_path: 
         # Probes reach it on the internal listener; nothing listens on the public port.
         wait_until(child, grpc_serving(f"127.0.0.1:{internal}"), 60)
         assert _refused(public)
+        # Its database connections say which role they serve (pg_stat_activity).
+        wait_until(child, lambda: _backends_named(creation_only, "atelier-creation-worker"), 30)
     finally:
         assert child.stop() == 0
 
