@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCHES = {
     "submit_throughput": (["--requests", "20"], "SubmitJob gRPC"),
     "outbox_relay": (["--rows", "20"], "burst of"),
-    "engine_drain": (["--jobs", "300", "--processes", "1"], "engine   1 proc"),
+    "engine_drain": (["--jobs", "300", "--processes", "1"], "ratio per job   1 proc"),
     "pickup_latency": (["--jobs", "20", "--rate", "40"], "worker  p50"),
     "end_to_end": (["--jobs", "40"], "end to end:"),
     "media_job_path": (["--ops", "20"], "PutAsset"),
