@@ -122,12 +122,17 @@ INDEXES = """
     SELECT indexname, indexdef FROM pg_indexes
     WHERE schemaname = :s AND tablename <> 'alembic_version'
 """
+STORAGE = """
+    SELECT c.relname, array_to_string(c.reloptions, ',') FROM pg_class c
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = :s AND c.relkind = 'r' AND c.reloptions IS NOT NULL
+"""
 
 
 def catalog_of(url: str, schema: str) -> set[tuple[str, str]]:
     def read(connection: Connection) -> set[tuple[str, str]]:
         found: set[tuple[str, str]] = set()
-        for query in (CONSTRAINTS, INDEXES):
+        for query in (CONSTRAINTS, INDEXES, STORAGE):
             found |= {(row[0], row[1]) for row in connection.execute(text(query), {"s": schema})}
         return found
 
@@ -138,8 +143,9 @@ def catalog_of(url: str, schema: str) -> set[tuple[str, str]]:
 def test_constraint_and_index_names_and_definitions_match_the_tables(
     scratch_database: str, postgres_admin_url: str, service: str
 ) -> None:
-    """Alembic's comparison skips CHECK constraints and index details: compare PostgreSQL's
-    own catalog of a migrated database with one built straight from the tables."""
+    """Alembic's comparison skips CHECK constraints, index details and storage parameters:
+    compare PostgreSQL's own catalog of a migrated database with one built straight from
+    the tables."""
     migrations.upgrade(service, scratch_database)
     schema, metadata = tables_of(service)
     name = f"atelier_declared_{uuid.uuid4().hex[:10]}"

@@ -37,7 +37,7 @@ class EventCursor:
 async def list_attention(
     engine: AsyncEngine, limit: int, after: AttentionCursor | None
 ) -> tuple[list[Job], AttentionCursor | None]:
-    """Oldest first by last change (rides ix_jobs_needs_attention)."""
+    """Oldest first by last change (the queue through ix_jobs_needs_attention, sorted)."""
     query = select(jobs).where(status_is(Status.NEEDS_ATTENTION))
     if after is not None:
         query = query.where(

@@ -17,12 +17,18 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.creation.domain import Job, Status, Step
 from services.creation.store import jobs as store
 from services.creation.store import leases
-from services.creation.store.changes import outbox_payload
-from services.creation.store.fenced import FencedItem, FencedWrite, Written, outputs_value
+from services.creation.store.changes import json_time, outbox_payload
+from services.creation.store.fenced import (
+    FencedItem,
+    FencedWrite,
+    Written,
+    brief,
+    outputs_value,
+)
 from services.creation.store.leases import Beat
 from services.creation.tables import jobs, outbox
 from services.creation.worker.fenced_writer import FencedWriter
-from services.kit.db import Database
+from services.kit.db import Database, driver_connection
 from services.kit.outages import classify
 from services.kit.settings import DatabaseSettings
 from tests.integration.creation.helpers import LIMITS, T0, command, new_user, side_rows
@@ -283,3 +289,33 @@ async def test_a_row_held_past_the_lock_timeout_fails_its_own_write_only(
     assert all(isinstance(w, Written) for w in written)
     assert (await row(engine, held.job_id)).step is Step.PREPARING
     assert (await row(engine, free_a.job_id)).step is Step.SUBMITTING
+
+
+HOT_COUNTS = """
+    SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables
+    WHERE relid = 'creation.jobs'::regclass"""
+
+
+async def test_the_step_markers_update_a_job_in_place_without_touching_an_index(
+    engine: AsyncEngine,
+) -> None:
+    """SUBMITTING and the request id change no indexed column of jobs, so PostgreSQL
+    writes each as a heap-only (HOT) update: no entry in any of the table's indexes
+    (migration 0014; an index keyed on updated_at made every update add one to each)."""
+    (job,) = await claimed(engine, 1)
+    now = T0 + timedelta(seconds=1)
+    async with driver_connection(engine) as connection, connection.transaction():
+        # The view also holds this session's counts not yet sent to the statistics: the
+        # difference is this transaction's.
+        before = await connection.fetchrow(HOT_COUNTS)
+        for write, value in (
+            (FencedWrite.MARK_SUBMITTING, None),
+            (FencedWrite.RECORD_REQUEST, "req-hot"),
+        ):
+            written = await connection.fetch(
+                brief(write), now, json_time(now), [job.job_id], [job.lease_epoch], [value]
+            )
+            assert [r["job_id"] for r in written] == [uuid.UUID(job.job_id)]
+        after = await connection.fetchrow(HOT_COUNTS)
+    updates, hot = (after[k] - (before[k] if before else 0) for k in ("n_tup_upd", "n_tup_hot_upd"))
+    assert (updates, hot) == (2, 2)
