@@ -4,8 +4,12 @@ keeper), land the output through media, complete in one fenced transaction. A jo
 request id is already set resumes polling and never submits.
 
 Every write is fenced by the lease; one that matches nothing ends the attempt without
-another write. Cancel and drain are honoured at safe points: before submitting and
-between polls.
+another write. A write the database could not take (down, frozen, a lock wait given up)
+is sent again for as long as the lease may still hold (the lease keeper says when it
+cannot): a short outage must not cost the job its attempt, nor a submitted job its
+request id (without it the job would wait for an operator).
+
+Cancel and drain are honoured at safe points: before submitting and between polls.
 
 Outputs are landed under idempotency keys of the job, the attempt and the output's index
 (``domain.output_key``): a worker killed after landing leaves assets that the worker
@@ -17,12 +21,13 @@ orphaned, whichever point a worker dies at.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TypeVar
 
 from opentelemetry.trace import Status as SpanStatus
 from opentelemetry.trace import StatusCode
+from prometheus_client import Counter
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.domain import Job, Status, backoff, output_key
@@ -53,6 +58,14 @@ from services.kit.outages import Throttle, classify, log_unavailable
 log = get_logger(__name__)
 # One line per outage kind per window, however many attempts it stops.
 _OUTAGE_LOG = Throttle()
+WRITES_RETRIED = Counter(
+    "atelier_worker_writes_retried",
+    "Fenced writes of an attempt sent again because PostgreSQL was unavailable or a lock "
+    "wait gave way; the attempt waits while its lease may still hold",
+)
+# How long an attempt waits before sending a write again, doubling up to the longest.
+FIRST_WRITE_PAUSE_SECONDS = 0.25
+LONGEST_WRITE_PAUSE_SECONDS = 2.0
 T = TypeVar("T")
 # What a fenced write answers: the whole job, or (batched writes) its status and version.
 W = TypeVar("W", Job, Written)
@@ -230,7 +243,7 @@ class Attempt:
         then waits for an operator)."""
         job = self._job
         self._context.on_point("before_submit")
-        await self._write(self._fenced(FencedWrite.MARK_SUBMITTING))
+        await self._write(lambda: self._fenced(FencedWrite.MARK_SUBMITTING))
         # With the time, what an operator matches against the provider's own request list
         # when the answer to this submit is lost (neither vendor takes a client reference).
         log.info(
@@ -247,12 +260,8 @@ class Attempt:
         except ProviderError as error:
             if error.outcome_unknown and not provider.supports_idempotent_submit:
                 log.warning("submit_outcome_unknown", job_id=job.job_id, code=error.code)
-                await self._write(
-                    self._fenced(
-                        FencedWrite.OUTCOME_UNKNOWN,
-                        f"the provider's answer to the submit was lost ({error.code})",
-                    )
-                )
+                lost = f"the provider's answer to the submit was lost ({error.code})"
+                await self._write(lambda: self._fenced(FencedWrite.OUTCOME_UNKNOWN, lost))
                 return None
             raise AttemptFailed(
                 error.code,
@@ -262,7 +271,7 @@ class Attempt:
             ) from None
         self._context.on_point("after_submit")
         self._requested = True
-        await self._write(self._fenced(FencedWrite.RECORD_REQUEST, request_id))
+        await self._write(lambda: self._fenced(FencedWrite.RECORD_REQUEST, request_id))
         return request_id
 
     # --- while the provider works -----------------------------------------------------
@@ -348,8 +357,8 @@ class Attempt:
         if self._lease.cancel_requested.is_set():
             return await self._acknowledge_cancel()
         self._context.on_point("before_complete")
-        async with self._lease.writing():
-            done = await self._fenced(FencedWrite.COMPLETE, outputs_value(landed))
+        value = outputs_value(landed)
+        done = await self._until_taken(lambda: self._fenced(FencedWrite.COMPLETE, value))
         if done is None:
             # Either the owner asked to cancel meanwhile, or the lease is gone.
             return await self._acknowledge_cancel()
@@ -366,14 +375,14 @@ class Attempt:
         return await self._acknowledge_cancel()
 
     async def _acknowledge_cancel(self) -> str:
-        await self._write(self._fenced(FencedWrite.ACKNOWLEDGE_CANCEL))
+        await self._write(lambda: self._fenced(FencedWrite.ACKNOWLEDGE_CANCEL))
         await self._purge_outputs()
         return "cancelled"
 
     async def _hand_back(self, delay: timedelta) -> str:
         job = self._job
         kept = await self._write(
-            leases.hand_back(self._engine, job.job_id, job.lease_epoch, delay, self._now())
+            lambda: leases.hand_back(self._engine, job.job_id, job.lease_epoch, delay, self._now())
         )
         if kept.cancel_requested:
             # The owner asked to cancel before we could hand it back: cancel it instead.
@@ -392,7 +401,7 @@ class Attempt:
         if failure.retry_after_seconds is not None:
             delay = max(delay, timedelta(seconds=failure.retry_after_seconds))
         after = await self._write(
-            leases.fail(
+            lambda: leases.fail(
                 self._engine,
                 job.job_id,
                 job.lease_epoch,
@@ -428,10 +437,9 @@ class Attempt:
                 outcome_unknown=name == "submit",
             ) from error
 
-    async def _write(self, write: Awaitable[W | None]) -> W:
+    async def _write(self, write: Callable[[], Awaitable[W | None]]) -> W:
         """A fenced write: the job as written, or LeaseLost when it matched nothing."""
-        async with self._lease.writing():
-            job = await write
+        job = await self._until_taken(write)
         if job is None:
             raise LeaseLost()
         if self._lease.lost and job.status is Status.RUNNING:
@@ -439,6 +447,31 @@ class Attempt:
             # in time, but the job is another worker's now.
             raise LeaseLost()
         return job
+
+    async def _until_taken(self, write: Callable[[], Awaitable[W | None]]) -> W | None:
+        """``write()``'s answer; sent again while the database cannot take it, until the
+        lease keeper gives the lease up (then LeaseLost). Sending a fenced write twice is
+        safe: the second matches nothing if the first had committed unseen."""
+        pause = FIRST_WRITE_PAUSE_SECONDS
+        while True:
+            try:
+                async with self._lease.writing():
+                    return await write()
+            except Exception as error:
+                outage = classify(error)
+                if outage is None:
+                    raise
+                log_unavailable(
+                    _OUTAGE_LOG, outage.dependency, outage.kind, job_id=self._job.job_id
+                )
+            # Outside ``writing``: a lease given up meanwhile cancels the attempt here.
+            if self._lease.lost:
+                raise LeaseLost()
+            WRITES_RETRIED.inc()
+            await asyncio.sleep(pause)
+            if self._lease.lost:
+                raise LeaseLost()
+            pause = min(pause * 2, LONGEST_WRITE_PAUSE_SECONDS)
 
     def _fenced(self, write: FencedWrite, value: str | None = None) -> Awaitable[Written | None]:
         """One of this attempt's fenced writes, sent with whatever the process's other

@@ -1,0 +1,110 @@
+"""An attempt rides out a database outage shorter than its lease: a write PostgreSQL could
+not take is sent again once it answers, so the job keeps its attempt and, above all, the
+request id of a submit the provider already accepted (without it the job would wait for
+an operator). An outage longer than the lease ends the attempt without a second submit.
+PostgreSQL here is the module's own, frozen on purpose (SIGSTOP: sockets open, nothing
+answers)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from prometheus_client import REGISTRY
+
+from services.creation.domain import Status, Step
+from services.kit.clock import system_clock
+from services.kit.db import Database
+from tests.integration.creation.conftest import empty_job_tables
+from tests.integration.creation.test_worker_fail_closed import FAST
+from tests.integration.creation.worker_kit import Engine, running, until, worker_stack
+from tests.support.pg_outage import OwnPostgres
+
+RETRIED = "atelier_worker_writes_retried_total"
+ABANDONED = ("atelier_worker_leases_lost_total", {"why": "abandoned"})
+
+
+def retried() -> float:
+    return REGISTRY.get_sample_value(RETRIED) or 0.0
+
+
+def abandoned() -> float:
+    return REGISTRY.get_sample_value(*ABANDONED) or 0.0
+
+
+@pytest.fixture
+async def frozen_stack(
+    own_pg: tuple[OwnPostgres, str], media_url: str, tmp_path: Path
+) -> AsyncIterator[tuple[OwnPostgres, Engine]]:
+    """The engine on the module's own PostgreSQL (short deadlines), media on the shared
+    one; the server is thawed again whatever the test did."""
+    pg, url = own_pg
+    database = Database(url, "worker-outage-test", limits=FAST)
+    try:
+        await empty_job_tables(database.engine)
+        async with worker_stack(database.engine, url, media_url, tmp_path) as stack:
+            yield pg, stack
+    finally:
+        pg.thaw()
+        await database.close()
+
+
+def freeze_after_submit(pg: OwnPostgres, frozen: asyncio.Event) -> object:
+    def on_point(point: str) -> None:
+        if point == "after_submit" and not frozen.is_set():
+            pg.freeze()
+            frozen.set()
+
+    return on_point
+
+
+async def test_a_freeze_after_the_submit_keeps_the_request_id_and_the_attempt(
+    frozen_stack: tuple[OwnPostgres, Engine],
+) -> None:
+    pg, stack = frozen_stack
+    job = await stack.submit()
+    frozen = asyncio.Event()
+    before = retried()
+    worker = stack.worker(freeze_after_submit(pg, frozen))  # type: ignore[arg-type]
+    async with running(worker):
+        await asyncio.wait_for(frozen.wait(), 15)
+        # The request id's write failed against the frozen server, twice: sent again.
+        await until(lambda: retried() >= before + 2, 15)
+        pg.thaw()
+        done = await stack.until_job(job.job_id, lambda j: j.status.terminal, 30)
+    assert done.status is Status.SUCCEEDED
+    assert done.attempt == 1
+    assert done.provider_request_id == f"req-{job.job_id}:1"
+    assert stack.provider.submits == [(job.job_id, f"{job.job_id}:1")]
+
+
+async def test_an_outage_longer_than_the_lease_ends_the_attempt_without_a_second_submit(
+    frozen_stack: tuple[OwnPostgres, Engine],
+) -> None:
+    pg, stack = frozen_stack
+    job = await stack.submit()
+    frozen = asyncio.Event()
+    lost = abandoned()
+    worker = stack.worker(freeze_after_submit(pg, frozen))  # type: ignore[arg-type]
+    async with running(worker):
+        await asyncio.wait_for(frozen.wait(), 15)
+        # The keeper gives the lease up once beats failed for a lease's length (5 s):
+        # the attempt stops sending its write.
+        await until(lambda: abandoned() > lost, 20)
+        await until(lambda: worker.running == 0, 10)
+        pg.thaw()
+        still = await stack.job(job.job_id)
+        assert (still.status, still.step, still.provider_request_id) == (
+            Status.RUNNING,
+            Step.SUBMITTING,
+            None,
+        )
+        # Its lease expired unrecorded: the reaper cannot know whether the provider has it.
+        reaper = stack.reaper(clock=lambda: system_clock() + timedelta(seconds=60))
+        await reaper.sweep()
+    decided = await stack.job(job.job_id)
+    assert (decided.status, decided.error_code) == (Status.NEEDS_ATTENTION, "OUTCOME_UNKNOWN")
+    assert stack.provider.submits == [(job.job_id, f"{job.job_id}:1")]
