@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY
 
-from services.creation.domain import Status, Step
+from services.creation.domain import Job, Status, Step
+from services.creation.worker.loop import Worker
 from services.kit.clock import system_clock
 from services.kit.db import Database
 from tests.integration.creation.conftest import empty_job_tables
@@ -52,25 +54,30 @@ async def frozen_stack(
         await database.close()
 
 
-def freeze_after_submit(pg: OwnPostgres, frozen: asyncio.Event) -> object:
+@asynccontextmanager
+async def frozen_after_submit(pg: OwnPostgres, stack: Engine) -> AsyncIterator[tuple[Job, Worker]]:
+    """A job and a running worker, PostgreSQL frozen the moment the provider accepted the
+    job's submit (before the worker could write the request id)."""
+    job = await stack.submit()
+    frozen = asyncio.Event()
+
     def on_point(point: str) -> None:
         if point == "after_submit" and not frozen.is_set():
             pg.freeze()
             frozen.set()
 
-    return on_point
+    worker = stack.worker(on_point)
+    async with running(worker):
+        await asyncio.wait_for(frozen.wait(), 15)
+        yield job, worker
 
 
 async def test_a_freeze_after_the_submit_keeps_the_request_id_and_the_attempt(
     frozen_stack: tuple[OwnPostgres, Engine],
 ) -> None:
     pg, stack = frozen_stack
-    job = await stack.submit()
-    frozen = asyncio.Event()
     before = retried()
-    worker = stack.worker(freeze_after_submit(pg, frozen))  # type: ignore[arg-type]
-    async with running(worker):
-        await asyncio.wait_for(frozen.wait(), 15)
+    async with frozen_after_submit(pg, stack) as (job, _):
         # The request id's write failed against the frozen server, twice: sent again.
         await until(lambda: retried() >= before + 2, 15)
         pg.thaw()
@@ -85,12 +92,8 @@ async def test_an_outage_longer_than_the_lease_ends_the_attempt_without_a_second
     frozen_stack: tuple[OwnPostgres, Engine],
 ) -> None:
     pg, stack = frozen_stack
-    job = await stack.submit()
-    frozen = asyncio.Event()
     lost = abandoned()
-    worker = stack.worker(freeze_after_submit(pg, frozen))  # type: ignore[arg-type]
-    async with running(worker):
-        await asyncio.wait_for(frozen.wait(), 15)
+    async with frozen_after_submit(pg, stack) as (job, worker):
         # The keeper gives the lease up once beats failed for a lease's length (5 s):
         # the attempt stops sending its write.
         await until(lambda: abandoned() > lost, 20)
