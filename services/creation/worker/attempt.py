@@ -271,7 +271,18 @@ class Attempt:
             ) from None
         self._context.on_point("after_submit")
         self._requested = True
-        await self._write(lambda: self._fenced(FencedWrite.RECORD_REQUEST, request_id))
+        try:
+            await self._write(lambda: self._fenced(FencedWrite.RECORD_REQUEST, request_id))
+        except (LeaseLost, asyncio.CancelledError):
+            # The job will wait for an operator, who needs this id to ask the provider.
+            log.warning(
+                "request_id_unrecorded",
+                job_id=job.job_id,
+                attempt=job.attempt,
+                provider=provider.code,
+                request_id=request_id,
+            )
+            raise
         return request_id
 
     # --- while the provider works -----------------------------------------------------

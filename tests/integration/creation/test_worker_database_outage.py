@@ -89,7 +89,7 @@ async def test_a_freeze_after_the_submit_keeps_the_request_id_and_the_attempt(
 
 
 async def test_an_outage_longer_than_the_lease_ends_the_attempt_without_a_second_submit(
-    frozen_stack: tuple[OwnPostgres, Engine],
+    frozen_stack: tuple[OwnPostgres, Engine], caplog: pytest.LogCaptureFixture
 ) -> None:
     pg, stack = frozen_stack
     lost = abandoned()
@@ -111,3 +111,6 @@ async def test_an_outage_longer_than_the_lease_ends_the_attempt_without_a_second
     decided = await stack.job(job.job_id)
     assert (decided.status, decided.error_code) == (Status.NEEDS_ATTENTION, "OUTCOME_UNKNOWN")
     assert stack.provider.submits == [(job.job_id, f"{job.job_id}:1")]
+    # What the operator deciding it needs: the provider's id of the submit, logged.
+    unrecorded = [r for r in caplog.records if r.getMessage() == "request_id_unrecorded"]
+    assert [r.fields["request_id"] for r in unrecorded] == [f"req-{job.job_id}:1"]  # type: ignore[attr-defined]
