@@ -84,6 +84,11 @@ _UNREADABLE = frozenset(
 )
 
 
+def _unreadable(asset_id: str, error: grpc.aio.AioRpcError) -> AssetUnreadable:
+    """In media's words ("the asset was deleted"): the job's error message shows it."""
+    return AssetUnreadable(f"input asset {asset_id}: {error.details() or error.code().name}")
+
+
 class AssetUnreadable(Exception):
     """The asset is missing, not ready, lost or larger than the reader accepts: reading it
     again will not help."""
@@ -222,7 +227,7 @@ class MediaClient:
                     raise AssetUnreadable(f"asset {asset_id} is larger than {max_bytes} bytes")
         except grpc.aio.AioRpcError as error:
             if error.code() in _UNREADABLE:
-                raise AssetUnreadable(f"asset {asset_id}: {error.code().name}") from None
+                raise _unreadable(asset_id, error) from None
             raise _unavailable("ReadAsset", RemoteFailure.of(error)) from None
         return AssetBytes(bytes(data), content_type)
 
@@ -238,7 +243,7 @@ class MediaClient:
             first = await anext(messages)
         except grpc.aio.AioRpcError as error:
             if error.code() in _UNREADABLE:
-                raise AssetUnreadable(f"asset {asset_id}: {error.code().name}") from None
+                raise _unreadable(asset_id, error) from None
             raise _unavailable("ReadAsset", RemoteFailure.of(error)) from None
         except StopAsyncIteration:
             raise AssetUnreadable(f"asset {asset_id}: no metadata") from None

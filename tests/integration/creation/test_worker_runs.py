@@ -268,3 +268,17 @@ async def test_poll_errors_hand_the_job_back_keeping_its_request(rig: Engine) ->
         ("queued", "running"),
         ("running", "succeeded"),
     ]
+
+
+async def test_an_input_deleted_before_the_worker_reads_it_fails_the_job_and_releases_its_points(
+    rig: Engine,
+) -> None:
+    job = await rig.submit()
+    await rig.media_client.delete_asset(job.input_asset_id)
+    async with running(rig.worker()):
+        done = await rig.until_job(job.job_id, lambda j: j.status.terminal)
+    # Not retried (reading again will not help), in words the owner can act on.
+    assert (done.status, done.error_code, done.attempt) == (Status.FAILED, "INPUT_UNREADABLE", 1)
+    assert done.error_message == f"input asset {job.input_asset_id}: the asset was deleted"
+    assert rig.provider.submits == []
+    assert (await side_rows(rig.db, job.job_id))["ledger"] == [("reserve", 5), ("release", 5)]
