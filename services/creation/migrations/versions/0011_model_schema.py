@@ -3,7 +3,7 @@ per model; the seeded hosted models pass those parameters under their vendors' n
 points_ledger gets the index ListLedgerEntries pages on
 
 Revision ID: 0011
-Revises: 0009
+Revises: 0010
 Create Date: 2026-11-30
 """
 

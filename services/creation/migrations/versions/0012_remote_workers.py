@@ -2,7 +2,7 @@
 as a hash) and remote_calls (the answers of the other job-changing calls, for replays)
 
 Revision ID: 0012
-Revises: 0009
+Revises: 0011
 Create Date: 2026-11-30
 """
 
