@@ -396,8 +396,8 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    name = f"bench_engine_{os.getpid()}"
-    url = postgres.ensure_database(args.database_url, name)
+    database = f"bench_engine_{os.getpid()}"
+    url = postgres.ensure_database(args.database_url, database)
     try:
         migrations.upgrade("creation", url)
         engine = ["engine", "--database-url", url, "--concurrency", str(args.concurrency)]
@@ -411,23 +411,23 @@ def run(args: argparse.Namespace) -> None:
         )
         for processes in args.processes:
             raw: dict[str, Figure] = {}
-            for name, command in anchors.items():
-                raw[name] = measure(url, args.jobs, processes, command)
-                report(f"anchor {name}", processes, raw[name])
+            for anchor_name, command in anchors.items():
+                raw[anchor_name] = measure(url, args.jobs, processes, command)
+                report(f"anchor {anchor_name}", processes, raw[anchor_name])
             ours = measure(url, args.jobs, processes, engine)
             report("engine", processes, ours)
-            for name, figure in raw.items():
+            for anchor_name, figure in raw.items():
                 print(
-                    f"{'ratio ' + name:<15} {processes} proc"
+                    f"{'ratio ' + anchor_name:<15} {processes} proc"
                     f"  {ours.jobs_per_second / figure.jobs_per_second:6.2f} (engine / anchor"
-                    f" jobs/s{', goal >= 0.85' if name == 'per job' else ''});"
+                    f" jobs/s{', goal >= 0.85' if anchor_name == 'per job' else ''});"
                     f" CPU per job engine / anchor: workers"
                     f" {_ratio(ours.worker_cpu_ms, figure.worker_cpu_ms)},"
                     f" PostgreSQL {_ratio(ours.database_cpu_ms, figure.database_cpu_ms)}",
                     flush=True,
                 )
     finally:
-        postgres.drop_database(args.database_url, name)
+        postgres.drop_database(args.database_url, database)
 
 
 def _ratio(a: float, b: float) -> str:
