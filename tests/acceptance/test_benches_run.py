@@ -5,6 +5,7 @@ the code they drive changes."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import queue
 import subprocess
@@ -12,8 +13,10 @@ import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+import asyncpg  # type: ignore[import-untyped]
 import pytest
 
+from services.dev import postgres
 from services.dev.processes import PORT_SHARE_VARIABLE, sub_share
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,9 +110,32 @@ def _run_in_slot(
     )
 
 
+# What the benches name the throwaway databases they make (and must drop).
+BENCH_DATABASE_PREFIXES = ("atelier_bench_", "atelier_e2e_", "atelier_scale_", "bench_")
+
+
+def bench_databases(admin_url: str) -> set[str]:
+    async def names() -> set[str]:
+        connection = await asyncpg.connect(**postgres.connect_kwargs(admin_url))
+        try:
+            rows = await connection.fetch("SELECT datname FROM pg_database")
+        finally:
+            await connection.close()
+        return {r["datname"] for r in rows if r["datname"].startswith(BENCH_DATABASE_PREFIXES)}
+
+    return asyncio.run(names())
+
+
+@pytest.fixture(scope="module")
+def databases_before(postgres_admin_url: str) -> set[str]:
+    """The benches' databases already on the server (left by runs killed before their
+    clean-up), so that only this module's are judged."""
+    return bench_databases(postgres_admin_url)
+
+
 @pytest.fixture(scope="module")
 def bench_runs(
-    postgres_admin_url: str, redis_url: str
+    postgres_admin_url: str, redis_url: str, databases_before: set[str]
 ) -> dict[str, Future[subprocess.CompletedProcess[str]]]:
     """Every bench, run AT_ONCE at a time (the slowest first); each test awaits its own."""
     pool = ThreadPoolExecutor(max_workers=AT_ONCE)
@@ -132,3 +158,13 @@ def test_the_bench_runs_and_prints_its_figures(
     done = bench_runs[name].result()
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert BENCHES[name][1] in done.stdout, done.stdout[-2000:]
+
+
+def test_no_bench_leaves_its_database_behind(
+    bench_runs: dict[str, Future[subprocess.CompletedProcess[str]]],
+    databases_before: set[str],
+    postgres_admin_url: str,
+) -> None:
+    for run in bench_runs.values():
+        run.result()
+    assert bench_databases(postgres_admin_url) - databases_before == set()
