@@ -462,7 +462,9 @@ class Attempt:
     async def _until_taken(self, write: Callable[[], Awaitable[W | None]]) -> W | None:
         """``write()``'s answer; sent again while the database cannot take it, until the
         lease keeper gives the lease up (then LeaseLost). Sending a fenced write twice is
-        safe: the second matches nothing if the first had committed unseen."""
+        safe when the first committed unseen (a server frozen mid-write runs it on waking):
+        a status change is then refused by its fence, and a step marker writes the same
+        step again."""
         pause = FIRST_WRITE_PAUSE_SECONDS
         while True:
             try:
