@@ -89,8 +89,10 @@ def _check_text(name: str, value: str, limit: int, problems: list[FieldViolation
 
 def _check_side(name: str, value: int, problems: list[FieldViolation]) -> None:
     # The model's size range (the catalog's) is checked once the model is known.
-    if value <= 0:
+    if value == 0:
         problems.append(FieldViolation(name, "is required (pixels)"))
+    elif value < 0:
+        problems.append(FieldViolation(name, "must be a positive number of pixels"))
 
 
 def validate(

@@ -185,3 +185,12 @@ def test_backoff_is_jittered_and_capped() -> None:
     assert all(timedelta(0) <= d <= timedelta(seconds=60) for d in delays)
     assert all(backoff(1, 2, 60, rng) <= timedelta(seconds=2) for _ in range(100))
     assert len({d.total_seconds() for d in delays}) == len(delays)
+
+
+def test_a_missing_side_is_required_and_a_negative_one_is_not_a_size() -> None:
+    def said(**changes: object) -> list[tuple[str, str]]:
+        _, problems = submission.validate(**{**VALID, **changes})  # type: ignore[arg-type]
+        return [(p.field, p.description) for p in problems]
+
+    assert said(width=0) == [("width", "is required (pixels)")]
+    assert said(height=-1) == [("height", "must be a positive number of pixels")]
