@@ -23,7 +23,6 @@ import json
 import resource
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -34,6 +33,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.cpu import cpu_seconds
+from bench.scratch import scratch_folder
 from services.dev import apns_peer, postgres
 from services.kit import migrations
 from services.kit.db import asyncpg_url
@@ -247,7 +247,7 @@ async def _count_sent(database_url: str) -> dict[str, int]:
 def _drive(args: argparse.Namespace) -> None:
     name = f"atelier_bench_apns_{uuid.uuid4().hex[:8]}"
     database_url = postgres.ensure_database(ADMIN_URL, name)
-    work = Path(tempfile.mkdtemp(prefix="bench-apns-"))
+    work = scratch_folder("bench-apns-")
     peer = None
     try:
         migrations.upgrade("notify", database_url)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -30,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from atelier_client import AsyncClient, AtelierError, RetryPolicy
 from bench.anchors import echo_call, echo_server
 from bench.engine_drain import cpu_seconds
+from bench.scratch import scratch_folder
 from bench.submit_throughput import store_input
 from services.dev import postgres
 from services.dev.processes import Child, free_port, spawn
@@ -180,7 +180,7 @@ def main() -> None:
         help="a PostgreSQL of the bench's own (a shared server may run out of connections)",
     )
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="atelier-e2e-"))
+    work = scratch_folder("atelier-e2e-")
     if args.embedded:
         admin = postgres.start_embedded(work / "pg")
     else:

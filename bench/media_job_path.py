@@ -23,9 +23,7 @@ import asyncio
 import io
 import os
 import random
-import shutil
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -41,6 +39,7 @@ from atelier.media.v1 import media_internal_service_pb2 as pb
 from bench.anchors import echo_call, echo_server
 from bench.cpu import CpuMeter
 from bench.media_throughput import LOCAL_POSTGRES, big_jpeg, start_moto
+from bench.scratch import scratch_folder
 from services.creation.media_client import MediaClient
 from services.dev import postgres
 from services.dev.processes import free_port, grpc_serving, spawn, wait_until
@@ -223,7 +222,7 @@ def main() -> int:
     parser.add_argument("--only", default="", help="run only phases whose name has this")
     args = parser.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="atelier-bench-"))
+    work = scratch_folder("atelier-bench-")
     admin_url = os.environ.get("ATELIER_TEST_POSTGRES_URL") or LOCAL_POSTGRES
     if not postgres.server_answers(admin_url):
         admin_url = postgres.start_embedded(work / "pg")
@@ -270,8 +269,6 @@ def main() -> int:
         if moto is not None:
             moto.stop()  # type: ignore[attr-defined]
         postgres.drop_database(admin_url, database)
-        if not (work / "pg").exists():  # an embedded PostgreSQL may still run from there
-            shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

@@ -26,7 +26,6 @@ import os
 import random
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -36,6 +35,8 @@ import grpc
 import httpx
 from PIL import Image
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from atelier.media.v1 import (
     asset_pb2,
     media_internal_service_pb2_grpc,
@@ -43,6 +44,7 @@ from atelier.media.v1 import (
     media_service_pb2_grpc,
 )
 from atelier.media.v1 import media_internal_service_pb2 as internal_pb
+from bench.scratch import scratch_folder
 from services.dev import postgres
 from services.dev.processes import free_port, grpc_serving, spawn, wait_until
 from services.kit import migrations
@@ -220,7 +222,7 @@ def main() -> int:
     parser.add_argument("--chunk-bytes", type=int, default=256 * 1024)
     args = parser.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="atelier-bench-"))
+    work = scratch_folder("atelier-bench-")
     admin_url = os.environ.get("ATELIER_TEST_POSTGRES_URL") or LOCAL_POSTGRES
     if not postgres.server_answers(admin_url):
         admin_url = postgres.start_embedded(work / "pg")

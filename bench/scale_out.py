@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import os
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -36,6 +35,7 @@ from sqlalchemy import distinct, func, select
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from bench.cpu import CpuMeter
+from bench.scratch import scratch_folder
 from bench.submit_throughput import postgres_backends
 from services.creation.domain import Status
 from services.creation.tables import jobs
@@ -129,7 +129,7 @@ async def measure(fleet: Fleet, database: str, args: argparse.Namespace) -> None
 
 
 def run(admin: str, redis_url: str, replicas: int, args: argparse.Namespace) -> None:
-    work = Path(tempfile.mkdtemp(prefix=f"atelier-scale-{replicas}-"))
+    work = scratch_folder(f"atelier-scale-{replicas}-")
     name = f"atelier_scale_{uuid.uuid4().hex[:8]}"
     url = postgres.ensure_database(admin, name)
     fleet = Fleet(

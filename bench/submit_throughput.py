@@ -31,7 +31,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -56,6 +55,7 @@ from atelier.media.v1 import (
 from atelier_client import AsyncClient
 from bench.anchors import Http1Client, echo_call, echo_server, http_echo_server
 from bench.cpu import CpuMeter, format_per_op
+from bench.scratch import scratch_folder
 from services.creation.store.changes import submitted_payload
 from services.creation.store.submit_statement import SUBMIT_CALL, submit_arguments
 from services.dev import postgres
@@ -587,7 +587,7 @@ def api_stack(database_url: str | None, extra_env: dict[str, str]) -> Iterator[S
     """The stack with creation in role ``api`` (its relay runs, no job engine), on a
     throwaway database of ``database_url`` (an admin URL; default: the local server, else
     an embedded one), logging warnings only; stopped and dropped afterwards."""
-    work = Path(tempfile.mkdtemp(prefix="atelier-bench-"))
+    work = scratch_folder("atelier-bench-")
     admin = database_url or (
         LOCAL_POSTGRES
         if postgres.server_answers(LOCAL_POSTGRES)

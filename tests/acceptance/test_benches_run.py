@@ -75,17 +75,17 @@ for _slot in range(AT_ONCE):
 
 
 def run_bench(
-    name: str, postgres_admin_url: str, redis_url: str
+    name: str, postgres_admin_url: str, redis_url: str, scratch: Path
 ) -> subprocess.CompletedProcess[str]:
     slot = _SLOTS.get()
     try:
-        return _run_in_slot(name, postgres_admin_url, redis_url, slot)
+        return _run_in_slot(name, postgres_admin_url, redis_url, slot, scratch)
     finally:
         _SLOTS.put(slot)
 
 
 def _run_in_slot(
-    name: str, postgres_admin_url: str, redis_url: str, slot: int
+    name: str, postgres_admin_url: str, redis_url: str, slot: int, scratch: Path
 ) -> subprocess.CompletedProcess[str]:
     arguments, _ = BENCHES[name]
     if name in TAKES_DATABASE_URL:
@@ -97,6 +97,8 @@ def _run_in_slot(
         env={
             **os.environ,
             PORT_SHARE_VARIABLE: share,
+            # The bench's /tmp, and its processes': what it leaves there is seen.
+            "TMPDIR": str(scratch),
             "ATELIER_TEST_POSTGRES_URL": postgres_admin_url,
             "ATELIER_BENCH_POSTGRES_URL": postgres_admin_url,
             "ATELIER_TEST_REDIS_URL": redis_url,
@@ -134,13 +136,22 @@ def databases_before(postgres_admin_url: str) -> set[str]:
 
 
 @pytest.fixture(scope="module")
+def scratch_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Holds one temporary folder per bench (its TMPDIR)."""
+    root = tmp_path_factory.mktemp("bench-tmp")
+    for name in BENCHES:
+        (root / name).mkdir()
+    return root
+
+
+@pytest.fixture(scope="module")
 def bench_runs(
-    postgres_admin_url: str, redis_url: str, databases_before: set[str]
+    postgres_admin_url: str, redis_url: str, databases_before: set[str], scratch_root: Path
 ) -> dict[str, Future[subprocess.CompletedProcess[str]]]:
     """Every bench, run AT_ONCE at a time (the slowest first); each test awaits its own."""
     pool = ThreadPoolExecutor(max_workers=AT_ONCE)
     runs = {
-        name: pool.submit(run_bench, name, postgres_admin_url, redis_url)
+        name: pool.submit(run_bench, name, postgres_admin_url, redis_url, scratch_root / name)
         for name in sorted(BENCHES, key=lambda n: n not in SLOWEST)
     }
     pool.shutdown(wait=False)
@@ -168,3 +179,12 @@ def test_no_bench_leaves_its_database_behind(
     for run in bench_runs.values():
         run.result()
     assert bench_databases(postgres_admin_url) - databases_before == set()
+
+
+def test_no_bench_leaves_files_in_its_temporary_folder(
+    bench_runs: dict[str, Future[subprocess.CompletedProcess[str]]], scratch_root: Path
+) -> None:
+    for run in bench_runs.values():
+        run.result()
+    left = {name: sorted(p.name for p in (scratch_root / name).iterdir()) for name in BENCHES}
+    assert {name: names for name, names in left.items() if names} == {}
