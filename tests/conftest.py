@@ -39,6 +39,7 @@ LONGEST_FIRST = [
     "tests/acceptance/test_worker_fleet.py",
     "tests/acceptance/test_hosted_fleet.py",
     "tests/acceptance/test_scale_out.py",
+    "tests/acceptance/test_worker_chaos.py",
 ]
 
 
