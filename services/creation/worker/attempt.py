@@ -21,6 +21,7 @@ orphaned, whichever point a worker dies at.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TypeVar
@@ -271,18 +272,31 @@ class Attempt:
             ) from None
         self._context.on_point("after_submit")
         self._requested = True
+        recorded: Written | None = None
         try:
-            await self._write(lambda: self._fenced(FencedWrite.RECORD_REQUEST, request_id))
-        except (LeaseLost, asyncio.CancelledError):
-            # The job will wait for an operator, who needs this id to ask the provider.
-            log.warning(
-                "request_id_unrecorded",
-                job_id=job.job_id,
-                attempt=job.attempt,
-                provider=provider.code,
-                request_id=request_id,
+            # Without this id the job would wait for an operator: it is worth sending past
+            # the lease, for as long again, as long as nobody else took the job (its fence).
+            recorded = await self._until_taken(
+                lambda: self._fenced(FencedWrite.RECORD_REQUEST, request_id),
+                past_the_lease=self._settings.lease_ttl_seconds,
             )
-            raise
+        finally:
+            if recorded is None:
+                # The job will wait for an operator, who needs this id to ask the provider.
+                log.warning(
+                    "request_id_unrecorded",
+                    job_id=job.job_id,
+                    attempt=job.attempt,
+                    provider=provider.code,
+                    request_id=request_id,
+                )
+        if recorded is None:
+            raise LeaseLost()  # refused by the fence: the job is somebody else's
+        if self._lease.lost:
+            # Recorded, but the lease is gone (most often given up while the database did
+            # not answer): the reaper resumes the job from this id, no operator needed.
+            log.info("request_id_recorded_without_the_lease", job_id=job.job_id)
+            raise LeaseLost()
         return request_id
 
     # --- while the provider works -----------------------------------------------------
@@ -459,32 +473,43 @@ class Attempt:
             raise LeaseLost()
         return job
 
-    async def _until_taken(self, write: Callable[[], Awaitable[W | None]]) -> W | None:
+    async def _until_taken(
+        self, write: Callable[[], Awaitable[W | None]], past_the_lease: float = 0.0
+    ) -> W | None:
         """``write()``'s answer; sent again while the database cannot take it, until the
-        lease keeper gives the lease up (then LeaseLost). Sending a fenced write twice is
-        safe when the first committed unseen (a server frozen mid-write runs it on waking):
-        a status change is then refused by its fence, and a step marker writes the same
-        step again."""
+        lease keeper gives the lease up (then LeaseLost), or, with ``past_the_lease``, for
+        that many seconds more: the fence still refuses it once anybody else took the job.
+        Sending a fenced write twice is safe when the first committed unseen (a server
+        frozen mid-write runs it on waking): a status change is then refused by its fence,
+        and a step marker writes the same step again."""
         pause = FIRST_WRITE_PAUSE_SECONDS
-        while True:
-            try:
-                async with self._lease.writing():
-                    return await write()
-            except Exception as error:
-                outage = classify(error)
-                if outage is None:
-                    raise
-                log_unavailable(
-                    _OUTAGE_LOG, outage.dependency, outage.kind, job_id=self._job.job_id
-                )
-            # Outside ``writing``: a lease given up meanwhile cancels the attempt here.
-            if self._lease.lost:
-                raise LeaseLost()
-            WRITES_RETRIED.inc()
-            await asyncio.sleep(pause)
-            if self._lease.lost:
-                raise LeaseLost()
-            pause = min(pause * 2, LONGEST_WRITE_PAUSE_SECONDS)
+        loop = asyncio.get_running_loop()
+        given_up_at: float | None = None
+        # Held across the pauses too when the write may outlive the lease: the keeper then
+        # leaves this attempt to end itself.
+        async with self._lease.writing() if past_the_lease else contextlib.nullcontext():
+            while True:
+                try:
+                    async with self._lease.writing():
+                        return await write()
+                except Exception as error:
+                    outage = classify(error)
+                    if outage is None:
+                        raise
+                    log_unavailable(
+                        _OUTAGE_LOG, outage.dependency, outage.kind, job_id=self._job.job_id
+                    )
+                if self._lease.lost:
+                    given_up_at = loop.time() if given_up_at is None else given_up_at
+                    if loop.time() - given_up_at >= past_the_lease:
+                        raise LeaseLost()
+                WRITES_RETRIED.inc()
+                # Outside ``writing`` (unless held above): a lease given up meanwhile
+                # cancels the attempt here.
+                await asyncio.sleep(pause)
+                if self._lease.lost and not past_the_lease:
+                    raise LeaseLost()
+                pause = min(pause * 2, LONGEST_WRITE_PAUSE_SECONDS)
 
     def _fenced(self, write: FencedWrite, value: str | None = None) -> Awaitable[Written | None]:
         """One of this attempt's fenced writes, sent with whatever the process's other

@@ -1,13 +1,16 @@
 """An attempt rides out a database outage shorter than its lease: a write PostgreSQL could
 not take is sent again once it answers, so the job keeps its attempt and, above all, the
 request id of a submit the provider already accepted (without it the job would wait for
-an operator). An outage longer than the lease ends the attempt without a second submit.
-PostgreSQL here is the module's own, frozen on purpose (SIGSTOP: sockets open, nothing
-answers)."""
+an operator). That id is worth more than the lease: it is sent for as long again after
+the lease was given up (its fence refuses it once anybody else took the job), so the
+reaper resumes the job instead of an operator deciding it. An outage longer than both
+ends the attempt without a second submit. PostgreSQL here is the module's own, frozen on
+purpose (SIGSTOP: sockets open, nothing answers)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -88,16 +91,42 @@ async def test_a_freeze_after_the_submit_keeps_the_request_id_and_the_attempt(
     assert stack.provider.submits == [(job.job_id, f"{job.job_id}:1")]
 
 
-async def test_an_outage_longer_than_the_lease_ends_the_attempt_without_a_second_submit(
+async def test_an_outage_a_little_longer_than_the_lease_still_keeps_the_request_id(
+    frozen_stack: tuple[OwnPostgres, Engine], caplog: pytest.LogCaptureFixture
+) -> None:
+    pg, stack = frozen_stack
+    caplog.set_level(logging.INFO, "services.creation.worker.attempt")
+    lost = abandoned()
+    async with frozen_after_submit(pg, stack) as (job, worker):
+        # The keeper gives the lease up once beats failed for a lease's length (5 s); the
+        # attempt holding the provider's answer goes on sending it.
+        await until(lambda: abandoned() > lost, 20)
+        assert worker.running == 1
+        pg.thaw()
+        kept = await stack.until_job(job.job_id, lambda j: j.provider_request_id is not None)
+        assert (kept.status, kept.step) == (Status.RUNNING, Step.GENERATING)
+        await until(lambda: worker.running == 0, 10)  # the lease is gone: nothing more
+        # The reaper finds the lease expired with the request known: it resumes the job,
+        # and the worker claims it again and polls the same request.
+        await stack.reaper().sweep()
+        done = await stack.until_job(job.job_id, lambda j: j.status.terminal, 30)
+    assert (done.status, done.attempt) == (Status.SUCCEEDED, 1)
+    assert stack.provider.submits == [(job.job_id, f"{job.job_id}:1")]
+    said = [r.getMessage() for r in caplog.records]
+    assert "request_id_recorded_without_the_lease" in said
+    assert "request_id_unrecorded" not in said
+
+
+async def test_an_outage_longer_than_the_lease_and_as_long_again_leaves_it_to_an_operator(
     frozen_stack: tuple[OwnPostgres, Engine], caplog: pytest.LogCaptureFixture
 ) -> None:
     pg, stack = frozen_stack
     lost = abandoned()
     async with frozen_after_submit(pg, stack) as (job, worker):
-        # The keeper gives the lease up once beats failed for a lease's length (5 s):
-        # the attempt stops sending its write.
+        # The lease given up (5 s of failed beats), the request id sent for 5 s more: then
+        # the attempt stops sending it.
         await until(lambda: abandoned() > lost, 20)
-        await until(lambda: worker.running == 0, 10)
+        await until(lambda: worker.running == 0, 15)
         pg.thaw()
         still = await stack.job(job.job_id)
         assert (still.status, still.step, still.provider_request_id) == (
