@@ -54,6 +54,8 @@ ENGINE_ENV = {
 }
 LIMITS = {
     "ATELIER_ENV": "test",
+    # Six processes on a server other modules share: its connection limit is theirs too.
+    "ATELIER_DB_POOL_SIZE": "4",
     "ATELIER_IN_FLIGHT_LIMIT": "1000",
     "ATELIER_DAILY_QUOTA": "10000",
     "ATELIER_WELCOME_POINTS": "100000",
