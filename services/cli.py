@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from services import edge_config
-from services.kit.settings import CommonSettings, EnvReader, SettingsError
+from services.kit.settings import CommonSettings, EnvReader, MigrationSettings, SettingsError
 
 SERVICES = ("creation", "media", "notify")
 
@@ -49,11 +49,14 @@ def _migrate(args: argparse.Namespace) -> int:
     environ = dict(os.environ)
     if args.database_url:
         environ["ATELIER_DATABASE_URL"] = args.database_url
+    # Only what migrating uses: the Job that runs this holds no service secret.
     reader = EnvReader(environ)
-    url = CommonSettings.read(reader).database_url
+    settings = MigrationSettings.read(reader)
     reader.finish()
     for name in SERVICES if args.service == "all" else (args.service,):
-        migrations.upgrade(name, url)
+        migrations.upgrade(
+            name, settings.database_url, connect_timeout_seconds=settings.connect_timeout_seconds
+        )
         print(f"migrated {name}", file=sys.stderr)
     return 0
 

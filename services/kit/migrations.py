@@ -18,17 +18,31 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from services.kit.db import asyncpg_url
 
+# asyncpg's own default: callers that know better (`atelier migrate`) pass their setting.
+DEFAULT_CONNECT_TIMEOUT_SECONDS = 60.0
 
-def alembic_config(service: str, database_url: str) -> Config:
+
+def alembic_config(
+    service: str,
+    database_url: str,
+    connect_timeout_seconds: float = DEFAULT_CONNECT_TIMEOUT_SECONDS,
+) -> Config:
     config = Config()
     config.set_main_option("script_location", f"services.{service}:migrations")
     config.attributes["database_url"] = database_url
+    config.attributes["connect_timeout_seconds"] = connect_timeout_seconds
     return config
 
 
-def upgrade(service: str, database_url: str, revision: str = "head") -> None:
+def upgrade(
+    service: str,
+    database_url: str,
+    revision: str = "head",
+    *,
+    connect_timeout_seconds: float = DEFAULT_CONNECT_TIMEOUT_SECONDS,
+) -> None:
     """Migrates a service's schema. Call it where no event loop runs (it starts one)."""
-    command.upgrade(alembic_config(service, database_url), revision)
+    command.upgrade(alembic_config(service, database_url, connect_timeout_seconds), revision)
 
 
 def downgrade(service: str, database_url: str, revision: str) -> None:
@@ -42,6 +56,9 @@ def _lock_key(schema: str) -> int:
 def run_env(schema: str, metadata: MetaData) -> None:
     """The body of every service's ``env.py``: online migrations of one schema."""
     url = context.config.attributes["database_url"]
+    timeout = context.config.attributes.get(
+        "connect_timeout_seconds", DEFAULT_CONNECT_TIMEOUT_SECONDS
+    )
 
     def migrate(connection: Connection) -> None:
         connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": _lock_key(schema)})
@@ -63,7 +80,9 @@ def run_env(schema: str, metadata: MetaData) -> None:
             connection.commit()
 
     async def run() -> None:
-        engine = create_async_engine(asyncpg_url(url), poolclass=pool.NullPool)
+        engine = create_async_engine(
+            asyncpg_url(url), poolclass=pool.NullPool, connect_args={"timeout": timeout}
+        )
         try:
             async with engine.connect() as connection:
                 await connection.run_sync(migrate)

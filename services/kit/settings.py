@@ -128,6 +128,17 @@ def port(reader: EnvReader, name: str, default: int) -> int:
     return reader.integer(name, default, minimum=1, maximum=65535)
 
 
+DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/atelier"
+
+
+def database_url(reader: EnvReader) -> str:
+    return reader.postgres_url("DATABASE_URL", DEFAULT_DATABASE_URL)
+
+
+def connect_timeout(reader: EnvReader) -> float:
+    return reader.seconds("DB_CONNECT_TIMEOUT", 1.5, minimum=0.1, maximum=120)
+
+
 @dataclass(frozen=True)
 class DatabaseSettings:
     """Deadlines for every way a database call can wait. A server that is down or frozen
@@ -148,9 +159,7 @@ class DatabaseSettings:
             ),
             lock_timeout_seconds=reader.seconds("DB_LOCK_TIMEOUT", 1.0, minimum=0.05, maximum=600),
             pool_timeout_seconds=reader.seconds("DB_POOL_TIMEOUT", 2.0, minimum=0.05, maximum=600),
-            connect_timeout_seconds=reader.seconds(
-                "DB_CONNECT_TIMEOUT", 1.5, minimum=0.1, maximum=120
-            ),
+            connect_timeout_seconds=connect_timeout(reader),
             pool_size=reader.integer("DB_POOL_SIZE", 20, minimum=1, maximum=500),
         )
         reader.require(
@@ -226,9 +235,7 @@ class CommonSettings:
         settings = cls(
             env=env,
             host=reader.string("HOST", "127.0.0.1"),
-            database_url=reader.postgres_url(
-                "DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/atelier"
-            ),
+            database_url=database_url(reader),
             jwt_secret=reader.secret("JWT_SECRET", DEV_JWT_SECRET, min_length=32),
             jwt_issuer=reader.string("JWT_ISSUER", "atelier"),
             jwt_audience=reader.string("JWT_AUDIENCE", "atelier-app"),
@@ -261,6 +268,22 @@ class CommonSettings:
                 settings.service_token != DEV_SERVICE_TOKEN, "SERVICE_TOKEN", "must be set in prod"
             )
         return settings
+
+
+@dataclass(frozen=True)
+class MigrationSettings:
+    """What `atelier migrate` reads, in every environment: the database and how long to
+    wait for it. The migration Job holds no service secret, so it reads none; the services
+    still refuse to start without theirs (CommonSettings)."""
+
+    database_url: str
+    connect_timeout_seconds: float
+
+    @classmethod
+    def read(cls, reader: EnvReader) -> MigrationSettings:
+        return cls(
+            database_url=database_url(reader), connect_timeout_seconds=connect_timeout(reader)
+        )
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 import pytest
 
 from services.creation.settings import CreationSettings
-from services.kit.settings import DEV_JWT_SECRET, SettingsError
+from services.kit.settings import DEV_JWT_SECRET, EnvReader, MigrationSettings, SettingsError
 from services.notify.settings import NotifySettings
 
 
@@ -118,3 +118,27 @@ def test_tracing_is_read_from_otel_variables() -> None:
         0.25,
     )
     assert tracing.export_delay_seconds == 0.5
+
+
+def test_migrating_reads_only_the_database_in_every_environment() -> None:
+    reader = EnvReader(
+        {
+            "ATELIER_ENV": "prod",
+            "ATELIER_DATABASE_URL": "postgresql://atelier@db:5432/atelier",
+            # Read by the services, not by a migration: no reason to refuse one.
+            "ATELIER_LEASE_TTL": "-5",
+        }
+    )
+    settings = MigrationSettings.read(reader)
+    reader.finish()
+    assert settings.database_url == "postgresql://atelier@db:5432/atelier"
+    assert settings.connect_timeout_seconds == 1.5
+
+
+def test_migrating_still_checks_what_it_reads() -> None:
+    reader = EnvReader({"ATELIER_DATABASE_URL": "mysql://db/x", "ATELIER_DB_CONNECT_TIMEOUT": "0"})
+    MigrationSettings.read(reader)
+    with pytest.raises(SettingsError) as caught:
+        reader.finish()
+    assert "ATELIER_DATABASE_URL must be a postgresql:// URL" in str(caught.value)
+    assert "ATELIER_DB_CONNECT_TIMEOUT must be between 0.1 and 120 seconds" in str(caught.value)
