@@ -45,6 +45,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _migrate(args: argparse.Namespace) -> int:
     from services.kit import migrations
+    from services.kit.db_connect import ConnectFailed
 
     environ = dict(os.environ)
     if args.database_url:
@@ -54,9 +55,15 @@ def _migrate(args: argparse.Namespace) -> int:
     settings = MigrationSettings.read(reader)
     reader.finish()
     for name in SERVICES if args.service == "all" else (args.service,):
-        migrations.upgrade(
-            name, settings.database_url, connect_timeout_seconds=settings.connect_timeout_seconds
-        )
+        try:
+            migrations.upgrade(
+                name,
+                settings.database_url,
+                connect_timeout_seconds=settings.connect_timeout_seconds,
+            )
+        except ConnectFailed as error:
+            print(f"atelier migrate: {error}", file=sys.stderr)
+            return 1
         print(f"migrated {name}", file=sys.stderr)
     return 0
 

@@ -13,6 +13,7 @@ from services.dev.banner import banner
 from services.dev.processes import StartupError
 from services.dev.stack import Stack, StackPorts
 from services.kit.auth import issue_token
+from services.kit.db_connect import ConnectFailed
 from services.kit.settings import CommonSettings, EnvReader, port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +55,11 @@ def run_dev() -> int:
         apns_peer_port=apns_peer_port,
     )
     _say("migrating and seeding")
-    stack.migrate()
+    try:
+        stack.migrate()
+    except ConnectFailed as error:
+        _say(f"atelier dev: not started, {error}")
+        return 1
     _say("starting the local APNs peer, creation, media, notify and Envoy")
     try:
         stack.start()

@@ -2,7 +2,8 @@
 
 Each service keeps its revisions in ``services/<name>/migrations/versions`` and its version
 table inside its own schema, so histories never collide. Migrating takes an advisory lock:
-replicas that start together migrate one at a time.
+replicas that start together migrate one at a time. A database that cannot be reached is
+one line saying why (services/kit/db_connect.py), not a stack trace.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from services.kit.db import asyncpg_url
+from services.kit.db_connect import connect
 
 # asyncpg's own default: callers that know better (`atelier migrate`) pass their setting.
 DEFAULT_CONNECT_TIMEOUT_SECONDS = 60.0
@@ -41,7 +43,8 @@ def upgrade(
     *,
     connect_timeout_seconds: float = DEFAULT_CONNECT_TIMEOUT_SECONDS,
 ) -> None:
-    """Migrates a service's schema. Call it where no event loop runs (it starts one)."""
+    """Migrates a service's schema. Call it where no event loop runs (it starts one).
+    Raises ConnectFailed, with its one-line reason, when the database cannot be reached."""
     command.upgrade(alembic_config(service, database_url, connect_timeout_seconds), revision)
 
 
@@ -84,8 +87,11 @@ def run_env(schema: str, metadata: MetaData) -> None:
             asyncpg_url(url), poolclass=pool.NullPool, connect_args={"timeout": timeout}
         )
         try:
-            async with engine.connect() as connection:
+            connection = await connect(engine, url, timeout)
+            try:
                 await connection.run_sync(migrate)
+            finally:
+                await connection.close()
         finally:
             await engine.dispose()
 
