@@ -14,6 +14,7 @@ from services.creation.errors import MediaUnavailable
 from services.kit.grpc_client import InternalClient, RemoteFailure
 from services.kit.logging import get_logger
 from services.kit.outages import Throttle
+from services.kit.sizes import byte_size
 
 log = get_logger(__name__)
 
@@ -224,7 +225,7 @@ class MediaClient:
                 data += message.chunk
                 if len(data) > max_bytes:
                     call.cancel()
-                    raise AssetUnreadable(f"asset {asset_id} is larger than {max_bytes} bytes")
+                    raise AssetUnreadable(f"asset {asset_id} is larger than {byte_size(max_bytes)}")
         except grpc.aio.AioRpcError as error:
             if error.code() in _UNREADABLE:
                 raise _unreadable(asset_id, error) from None

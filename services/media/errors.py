@@ -7,6 +7,7 @@ from __future__ import annotations
 import grpc
 
 from services.kit.errors import ApiError, DomainError, FieldViolation
+from services.kit.sizes import byte_size
 
 
 class Reason:
@@ -175,7 +176,9 @@ class StreamTooLarge(MediaError):
         self.max_bytes = max_bytes
 
     def to_api_error(self) -> ApiError:
-        violation = FieldViolation("chunk", f"the asset must be at most {self.max_bytes} bytes")
+        violation = FieldViolation(
+            "chunk", f"the asset must be at most {byte_size(self.max_bytes)}"
+        )
         return ApiError(
             grpc.StatusCode.INVALID_ARGUMENT,
             Reason.UPLOAD_TOO_LARGE,

@@ -12,6 +12,7 @@ from atelier.media.v1 import asset_pb2
 from atelier.media.v1 import media_internal_service_pb2 as internal_pb2
 from services.kit.errors import ApiError, FieldViolation, invalid_argument
 from services.kit.idempotency import choose_key
+from services.kit.sizes import byte_size
 from services.media.errors import Reason
 from services.media.model import (
     CONTENT_TYPES,
@@ -81,7 +82,9 @@ def size_bytes(value: int, maximum: int) -> int:
     if value <= 0:
         raise bad_field(Reason.INVALID_SIZE, "size_bytes", "must be the upload's size in bytes")
     if value > maximum:
-        raise bad_field(Reason.UPLOAD_TOO_LARGE, "size_bytes", f"must be at most {maximum}")
+        raise bad_field(
+            Reason.UPLOAD_TOO_LARGE, "size_bytes", f"must be at most {byte_size(maximum)}"
+        )
     return value
 
 

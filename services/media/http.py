@@ -28,6 +28,7 @@ from typing import Protocol
 from aiohttp import web
 
 from services.kit.logging import get_logger
+from services.kit.sizes import byte_size
 from services.media.errors import MediaError, Reason
 from services.media.http_answers import (
     ObjectServer,
@@ -147,11 +148,7 @@ class ObjectHttpServer:
             now=self._clock(),
         )
         if verdict is Verdict.BAD_SIGNATURE:
-            raise Refused(
-                403,
-                Reason.SIGNATURE_MISMATCH,
-                "the signature does not match this request (URL, method or headers changed)",
-            )
+            raise Refused(403, Reason.SIGNATURE_MISMATCH, _mismatch(method, content_type))
         if verdict is Verdict.EXPIRED:
             raise Refused(403, Reason.URL_EXPIRED, "the URL has expired")
 
@@ -170,7 +167,9 @@ class ObjectHttpServer:
         if length is None:
             raise Refused(411, Reason.LENGTH_REQUIRED, "send Content-Length")
         if length > signed_size:
-            raise Refused(413, Reason.TOO_LARGE, f"at most {signed_size} bytes may be uploaded")
+            raise Refused(
+                413, Reason.TOO_LARGE, f"at most {byte_size(signed_size)} may be uploaded"
+            )
         try:
             await self._storage.put(key, _body(request, length), content_type)
         except ObjectExists:
@@ -213,6 +212,20 @@ class ObjectHttpServer:
         if not await asyncio.to_thread(path.is_file):
             raise Refused(404, Reason.NO_SUCH_OBJECT, "no such object")
         return web.FileResponse(path, headers={"Content-Type": content_type, **_SECURITY_HEADERS})
+
+
+def _mismatch(method: str, content_type: str) -> str:
+    """What a refused signature tells the client to change. An upload is signed for its
+    Content-Type, so the likeliest mistake is a PUT that sends another one (or none): say
+    which one arrived, and that uploadHeaders must be sent as the upload answer gave them."""
+    if method != "PUT":
+        return "the signature does not match this request: use the URL exactly as given"
+    sent = f"Content-Type {content_type!r}" if content_type else "no Content-Type"
+    return (
+        "the signature does not match this request: send the PUT to uploadUrl unchanged,"
+        " with every header of uploadHeaders exactly as the upload answer gave it (this"
+        f" request had {sent})"
+    )
 
 
 def _gone(status: Status | None) -> Refused:

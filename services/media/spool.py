@@ -16,6 +16,8 @@ from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass
 from typing import IO
 
+from services.kit.sizes import byte_size
+
 # Chunks up to this size are hashed on the event loop (tens of microseconds).
 INLINE_CHUNK_BYTES = 64 * 1024
 
@@ -70,7 +72,7 @@ async def spool(chunks: AsyncIterable[bytes], *, max_bytes: int, memory_bytes: i
         async for chunk in chunks:
             size += len(chunk)
             if size > max_bytes:
-                raise SpoolLimitExceeded(f"more than {max_bytes} bytes")
+                raise SpoolLimitExceeded(f"more than {byte_size(max_bytes)}")
             if in_memory and size > memory_bytes:
                 file = await asyncio.to_thread(_to_disk, buffer)
                 buffer.close()

@@ -227,6 +227,19 @@ async def test_create_upload_refuses_bad_fields(
     assert [v.field for v in violations.field_violations] == [field]
 
 
+async def test_an_upload_over_the_limit_is_told_the_limit_in_mib(
+    stub: media_service_pb2_grpc.MediaServiceStub,
+) -> None:
+    request = media_service_pb2.CreateUploadRequest(
+        purpose=INPUT, content_type="image/png", size_bytes=MAX_UPLOAD + 1
+    )
+    _, _, error = await failure(stub.CreateUpload(request, metadata=bearer(ALICE)))
+    violations = bad_request(error)
+    assert violations is not None
+    # MAX_UPLOAD is 1048576 bytes: said the way people read it.
+    assert violations.field_violations[0].description == "must be at most 1 MiB"
+
+
 async def test_the_largest_allowed_upload_is_accepted(
     stub: media_service_pb2_grpc.MediaServiceStub,
 ) -> None:

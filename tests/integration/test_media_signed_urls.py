@@ -125,6 +125,38 @@ async def test_hostile_upload_urls_are_refused_cleanly(media: MediaHarness, case
     assert untouched.status_code == 200
 
 
+@pytest.mark.parametrize(
+    ("content_type", "arrived"),
+    [("image/png", "Content-Type 'image/png'"), (None, "no Content-Type")],
+)
+async def test_an_upload_without_its_signed_headers_is_told_to_send_upload_headers(
+    media: MediaHarness, content_type: str | None, arrived: str
+) -> None:
+    """The signature covers the Content-Type given in uploadHeaders: a PUT with another
+    one (or none) is refused, and the answer says which headers to send."""
+    upload = await create_upload(media, ALICE, JPEG)
+    assert dict(upload.upload_headers) == {"Content-Type": "image/jpeg"}
+    headers = {"Content-Type": content_type} if content_type else {}
+    async with httpx.AsyncClient() as client:
+        response = await client.put(upload.upload_url, content=JPEG, headers=headers)
+    assert (response.status_code, *http_status(response)) == MISMATCH
+    message = response.json()["message"]
+    assert "uploadHeaders" in message and "exactly as the upload answer gave it" in message
+    assert f"this request had {arrived}" in message
+
+
+async def test_an_upload_longer_than_signed_is_told_the_size_it_may_be(
+    media: MediaHarness,
+) -> None:
+    upload = await create_upload(media, ALICE, b"x" * 3 * 1024)
+    async with httpx.AsyncClient() as client:
+        response = await client.put(
+            upload.upload_url, content=b"x" * 4 * 1024, headers=dict(upload.upload_headers)
+        )
+    assert (response.status_code, *http_status(response)) == (413, INVALID_ARGUMENT, "TOO_LARGE")
+    assert response.json()["message"] == "at most 3 KiB may be uploaded"
+
+
 @pytest.mark.parametrize("case", sorted({**COMMON, **GET_ONLY}))
 async def test_hostile_download_urls_are_refused_cleanly(urls: SignedUrls, case: str) -> None:
     change, expected = {**COMMON, **GET_ONLY}[case]

@@ -20,6 +20,7 @@ from atelier.creation.v1 import worker_service_pb2 as pb
 from atelier.creation.v1 import worker_service_pb2_grpc
 from services.kit.grpc_client import RemoteFailure
 from services.kit.logging import get_logger
+from services.kit.sizes import byte_size
 
 log = get_logger(__name__)
 
@@ -41,7 +42,7 @@ class InputTooLarge(Exception):
     """The job's input is larger than this worker reads."""
 
     def __init__(self, max_bytes: int) -> None:
-        super().__init__(f"the input is larger than {max_bytes} bytes")
+        super().__init__(f"the input is larger than {byte_size(max_bytes)}")
 
 
 class Refused(Exception):

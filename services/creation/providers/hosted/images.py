@@ -30,6 +30,7 @@ from services.creation.providers.base import (
     ProviderError,
 )
 from services.creation.providers.hosted.http import USER_AGENT
+from services.kit.sizes import byte_size
 
 # What we land through media, by the format Pillow finds.
 ACCEPTED = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp"}
@@ -128,7 +129,7 @@ class OutputFetcher:
 
 
 def _too_large(max_bytes: int) -> Failed:
-    return Failed("OUTPUT_INVALID", f"the output is larger than {max_bytes} bytes", False)
+    return Failed("OUTPUT_INVALID", f"the output is larger than {byte_size(max_bytes)}", False)
 
 
 def _data_uri(url: str) -> bytes | None:
