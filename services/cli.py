@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from services import edge_config
+from services.kit.auth import CLOCK_SKEW_SECONDS
 from services.kit.settings import CommonSettings, EnvReader, MigrationSettings, SettingsError
 
 SERVICES = ("creation", "media", "notify")
@@ -143,9 +144,24 @@ def parser() -> argparse.ArgumentParser:
     migrate.add_argument("--database-url", help="defaults to ATELIER_DATABASE_URL")
     migrate.set_defaults(run=_migrate)
 
-    token = commands.add_parser("token", help="print a user JWT signed with ATELIER_JWT_SECRET")
+    token = commands.add_parser(
+        "token",
+        help="print a user JWT signed with ATELIER_JWT_SECRET",
+        description=(
+            "Print a user JWT signed with ATELIER_JWT_SECRET. The services allow for"
+            f" {CLOCK_SKEW_SECONDS} s of clock difference between the issuer and"
+            f" themselves: a token is accepted until {CLOCK_SKEW_SECONDS} s after its exp"
+            f" (so --ttl 1 works for about {CLOCK_SKEW_SECONDS + 1} s), and refused as"
+            " TOKEN_EXPIRED after that."
+        ),
+    )
     token.add_argument("--user", default="dev-user", help="the token's subject (user id)")
-    token.add_argument("--ttl", type=int, default=24 * 3600, help="lifetime in seconds")
+    token.add_argument(
+        "--ttl",
+        type=int,
+        default=24 * 3600,
+        help=f"lifetime in seconds (exp - iat); accepted {CLOCK_SKEW_SECONDS} s past exp",
+    )
     token.add_argument(
         "--service",
         action="store_true",

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 import jwt
 import pytest
 
 from services.cli import main
-from services.kit.auth import JwtAuthenticator
+from services.kit.auth import JwtAuthenticator, issue_token
+from services.kit.errors import ApiError
 from services.kit.settings import DEV_JWT_SECRET
 
 
@@ -39,3 +42,24 @@ def test_the_default_token_is_one_the_services_accept(
         [("authorization", f"Bearer {token}")]
     )
     assert principal.user_id == "dev-user"
+
+
+def test_the_help_says_how_long_past_exp_a_token_is_accepted(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["token", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "accepted until 30 s after its exp" in help_text
+    # What the help says is what the services do: 29 s past exp works, 31 s does not.
+    authenticator = JwtAuthenticator(DEV_JWT_SECRET, "atelier", "atelier-app")
+    now = time.time()
+    for past_exp, accepted in ((29, True), (31, False)):
+        token = issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", "u", 1, now - 1 - past_exp)
+        metadata = [("authorization", f"Bearer {token}")]
+        if accepted:
+            assert authenticator.authenticate(metadata).user_id == "u"
+        else:
+            with pytest.raises(ApiError) as refused:
+                authenticator.authenticate(metadata)
+            assert refused.value.reason == "TOKEN_EXPIRED"
