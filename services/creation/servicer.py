@@ -27,8 +27,9 @@ Context = aio.ServicerContext[Any, Any]
 # ListJobs pages: newest first by (created_at, job_id); bound to the filter (statuses and
 # time range).
 JOB_PAGES = KeysetCodec("jobs", Cursor, created_at=Timestamp(), job_id=Uuid())
-# ListLedgerEntries pages: newest first by (created_at, entry_id); bound to the caller.
-LEDGER_PAGES = KeysetCodec("ledgerEntries", EntryCursor, created_at=Timestamp(), entry_id=Integer())
+# ListLedgerEntries pages: newest first by entry_id (the entries' sequence); bound to the
+# caller. A token of the earlier (created_at, entry_id) order has other fields: refused.
+LEDGER_PAGES = KeysetCodec("ledgerEntries", EntryCursor, entry_id=Integer())
 
 
 def _job_id(value: str) -> str:

@@ -337,11 +337,10 @@ points_ledger = Table(
     UniqueConstraint("job_id", "kind", name="uq_points_ledger_job_id_kind"),
     UniqueConstraint("user_id", "grant_key", name="uq_points_ledger_user_id_grant_key"),
 )
-# A user's entries newest first (ListLedgerEntries' keyset pages).
+# A user's entries newest first by sequence (ListLedgerEntries' keyset pages).
 Index(
-    "ix_points_ledger_user_newest",
+    "ix_points_ledger_user_sequence",
     points_ledger.c.user_id,
-    points_ledger.c.created_at.desc(),
     points_ledger.c.entry_id.desc(),
 )
 

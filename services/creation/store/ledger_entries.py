@@ -1,11 +1,17 @@
-"""A user's ledger entries, newest first, for ListLedgerEntries."""
+"""A user's ledger entries, newest first, for ListLedgerEntries.
+
+Newest by sequence: entry_id is the order the entries were made in. Their created_at is
+the writer's clock (the API's, a worker's), which may disagree between processes and
+ties within a statement (a first submit's welcome grant and reserve), so it orders
+nothing; entry_id is unique, so the order is total and a page's last entry positions
+the next page exactly."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import bindparam, select, tuple_
+from sqlalchemy import bindparam, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.tables import points_ledger
@@ -25,9 +31,8 @@ class LedgerEntry:
 
 @dataclass(frozen=True)
 class EntryCursor:
-    """Where a page ends: its last entry's (created_at, entry_id)."""
+    """Where a page ends: its last entry's entry_id."""
 
-    created_at: datetime
     entry_id: int
 
 
@@ -40,23 +45,22 @@ _COLUMNS = (
     points_ledger.c.reason,
     points_ledger.c.created_at,
 )
-_NEWEST_FIRST = (points_ledger.c.created_at.desc(), points_ledger.c.entry_id.desc())
+_NEWEST_FIRST = points_ledger.c.entry_id.desc()
 
-# The first page and the pages after a cursor (both ride ix_points_ledger_user_newest).
+# The first page and the pages after a cursor (both ride ix_points_ledger_user_sequence).
 FIRST_PAGE = DriverStatement.of(
     select(*_COLUMNS)
     .where(points_ledger.c.user_id == bindparam("user_id"))
-    .order_by(*_NEWEST_FIRST)
+    .order_by(_NEWEST_FIRST)
     .limit(bindparam("limit"))
 )
 NEXT_PAGE = DriverStatement.of(
     select(*_COLUMNS)
     .where(
         points_ledger.c.user_id == bindparam("user_id"),
-        tuple_(points_ledger.c.created_at, points_ledger.c.entry_id)
-        < tuple_(bindparam("created_at"), bindparam("entry_id")),
+        points_ledger.c.entry_id < bindparam("entry_id"),
     )
-    .order_by(*_NEWEST_FIRST)
+    .order_by(_NEWEST_FIRST)
     .limit(bindparam("limit"))
 )
 
@@ -73,7 +77,6 @@ async def list_for_user(
             engine,
             NEXT_PAGE,
             user_id=user_id,
-            created_at=after.created_at,
             entry_id=after.entry_id,
             limit=limit + 1,
         )
@@ -90,4 +93,4 @@ async def list_for_user(
         for row in rows[:limit]
     ]
     more = len(rows) > limit
-    return found, EntryCursor(found[-1].created_at, found[-1].entry_id) if more else None
+    return found, EntryCursor(found[-1].entry_id) if more else None

@@ -1,6 +1,7 @@
 """Money visible, through creation's real listeners and PostgreSQL: GetBalance says what
 is reserved and what the submit's quotas have left (the same counts the submit refuses
-by), and ListLedgerEntries pages a user's own entries, newest first."""
+by), and ListLedgerEntries pages a user's own entries, newest first by the order they
+were made in (their sequence), whatever their timestamps say."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from atelier.creation.v1 import creation_service_pb2, creation_service_pb2_grpc, ledger_pb2
 from services.creation.errors import DailyQuotaExceeded
 from services.creation.store import jobs as store
-from services.creation.store import leases
+from services.creation.store import leases, ledger
 from services.creation.store.jobs import SubmitLimits
 from tests.integration.creation.helpers import (
     T0,
@@ -147,3 +148,52 @@ async def test_ledger_pages_are_newest_first_and_each_users_own(
     assert error_info(caught.value).reason == "INVALID_PAGE_TOKEN"
     violations = bad_request(caught.value)
     assert violations is not None and violations.field_violations[0].field == "page_token"
+
+
+async def list_all(
+    stub: creation_service_pb2_grpc.CreationServiceStub, user: str, page_size: int
+) -> list[ledger_pb2.LedgerEntry]:
+    """Every entry of ``user``, page by page."""
+    seen: list[ledger_pb2.LedgerEntry] = []
+    token = ""
+    while True:
+        page = await stub.ListLedgerEntries(
+            creation_service_pb2.ListLedgerEntriesRequest(page_size=page_size, page_token=token),
+            metadata=user_token(user),
+        )
+        seen.extend(page.ledger_entries)
+        token = page.next_page_token
+        if not token:
+            return seen
+
+
+async def test_a_first_submits_welcome_grant_is_older_than_the_reserve_it_paid_for(
+    engine: AsyncEngine, stub: creation_service_pb2_grpc.CreationServiceStub
+) -> None:
+    """The first submit grants the welcome points and reserves the price in one statement,
+    at one timestamp: the grant came first, so it is listed as the older entry."""
+    user = new_user()
+    job = (await store.submit(engine, user, command(), LIMITS, T0)).job
+    entries = await list_all(stub, user, 100)
+    assert [(e.kind, e.job_id) for e in entries] == [
+        (KIND.LEDGER_ENTRY_KIND_RESERVE, job.job_id),
+        (KIND.LEDGER_ENTRY_KIND_GRANT, ""),
+    ]
+    assert entries[0].create_time == entries[1].create_time
+    assert entries[0].entry_id > entries[1].entry_id
+
+
+async def test_ledger_pages_follow_the_entries_sequence_not_their_clocks(
+    engine: AsyncEngine, stub: creation_service_pb2_grpc.CreationServiceStub
+) -> None:
+    """Entries are made by processes with their own clocks, so a later entry can carry an
+    earlier time: the list is newest first by sequence (entry_id), one total order, and
+    its pages, one entry each, neither repeat nor skip one."""
+    user = new_user()
+    clocks = [T0 + timedelta(seconds=30), T0, T0 + timedelta(seconds=10), T0]
+    for n, now in enumerate(clocks):
+        await ledger.grant_points(engine, user, 1 + n, f"op:{n}", "promo", 0, now)
+    entries = await list_all(stub, user, 1)
+    assert [e.amount for e in entries] == [4, 3, 2, 1]
+    ids = [e.entry_id for e in entries]
+    assert ids == sorted(ids, reverse=True) and len(set(ids)) == 4
