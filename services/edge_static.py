@@ -1,5 +1,6 @@
-"""Files the edge serves itself, with no service behind them: the OpenAPI document and the
-web playground (web/playground/), as listed in :data:`STATIC_FILES`.
+"""Files the edge serves itself, with no service behind them: the OpenAPI document, the
+web playground (web/playground/) and its icon at /favicon.ico, as listed in
+:data:`STATIC_FILES`.
 
 Each file becomes one route in front of all others: its exact path, GET or HEAD, answered
 by an Envoy direct response whose body Envoy reads from the file when it loads its config
@@ -78,9 +79,18 @@ PLAYGROUND_FILES: tuple[StaticFile, ...] = (
     _playground_file("/playground/edge.js", "edge.js", _JAVASCRIPT),
     _playground_file("/playground/style.css", "style.css", "text/css; charset=utf-8"),
 )
+# The playground's icon (scripts/make_favicon.py draws it), where browsers look for one.
+FAVICON = StaticFile(
+    "/favicon.ico",
+    "web/playground/favicon.ico",
+    "image/x-icon",
+    "public, max-age=86400",
+    (("x-content-type-options", "nosniff"),),
+)
 STATIC_FILES: tuple[StaticFile, ...] = (
     StaticFile("/openapi.json", "gen/openapi.json", "application/json"),
     *PLAYGROUND_FILES,
+    FAVICON,
 )
 
 

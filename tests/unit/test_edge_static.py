@@ -39,6 +39,7 @@ def test_the_playground_is_served_with_its_policy_and_the_document_without() -> 
         "/playground/app.js",
         "/playground/edge.js",
         "/playground/style.css",
+        "/favicon.ico",
     }
     for static in edge_static.PLAYGROUND_FILES:
         route = served[static.path]
@@ -51,6 +52,9 @@ def test_the_playground_is_served_with_its_policy_and_the_document_without() -> 
         assert "frame-ancestors 'none'" in headers["content-security-policy"]
         assert route["typed_per_filter_config"][edge.TRANSCODER]["disabled"] is True
     assert "content-security-policy" not in headers_of(served["/openapi.json"])
+    icon = served["/favicon.ico"]
+    assert headers_of(icon)["content-type"] == "image/x-icon"
+    assert Path(icon["direct_response"]["body"]["filename"]).read_bytes()[:4] == b"\0\0\1\0"
 
 
 def test_the_local_edge_serves_the_playground_from_the_repository() -> None:
