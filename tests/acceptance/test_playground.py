@@ -1,18 +1,23 @@
 """The web playground the edge serves at /, driven by a real headless Chromium (Debian's
-/usr/bin/chromium through Playwright) against the whole stack: sign in, upload a photo,
-a field error shown beside its field, a job watched live to its picture on screen, the
-balance and history, and a second job cancelled. A screenshot of the finished page is
-kept at var/artifacts/playground.png."""
+/usr/bin/chromium through Playwright) against the whole stack: sign in (then only Sign
+out is offered), upload a photo, a field error shown beside its field, a job watched live
+to its picture on screen and downloaded, a 429 that goes once the limit passed, the
+balance and history tiles (time, model, style), a second job cancelled (its bar ends as
+cancelled), the job kept in the address across a reload, and the icon. A screenshot of
+the finished page is kept at var/artifacts/playground.png."""
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import time
 from collections.abc import AsyncIterator, Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
+from PIL import Image
 from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright, expect
 
 from services.dev.stack import Stack
@@ -29,12 +34,14 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "var" / "artifacts"
 @pytest.fixture(scope="module")
 def running(postgres_admin_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """The whole stack with the job engine: the stub takes 3 s, beating progress twice a
-    second, so the page sees a job running and has time to cancel another."""
+    second, so the page sees a job running and has time to cancel another; one job in
+    flight at a time, so a second submit meanwhile is refused (429)."""
     work = tmp_path_factory.mktemp("playground")
     engine = {
         "ATELIER_STUB_DURATION": "3",
         "ATELIER_WORKER_PROVIDER_POLL": "0.2",
         "ATELIER_HEARTBEAT": "0.5",
+        "ATELIER_IN_FLIGHT_LIMIT": "1",
     }
     with stack_of_its_own(postgres_admin_url, work, "all", engine) as stack:
         yield stack
@@ -72,11 +79,27 @@ async def test_a_photo_becomes_a_picture_on_screen_and_a_second_job_is_cancelled
     assert "script-src 'self'" in response.headers["content-security-policy"]
     await expect(page.locator("body")).to_have_attribute("data-ready", "true")
 
-    # Sign in with a development token: the welcome points and the catalog appear.
+    # The icon the page names, served by the edge itself.
+    assert await page.locator("link[rel=icon]").get_attribute("href") == "/favicon.ico"
+    icon = await page.request.get(f"{edge}/favicon.ico")
+    assert icon.status == 200 and icon.headers["content-type"] == "image/x-icon"
+    with Image.open(io.BytesIO(await icon.body())) as picture:
+        assert picture.format == "ICO" and (32, 32) in picture.info["sizes"]
+
+    # Signed out: only Sign in is offered.
+    sign_in, sign_out = page.locator("#sign-in-button"), page.locator("#sign-out")
+    await expect(sign_in).to_be_visible()
+    await expect(sign_out).to_be_hidden()
+
+    # Sign in with a development token: the welcome points and the catalog appear, and
+    # only Sign out is offered.
     await page.fill("#token", user.token)
     await page.click("#token-form button[type=submit]")
     await expect(page.locator("#balance")).to_have_text("100 points")
     await expect(page.locator("#who")).to_contain_text(user.user_id)
+    await expect(sign_out).to_be_visible()
+    await expect(sign_in).to_be_hidden()
+    await expect(page.locator("#token")).to_be_hidden()
     await page.select_option("#model", "stub-fast")
     await page.select_option("#style", "watercolor")
 
@@ -98,7 +121,17 @@ async def test_a_photo_becomes_a_picture_on_screen_and_a_second_job_is_cancelled
     await _record_statuses(page)
     await page.click("#submit")
     status = page.locator("#job-status")
+    # A second submit while it is in flight: refused, said as a 429 while the limit holds.
+    await expect(page.locator("#cancel")).to_be_enabled()
+    await page.click("#submit")
+    notice = page.locator("#notice")
+    await expect(notice).to_contain_text("try again in")
+    await expect(notice).to_have_class("limit")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    await page.screenshot(path=str(ARTIFACTS / "playground-limit.png"))
     await expect(status).to_have_attribute("data-status", "JOB_STATUS_SUCCEEDED", timeout=20_000)
+    # The job ended, so the limit passed: the notice goes (well before its 10 s retry).
+    await expect(notice).to_be_hidden(timeout=5_000)
     await expect(page.locator("[data-error-for=prompt]")).to_be_empty()
     seen = await page.evaluate("window.__statuses")
     assert "JOB_STATUS_RUNNING" in seen, seen  # live states, not only the end
@@ -115,6 +148,24 @@ async def test_a_photo_becomes_a_picture_on_screen_and_a_second_job_is_cancelled
         "img => img.complete && img.naturalWidth > 0"
         " || new Promise(ok => img.addEventListener('load', ok))"
     )
+    # The tile says when, with which model and in which style (the catalog's names).
+    await expect(tile.locator(".tile-model")).to_have_text("Quick Sketch")
+    await expect(tile.locator(".tile-style")).to_have_text("Watercolor")
+    await expect(tile.locator("time")).to_have_text(re.compile(r"^\d{1,2}:\d{2}"))
+    made = await tile.locator("time").get_attribute("datetime")
+    assert made is not None and abs(time.time() - _epoch(made)) < 300, made
+
+    # The picture downloads: a file named after the job, the output's bytes.
+    download_link = page.locator("#download")
+    await expect(download_link).to_be_visible()
+    async with page.expect_download() as started:
+        await download_link.click()
+    download = await started.value
+    assert download.suggested_filename.startswith(f"atelier-{first_job}")
+    saved = await download.path()
+    with Image.open(saved) as picture:
+        assert picture.width > 0 and picture.format in {"PNG", "JPEG", "WEBP"}
+    await page.screenshot(path=str(ARTIFACTS / "playground-succeeded.png"), full_page=True)
 
     # A second job, cancelled while it runs: CANCELLED, its points released.
     await page.click("#submit")
@@ -124,18 +175,40 @@ async def test_a_photo_becomes_a_picture_on_screen_and_a_second_job_is_cancelled
     await page.click("#cancel")
     await expect(status).to_have_attribute("data-status", "JOB_STATUS_CANCELLED", timeout=20_000)
     await expect(page.locator("#result")).to_be_hidden()
+    await expect(download_link).to_be_hidden()
+    # Its bar ended as cancelled, not frozen at its last progress.
+    bar = page.locator("#job-progress")
+    await expect(bar).to_have_attribute("data-state", "cancelled")
+    await expect(bar).to_have_attribute("aria-valuetext", "cancelled")
+    assert await bar.evaluate("p => p.value === p.max")
+    await page.screenshot(path=str(ARTIFACTS / "playground-cancelled.png"), full_page=True)
     await expect(page.locator("#balance")).to_have_text("95 points")
     await expect(page.locator(f"#history button[data-job-id='{second_job}']")).to_have_attribute(
         "data-status", "JOB_STATUS_CANCELLED"
     )
 
-    # Back to the first job from the history: its picture again.
+    # Back to the first job from the history: its picture again, and the address names it.
     await tile.click()
     await expect(status).to_have_attribute("data-status", "JOB_STATUS_SUCCEEDED")
     await expect(page.locator("#result")).to_be_visible()
+    await expect(page).to_have_url(f"{edge}/#job={first_job}")
 
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    # A reload keeps the job on screen (the tab keeps its token, the address the job).
+    await page.reload()
+    await expect(page.locator("#job-id")).to_contain_text(first_job)
+    await expect(status).to_have_attribute("data-status", "JOB_STATUS_SUCCEEDED")
+    await expect(page.locator("#result")).to_be_visible()
+    await expect(sign_out).to_be_visible()
+    await expect(sign_in).to_be_hidden()
+
     await page.screenshot(path=str(ARTIFACTS / "playground.png"), full_page=True)
+
+    # Signing out offers Sign in again and forgets the job.
+    await sign_out.click()
+    await expect(sign_in).to_be_visible()
+    await expect(sign_out).to_be_hidden()
+    await expect(page.locator("#job")).to_be_hidden()
+    await expect(page).to_have_url(f"{edge}/")
     assert problems == []
 
 
@@ -148,6 +221,11 @@ async def test_a_refused_token_is_explained(running: Stack, browser: Browser) ->
     await expect(page.locator("#notice")).to_contain_text("paste a fresh one")
     # The token left the address bar at once (it was only ever in the fragment).
     assert "token" not in page.url
+
+
+def _epoch(rfc3339: str) -> float:
+    """Seconds since the epoch of a JSON timestamp ("2026-12-01T21:40:00.123456Z")."""
+    return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
 
 
 def _keep_errors(message: ConsoleMessage, problems: list[str]) -> None:

@@ -32,11 +32,26 @@ const state = {
   catalogLoaded: false,
   jobId: "",
   watching: null, // the AbortController of the current job's watch stream
+  // A job named in the address (#job=<id>) to show once signed in.
+  pendingJob: "",
+  // The catalog's display names by model and style id, for the history tiles.
+  names: new Map(),
+  // A limit the notice says was reached (an ErrorInfo reason), and its retry timer.
+  limitReason: "",
+  limitTimer: 0,
+};
+
+// The balance field that says whether a limit still holds, by the 429's reason.
+const LIMIT_LEFT = {
+  IN_FLIGHT_LIMIT_REACHED: "inFlightRemaining",
+  DAILY_QUOTA_EXCEEDED: "dailyJobsRemaining",
 };
 
 // --- what the user sees -----------------------------------------------------------------
 
 function notify(text, kind = "error") {
+  clearTimeout(state.limitTimer);
+  state.limitReason = "";
   const notice = $("notice");
   notice.textContent = text;
   notice.className = kind;
@@ -61,10 +76,30 @@ function showFieldErrors(violations) {
   return unplaced;
 }
 
+/** A limit was reached (429): said until it passes. The balance tells when an in-flight
+ * or daily limit passed (a job ended: see loadBalance); once the wait the answer asked
+ * for is over the page looks again, and a limit the balance does not show just goes. */
+function notifyLimit(error) {
+  notify(error.describe(), "limit");
+  state.limitReason = error.reason || "RESOURCE_EXHAUSTED";
+  state.limitTimer = setTimeout(() => {
+    if (LIMIT_LEFT[state.limitReason] && state.token) loadBalance().catch(() => {});
+    else notify("");
+  }, (error.retrySeconds ?? 1) * 1000);
+}
+
+/** Clears the notice of a reached limit that the balance shows has passed. */
+function limitPassed(balance) {
+  const left = LIMIT_LEFT[state.limitReason];
+  if (left && Number(balance[left] ?? 0) > 0) notify("");
+}
+
 /** Any failure of an action, said the way a user understands it. */
 function report(error) {
   if (error.name === "AbortError") return;
-  if (error instanceof EdgeError) {
+  if (error instanceof EdgeError && error.tooMany) {
+    notifyLimit(error);
+  } else if (error instanceof EdgeError) {
     const unplaced = showFieldErrors(error.fieldViolations);
     notify([error.describe(), ...unplaced].join(" "));
   } else if (error instanceof Unreachable) {
@@ -100,6 +135,18 @@ function updateSubmit() {
 
 const label = (status) => (status ?? "").replace(/^JOB_STATUS_/, "").replace(/_/g, " ").toLowerCase();
 
+/** Keeps the job on screen in the address (#job=<id>), so a reload shows it again. */
+function rememberJob(jobId) {
+  const fragment = jobId ? `#job=${encodeURIComponent(jobId)}` : "";
+  history.replaceState(null, "", `${location.pathname}${location.search}${fragment}`);
+}
+
+/** Signed in, the token field and Sign in give way to Sign out; signed out, back. */
+function showSignedIn(signedIn) {
+  for (const element of document.querySelectorAll(".signed-out")) element.hidden = signedIn;
+  $("sign-out").hidden = !signedIn;
+}
+
 // --- sign in ----------------------------------------------------------------------------
 
 async function signIn(token) {
@@ -107,13 +154,22 @@ async function signIn(token) {
   sessionStorage.setItem(TOKEN_KEY, state.token);
   const who = tokenSubject(state.token);
   $("who").textContent = who ? `Signed in as ${who}.` : "Signed in.";
-  $("sign-out").hidden = false;
+  showSignedIn(true);
   notify("");
   try {
-    await Promise.all([loadBalance(), loadCatalog(), loadHistory()]);
+    // The tiles name the model and style: the catalog first.
+    await Promise.all([loadBalance(), loadCatalog().then(loadHistory)]);
   } catch (error) {
     if (error instanceof EdgeError && error.httpStatus === 401) signOut();
     throw error;
+  }
+  const pending = state.pendingJob;
+  state.pendingJob = "";
+  if (pending) {
+    await open(pending).catch((error) => {
+      rememberJob("");
+      throw error;
+    });
   }
 }
 
@@ -124,8 +180,12 @@ function signOut() {
   $("token").value = "";
   $("who").textContent = "";
   $("balance").textContent = "not signed in";
-  $("sign-out").hidden = true;
+  showSignedIn(false);
   $("history").replaceChildren();
+  $("job").hidden = true;
+  $("no-job").hidden = false;
+  rememberJob("");
+  notify("");
   updateSubmit();
 }
 
@@ -150,6 +210,10 @@ async function loadCatalog() {
   const byOrder = (a, b) => (a.sortOrder ?? 0) - (b.sortOrder ?? 0);
   fill($("model"), [...(catalog.models ?? [])].sort(byOrder), "modelId");
   fill($("style"), [...(catalog.styles ?? [])].sort(byOrder), "styleId");
+  state.names = new Map([
+    ...(catalog.models ?? []).map((m) => [`model:${m.modelId}`, m.displayName]),
+    ...(catalog.styles ?? []).map((s) => [`style:${s.styleId}`, s.displayName]),
+  ]);
   state.catalogLoaded = true;
   updateSubmit();
 }
@@ -159,6 +223,37 @@ async function loadBalance() {
   const reserved = Number(balance.reservedPoints ?? 0);
   $("balance").textContent =
     `${balance.availablePoints ?? 0} points` + (reserved ? ` (${reserved} reserved)` : "");
+  limitPassed(balance);
+}
+
+/** When a job was made: the time today, the day and time before. */
+function madeAt(createTime) {
+  const when = new Date(createTime);
+  if (Number.isNaN(when.getTime())) return "";
+  const time = when.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+  if (when.toDateString() === new Date().toDateString()) return time;
+  return `${when.toLocaleDateString([], { day: "numeric", month: "short" })}, ${time}`;
+}
+
+/** A tile's caption: status, model and style by name, when it was made. */
+function tileCaption(job) {
+  const caption = document.createElement("span");
+  caption.className = "caption";
+  const status = document.createElement("span");
+  status.className = `status ${label(job.status)}`;
+  status.textContent = label(job.status);
+  const model = document.createElement("span");
+  model.className = "tile-model";
+  model.textContent = state.names.get(`model:${job.modelId}`) ?? job.modelId ?? "";
+  const style = document.createElement("span");
+  style.className = "tile-style";
+  style.textContent = state.names.get(`style:${job.styleId}`) ?? job.styleId ?? "";
+  const time = document.createElement("time");
+  time.dateTime = job.createTime ?? "";
+  time.title = job.createTime ?? "";
+  time.textContent = madeAt(job.createTime);
+  caption.append(status, model, style, time);
+  return caption;
 }
 
 /** The picture to show for a job in the grid: its thumbnail when media made one. */
@@ -176,10 +271,7 @@ async function loadHistory() {
       const placeholder = document.createElement("span");
       placeholder.className = "placeholder";
       placeholder.textContent = "—";
-      const caption = document.createElement("span");
-      caption.className = `status ${label(job.status)}`;
-      caption.textContent = label(job.status);
-      button.append(placeholder, caption);
+      button.append(placeholder, tileCaption(job));
       button.addEventListener("click", () => action(null, () => open(job.jobId)));
       item.append(button);
       showTile(placeholder, job);
@@ -260,9 +352,19 @@ function showJob(job) {
   status.className = `status ${label(job.status)}`;
   status.dataset.status = job.status;
   const progress = Number(job.progressPercent ?? 0);
-  $("job-progress").value = job.status === "JOB_STATUS_SUCCEEDED" ? 100 : progress;
-  const details = [];
   const finished = job.done || TERMINAL.has(job.status);
+  // A job that ended ends its bar: full, in the colour of how it ended (a cancelled job's
+  // last progress is no longer news).
+  const bar = $("job-progress");
+  bar.value = finished ? bar.max : progress;
+  if (finished) {
+    bar.dataset.state = label(job.status);
+    bar.setAttribute("aria-valuetext", label(job.status));
+  } else {
+    delete bar.dataset.state;
+    bar.setAttribute("aria-valuetext", `${progress} %`);
+  }
+  const details = [];
   if (!finished && job.step && job.step !== "JOB_STEP_UNSPECIFIED") details.push(job.step.replace(/^JOB_STEP_/, "").toLowerCase());
   if (job.status === "JOB_STATUS_RUNNING") details.push(`${progress} %`);
   if (job.cancelRequested && !TERMINAL.has(job.status)) details.push("cancelling…");
@@ -279,6 +381,25 @@ function showJob(job) {
   if (!url) {
     result.removeAttribute("src");
     delete result.dataset.url;
+  }
+  const download = $("download");
+  download.hidden = !url;
+  if (url) {
+    download.href = url;
+    download.download = `atelier-${job.jobId}${extension(url)}`;
+  } else {
+    download.removeAttribute("href");
+  }
+}
+
+const EXTENSIONS = { "image/png": ".png", "image/jpeg": ".jpg", "image/webp": ".webp" };
+
+/** The file name's extension for a signed URL: local storage's URLs carry their type. */
+function extension(url) {
+  try {
+    return EXTENSIONS[new URL(url, location.href).searchParams.get("type")] ?? "";
+  } catch {
+    return "";
   }
 }
 
@@ -330,6 +451,7 @@ async function finished() {
 function follow(job) {
   state.watching?.abort();
   state.jobId = job.jobId;
+  rememberJob(job.jobId);
   showJob(job);
   const controller = new AbortController();
   state.watching = controller;
@@ -390,9 +512,12 @@ function start() {
   });
   $("cancel").addEventListener("click", () => action($("cancel"), cancel));
   $("refresh").addEventListener("click", () => action($("refresh"), () => Promise.all([loadBalance(), loadHistory()])));
-  // A token in the fragment (#token=…, never sent to a server) or kept by this tab.
-  const fromFragment = new URLSearchParams(location.hash.slice(1)).get("token");
-  if (fromFragment) history.replaceState(null, "", location.pathname);
+  // A token in the fragment (#token=…, never sent to a server) or kept by this tab; the
+  // job that was on screen (#job=…), shown again once signed in.
+  const fragment = new URLSearchParams(location.hash.slice(1));
+  const fromFragment = fragment.get("token");
+  state.pendingJob = fragment.get("job") ?? "";
+  if (fromFragment) rememberJob(state.pendingJob);
   const token = fromFragment || sessionStorage.getItem(TOKEN_KEY);
   if (token) {
     $("token").value = token;
