@@ -6,7 +6,8 @@ were made in (their sequence), whatever their timestamps say."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 import grpc
 import pytest
@@ -17,6 +18,7 @@ from services.creation.errors import DailyQuotaExceeded
 from services.creation.store import jobs as store
 from services.creation.store import leases, ledger
 from services.creation.store.jobs import SubmitLimits
+from services.kit.pagination import Integer, KeysetCodec, Timestamp
 from tests.integration.creation.helpers import (
     T0,
     CreationHarness,
@@ -197,3 +199,21 @@ async def test_ledger_pages_follow_the_entries_sequence_not_their_clocks(
     assert [e.amount for e in entries] == [4, 3, 2, 1]
     ids = [e.entry_id for e in entries]
     assert ids == sorted(ids, reverse=True) and len(set(ids)) == 4
+
+    # A token of the earlier (create_time, entry_id) order positions nothing: refused.
+    earlier = KeysetCodec(
+        "ledgerEntries", OldCursor, created_at=Timestamp(), entry_id=Integer()
+    ).encode(OldCursor(T0, ids[1]), user)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.ListLedgerEntries(
+            creation_service_pb2.ListLedgerEntriesRequest(page_token=earlier),
+            metadata=user_token(user),
+        )
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_info(caught.value).reason == "INVALID_PAGE_TOKEN"
+
+
+@dataclass(frozen=True)
+class OldCursor:
+    created_at: datetime
+    entry_id: int
