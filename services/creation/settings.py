@@ -95,7 +95,7 @@ class WorkerSettings:
             # handed back (never longer than ATELIER_DRAIN_GRACE allows).
             drain_seconds=reader.seconds("WORKER_DRAIN", 8, minimum=0, maximum=300),
             # The largest input image an attempt reads into memory.
-            max_input_bytes=reader.integer(
+            max_input_bytes=reader.byte_count(
                 "WORKER_MAX_INPUT_BYTES", 20 * 1024 * 1024, minimum=1024, maximum=512 * 1024 * 1024
             ),
         )
@@ -182,7 +182,7 @@ class ProviderSettings:
             # "url" only when the vendors can fetch media's signed URLs (S3 or a public
             # media host); local storage in dev is reachable by nobody outside.
             input_mode=reader.string("PROVIDER_INPUT", "inline", choices=INPUT_MODES),
-            output_max_bytes=reader.integer(
+            output_max_bytes=reader.byte_count(
                 "PROVIDER_OUTPUT_MAX_BYTES",
                 30 * 1024 * 1024,
                 minimum=1024,

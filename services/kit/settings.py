@@ -7,10 +7,11 @@ anything, with a message that names the variable, so a typo never becomes a sile
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from services.kit.event_loop import DEFAULT_EVENT_LOOP, EVENT_LOOPS
+from services.kit.sizes import byte_size
 
 PREFIX = "ATELIER_"
 
@@ -72,16 +73,33 @@ class EnvReader:
         return value
 
     def integer(self, name: str, default: int, *, minimum: int, maximum: int) -> int:
+        return self._whole(name, default, minimum, maximum, str)
+
+    def byte_count(self, name: str, default: int, *, minimum: int, maximum: int) -> int:
+        """A size in bytes, whose bounds a bad value is told in KiB and MiB."""
+        return self._whole(name, default, minimum, maximum, byte_size, " bytes")
+
+    def _whole(
+        self,
+        name: str,
+        default: int,
+        minimum: int,
+        maximum: int,
+        said: Callable[[int], str],
+        unit: str = "",
+    ) -> int:
         value = self._raw(name)
         if value is None:
             return default
         try:
             number = int(value)
         except ValueError:
-            self._problem(name, f"must be a whole number (got {value!r})")
+            of_unit = f" of{unit}" if unit else ""
+            self._problem(name, f"must be a whole number{of_unit} (got {value!r})")
             return default
         if not minimum <= number <= maximum:
-            self._problem(name, f"must be between {minimum} and {maximum} (got {number})")
+            within = f"between {said(minimum)} and {said(maximum)}"
+            self._problem(name, f"must be {within} (got {number}{unit})")
             return default
         return number
 

@@ -87,13 +87,13 @@ class MediaSettings:
             download_url_ttl_seconds=reader.integer(
                 "MEDIA_DOWNLOAD_URL_TTL", 300, minimum=10, maximum=PRESIGN_MAX_SECONDS
             ),
-            max_upload_bytes=reader.integer(
+            max_upload_bytes=reader.byte_count(
                 "MAX_UPLOAD_BYTES", 20 * MIB, minimum=1024, maximum=512 * MIB
             ),
             max_image_pixels=reader.integer(
                 "MEDIA_MAX_IMAGE_PIXELS", 50_000_000, minimum=1, maximum=PILLOW_MAX_PIXELS
             ),
-            chunk_bytes=reader.integer(
+            chunk_bytes=reader.byte_count(
                 # Below gRPC's default 4 MiB message limit, with room for the envelope.
                 "MEDIA_CHUNK_BYTES",
                 256 * 1024,

@@ -55,7 +55,11 @@ def test_a_relative_local_dir_becomes_absolute(
     ("variable", "value", "expected"),
     [
         ("ATELIER_MEDIA_STORAGE", "gcs", "ATELIER_MEDIA_STORAGE must be one of local, s3"),
-        ("ATELIER_MAX_UPLOAD_BYTES", "10", "ATELIER_MAX_UPLOAD_BYTES must be between"),
+        (
+            "ATELIER_MAX_UPLOAD_BYTES",
+            "10",
+            r"ATELIER_MAX_UPLOAD_BYTES must be between 1 KiB and 512 MiB \(got 10 bytes\)",
+        ),
         ("ATELIER_MEDIA_CHUNK_BYTES", str(8 * 1024 * 1024), "ATELIER_MEDIA_CHUNK_BYTES must be"),
         ("ATELIER_MEDIA_MAX_IMAGE_PIXELS", "100000000", "ATELIER_MEDIA_MAX_IMAGE_PIXELS must be"),
         ("ATELIER_MEDIA_UPLOAD_URL_TTL", "1", "ATELIER_MEDIA_UPLOAD_URL_TTL must be between"),
