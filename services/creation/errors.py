@@ -73,7 +73,8 @@ class InFlightLimitReached(CreationError):
         return ApiError(
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             Reason.IN_FLIGHT_LIMIT_REACHED,
-            f"at most {self.limit} jobs may be queued or running at once",
+            f"at most {self.limit} {'job' if self.limit == 1 else 'jobs'} may be queued or"
+            " running at once",
             retry_after_seconds=self.RETRY_AFTER_SECONDS,
             metadata={"limit": str(self.limit)},
         )

@@ -5,6 +5,7 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 
+from services.creation.errors import InFlightLimitReached
 from services.kit.errors import ApiError, FieldViolation, invalid_argument
 from services.kit.logging import JsonFormatter, get_logger
 
@@ -70,3 +71,11 @@ def test_event_logger_passes_fields(caplog: pytest.LogCaptureFixture) -> None:
         get_logger("atelier.test").info("lease_lost", job_id="j2")
     assert caplog.records[-1].getMessage() == "lease_lost"
     assert caplog.records[-1].fields == {"job_id": "j2"}  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("limit", "said"),
+    [(1, "at most 1 job may be queued"), (3, "at most 3 jobs may be queued")],
+)
+def test_the_in_flight_limit_is_said_in_good_english(limit: int, said: str) -> None:
+    assert said in InFlightLimitReached(limit).to_api_error().message
