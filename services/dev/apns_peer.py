@@ -93,6 +93,16 @@ class PeerState:
     expired_tokens: set[str] = field(default_factory=set)
     seen_tokens: set[str] = field(default_factory=set)
     verified: dict[str, int] = field(default_factory=dict)
+    # Scripted: a connection refuses to change its provider token (429).
+    refuse_token_updates: bool = False
+
+
+@dataclass
+class Link:
+    """One client connection as APNs sees it: the provider token it carries. APNs ties
+    token updates to a connection; a new connection starts with whichever valid token."""
+
+    provider_token: str | None = None
 
 
 class ApnsPeer:
@@ -149,6 +159,12 @@ class ApnsPeer:
         """Every provider token seen so far is answered ExpiredProviderToken from now on."""
         self.state.expired_tokens |= self.state.seen_tokens
 
+    def refuse_token_updates(self) -> None:
+        """From now on a connection that carried a provider token answers any other one
+        with 429 TooManyProviderTokenUpdates (APNs' answer to an update within 20 minutes)
+        and keeps its token; a new connection takes any valid token."""
+        self.state.refuse_token_updates = True
+
     def received_by(self, device_token: str) -> list[Received]:
         return [r for r in self.state.received if r.device_token == device_token]
 
@@ -161,10 +177,12 @@ class ApnsPeer:
 
     # -- one request -------------------------------------------------------------------------
 
-    def answer(self, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, Any] | None]:
+    def answer(
+        self, headers: dict[str, str], body: bytes, link: Link | None = None
+    ) -> tuple[int, dict[str, Any] | None]:
         device_token = headers.get(":path", "").removeprefix("/3/device/")
         try:
-            received = self._check(device_token, headers, body)
+            received = self._check(device_token, headers, body, link or Link())
         except Refusal as refusal:
             self._note(device_token, refusal.status, refusal.reason)
             reply: dict[str, Any] = {"reason": refusal.reason}
@@ -181,18 +199,23 @@ class ApnsPeer:
         self.state.answers.append((device_token, status, reason))
         self._changed.set()
 
-    def _check(self, device_token: str, headers: dict[str, str], body: bytes) -> Received:
+    def _check(
+        self, device_token: str, headers: dict[str, str], body: bytes, link: Link
+    ) -> Received:
         if headers.get(":method") != "POST":
             raise Refusal(405, "MethodNotAllowed")
         if not headers.get(":path", "").startswith("/3/device/"):
             raise Refusal(404, "BadPath")
         provider_token = self._check_provider_token(headers.get("authorization", ""))
+        self._check_link(link, provider_token)
         failure = self._failure_for(device_token)
         if failure is not None:
             raise Refusal(failure.status, failure.reason, failure.timestamp_ms)
+        # The topic is the provider's to push to or not, whatever the device: checked
+        # first, so a dummy device token shows whether the credentials and topic are good.
+        push_type = self._check_headers(headers)
         if not _is_device_token(device_token):
             raise Refusal(400, "BadDeviceToken")
-        push_type = self._check_headers(headers)
         payload = self._check_payload(push_type, body)
         apns_id = headers.get("apns-id") or str(uuid.uuid4())
         return Received(device_token, dict(headers), payload, apns_id, provider_token)
@@ -224,6 +247,14 @@ class ApnsPeer:
         if age < -60:
             raise Refusal(403, "InvalidProviderToken")
         return token
+
+    def _check_link(self, link: Link, provider_token: str) -> None:
+        if link.provider_token is None or link.provider_token == provider_token:
+            link.provider_token = provider_token
+            return
+        if self.state.refuse_token_updates:
+            raise Refusal(429, "TooManyProviderTokenUpdates")
+        link.provider_token = provider_token
 
     def _verify(self, token: str) -> int:
         try:
@@ -359,6 +390,7 @@ class _Connection(asyncio.Protocol):
         self._h2 = H2Connection(H2Configuration(client_side=False, header_encoding="utf-8"))
         self._streams: dict[int, tuple[dict[str, str], bytearray]] = {}
         self._transport: asyncio.Transport | None = None
+        self._link = Link()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport, though not always a subclass of asyncio.Transport (uvloop's
@@ -402,7 +434,7 @@ class _Connection(asyncio.Protocol):
         if held is None:
             return
         headers, body = held
-        status, reply = self._peer.answer(headers, bytes(body))
+        status, reply = self._peer.answer(headers, bytes(body), self._link)
         apns_id = headers.get("apns-id") or str(uuid.uuid4())
         response = [(":status", str(status)), ("apns-id", apns_id)]
         if reply is None:

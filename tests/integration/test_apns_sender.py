@@ -15,7 +15,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from services.dev.apns_peer import ApnsPeer, ensure_dev_key
@@ -31,12 +30,14 @@ from tests.support.apns_peer import (
     KEY_ID,
     TEAM_ID,
     attempts_of,
+    end_lease,
     insert_push,
     insert_token,
     live_activity_update,
     push_row,
     running_peer,
     settings_for,
+    shared_clock,
     token_row,
 )
 from tests.support.databases import migrated_database
@@ -183,16 +184,23 @@ async def test_bad_device_token_on_a_production_token_is_reported_as_environment
 
 
 async def test_expired_provider_token_is_refreshed_and_the_push_retried_once(
-    engine: AsyncEngine, peer: ApnsPeer, sender: Sender, caplog: pytest.LogCaptureFixture
+    engine: AsyncEngine, peer_and_key: tuple[ApnsPeer, Path], caplog: pytest.LogCaptureFixture
 ) -> None:
+    peer, key_path = peer_and_key
+    clock = shared_clock(peer)
+    sender, close = build_sender(settings_for(peer, key_path), engine, clock)
     token_id, token = await insert_token(engine)
     await insert_push(engine, token_id, version=1)
     await sender.send_due()
     first_jwt = peer.received_by(token)[0].provider_token
+    clock.advance(25 * 60)  # old enough to replace (APNs: at most every 20 minutes)
     peer.expire_provider_tokens()
     push_id = await insert_push(engine, token_id, version=2)
 
-    await sender.send_due()
+    try:
+        await sender.send_due()
+    finally:
+        await close()
 
     row = await push_row(engine, push_id)
     assert (row["status"], row["attempts"]) == ("sent", 1)
@@ -342,15 +350,6 @@ async def test_a_push_claimed_by_a_sender_that_died_is_resent_once_after_the_lea
     [received] = peer.received_by(token)
     # The resend carries the push's one apns-id, so Apple and our logs can tell.
     assert received.apns_id == apns_id_for(claimed.push_id)
-
-
-async def end_lease(engine: AsyncEngine, push_id: int) -> None:
-    """The lease's time passes (instead of waiting it out)."""
-    async with engine.begin() as connection:
-        await connection.execute(
-            text("UPDATE notify.pushes SET next_attempt_at = now() WHERE push_id = :id"),
-            {"id": push_id},
-        )
 
 
 async def test_a_dropped_connection_is_reopened_for_the_next_push(

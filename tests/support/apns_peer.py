@@ -19,6 +19,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.dev.apns_peer import ApnsPeer, PeerRules, ensure_dev_key
+from services.kit.clock import SettableClock
 from services.notify.apns.settings import ApnsSettings
 
 KEY_ID = "KEYID12345"
@@ -188,3 +189,20 @@ async def attempts_of(engine: AsyncEngine, push_id: int) -> list[dict[str, Any]]
             {"id": push_id},
         )
     return [dict(row._mapping) for row in rows]
+
+
+async def end_lease(engine: AsyncEngine, push_id: int) -> None:
+    """The lease's (or the backoff's) time passes, instead of waiting it out."""
+    async with engine.begin() as connection:
+        await connection.execute(
+            text("UPDATE notify.pushes SET next_attempt_at = now() WHERE push_id = :id"),
+            {"id": push_id},
+        )
+
+
+def shared_clock(peer: ApnsPeer) -> SettableClock:
+    """A clock the sender and the peer both read (a provider token's age is the peer's
+    to judge): tests move it past APNs' 20-minute and one-hour rules."""
+    clock = SettableClock()
+    peer.rules.clock = lambda: clock().timestamp()
+    return clock

@@ -66,8 +66,22 @@ def test_a_rejected_token_is_replaced_once_for_all_requests_that_used_it() -> No
     clock = SettableClock(START)
     source, _ = token_source(clock)
     old = source.current()
+    clock.advance(1200)
     fresh = source.rejected(old)
     assert fresh != old
     assert source.rejected(old) == fresh  # a second request that saw the same rejection
     assert source.current() == fresh
+    assert source.minted == 2
+
+
+def test_a_token_younger_than_twenty_minutes_is_never_replaced_on_rejection() -> None:
+    clock = SettableClock(START)
+    source, _ = token_source(clock)
+    young = source.current()
+    clock.advance(1199)
+    assert source.rejected(young) is None  # APNs would refuse the update: keep it
+    assert source.current() == young
+    assert source.minted == 1
+    clock.advance(1)
+    assert source.rejected(young) not in (None, young)
     assert source.minted == 2

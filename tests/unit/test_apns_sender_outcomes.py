@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -45,6 +45,7 @@ def claimed(
         push_id=push_id,
         attempt=attempt,
         kind="alert",
+        created_at=NOW,
         expires_at=expires_at,
         headers={"apns-push-type": push_type, "apns-topic": "a.b"},
         payload=payload,
@@ -84,6 +85,7 @@ class FakeStore:
 class FakeClient:
     answers: dict[int, list[tuple[int, str]]]
     jwts: list[str] = field(default_factory=list)
+    reconnects: int = 0
 
     async def send(
         self,
@@ -99,9 +101,15 @@ class FakeClient:
         status, reason = self.answers[push_id].pop(0)
         return Answer(status, reason, apns_id)
 
+    def reconnect(self, environment: str, answer: Answer) -> bool:
+        self.reconnects += 1
+        return True
 
-def sender_for(store: FakeStore, client: FakeClient) -> tuple[Sender, ProviderToken]:
-    clock = SettableClock(NOW)
+
+def sender_for(
+    store: FakeStore, client: FakeClient, clock: SettableClock | None = None
+) -> tuple[Sender, ProviderToken]:
+    clock = clock or SettableClock(NOW)
     token = ProviderToken(
         ec.generate_private_key(ec.SECP256R1()), "KEYID12345", "TEAMID1234", 2400, clock
     )
@@ -149,7 +157,10 @@ async def test_each_answer_becomes_its_outcome() -> None:
 async def test_expired_provider_token_is_refreshed_and_retried_once() -> None:
     store = FakeStore([claimed(1, size=1)])
     client = FakeClient({1: [(403, "ExpiredProviderToken"), (200, "")]})
-    sender, token = sender_for(store, client)
+    clock = SettableClock(NOW - timedelta(minutes=30))
+    sender, token = sender_for(store, client, clock)
+    token.current()  # minted half an hour ago: old enough to replace
+    clock.set(NOW)
 
     await sender.send_due()
 
@@ -184,3 +195,41 @@ async def test_pushes_of_inactive_tokens_or_past_expiry_are_dropped_unsent() -> 
         ("dropped", "Expired"),
     ]
     assert client.jwts == []
+
+
+async def test_a_credential_refusal_holds_the_push_past_max_attempts_until_the_bound() -> None:
+    store = FakeStore([claimed(1, size=1, attempt=3)])  # at max_attempts
+    client = FakeClient({1: [(403, "InvalidProviderToken")]})
+    sender, _ = sender_for(store, client)
+
+    await sender.send_due()
+
+    assert (store.outcomes[0].status, store.outcomes[0].reason) == (
+        "pending",
+        "InvalidProviderToken",
+    )
+    old = claimed(2, size=2, attempt=50)
+    store.batch = [
+        replace(old, created_at=NOW - timedelta(seconds=SETTINGS.credentials_hold_seconds))
+    ]
+    client.answers[2] = [(403, "InvalidProviderToken")]
+    await sender.send_due()
+    assert (store.outcomes[1].status, store.outcomes[1].reason) == (
+        "failed",
+        "InvalidProviderToken",
+    )
+
+
+async def test_a_refused_token_update_reconnects_and_keeps_the_token() -> None:
+    store = FakeStore([claimed(1, size=1, attempt=3)])
+    client = FakeClient({1: [(429, "TooManyProviderTokenUpdates")]})
+    sender, token = sender_for(store, client)
+
+    await sender.send_due()
+
+    assert (store.outcomes[0].status, store.outcomes[0].reason) == (
+        "pending",
+        "TooManyProviderTokenUpdates",
+    )
+    assert client.reconnects == 1
+    assert token.minted == 1

@@ -52,9 +52,21 @@ class ApnsClient:
             return Answer(0, "ConnectionLost", apns_id)
         answered_id = response.headers.get("apns-id", apns_id)
         if response.status == 200:
-            return Answer(200, "", answered_id)
+            return Answer(200, "", answered_id, connection=response.connection)
         reason, timestamp = _reason(response.body)
-        return Answer(response.status, reason, answered_id, unregistered_at(timestamp))
+        return Answer(
+            response.status,
+            reason,
+            answered_id,
+            unregistered_at(timestamp),
+            connection=response.connection,
+        )
+
+    def reconnect(self, environment: str, answer: Answer) -> bool:
+        """The next push to ``environment`` goes on a new connection, unless the one that
+        gave ``answer`` was already replaced. APNs ties provider-token updates to a
+        connection: a fresh one takes the current token."""
+        return self._http.retire(self._settings.base_url(environment), answer.connection)
 
     async def close(self) -> None:
         await self._http.close()

@@ -36,6 +36,8 @@ class Response:
     status: int
     headers: dict[str, str]
     body: bytes
+    # Which connection answered (numbered per client): what Http2Client.retire takes.
+    connection: int = 0
 
 
 @dataclass
@@ -55,6 +57,9 @@ class _Http2Connection(asyncio.Protocol):
         self._room = asyncio.Event()
         self._ready = asyncio.get_running_loop().create_future()
         self.closed = False
+        # Retired: takes no new streams and closes once its last one has ended.
+        self.retired = False
+        self.number = 0
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
@@ -129,6 +134,10 @@ class _Http2Connection(asyncio.Protocol):
         if self.closed:
             raise ConnectionLost("connection closed")
 
+    def close_if_idle(self) -> None:
+        if self.retired and not self._streams:
+            self.close()
+
     def close(self) -> None:
         if not self.closed:
             try:
@@ -155,13 +164,17 @@ class _Http2Connection(asyncio.Protocol):
         elif isinstance(event, StreamEnded):
             stream = self._streams.pop(event.stream_id, None)
             if stream is not None and not stream.done.done():
-                stream.done.set_result(Response(stream.status, stream.headers, bytes(stream.body)))
+                stream.done.set_result(
+                    Response(stream.status, stream.headers, bytes(stream.body), self.number)
+                )
             self._room.set()
+            self.close_if_idle()
         elif isinstance(event, StreamReset):
             stream = self._streams.pop(event.stream_id, None)
             if stream is not None and not stream.done.done():
                 stream.done.set_exception(ConnectionLost(f"stream reset ({event.error_code})"))
             self._room.set()
+            self.close_if_idle()
         elif isinstance(event, ConnectionTerminated):
             # GOAWAY: no new streams here; those the server did not take are failed.
             self.closed = True
@@ -203,6 +216,7 @@ class Http2Client:
         self._connect_timeout = connect_timeout
         self._connections: dict[str, _Http2Connection] = {}
         self._connecting: dict[str, asyncio.Lock] = {}
+        self._opened = 0
 
     async def post(
         self, url: str, headers: Sequence[tuple[str, str]], body: bytes, within_seconds: float
@@ -241,8 +255,24 @@ class Http2Client:
                 raise ConnectionLost(
                     f"cannot connect to {origin}: {type(error).__name__}"
                 ) from None
+            self._opened += 1
+            connection.number = self._opened
             self._connections[origin] = connection
             return connection
+
+    def retire(self, url: str, number: int) -> bool:
+        """The next request to ``url``'s origin opens a new connection if connection
+        ``number`` is still the one in use; its streams in flight finish first. Returns
+        whether it was (False: already replaced)."""
+        parts = urlsplit(url)
+        origin = f"{parts.hostname}:{parts.port or 443}"
+        connection = self._connections.get(origin)
+        if connection is None or connection.number != number:
+            return False
+        del self._connections[origin]
+        connection.retired = True
+        connection.close_if_idle()
+        return True
 
     async def close(self) -> None:
         for connection in self._connections.values():

@@ -17,6 +17,12 @@ class Next(enum.Enum):
     BAD_TOKEN = "bad_token"
     # 403 ExpiredProviderToken: refresh the JWT and send again.
     REFRESH_TOKEN = "refresh_token"
+    # 429 TooManyProviderTokenUpdates: APNs ties token updates to a connection and refused
+    # this one's; a fresh connection takes the current token. Send again later on one.
+    RECONNECT = "reconnect"
+    # APNs refuses our credentials (key, key id, team, topic, clock): no push can go until
+    # they are fixed, so the push waits (bounded) instead of failing.
+    HOLD = "hold"
     # 429, 5xx, no answer: send again later.
     RETRY = "retry"
     # Any other refusal: sending again would be refused again.
@@ -32,6 +38,22 @@ class Answer:
     apns_id: str
     # 410's timestamp: since when Apple knows the token is no longer valid.
     unregistered_at: datetime | None = None
+    # The connection that answered (0: none did), for ApnsClient.reconnect.
+    connection: int = 0
+
+
+# Refusals of our configuration rather than of one push: every push gets the same answer.
+CREDENTIAL_REFUSALS = frozenset(
+    {
+        (403, "InvalidProviderToken"),
+        (403, "ExpiredProviderToken"),
+        (403, "BadEnvironmentKeyIdInToken"),
+        (403, "UnrelatedKeyIdInToken"),
+        (400, "BadTopic"),
+        (400, "TopicDisallowed"),
+    }
+)
+TOKEN_UPDATE_REFUSED = (429, "TooManyProviderTokenUpdates")
 
 
 def decide(answer: Answer) -> Next:
@@ -43,6 +65,10 @@ def decide(answer: Answer) -> Next:
         return Next.BAD_TOKEN
     if answer.status == 403 and answer.reason == "ExpiredProviderToken":
         return Next.REFRESH_TOKEN
+    if (answer.status, answer.reason) == TOKEN_UPDATE_REFUSED:
+        return Next.RECONNECT
+    if (answer.status, answer.reason) in CREDENTIAL_REFUSALS:
+        return Next.HOLD
     if answer.status in (0, 429) or answer.status >= 500:
         return Next.RETRY
     return Next.FAIL

@@ -9,6 +9,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from services.kit.clock import Clock, system_clock
 
+# APNs answers 429 TooManyProviderTokenUpdates to a token that replaces one younger than
+# this: never mint more often, whatever it answered.
+MIN_REFRESH_SECONDS = 1200.0
+
 
 class ProviderToken:
     def __init__(
@@ -35,11 +39,17 @@ class ProviderToken:
             self._mint(now)
         return self._token
 
-    def rejected(self, token: str) -> str:
-        """Apple answered ExpiredProviderToken to ``token``: mint a new one unless another
-        request already did, and return the one to retry with."""
-        if token == self._token:
-            self._mint(self._clock().timestamp())
+    def rejected(self, token: str) -> str | None:
+        """Apple answered ExpiredProviderToken to ``token``: the token to retry with (a new
+        one, minted once however many requests saw the rejection), or None when ``token``
+        is still the current one and too young to replace (the clock is off: the push
+        waits rather than provoke TooManyProviderTokenUpdates)."""
+        if token != self._token:
+            return self._token
+        now = self._clock().timestamp()
+        if now - self._issued_at < MIN_REFRESH_SECONDS:
+            return None
+        self._mint(now)
         return self._token
 
     def _mint(self, now: float) -> None:

@@ -15,13 +15,21 @@ import contextlib
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from services.kit.clock import Clock, system_clock
 from services.kit.logging import get_logger
 from services.notify.apns.client import ApnsClient, apns_id_for
-from services.notify.apns.outcomes import Answer, Next, backoff_seconds, decide
+from services.notify.apns.outcomes import (
+    CREDENTIAL_REFUSALS,
+    TOKEN_UPDATE_REFUSED,
+    Answer,
+    Next,
+    backoff_seconds,
+    decide,
+)
 from services.notify.apns.provider_token import ProviderToken
+from services.notify.apns.refusals import setting_at_fault
 from services.notify.apns.rules import payload_limit, reason_label, token_tail
 from services.notify.apns.settings import ApnsSettings
 from services.notify.apns.store import ClaimedPush, Exchange, Outcome, PushStore
@@ -43,6 +51,21 @@ BAD_DEVICE_TOKENS = Counter(
     "sandbox/production mismatch (TestFlight builds use production)",
     ["environment", "likely_cause"],
 )
+
+CREDENTIALS_REFUSED = Gauge(
+    "atelier_apns_credentials_refused",
+    "1 while APNs refuses this sender's credentials on an environment's host for this "
+    "reason (its pushes are held, pending, until ATELIER_APNS_CREDENTIALS_HOLD), 0 once "
+    "it accepts them again",
+    ["environment", "reason"],
+)
+_REFUSAL_REASONS = sorted({reason for _, reason in CREDENTIAL_REFUSALS | {TOKEN_UPDATE_REFUSED}})
+# Steps after which a push waits for our credentials instead of failing: a refusal of our
+# configuration, an expired token not refreshed (too young to replace), a token update
+# refused on a connection (a new one is opened).
+_HELD = (Next.HOLD, Next.REFRESH_TOKEN, Next.RECONNECT)
+# The alert log line repeats at most this often per environment and reason.
+_REFUSAL_LOG_SECONDS = 60.0
 
 # The longest a sender waits between rounds while they fail.
 _MAX_PAUSE_SECONDS = 10.0
@@ -78,6 +101,8 @@ class Sender:
         self._token = provider_token
         self._clock = clock
         self._stopping = asyncio.Event()
+        # (environment, reason) → when the refusal was last logged.
+        self._refused: dict[tuple[str, str], float] = {}
 
     async def run(self) -> None:
         pause = self._settings.poll_seconds
@@ -135,8 +160,19 @@ class Sender:
         jwt = self._token.current()
         answer = await self._exchange(push, apns_id, jwt, exchanges)
         if decide(answer) is Next.REFRESH_TOKEN:
-            log.warning("apns_provider_token_expired", push_id=push.push_id)
-            answer = await self._exchange(push, apns_id, self._token.rejected(jwt), exchanges)
+            fresh = self._token.rejected(jwt)
+            log.warning(
+                "apns_provider_token_expired", push_id=push.push_id, refreshed=fresh is not None
+            )
+            if fresh is not None:
+                answer = await self._exchange(push, apns_id, fresh, exchanges)
+        if decide(answer) is Next.RECONNECT and self._client.reconnect(push.environment, answer):
+            log.warning(
+                "apns_token_update_refused",
+                environment=push.environment,
+                then="a new connection takes the current token",
+            )
+        self._watch_credentials(push.environment, answer)
         return self._conclude(push, answer, exchanges)
 
     async def _exchange(
@@ -186,6 +222,8 @@ class Sender:
                 exchanges,
                 bad_token=True,
             )
+        if next_step in _HELD:
+            return self._hold(push, answer, exchanges)
         if next_step is Next.FAIL or push.attempt >= self._settings.max_attempts:
             log.warning(
                 "apns_push_failed",
@@ -197,10 +235,13 @@ class Sender:
             return _Sent(
                 self._final(push, "failed", answer, answer.apns_id, answer.reason), exchanges
             )
+        return _Sent(self._later(push, answer), exchanges)
+
+    def _later(self, push: ClaimedPush, answer: Answer) -> Outcome:
         delay = backoff_seconds(
             push.attempt, self._settings.backoff_base_seconds, self._settings.backoff_max_seconds
         )
-        outcome = Outcome(
+        return Outcome(
             push.push_id,
             push.attempt,
             "pending",
@@ -209,7 +250,54 @@ class Sender:
             answer.reason,
             next_attempt_at=self._clock() + timedelta(seconds=delay),
         )
-        return _Sent(outcome, exchanges)
+
+    def _hold(self, push: ClaimedPush, answer: Answer, exchanges: list[Exchange]) -> _Sent:
+        """APNs refuses our credentials, not this push: it waits, however many attempts
+        that takes, until the hold's bound after it was planned."""
+        held = (self._clock() - push.created_at).total_seconds()
+        if held < self._settings.credentials_hold_seconds:
+            return _Sent(self._later(push, answer), exchanges)
+        log.error(
+            "apns_push_failed",
+            push_id=push.push_id,
+            status=answer.status,
+            reason=answer.reason,
+            attempts=push.attempt,
+            held_seconds=round(held),
+            why="APNs refused our credentials for longer than ATELIER_APNS_CREDENTIALS_HOLD",
+        )
+        return _Sent(self._final(push, "failed", answer, answer.apns_id, answer.reason), exchanges)
+
+    def _watch_credentials(self, environment: str, answer: Answer) -> None:
+        """Sets the gauge and writes the alert log line while APNs refuses our credentials;
+        clears both once an answer shows it took them."""
+        refused = (answer.status, answer.reason) in CREDENTIAL_REFUSALS | {TOKEN_UPDATE_REFUSED}
+        if refused:
+            CREDENTIALS_REFUSED.labels(environment, answer.reason).set(1)
+            now = self._clock().timestamp()
+            last = self._refused.get((environment, answer.reason))
+            if last is None or now - last >= _REFUSAL_LOG_SECONDS:
+                self._refused[(environment, answer.reason)] = now
+                log.error(
+                    "apns_credentials_refused",
+                    environment=environment,
+                    status=answer.status,
+                    reason=answer.reason,
+                    at_fault=setting_at_fault(answer.reason),
+                    pushes="held pending, retried with backoff, until "
+                    "ATELIER_APNS_CREDENTIALS_HOLD after they were planned",
+                    check="atelier push doctor",
+                )
+            return
+        if answer.status in (0, 429) or answer.status >= 500:
+            return  # says nothing about our credentials
+        for reason in _REFUSAL_REASONS:
+            CREDENTIALS_REFUSED.labels(environment, reason).set(0)
+        cleared = [key for key in self._refused if key[0] == environment]
+        for key in cleared:
+            del self._refused[key]
+        if cleared:
+            log.info("apns_credentials_accepted", environment=environment)
 
     def _final(
         self,

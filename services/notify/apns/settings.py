@@ -38,6 +38,10 @@ class ApnsSettings:
     backoff_max_seconds: float = 300.0
     # How often an idle sender looks for due pushes.
     poll_seconds: float = 0.5
+    # While APNs refuses our credentials (key, key id, team, topic, clock) pushes wait,
+    # retried with backoff however many attempts that takes, until this long after they
+    # were planned; then they fail.
+    credentials_hold_seconds: float = 6 * 3600.0
 
     def base_url(self, environment: str) -> str:
         return self.production_url if environment == "production" else self.sandbox_url
@@ -69,6 +73,9 @@ class ApnsSettings:
                 "APNS_BACKOFF_MAX", 300.0, minimum=0.001, maximum=24 * 3600
             ),
             poll_seconds=reader.seconds("APNS_POLL", 0.5, minimum=0.01, maximum=60),
+            credentials_hold_seconds=reader.seconds(
+                "APNS_CREDENTIALS_HOLD", 6 * 3600.0, minimum=60, maximum=7 * 24 * 3600
+            ),
         )
         reader.require(
             settings.request_timeout_seconds * 2 < settings.lease_seconds,

@@ -29,8 +29,9 @@ UPDATE notify.pushes AS p
 SET attempts = p.attempts + 1, next_attempt_at = now() + make_interval(secs => $2)
 FROM due, notify.push_tokens AS t
 WHERE p.push_id = due.push_id AND t.token_id = p.token_id
-RETURNING p.push_id, p.attempts, p.kind, p.expires_at, p.headers::text AS headers,
-    p.payload::text AS payload, t.token_id, t.token, t.environment, t.status AS token_status
+RETURNING p.push_id, p.attempts, p.kind, p.created_at, p.expires_at,
+    p.headers::text AS headers, p.payload::text AS payload, t.token_id, t.token,
+    t.environment, t.status AS token_status
 """
 
 # Records a batch's outcomes and HTTP exchanges in one statement. A row is only written
@@ -87,6 +88,7 @@ class ClaimedPush:
     push_id: int
     attempt: int
     kind: str
+    created_at: datetime
     expires_at: datetime | None
     headers: dict[str, str]
     payload: bytes
@@ -175,6 +177,7 @@ def _claimed(row: Any) -> ClaimedPush:
         push_id=row["push_id"],
         attempt=row["attempts"],
         kind=row["kind"],
+        created_at=row["created_at"],
         expires_at=row["expires_at"],
         headers={str(k): str(v) for k, v in headers.items() if v is not None},
         # Compact: Apple counts the bytes sent.
