@@ -93,12 +93,30 @@ def _token(args: argparse.Namespace) -> int:
 
 
 def _push_doctor(args: argparse.Namespace) -> int:
+    from services.dev import running
     from services.notify.apns import doctor_command
+    from services.notify.apns.doctor import ok
 
     if args.send_to is not None and args.environment is None:
         print("atelier push doctor: --send-to needs --environment", file=sys.stderr)
         return 2
-    return doctor_command.run(args.send_to, args.environment or "", not args.no_database)
+    # Beside a running `atelier dev`, its notify's settings fill in what the environment
+    # leaves unset: the doctor checks the stack that runs, its database and APNs peer.
+    environ: dict[str, str] = dict(os.environ)
+    preface = []
+    stack = running.published(running.dev_dir(environ))
+    if stack is not None:
+        path, settings = stack
+        environ = {**settings, **environ}
+        preface.append(ok("settings", f"the running `atelier dev`'s ({path}), unless set here"))
+    return doctor_command.run(
+        args.send_to,
+        args.environment or "",
+        not args.no_database,
+        environ,
+        probe=not args.offline,
+        preface=preface,
+    )
 
 
 def _edge_config(args: argparse.Namespace) -> int:
@@ -173,12 +191,18 @@ def parser() -> argparse.ArgumentParser:
     push_commands = push.add_subparsers(dest="push_command", required=True)
     doctor = push_commands.add_parser(
         "doctor",
-        help="check the APNs settings (ATELIER_APNS_*); exits 1 on a problem",
+        help="check the APNs settings (ATELIER_APNS_*) and that APNs accepts them (a push to a "
+        "dummy device token on each host); exits 1 on a problem",
     )
-    doctor.add_argument("--send-to", metavar="TOKEN", help="send a test push to this token")
+    doctor.add_argument(
+        "--send-to", metavar="TOKEN", help="send a test push to this device token instead"
+    )
     doctor.add_argument("--environment", choices=("sandbox", "production"))
     doctor.add_argument(
         "--no-database", action="store_true", help="skip the registered tokens' checks"
+    )
+    doctor.add_argument(
+        "--offline", action="store_true", help="check the settings only: no push to APNs"
     )
     doctor.set_defaults(run=_push_doctor)
 

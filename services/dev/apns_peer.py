@@ -36,6 +36,7 @@ from h2.settings import SettingCodes
 
 from services.notify.apns.rules import (
     COLLAPSE_ID_MAX_BYTES,
+    DUMMY_DEVICE_TOKEN,
     LIVE_ACTIVITY_EVENTS,
     PRIORITIES,
     payload_limit,
@@ -214,7 +215,9 @@ class ApnsPeer:
         # The topic is the provider's to push to or not, whatever the device: checked
         # first, so a dummy device token shows whether the credentials and topic are good.
         push_type = self._check_headers(headers)
-        if not _is_device_token(device_token):
+        # Without Apple's registry of devices every well-formed token is taken as one,
+        # except the dummy that no device has (as Apple answers a token it never issued).
+        if not _is_device_token(device_token) or device_token == DUMMY_DEVICE_TOKEN:
             raise Refusal(400, "BadDeviceToken")
         payload = self._check_payload(push_type, body)
         apns_id = headers.get("apns-id") or str(uuid.uuid4())

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.dev import apns_peer, edge
+from services.dev import apns_peer, edge, running
 from services.dev.processes import (
     Child,
     accepting,
@@ -178,6 +178,10 @@ class Stack:
             envoy = spawn("envoy", edge.argv(config), {}, self.log_dir)
             self.children.append(envoy)
             wait_until(envoy, http_ok(f"http://127.0.0.1:{self.ports.envoy_admin}/ready"), timeout)
+            # `atelier push doctor` beside it checks this stack's database and APNs peer.
+            running.publish(
+                self.work_dir, {"ATELIER_DATABASE_URL": self.database_url, **self.apns_env}
+            )
         except BaseException:
             self.stop()
             raise
@@ -285,6 +289,7 @@ class Stack:
 
     def stop(self) -> dict[str, int]:
         """Stops the edge first, then the services; returns each child's exit code."""
+        running.withdraw(self.work_dir)
         codes = {}
         for child in reversed(self.children):
             codes[child.name] = child.stop()

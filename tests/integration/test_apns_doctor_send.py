@@ -1,5 +1,7 @@
-"""`atelier push doctor --send-to` as a user runs it: a real process sending a test push to
-the APNs peer (its own process too) and printing Apple's answer."""
+"""`atelier push doctor` as a user runs it: a real process pushing to the APNs peer (its
+own process too), by default to a dummy device token on each host (400 BadDeviceToken:
+the credentials were accepted; a refusal names the setting at fault), or with
+`--send-to` a test push to a real token, and printing Apple's answer."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from services.dev import apns_peer
 from tests.support.cli import atelier
@@ -50,8 +54,11 @@ def peer_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     try:
         assert process.stdout is not None
         ready = json.loads(process.stdout.readline())
+        # Apple's name for the key file carries the key id.
+        apple_named = key_path.with_name(f"AuthKey_{apns_peer.DEV_KEY_ID}.p8")
+        apple_named.write_bytes(key_path.read_bytes())
         yield {
-            "ATELIER_APNS_KEY_PATH": str(key_path),
+            "ATELIER_APNS_KEY_PATH": str(apple_named),
             "ATELIER_APNS_KEY_ID": apns_peer.DEV_KEY_ID,
             "ATELIER_APNS_TEAM_ID": apns_peer.DEV_TEAM_ID,
             "ATELIER_APNS_BUNDLE_ID": apns_peer.DEV_BUNDLE_ID,
@@ -99,3 +106,59 @@ def test_no_test_push_is_sent_while_a_setting_is_wrong(peer_env: dict[str, str])
     assert done.returncode == 1
     assert "FAIL key id" in done.stdout
     assert "FAIL test push: not sent" in done.stdout
+
+
+def test_by_default_a_dummy_push_proves_the_credentials_on_both_hosts(
+    peer_env: dict[str, str],
+) -> None:
+    done = doctor(peer_env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for environment in ("sandbox", "production"):
+        line = next(x for x in done.stdout.splitlines() if f"credentials ({environment})" in x)
+        assert line.startswith("ok ")
+        assert "400 BadDeviceToken" in line
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "answer", "named"),
+    [
+        ("ATELIER_APNS_TEAM_ID", "OTHERTEAM1", "403 InvalidProviderToken", "ATELIER_APNS_TEAM_ID"),
+        ("ATELIER_APNS_KEY_ID", "OTHERKEY01", "403 InvalidProviderToken", "ATELIER_APNS_KEY_ID"),
+        (
+            "ATELIER_APNS_BUNDLE_ID",
+            "com.other.app",
+            "400 TopicDisallowed",
+            "ATELIER_APNS_BUNDLE_ID",
+        ),
+    ],
+)
+def test_a_refused_dummy_push_names_the_setting_at_fault(
+    peer_env: dict[str, str], setting: str, value: str, answer: str, named: str
+) -> None:
+    done = doctor({**peer_env, setting: value})
+    assert done.returncode == 1, done.stdout + done.stderr
+    [line] = [x for x in done.stdout.splitlines() if "credentials (sandbox)" in x]
+    assert line.startswith("FAIL")
+    assert answer in line
+    assert named in line
+    assert "eyJ" not in done.stdout + done.stderr  # no provider token (a JWT) printed
+
+
+def test_a_key_file_of_another_key_is_named_without_printing_it(
+    peer_env: dict[str, str], tmp_path: Path
+) -> None:
+    other = tmp_path / "AuthKey_OTHERKEY01.p8"
+    pem = ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    other.write_bytes(pem)
+    done = doctor({**peer_env, "ATELIER_APNS_KEY_PATH": str(other)})
+    assert done.returncode == 1
+    [line] = [x for x in done.stdout.splitlines() if "credentials (production)" in x]
+    assert "403 InvalidProviderToken" in line
+    assert "ATELIER_APNS_KEY_ID is DEVKEY0001 but ATELIER_APNS_KEY_PATH is the file" in line
+    assert "one of the two is wrong" in line
+    for secret_line in pem.decode().splitlines()[1:-1]:
+        assert secret_line not in done.stdout + done.stderr

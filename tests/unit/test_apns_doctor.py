@@ -20,6 +20,7 @@ from services.notify.apns.doctor import (
     check_settings,
     check_topic,
     failed,
+    invalid_provider_token_cause,
 )
 from services.notify.apns.settings import PRODUCTION_URL, SANDBOX_URL, ApnsSettings
 
@@ -148,9 +149,20 @@ def test_the_command_exits_non_zero_on_a_problem(
         "BUNDLE_ID": "com.example.atelier",
     }.items():
         monkeypatch.setenv(f"ATELIER_APNS_{name}", value)
-    assert main(["push", "doctor", "--no-database"]) == 0
+    assert main(["push", "doctor", "--no-database", "--offline"]) == 0
     assert "FAIL" not in capsys.readouterr().out
     monkeypatch.setenv("ATELIER_APNS_KEY_ID", "short")
-    assert main(["push", "doctor", "--no-database"]) == 1
+    assert main(["push", "doctor", "--no-database", "--offline"]) == 1
     assert "FAIL key id" in capsys.readouterr().out
     assert main(["push", "doctor", "--no-database", "--send-to", "ab" * 32]) == 2
+
+
+def test_invalid_provider_token_is_narrowed_by_the_name_apple_gave_the_key_file() -> None:
+    def cause(key_path: str) -> str:
+        return invalid_provider_token_cause(replace(settings(Path(key_path)), key_id="ABC123DEFG"))
+
+    assert "one of the two is wrong" in cause("/keys/AuthKey_ZZZ999ZZZZ.p8")
+    assert "ATELIER_APNS_TEAM_ID (TEAM123456) is most likely" in cause("/k/AuthKey_ABC123DEFG.p8")
+    renamed = cause("/keys/apns.p8")
+    for variable in ("ATELIER_APNS_KEY_ID", "ATELIER_APNS_TEAM_ID", "ATELIER_APNS_KEY_PATH"):
+        assert variable in renamed

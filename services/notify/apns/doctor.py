@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from services.notify.apns.keys import KeyProblem, load_signing_key
+from services.notify.apns.refusals import setting_at_fault
 from services.notify.apns.rules import BUNDLE_ID, KEY_ID, LIVE_ACTIVITY_SUFFIX, TEAM_ID, topic_for
 from services.notify.apns.settings import (
     ENVIRONMENTS,
@@ -128,6 +131,34 @@ def check_hosts(settings: ApnsSettings) -> list[Finding]:
         else:
             findings.append(ok(f"host ({environment})", f"{environment} tokens go to {url}"))
     return findings
+
+
+# The name Apple gives a downloaded key: AuthKey_<key id>.p8.
+_APPLE_KEY_FILE = re.compile(r"AuthKey_([A-Z0-9]{10})\.p8")
+
+
+def key_file_id(key_path: str) -> str | None:
+    """The key id in the name Apple gave the key file, if it still has that name."""
+    match = _APPLE_KEY_FILE.fullmatch(Path(key_path).name)
+    return match.group(1) if match else None
+
+
+def invalid_provider_token_cause(settings: ApnsSettings) -> str:
+    """403 InvalidProviderToken does not say which of key id, team id and key file is
+    wrong; the key file's name as Apple gave it narrows it down."""
+    file_id = key_file_id(settings.key_path)
+    if file_id is not None and file_id != settings.key_id:
+        return (
+            f"ATELIER_APNS_KEY_ID is {settings.key_id} but ATELIER_APNS_KEY_PATH is the file "
+            f"Apple named for key {file_id}: one of the two is wrong"
+        )
+    if file_id is not None:
+        return (
+            f"the key file and ATELIER_APNS_KEY_ID agree ({file_id}): ATELIER_APNS_TEAM_ID "
+            f"({settings.team_id}) is most likely not the team that made the key, or the key "
+            "was revoked (or this machine's clock is ahead)"
+        )
+    return setting_at_fault("InvalidProviderToken")
 
 
 def check_registered(

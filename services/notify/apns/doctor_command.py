@@ -1,5 +1,7 @@
 """What `atelier push doctor` runs: the settings checks, the tokens registered in the
-database, and optionally one test push whose answer from Apple is printed."""
+database, then a push that proves the credentials without a device: to a well-formed
+dummy device token on each host (400 BadDeviceToken means APNs accepted the provider token
+and the topic; a refusal names the setting at fault), or a test push to a real token."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import uuid
 from collections.abc import Mapping
 
 from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 
 from services.kit.db import create_engine
 from services.kit.settings import CommonSettings, EnvReader
@@ -20,19 +24,23 @@ from services.notify.apns.doctor import (
     check_settings,
     check_topic,
     failed,
+    invalid_provider_token_cause,
     ok,
     problem,
 )
 from services.notify.apns.keys import load_signing_key
+from services.notify.apns.outcomes import Answer
 from services.notify.apns.provider_token import ProviderToken
-from services.notify.apns.rules import token_tail
-from services.notify.apns.settings import ApnsSettings
+from services.notify.apns.refusals import SETTING_AT_FAULT, setting_at_fault
+from services.notify.apns.rules import DUMMY_DEVICE_TOKEN, token_tail
+from services.notify.apns.settings import ENVIRONMENTS, ApnsSettings
 
 REGISTERED = text(
     "SELECT environment, bundle_id, count(*) FROM notify.push_tokens"
     " WHERE status = 'active' GROUP BY environment, bundle_id ORDER BY environment, bundle_id"
 )
 TEST_PAYLOAD = {"aps": {"alert": {"title": "atelier push doctor", "body": "A test push."}}}
+ALERT_HEADERS = {"apns-push-type": "alert", "apns-priority": "10", "apns-expiration": "0"}
 
 
 def run(
@@ -40,12 +48,15 @@ def run(
     environment: str,
     check_database: bool,
     environ: Mapping[str, str] | None = None,
+    *,
+    probe: bool = True,
+    preface: list[Finding] | None = None,
 ) -> int:
     reader = EnvReader(environ)
     common = CommonSettings.read(reader)
     settings = ApnsSettings.read(reader)
     reader.finish()
-    findings = check_settings(settings)
+    findings = [*(preface or []), *check_settings(settings)]
     if check_database:
         findings += asyncio.run(_registered(settings, common.database_url))
     if send_to is not None:
@@ -54,6 +65,11 @@ def run(
             findings.append(asyncio.run(_test_push(settings, send_to.lower(), environment)))
         else:
             findings.append(problem("test push", "not sent: fix the problems above first"))
+    elif probe:
+        if not failed(findings):
+            findings += asyncio.run(_probe(settings))
+        else:
+            findings.append(problem("credentials", "not tried with APNs: fix the problems above"))
     for finding in findings:
         print(finding.line())
     return 1 if failed(findings) else 0
@@ -65,12 +81,16 @@ async def _registered(settings: ApnsSettings, database_url: str) -> list[Finding
         async with engine.connect() as connection:
             rows = (await connection.execute(REGISTERED)).all()
     except Exception as error:
-        # The message could hold the URL's password: name the kind of failure only.
+        # The message could hold the URL's password: name the server and the kind of
+        # failure only.
+        cause = error.orig if isinstance(error, DBAPIError) and error.orig else error
         return [
             Finding(
                 Level.WARNING,
                 "registered tokens",
-                f"could not read notify.push_tokens ({type(error).__name__})",
+                f"could not read notify.push_tokens at {_where(database_url)} "
+                f"({type(cause).__name__}): is ATELIER_DATABASE_URL the database notify "
+                "uses, running and migrated?",
             )
         ]
     finally:
@@ -80,26 +100,85 @@ async def _registered(settings: ApnsSettings, database_url: str) -> list[Finding
     return check_registered(settings, [(r[0], r[1], int(r[2])) for r in rows])
 
 
-async def _test_push(settings: ApnsSettings, device_token: str, environment: str) -> Finding:
-    key = load_signing_key(settings.key_path)
-    token = ProviderToken(key, settings.key_id, settings.team_id, settings.token_refresh_seconds)
-    client = ApnsClient(settings)
-    headers = {
-        "apns-push-type": "alert",
-        "apns-topic": settings.bundle_id,
-        "apns-priority": "10",
-        "apns-expiration": "0",
-    }
-    apns_id = str(uuid.uuid4())
+def _where(database_url: str) -> str:
     try:
-        answer = await client.send(
-            environment,
-            device_token,
-            headers,
-            json.dumps(TEST_PAYLOAD).encode(),
-            apns_id,
-            token.current(),
+        url = make_url(database_url)
+    except Exception:
+        return "ATELIER_DATABASE_URL"
+    host = url.host or url.query.get("host") or "localhost"
+    return f"{host}:{url.port or 5432}/{url.database or ''}"
+
+
+async def _probe(settings: ApnsSettings) -> list[Finding]:
+    """A push to a dummy device token on each host: APNs checks the provider token and
+    the topic before the device token, so 400 BadDeviceToken proves the first two."""
+    token = _provider_token(settings)
+    client = ApnsClient(settings)
+    try:
+        answers = [
+            (
+                environment,
+                await _send(client, token.current(), settings, environment, DUMMY_DEVICE_TOKEN),
+            )
+            for environment in ENVIRONMENTS
+        ]
+    finally:
+        await client.close()
+    return [_credentials_finding(settings, environment, a) for environment, a in answers]
+
+
+def _credentials_finding(settings: ApnsSettings, environment: str, answer: Answer) -> Finding:
+    check = f"credentials ({environment})"
+    host = settings.base_url(environment)
+    if answer.status == 400 and answer.reason == "BadDeviceToken":
+        return ok(
+            check,
+            f"{host} accepted the provider token (key {settings.key_id}, team "
+            f"{settings.team_id}) and topic {settings.bundle_id}: it answered a dummy "
+            "device token 400 BadDeviceToken",
         )
+    if answer.status == 200:
+        return Finding(
+            Level.WARNING, check, f"{host} accepted a push to a dummy device token: not APNs?"
+        )
+    return problem(check, _refusal(settings, environment, answer))
+
+
+def _refusal(settings: ApnsSettings, environment: str, answer: Answer) -> str:
+    host = settings.base_url(environment)
+    if answer.status == 0:
+        variable = f"ATELIER_APNS_{environment.upper()}_URL"
+        return (
+            f"no answer from {host} ({answer.reason}): check the network, {variable} and "
+            "ATELIER_APNS_CA_FILE"
+        )
+    if answer.reason == "InvalidProviderToken":
+        at_fault = invalid_provider_token_cause(settings)
+    elif answer.reason in SETTING_AT_FAULT:
+        at_fault = setting_at_fault(answer.reason)
+    else:
+        at_fault = "not a refusal of the credentials; see docs/operations.md (failed pushes)"
+    return f"{answer.status} {answer.reason} from {host}: {at_fault}"
+
+
+def _provider_token(settings: ApnsSettings) -> ProviderToken:
+    key = load_signing_key(settings.key_path)
+    return ProviderToken(key, settings.key_id, settings.team_id, settings.token_refresh_seconds)
+
+
+async def _send(
+    client: ApnsClient, jwt: str, settings: ApnsSettings, environment: str, device_token: str
+) -> Answer:
+    headers = {**ALERT_HEADERS, "apns-topic": settings.bundle_id}
+    body = json.dumps(TEST_PAYLOAD).encode()
+    return await client.send(environment, device_token, headers, body, str(uuid.uuid4()), jwt)
+
+
+async def _test_push(settings: ApnsSettings, device_token: str, environment: str) -> Finding:
+    client = ApnsClient(settings)
+    try:
+        jwt = _provider_token(settings).current()
+        answer = await _send(client, jwt, settings, environment, device_token)
     finally:
         await client.close()
     where = f"{environment} token {token_tail(device_token)} via {settings.base_url(environment)}"
@@ -112,6 +191,10 @@ async def _test_push(settings: ApnsSettings, device_token: str, environment: str
             f"; most likely the token belongs to {other} (TestFlight, App Store and Ad Hoc "
             "builds use production)"
         )
+    elif answer.reason == "InvalidProviderToken":
+        hint = f"; {invalid_provider_token_cause(settings)}"
+    elif answer.reason in SETTING_AT_FAULT:
+        hint = f"; {setting_at_fault(answer.reason)}"
     status = answer.status or "no answer"
     return problem(
         "test push", f"{status} {answer.reason} ({where}), apns-id {answer.apns_id}{hint}"

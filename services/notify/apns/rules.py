@@ -40,6 +40,10 @@ def reason_label(reason: str | None) -> str:
     return reason if reason in APPLE_REASONS or reason in SENDER_REASONS else "other"
 
 
+# A well-formed device token no device has: APNs answers it 400 BadDeviceToken once the
+# provider token and topic pass, so `atelier push doctor` proves credentials with it.
+DUMMY_DEVICE_TOKEN = "00" * 32
+
 KEY_ID = re.compile(r"[A-Z0-9]{10}")
 TEAM_ID = re.compile(r"[A-Z0-9]{10}")
 # Reverse-DNS: at least two dot-separated labels of letters, digits and hyphens.
