@@ -108,7 +108,9 @@ def _push_doctor(args: argparse.Namespace) -> int:
     if stack is not None:
         path, settings = stack
         environ = {**settings, **environ}
-        preface.append(ok("settings", f"the running `atelier dev`'s ({path}), unless set here"))
+        preface.append(
+            ok("settings", f"from the running `atelier dev` ({path}) where this shell sets none")
+        )
     return doctor_command.run(
         args.send_to,
         args.environment or "",

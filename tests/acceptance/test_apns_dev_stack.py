@@ -126,7 +126,7 @@ def test_the_push_doctor_beside_the_dev_stack_checks_it_and_passes(stack: Stack)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert not [line for line in lines if line.startswith("FAIL")]
-    assert any(line.startswith("ok   settings: the running `atelier dev`") for line in lines)
+    assert any(line.startswith("ok   settings: from the running `atelier dev`") for line in lines)
     registered = [line for line in lines if "registered tokens" in line]
     assert registered and all(line.startswith("ok ") for line in registered)
     for environment in ("sandbox", "production"):
