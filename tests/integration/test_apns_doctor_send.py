@@ -162,3 +162,19 @@ def test_a_key_file_of_another_key_is_named_without_printing_it(
     assert "one of the two is wrong" in line
     for secret_line in pem.decode().splitlines()[1:-1]:
         assert secret_line not in done.stdout + done.stderr
+
+
+def test_a_test_push_refused_for_the_credentials_names_the_setting(
+    peer_env: dict[str, str],
+) -> None:
+    done = doctor(
+        {**peer_env, "ATELIER_APNS_TEAM_ID": "OTHERTEAM1"},
+        "--send-to",
+        GOOD,
+        "--environment",
+        "sandbox",
+    )
+    assert done.returncode == 1
+    [line] = [x for x in done.stdout.splitlines() if x.startswith("FAIL test push")]
+    assert "403 InvalidProviderToken" in line
+    assert "ATELIER_APNS_TEAM_ID (OTHERTEAM1) is most likely not the team" in line

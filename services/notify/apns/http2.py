@@ -124,6 +124,7 @@ class _Http2Connection(asyncio.Protocol):
                         self._flush()
                     except H2Error:
                         pass
+                    self.close_if_idle()
                 raise
 
     async def _wait_for_room(self) -> None:
@@ -217,6 +218,8 @@ class Http2Client:
         self._connections: dict[str, _Http2Connection] = {}
         self._connecting: dict[str, asyncio.Lock] = {}
         self._opened = 0
+        # Retired connections still finishing their streams (closed by close() too).
+        self._retired: list[_Http2Connection] = []
 
     async def post(
         self, url: str, headers: Sequence[tuple[str, str]], body: bytes, within_seconds: float
@@ -272,9 +275,13 @@ class Http2Client:
         del self._connections[origin]
         connection.retired = True
         connection.close_if_idle()
+        self._retired = [c for c in self._retired if not c.closed]
+        if not connection.closed:
+            self._retired.append(connection)
         return True
 
     async def close(self) -> None:
-        for connection in self._connections.values():
+        for connection in [*self._connections.values(), *self._retired]:
             connection.close()
         self._connections.clear()
+        self._retired.clear()
