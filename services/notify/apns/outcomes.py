@@ -54,6 +54,8 @@ CREDENTIAL_REFUSALS = frozenset(
     }
 )
 TOKEN_UPDATE_REFUSED = (429, "TooManyProviderTokenUpdates")
+# Every answer that says APNs did not take our credentials (the sender's gauge and alert).
+REFUSES_CREDENTIALS = CREDENTIAL_REFUSALS | {TOKEN_UPDATE_REFUSED}
 
 
 def decide(answer: Answer) -> Next:

@@ -6,6 +6,8 @@ statement. Duplicates are bounded by the lease: a push is sent again only if its
 stopped between sending and recording (a crash, a lost database) and then no sooner than
 ``lease_seconds`` later, with the same apns-id, so the resend is recognisable. Requests
 time out well inside the lease, so a live sender always records before its lease ends.
+While APNs refuses our credentials (a configuration error, or a token update it refused
+on a connection) pushes are held, not failed: no push could go until that is fixed.
 """
 
 from __future__ import annotations
@@ -21,8 +23,7 @@ from services.kit.clock import Clock, system_clock
 from services.kit.logging import get_logger
 from services.notify.apns.client import ApnsClient, apns_id_for
 from services.notify.apns.outcomes import (
-    CREDENTIAL_REFUSALS,
-    TOKEN_UPDATE_REFUSED,
+    REFUSES_CREDENTIALS,
     Answer,
     Next,
     backoff_seconds,
@@ -59,7 +60,7 @@ CREDENTIALS_REFUSED = Gauge(
     "it accepts them again",
     ["environment", "reason"],
 )
-_REFUSAL_REASONS = sorted({reason for _, reason in CREDENTIAL_REFUSALS | {TOKEN_UPDATE_REFUSED}})
+_REFUSAL_REASONS = sorted({reason for _, reason in REFUSES_CREDENTIALS})
 # Steps after which a push waits for our credentials instead of failing: a refusal of our
 # configuration, an expired token not refreshed (too young to replace), a token update
 # refused on a connection (a new one is opened).
@@ -271,8 +272,7 @@ class Sender:
     def _watch_credentials(self, environment: str, answer: Answer) -> None:
         """Sets the gauge and writes the alert log line while APNs refuses our credentials;
         clears both once an answer shows it took them."""
-        refused = (answer.status, answer.reason) in CREDENTIAL_REFUSALS | {TOKEN_UPDATE_REFUSED}
-        if refused:
+        if (answer.status, answer.reason) in REFUSES_CREDENTIALS:
             CREDENTIALS_REFUSED.labels(environment, answer.reason).set(1)
             now = self._clock().timestamp()
             last = self._refused.get((environment, answer.reason))
