@@ -17,6 +17,17 @@ from google.rpc import error_details_pb2, status_pb2
 DOMAIN = "atelier.dev"
 STATUS_DETAILS_KEY = "grpc-status-details-bin"
 
+# An error's details travel in the trailers (grpc-status-details-bin, base64) beside
+# grpc-message, and gRPC clients refuse trailers past 8 KiB at random (16 KiB always), as
+# RESOURCE_EXHAUSTED without a reason. These bounds keep any answer under about 6 KiB:
+# the first violations, then one that counts the rest, each text clipped.
+MAX_VIOLATIONS = 20
+MAX_FIELD_BYTES = 100
+MAX_DESCRIPTION_BYTES = 200
+VIOLATIONS_BUDGET_BYTES = 2048
+MAX_MESSAGE_BYTES = 512
+_ELLIPSIS = "…".encode()
+
 
 @dataclass(frozen=True)
 class FieldViolation:
@@ -36,6 +47,7 @@ class ApiError(Exception):
     metadata: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.message = clip(self.message, MAX_MESSAGE_BYTES)
         super().__init__(f"{self.code.name} {self.reason}: {self.message}")
 
     def to_status(self) -> status_pb2.Status:
@@ -50,7 +62,7 @@ class ApiError(Exception):
                         error_details_pb2.BadRequest.FieldViolation(
                             field=v.field, description=v.description, reason=self.reason
                         )
-                        for v in self.violations
+                        for v in bounded_violations(self.violations)
                     ]
                 )
             )
@@ -76,6 +88,35 @@ class ApiError(Exception):
         return (("retry-after", str(math.ceil(self.retry_after_seconds))),)
 
 
+def clip(text: str, max_bytes: int) -> str:
+    """``text`` cut to at most ``max_bytes`` of UTF-8 (whole characters), marked with an
+    ellipsis when cut."""
+    encoded = text.encode()
+    if len(encoded) <= max_bytes:
+        return text
+    return encoded[: max_bytes - len(_ELLIPSIS)].decode(errors="ignore") + "…"
+
+
+def bounded_violations(violations: Sequence[FieldViolation]) -> tuple[FieldViolation, ...]:
+    """The first violations that fit the bounds, each clipped, then one that says how
+    many more there were."""
+    shown: list[FieldViolation] = []
+    spent = 0
+    for violation in violations[:MAX_VIOLATIONS]:
+        clipped = FieldViolation(
+            clip(violation.field, MAX_FIELD_BYTES),
+            clip(violation.description, MAX_DESCRIPTION_BYTES),
+        )
+        spent += len(clipped.field.encode()) + len(clipped.description.encode())
+        if spent > VIOLATIONS_BUDGET_BYTES:
+            break
+        shown.append(clipped)
+    hidden = len(violations) - len(shown)
+    if hidden:
+        shown.append(FieldViolation("", f"and {hidden} more violations not shown"))
+    return tuple(shown)
+
+
 class DomainError(Exception):
     """A failure a service's domain names. Each subclass says how a client sees it, so the
     service keeps its whole error table in one module; the server maps it on the way out."""
@@ -85,7 +126,8 @@ class DomainError(Exception):
 
 
 def invalid_argument(reason: str, violations: Sequence[FieldViolation]) -> ApiError:
-    summary = "; ".join(f"{v.field}: {v.description}" for v in violations)
+    shown = bounded_violations(violations)
+    summary = "; ".join(f"{v.field}: {v.description}" if v.field else v.description for v in shown)
     return ApiError(grpc.StatusCode.INVALID_ARGUMENT, reason, summary, violations=violations)
 
 

@@ -1,3 +1,4 @@
+import base64
 import json
 import logging
 
@@ -6,7 +7,15 @@ import pytest
 from google.rpc import error_details_pb2, status_pb2
 
 from services.creation.errors import InFlightLimitReached
-from services.kit.errors import ApiError, FieldViolation, invalid_argument
+from services.kit.errors import (
+    MAX_DESCRIPTION_BYTES,
+    MAX_MESSAGE_BYTES,
+    MAX_VIOLATIONS,
+    STATUS_DETAILS_KEY,
+    ApiError,
+    FieldViolation,
+    invalid_argument,
+)
 from services.kit.logging import JsonFormatter, get_logger
 
 
@@ -71,6 +80,56 @@ def test_event_logger_passes_fields(caplog: pytest.LogCaptureFixture) -> None:
         get_logger("atelier.test").info("lease_lost", job_id="j2")
     assert caplog.records[-1].getMessage() == "lease_lost"
     assert caplog.records[-1].fields == {"job_id": "j2"}  # type: ignore[attr-defined]
+
+
+def test_a_long_violation_list_is_capped_with_a_count_of_the_rest() -> None:
+    violations = [FieldViolation(f"outputs[{i}].sha256", "must be hex") for i in range(500)]
+    error = invalid_argument("INVALID_WORKER_REQUEST", violations)
+    bad = unpack(error.to_status())["BadRequest"]
+    assert isinstance(bad, error_details_pb2.BadRequest)
+    shown = [(v.field, v.description) for v in bad.field_violations]
+    assert shown[:MAX_VIOLATIONS] == [(v.field, v.description) for v in violations[:20]]
+    assert shown[MAX_VIOLATIONS:] == [("", "and 480 more violations not shown")]
+    assert {v.reason for v in bad.field_violations} == {"INVALID_WORKER_REQUEST"}
+    assert error.message.endswith("…") and "outputs[0].sha256: must be hex" in error.message
+
+
+def test_a_short_violation_list_is_sent_as_it_is() -> None:
+    violations = [FieldViolation("width", "must be 64..2048"), FieldViolation("height", "too")]
+    bad = unpack(invalid_argument("INVALID_SIZE", violations).to_status())["BadRequest"]
+    assert isinstance(bad, error_details_pb2.BadRequest)
+    assert [(v.field, v.description) for v in bad.field_violations] == [
+        ("width", "must be 64..2048"),
+        ("height", "too"),
+    ]
+
+
+def wire_bytes(error: ApiError) -> int:
+    """What the error costs in trailers: grpc-message percent-encodes every byte outside
+    printable ASCII; grpc-status-details-bin is base64."""
+    message = sum(1 if 0x20 <= b < 0x7F and b != ord("%") else 3 for b in error.message.encode())
+    details = len(base64.b64encode(error.to_status().SerializeToString()))
+    return len("grpc-message") + message + len(STATUS_DETAILS_KEY) + details
+
+
+def test_any_error_stays_well_under_the_metadata_limit() -> None:
+    """The worst case: many violations, each field and description long and of 4-byte
+    characters, and a long message of them."""
+    huge = "𝄞" * 5000
+    many = [FieldViolation(huge, huge) for _ in range(1000)]
+    for error in (
+        invalid_argument("INVALID_WORKER_REQUEST", many),
+        ApiError(grpc.StatusCode.FAILED_PRECONDITION, "SOME_REASON", huge, violations=many),
+    ):
+        assert wire_bytes(error) < 6 * 1024
+        assert len(error.message.encode()) <= MAX_MESSAGE_BYTES
+        bad = unpack(error.to_status())["BadRequest"]
+        assert isinstance(bad, error_details_pb2.BadRequest)
+        assert bad.field_violations[0].field.endswith("…")
+        assert len(bad.field_violations[0].description.encode()) <= MAX_DESCRIPTION_BYTES
+        # What fits, then the count of what did not.
+        hidden = bad.field_violations[-1].description
+        assert hidden == f"and {1000 - len(bad.field_violations) + 1} more violations not shown"
 
 
 @pytest.mark.parametrize(
