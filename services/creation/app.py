@@ -217,7 +217,7 @@ def _worker_service(
     return Binding(
         WORKER_SERVICE,
         worker_service_pb2_grpc.add_WorkerServiceServicer_to_server,
-        WorkerServicer(jobs),
+        WorkerServicer(jobs, clock),
     )
 
 

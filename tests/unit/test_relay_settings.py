@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from services.creation.relay.pruning import remote_prunings
 from services.creation.settings import CreationSettings, RelaySettings
+from services.kit.client_times import CLIENT_CLOCK_SKEW
 from services.kit.settings import SettingsError
 
 
@@ -63,3 +65,11 @@ def test_the_backoff_base_must_not_exceed_its_maximum() -> None:
         CreationSettings.from_env(
             {"ATELIER_RELAY_BACKOFF_BASE": "5", "ATELIER_RELAY_BACKOFF_MAX": "1"}
         )
+
+
+def test_remote_rows_are_kept_past_the_retention_by_the_clients_clock_skew() -> None:
+    """A replay is answered until its request_time (up to the skew ahead of the server's
+    clock) is older than the retention: its row must still be there until then."""
+    kept = {p.name: p.retention_seconds for p in remote_prunings(7 * 86400)}
+    skew = CLIENT_CLOCK_SKEW.total_seconds()
+    assert kept == {"remote_claims": 7 * 86400 + skew, "remote_calls": 7 * 86400 + skew}

@@ -11,6 +11,7 @@ from datetime import datetime
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.store import remote
+from services.kit.client_times import CLIENT_CLOCK_SKEW
 
 # (engine, delete what is older than this, at most this many) → how many were deleted.
 PruneBatch = Callable[[AsyncEngine, datetime, int], Awaitable[int]]
@@ -24,8 +25,11 @@ class Pruning:
 
 
 def remote_prunings(retention_seconds: float) -> tuple[Pruning, ...]:
-    """The remote protocol's claims and answers, kept for replays, then pruned."""
+    """The remote protocol's claims and answers, kept for replays, then pruned. A replay
+    is answered until its request_time is older than the retention, and that time may be
+    ahead of ours by the clients' skew: rows are kept that much longer."""
+    kept = retention_seconds + CLIENT_CLOCK_SKEW.total_seconds()
     return (
-        Pruning("remote_claims", retention_seconds, remote.prune_claims),
-        Pruning("remote_calls", retention_seconds, remote.prune_calls),
+        Pruning("remote_claims", kept, remote.prune_claims),
+        Pruning("remote_calls", kept, remote.prune_calls),
     )

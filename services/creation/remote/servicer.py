@@ -27,6 +27,8 @@ from services.creation.remote.service import (
     RemoteJobs,
 )
 from services.kit.auth import current_principal, principal_id_problem
+from services.kit.client_times import client_time
+from services.kit.clock import Clock
 from services.kit.errors import FieldViolation, invalid_argument
 
 Context = aio.ServicerContext[Any, Any]
@@ -95,23 +97,19 @@ def _lease(lease: pb.LeaseRef, worker_id: str, problems: list[FieldViolation]) -
     )
 
 
-def _sent_at(request: Any, problems: list[FieldViolation]) -> datetime | None:
+def _sent_at(request: Any, now: datetime, problems: list[FieldViolation]) -> datetime | None:
     """The request's request_time (when the worker first sent it), if set."""
     if not request.HasField("request_time"):
         return None
-    try:
-        return request.request_time.ToDatetime(tzinfo=UTC)  # type: ignore[no-any-return]
-    except (ValueError, OverflowError):
-        problems.append(FieldViolation("request_time", "must be a valid time"))
-        return None
+    return client_time("request_time", request.request_time, now, problems)
 
 
 def _call_key(
-    method: str, request_id: str, request: Any, problems: list[FieldViolation]
+    method: str, request_id: str, request: Any, now: datetime, problems: list[FieldViolation]
 ) -> CallKey:
     _key(request_id, problems)
     digest = hashlib.sha256(request.SerializeToString(deterministic=True)).hexdigest()
-    return CallKey(request_id, method, digest, _sent_at(request, problems))
+    return CallKey(request_id, method, digest, _sent_at(request, now, problems))
 
 
 def _output_spec(index: int, spec: pb.OutputSpec, problems: list[FieldViolation]) -> OutputSpec:
@@ -133,8 +131,9 @@ def _expected(value: int, problems: list[FieldViolation]) -> int:
 
 
 class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
-    def __init__(self, jobs: RemoteJobs) -> None:
+    def __init__(self, jobs: RemoteJobs, clock: Clock) -> None:
         self._jobs = jobs
+        self._clock = clock
 
     def _claimed(self, job: Job) -> pb.ClaimedJob:
         claimed = pb.ClaimedJob(
@@ -168,7 +167,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         asked = request.lease_duration.ToTimedelta().total_seconds()
         if not 0 <= asked <= 86400:
             problems.append(FieldViolation("lease_duration", "must be between 0 and 1 day"))
-        sent_at = _sent_at(request, problems)
+        sent_at = _sent_at(request, self._clock(), problems)
         _check(problems)
         job = await self._jobs.claim(
             _pool(), request.request_id, request.claim_token, request.worker_id, asked, sent_at
@@ -216,7 +215,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
     ) -> pb.PrepareOutputsResponse:
         problems: list[FieldViolation] = []
         claim = _lease(request.lease, request.worker_id, problems)
-        key = _call_key("PrepareOutputs", request.request_id, request, problems)
+        key = _call_key("PrepareOutputs", request.request_id, request, self._clock(), problems)
         specs = [_output_spec(i, o, problems) for i, o in enumerate(request.outputs)]
         if not specs:
             problems.append(FieldViolation("outputs", "name the outputs to upload"))
@@ -241,7 +240,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
     async def StartJob(self, request: pb.StartJobRequest, context: Context) -> pb.StartJobResponse:
         problems: list[FieldViolation] = []
         claim = _lease(request.lease, request.worker_id, problems)
-        key = _call_key("StartJob", request.request_id, request, problems)
+        key = _call_key("StartJob", request.request_id, request, self._clock(), problems)
         expected = _expected(request.expected_version, problems)
         provider_request: str | None = None
         if request.step == pb.WORKER_STEP_GENERATING:
@@ -269,7 +268,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
     ) -> pb.CompleteJobResponse:
         problems: list[FieldViolation] = []
         claim = _lease(request.lease, request.worker_id, problems)
-        key = _call_key("CompleteJob", request.request_id, request, problems)
+        key = _call_key("CompleteJob", request.request_id, request, self._clock(), problems)
         expected = _expected(request.expected_version, problems)
         failed = request.HasField("failure")
         if failed == bool(request.output_asset_ids):
@@ -322,7 +321,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
     ) -> pb.ReleaseJobResponse:
         problems: list[FieldViolation] = []
         claim = _lease(request.lease, request.worker_id, problems)
-        key = _call_key("ReleaseJob", request.request_id, request, problems)
+        key = _call_key("ReleaseJob", request.request_id, request, self._clock(), problems)
         expected = _expected(request.expected_version, problems)
         delay = request.delay.ToTimedelta()
         if not timedelta(0) <= delay <= timedelta(hours=1):
@@ -345,7 +344,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
     ) -> pb.AcknowledgeCancelResponse:
         problems: list[FieldViolation] = []
         claim = _lease(request.lease, request.worker_id, problems)
-        key = _call_key("AcknowledgeCancel", request.request_id, request, problems)
+        key = _call_key("AcknowledgeCancel", request.request_id, request, self._clock(), problems)
         expected = _expected(request.expected_version, problems)
         _check(problems)
         answer = await self._jobs.acknowledge_cancel(

@@ -34,6 +34,7 @@ from services.creation.store import jobs as store
 from services.creation.store.changes import outbox_payload
 from services.creation.tables import outbox, remote_calls, remote_claims
 from services.dev.processes import free_port
+from services.kit.client_times import CLIENT_CLOCK_SKEW
 from services.kit.clock import Clock, SettableClock, system_clock
 from services.kit.db import asyncpg_url
 from services.kit.settings import DEV_SERVICE_TOKEN
@@ -331,7 +332,9 @@ async def test_remote_claims_and_answers_are_pruned_after_the_retention_unless_h
         {"call-release", "call-start"},
     )
 
-    clock.advance(REMOTE.retention_seconds + 60)
+    # Past the retention and the clients' clock skew (a request_time may be that far
+    # ahead of the server's clock when the row was written).
+    clock.advance(REMOTE.retention_seconds + CLIENT_CLOCK_SKEW.total_seconds() + 60)
     prunings = remote_prunings(REMOTE.retention_seconds)
     async with relaying(
         engine, creation_url, notify.internal_address, clock=clock, prunings=prunings
