@@ -66,6 +66,10 @@ class Snapshot:
     cursor: int
     # More changed since the cursor than a snapshot holds: the cursor cannot be honoured.
     expired: bool
+    # The cursor is beyond the user's latest change, so it was never handed out to them
+    # (the data was reset, or it is made up): resuming would skip every change until the
+    # server caught up with it.
+    ahead: bool = False
 
 
 async def user_snapshot(
@@ -76,6 +80,8 @@ async def user_snapshot(
 
     async def run(connection: AsyncConnection) -> Snapshot:
         latest = (await connection.execute(USER_LATEST_SEQ, {"user_id": user_id})).scalar_one()
+        if after_seq is not None and after_seq > latest:
+            return Snapshot(changes=[], cursor=latest, expired=False, ahead=True)
         rows = (
             await connection.execute(
                 USER_SNAPSHOT,

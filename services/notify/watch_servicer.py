@@ -89,6 +89,15 @@ def _not_found() -> ApiError:
     return ApiError(grpc.StatusCode.NOT_FOUND, Reason.JOB_NOT_FOUND, "no such job")
 
 
+def _cursor_expired(why: str) -> ApiError:
+    """A cursor the stream cannot resume from: the client resyncs."""
+    return ApiError(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        Reason.CURSOR_EXPIRED,
+        f"{why}: watch afresh without a cursor and list the jobs",
+    )
+
+
 def stream_end(reason: EndReason) -> pb.StreamEnd:
     low, high = _RETRY_DELAY_SECONDS[reason]
     delay = duration_pb2.Duration()
@@ -228,11 +237,13 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
         self._registry.watch_user(watch)
         try:
             snapshot = await self._user_snapshot(user_id, after_seq, self._settings.snapshot_limit)
+            # Decided before the first message: through the edge, that fixes the HTTP status.
             if snapshot.expired:
-                raise ApiError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    Reason.CURSOR_EXPIRED,
-                    "too much changed since this cursor: watch afresh and list the jobs",
+                raise _cursor_expired("too much changed since this cursor")
+            if snapshot.ahead:
+                raise _cursor_expired(
+                    "this cursor is ahead of your latest change (the server's data was reset,"
+                    " or it was not handed out to you)"
                 )
             inbox.settle(snapshot.changes, snapshot.cursor)
             await self._send_jobs(inbox, snapshot.cursor, context)

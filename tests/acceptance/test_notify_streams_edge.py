@@ -196,6 +196,26 @@ async def test_another_users_job_is_a_404_before_any_stream_starts(
     assert body["details"][0]["reason"] == "JOB_NOT_FOUND"
 
 
+async def test_a_cursor_ahead_of_the_server_is_a_400_before_any_stream_starts(
+    db: AsyncEngine, rep: Replica, edge_url: str
+) -> None:
+    """The README's `?cursor=s42` on a fresh stack, or a saved cursor after the data was
+    reset: an HTTP error with the reason, never a stream that stays silent."""
+    user = f"u-{uuid.uuid4().hex[:8]}"
+    token = rep.token(user)[0][1].removeprefix("Bearer ")
+    for cursor in ("s42", "s99999"):
+        curl = await Curl.get(f"{edge_url}/v1/jobs:watch?cursor={cursor}", token)
+        try:
+            lines = await curl.rest()
+        finally:
+            curl.stop()
+        assert lines[-1] == "400", lines
+        body = json.loads(lines[0])
+        assert body["code"] == grpc.StatusCode.FAILED_PRECONDITION.value[0]
+        assert body["details"][0]["reason"] == "CURSOR_EXPIRED"
+        assert "without a cursor" in body["message"]
+
+
 STREAMS_OVER_THE_DEFAULT_BREAKER = 1_100
 
 

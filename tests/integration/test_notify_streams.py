@@ -273,6 +273,37 @@ async def test_watch_jobs_refuses_a_cursor_too_old_for_one_snapshot(
         assert error_info(stale.error).reason == "CURSOR_EXPIRED"
 
 
+async def test_watch_jobs_refuses_a_cursor_ahead_of_the_server_before_any_message(
+    db: AsyncEngine, notify_url: str
+) -> None:
+    """A cursor the server never handed this user (its data was reset, a made-up or
+    another user's cursor) would skip every change until the server caught up with it:
+    it is refused like a cursor too old, so the client resyncs instead of hearing
+    nothing."""
+    user, job = new_user(), str(uuid.uuid4())
+    async with replica(settings(notify_url)) as rep:
+        await deliver(db, rep, job, user, 1, RUNNING, 10)
+        first = watch_jobs(rep, user)
+        assert (await first.next("job")).job.job_id == job
+        handed_out = (await first.next("snapshot_end")).cursor
+        first.cancel()
+        ahead = f"s{int(handed_out.removeprefix('s')) + 1000}"
+        fresh_user = new_user()  # no change at all: the README's "s42" on a fresh stack
+        for who, cursor in ((user, ahead), (user, "s99999999"), (fresh_user, "s42")):
+            reader = watch_jobs(rep, who, cursor)
+            await asyncio.wait_for(reader.done.wait(), 5)
+            assert reader.error is not None, cursor
+            assert reader.error.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert error_info(reader.error).reason == "CURSOR_EXPIRED"
+            assert reader.pending() == []  # refused before the first message
+        # The cursor it was handed still resumes, and live changes reach it.
+        resumed = watch_jobs(rep, user, handed_out)
+        await resumed.next("snapshot_end")
+        await deliver(db, rep, job, user, 2, RUNNING, 50)
+        assert (await resumed.next("job")).job.version == 2
+        resumed.cancel()
+
+
 async def test_keep_alives_and_the_maximum_duration_end(db: AsyncEngine, notify_url: str) -> None:
     user, job = new_user(), str(uuid.uuid4())
     async with replica(

@@ -40,8 +40,9 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     without a cursor.
     """
     ERROR_REASON_CURSOR_EXPIRED: _ErrorReason.ValueType  # 5
-    """FAILED_PRECONDITION: the cursor is too old to resume from. Reconnect without a cursor
-    (and reload the jobs you show).
+    """FAILED_PRECONDITION: the cursor is too old to resume from, or ahead of the caller's
+    latest change (the server's data was reset). Reconnect without a cursor (and reload
+    the jobs you show).
     """
     ERROR_REASON_INVALID_DEVICE: _ErrorReason.ValueType  # 6
     """INVALID_ARGUMENT with field violations: RegisterDevice's token, environment, bundle id
@@ -189,8 +190,9 @@ ERROR_REASON_INVALID_CURSOR: ErrorReason.ValueType  # 4
 without a cursor.
 """
 ERROR_REASON_CURSOR_EXPIRED: ErrorReason.ValueType  # 5
-"""FAILED_PRECONDITION: the cursor is too old to resume from. Reconnect without a cursor
-(and reload the jobs you show).
+"""FAILED_PRECONDITION: the cursor is too old to resume from, or ahead of the caller's
+latest change (the server's data was reset). Reconnect without a cursor (and reload
+the jobs you show).
 """
 ERROR_REASON_INVALID_DEVICE: ErrorReason.ValueType  # 6
 """INVALID_ARGUMENT with field violations: RegisterDevice's token, environment, bundle id

@@ -219,8 +219,9 @@ class WatchJobsRequest(_message.Message):
     cursor: _builtins.str
     """Resume after this point: the `cursor` of the last message received on an earlier
     stream. Empty starts afresh. Opaque; a cursor too old to resume from (more changes
-    since than one snapshot holds) is refused with FAILED_PRECONDITION, reason
-    CURSOR_EXPIRED: start afresh and list the jobs.
+    since than one snapshot holds), or ahead of the caller's latest change (never handed
+    out to them: the server's data was reset), is refused before any message with
+    FAILED_PRECONDITION, reason CURSOR_EXPIRED: start afresh and list the jobs.
     """
     def __init__(
         self,
