@@ -79,7 +79,8 @@ async def test_a_history_grid_is_one_call_with_pictures_and_thumbnails(
     url = f"http://127.0.0.1:{running.ports.envoy}"
     user = User()
     asset = await put_input(running, user.user_id, data=noisy_png(640, 480))
-    submitted = await http.post(f"{url}/v1/jobs", headers=user.headers, json=job_body(asset))
+    body = job_body(asset, width=640, height=480)
+    submitted = await http.post(f"{url}/v1/jobs", headers=user.headers, json=body)
     assert submitted.status_code == 200, submitted.text
     job_id = submitted.json()["job"]["jobId"]
 

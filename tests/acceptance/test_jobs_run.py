@@ -12,11 +12,12 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-from PIL import Image, ImageChops
+from PIL import Image, ImageChops, ImageOps
 
 from atelier.creation.v1 import creation_service_pb2, creation_service_pb2_grpc
 from services.dev.stack import Stack
-from tests.acceptance.test_jobs_edge import User, job_body, png, put_input
+from tests.acceptance.test_jobs_edge import User, job_body, put_input
+from tests.support.pictures import encode, scene
 from tests.support.rpc import bad_request, bearer, error_info
 from tests.support.stacks import job_in, stack_of_its_own
 
@@ -49,9 +50,10 @@ async def test_a_submitted_job_runs_to_a_picture_that_downloads(
 ) -> None:
     url = f"http://127.0.0.1:{running.ports.envoy}"
     user = User()
-    photo = png()
+    photo = encode(scene(800, 600))
     asset = await put_input(running, user.user_id, data=photo)
-    submitted = await http.post(f"{url}/v1/jobs", headers=user.headers, json=job_body(asset))
+    body = job_body(asset, width=512, height=512)
+    submitted = await http.post(f"{url}/v1/jobs", headers=user.headers, json=body)
     assert submitted.status_code == 200, submitted.text
     job_id = submitted.json()["job"]["jobId"]
 
@@ -63,9 +65,15 @@ async def test_a_submitted_job_runs_to_a_picture_that_downloads(
     download = await http.get(done["outputs"][0]["url"])
     assert download.status_code == 200
     picture = Image.open(io.BytesIO(download.content)).convert("RGB")
-    original = Image.open(io.BytesIO(photo)).convert("RGB")
-    assert picture.size == original.size  # the stub keeps size and orientation
-    assert ImageChops.difference(picture, original).getbbox() is not None  # and styles it
+    # The size asked for, not the photo's 800x600: scaled and cropped around the centre.
+    assert picture.size == (512, 512)
+    centre = ImageOps.fit(Image.open(io.BytesIO(photo)).convert("RGB"), (512, 512))
+    assert ImageChops.difference(picture, centre).getbbox() is not None  # and styled
+    # The output reports its size: media's asset, read through the edge.
+    output_id = done["outputs"][0]["assetId"]
+    stored = await http.get(f"{url}/v1/assets/{output_id}", headers=user.headers)
+    assert stored.status_code == 200, stored.text
+    assert (stored.json()["asset"]["width"], stored.json()["asset"]["height"]) == (512, 512)
     balance = (await http.get(f"{url}/v1/balance", headers=user.headers)).json()
     assert (balance["availablePoints"], balance["reservedPoints"]) == ("95", "0")  # captured
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from PIL import Image, ImageChops
+from PIL import Image, ImageChops, ImageOps
 
 from services.dev.processes import free_port
 from services.dev.stack import Stack
@@ -120,11 +120,12 @@ def test_readme_commands_run_against_a_running_stack(dev_stack: Stack, session_d
     assert re.search(
         r'"status":"JOB_STATUS_RUNNING","step":"JOB_STEP_GENERATING","progressPercent":[1-9]', out
     ), out
-    # The picture downloads: the photo's size, restyled.
+    # The picture downloads: the size the job asked for (512x512, from a 64x48 photo),
+    # restyled.
     styled = Image.open(session_dir / "styled.jpg")
-    photo = Image.open(session_dir / "photo.jpg")
-    assert (styled.format, styled.size) == ("JPEG", photo.size)
-    assert ImageChops.difference(styled.convert("RGB"), photo.convert("RGB")).getbbox() is not None
+    photo = ImageOps.fit(Image.open(session_dir / "photo.jpg").convert("RGB"), (512, 512))
+    assert (styled.format, styled.size) == ("JPEG", (512, 512))
+    assert ImageChops.difference(styled.convert("RGB"), photo).getbbox() is not None
     # The second job ends cancelled; both show in the list.
     assert "CANCELLED" in seen[first_end:], out
     # Captured once for the first job, released for the second: 95 of 100 left, none held.

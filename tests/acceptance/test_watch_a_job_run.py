@@ -80,4 +80,4 @@ async def test_watch_job_with_curl_from_queued_to_succeeded_then_the_stream_clos
     assert len(outputs) == 1 and outputs[0]["assetId"]
     picture = await http.get(outputs[0]["url"])
     assert picture.status_code == 200
-    assert Image.open(io.BytesIO(picture.content)).size == (96, 64)  # its size kept
+    assert Image.open(io.BytesIO(picture.content)).size == (512, 512)  # the size asked

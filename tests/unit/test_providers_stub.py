@@ -64,6 +64,16 @@ def request(job_id: str = "job-1", style: str = "anime", outputs: int = 1) -> Ge
     )
 
 
+async def test_the_outputs_are_the_size_the_request_asks(tmp_path: Path) -> None:
+    stub = StubProvider(settings(tmp_path, duration_seconds=0), Clock())
+    asked = replace(request(outputs=2), width=512, height=512)
+    asked = replace(asked, input_image=InputImage(encode(scene(800, 600), "JPEG"), "image/jpeg"))
+    done = await stub.poll(await stub.submit(asked, "k"))
+    assert isinstance(done, Done)
+    assert [Image.open(io.BytesIO(o.data)).size for o in done.outputs] == [(512, 512)] * 2
+    assert [(o.width, o.height) for o in done.outputs] == [(512, 512)] * 2
+
+
 def settings(tmp_path: Path, **changes: object) -> StubSettings:
     base = StubSettings(
         duration_seconds=10,

@@ -113,3 +113,35 @@ def test_an_image_over_the_pixel_limit_is_refused_before_decoding() -> None:
 def test_bytes_that_are_not_a_jpeg_png_or_webp_are_refused(data: bytes) -> None:
     with pytest.raises(InputUnreadable, match="not a readable JPEG, PNG or WebP"):
         render(data, "natural", 1, LIMIT)
+
+
+def bands(width: int, height: int, edge: int) -> Image.Image:
+    """Green, with a red band ``edge`` px wide on the left and a blue one on the right."""
+    image = Image.new("RGB", (width, height), (20, 200, 20))
+    image.paste((220, 20, 20), (0, 0, edge, height))
+    image.paste((20, 20, 220), (width - edge, 0, width, height))
+    return image
+
+
+def test_the_output_fills_the_size_asked_cropped_around_the_centre() -> None:
+    # 800x600 scaled to 683x512 covers 512x512; 85 px go on each side, and the 80 px
+    # bands (68 px once scaled) with them.
+    photo = encode(bands(800, 600, 80))
+    (output,) = render(photo, "no-such-style", 1, LIMIT, (512, 512))
+    picture = decode(output.data)
+    assert picture.size == (output.width, output.height) == (512, 512)
+    for x in (0, 255, 511):
+        red, green, blue = picture.getpixel((x, 256))
+        assert green > 180 and red < 60 and blue < 60, (x, picture.getpixel((x, 256)))
+
+
+@pytest.mark.parametrize(
+    ("source", "asked"),
+    [((800, 600), (512, 512)), ((96, 64), (768, 1024)), ((600, 800), (640, 320))],
+)
+def test_every_output_is_the_size_asked_whatever_the_input(
+    source: tuple[int, int], asked: tuple[int, int]
+) -> None:
+    outputs = render(encode(scene(*source), "JPEG"), "watercolor", 2, LIMIT, asked)
+    assert [decode(o.data).size for o in outputs] == [asked, asked]
+    assert [(o.width, o.height) for o in outputs] == [asked, asked]

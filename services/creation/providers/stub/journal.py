@@ -39,6 +39,13 @@ class StubRequest:
     submitted_at: float
     # Set by cancel, which also drops the input: polls answer CANCELLED from then on.
     cancelled: bool = False
+    # The size asked for; 0 (a request stored before sizes were kept): the input's.
+    width: int = 0
+    height: int = 0
+
+    @property
+    def size(self) -> tuple[int, int] | None:
+        return (self.width, self.height) if self.width > 0 and self.height > 0 else None
 
 
 def new_request_id() -> str:

@@ -1,12 +1,12 @@
 """The stub provider: a real two-phase backend that restyles the input with Pillow.
 
 ``submit`` accepts at once and stores the request (see journal.py); ``poll`` reports
-progress rising over ``duration_seconds`` from the submit, then renders the outputs
-(styles.py) off the event loop. A poll from any process that shares the state directory
-gets the same answer, so a worker that resumes after a crash polls on and never submits
-again. A request id it cannot find (another machine's, or a cleaned directory) is answered
-``Failed("REQUEST_UNKNOWN", retryable=True)``: the stub positively has nothing running for
-it, so a fresh attempt is safe and is the only way to an image.
+progress rising over ``duration_seconds`` from the submit, then renders the outputs at the
+size asked for (styles.py) off the event loop. A poll from any process that shares the
+state directory gets the same answer, so a worker that resumes after a crash polls on and
+never submits again. A request id it cannot find (another machine's, or a cleaned
+directory) is answered ``Failed("REQUEST_UNKNOWN", retryable=True)``: the stub positively
+has nothing running for it, so a fresh attempt is safe and is the only way to an image.
 """
 
 from __future__ import annotations
@@ -91,6 +91,8 @@ class StubProvider:
             num_outputs=request.num_outputs,
             content_type=request.input_image.content_type,
             submitted_at=self._clock(),
+            width=request.width,
+            height=request.height,
         )
         try:
             await asyncio.to_thread(self._store.save, accepted, request.input_image.data)
@@ -133,6 +135,7 @@ class StubProvider:
                     accepted.style_id,
                     accepted.num_outputs,
                     self._settings.max_input_pixels,
+                    accepted.size,
                 )
             except InputUnreadable as error:
                 return Failed("INPUT_UNREADABLE", str(error), retryable=False)

@@ -3,8 +3,9 @@ worker thread.
 
 Deterministic: the same input, style and output count give the same bytes, so a process
 that never saw a request can recompute its result (the stub resumes after a crash). The
-image is turned upright first (EXIF orientation), keeps its size, and each style looks
-visibly different; an unknown style is passed through unchanged.
+image is turned upright first (EXIF orientation), then scaled and cropped (centred) to fill
+the size the job asked for, as a model returns what it was asked; each style looks visibly
+different, and an unknown style is passed through unchanged.
 """
 
 from __future__ import annotations
@@ -115,9 +116,25 @@ def _decode(data: bytes, max_pixels: int) -> tuple[Image.Image, str]:
         raise InputUnreadable("the input is not a readable JPEG, PNG or WebP image") from None
 
 
-def render(data: bytes, style_id: str, num_outputs: int, max_pixels: int) -> list[OutputImage]:
-    """``num_outputs`` restyled copies of the image in ``data``; raises InputUnreadable."""
+def _fill(image: Image.Image, size: tuple[int, int] | None) -> Image.Image:
+    """``image`` scaled to cover ``size`` and cropped to it around its centre (None:
+    as it is)."""
+    if size is None or image.size == size:
+        return image
+    return ImageOps.fit(image, size, method=Image.Resampling.LANCZOS, centering=(0.5, 0.5))
+
+
+def render(
+    data: bytes,
+    style_id: str,
+    num_outputs: int,
+    max_pixels: int,
+    size: tuple[int, int] | None = None,
+) -> list[OutputImage]:
+    """``num_outputs`` restyled copies of the image in ``data``, each ``size`` (width,
+    height) when given, else the input's; raises InputUnreadable."""
     image, source_format = _decode(data, max_pixels)
+    image = _fill(image, size)
     alpha = image.getchannel("A") if "A" in image.getbands() else None
     styled = STYLES.get(style_id, _neutral)(image.convert("RGB"))
     # A JPEG photo stays a JPEG; anything else (transparency, WebP) becomes a PNG.
