@@ -170,14 +170,15 @@ def job_message(job: Job) -> job_pb2.Job:
 
 
 def fill_output_urls(message: job_pb2.Job, urls: Mapping[str, OutputUrls]) -> job_pb2.Job:
-    """Sets each output's url and thumbnail_url that ``urls`` has (by asset id); the
-    message, for use in expressions."""
+    """Sets each output's url, thumbnail_url and size that ``urls`` has (by asset id);
+    the message, for use in expressions."""
     for output in message.outputs:
         signed = urls.get(output.asset_id)
         if signed is None:
             continue
         output.url = signed.image.url
         output.url_expire_time.FromDatetime(signed.image.expires_at)
+        output.width, output.height = signed.width, signed.height
         if signed.thumbnail is not None:
             output.thumbnail_url = signed.thumbnail.url
             output.thumbnail_url_expire_time.FromDatetime(signed.thumbnail.expires_at)

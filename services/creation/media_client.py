@@ -48,10 +48,13 @@ class DownloadUrl:
 
 @dataclass(frozen=True)
 class OutputUrls:
-    """An output's picture and its thumbnail (None when media made none), both signed."""
+    """An output's picture and its thumbnail (None when media made none), both signed,
+    and the picture's size in pixels."""
 
     image: DownloadUrl
     thumbnail: DownloadUrl | None
+    width: int = 0
+    height: int = 0
 
 
 # GetAssetUrls takes at most this many ids per call.
@@ -381,12 +384,12 @@ class MediaClient:
 
 def _output_urls(signed: media_internal_service_pb2.AssetUrls) -> OutputUrls:
     image = DownloadUrl(signed.url, signed.url_expire_time.ToDatetime(tzinfo=UTC))
-    if not signed.thumbnail_url:
-        return OutputUrls(image, None)
-    thumbnail = DownloadUrl(
-        signed.thumbnail_url, signed.thumbnail_url_expire_time.ToDatetime(tzinfo=UTC)
-    )
-    return OutputUrls(image, thumbnail)
+    thumbnail = None
+    if signed.thumbnail_url:
+        thumbnail = DownloadUrl(
+            signed.thumbnail_url, signed.thumbnail_url_expire_time.ToDatetime(tzinfo=UTC)
+        )
+    return OutputUrls(image, thumbnail, signed.width, signed.height)
 
 
 # An outage fails every call: one line per call and reason per window is enough.

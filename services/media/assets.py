@@ -116,6 +116,8 @@ class SignedUrls:
     request: SignedRequest
     thumbnail: SignedRequest | None
     expires_at: datetime
+    width: int = 0
+    height: int = 0
 
 
 class Assets:
@@ -558,7 +560,7 @@ class Assets:
         thumbnail = await self._presign_thumbnail(
             asset.object_key, asset.thumbnail_content_type, expires_at
         )
-        return SignedUrls(asset.asset_id, request, thumbnail, expires_at)
+        return SignedUrls(asset.asset_id, request, thumbnail, expires_at, asset.width, asset.height)
 
     async def _presign_thumbnail(
         self, asset_object_key: str, content_type: str | None, expires_at: datetime

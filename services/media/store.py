@@ -147,7 +147,14 @@ MARK_READY = DriverStatement.of(
 )
 # What signing download URLs needs of many ready assets, in one statement (rides pk_assets).
 READY_FOR_URLS = DriverStatement.of(
-    select(_c.asset_id, _c.object_key, _c.content_type, _c.thumbnail_content_type).where(
+    select(
+        _c.asset_id,
+        _c.object_key,
+        _c.content_type,
+        _c.thumbnail_content_type,
+        _c.width,
+        _c.height,
+    ).where(
         _c.asset_id == func.any(bindparam("asset_ids")),
         _c.status == literal_column(f"'{Status.READY.value}'"),
     )
@@ -205,6 +212,9 @@ class Signable:
     object_key: str
     content_type: str
     thumbnail_content_type: str | None
+    # The image's size, read from the stored object when it became ready.
+    width: int = 0
+    height: int = 0
 
 
 @dataclass(frozen=True)
@@ -369,6 +379,8 @@ class AssetStore:
                 row["object_key"],
                 row["content_type"],
                 row["thumbnail_content_type"],
+                row["width"] or 0,
+                row["height"] or 0,
             )
             for row in rows
         ]

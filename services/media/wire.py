@@ -49,7 +49,11 @@ def asset_message(asset: Asset) -> asset_pb2.Asset:
 def asset_urls_message(signed: SignedUrls) -> media_internal_service_pb2.AssetUrls:
     expire_time = timestamp(signed.expires_at)
     message = media_internal_service_pb2.AssetUrls(
-        asset_id=str(signed.asset_id), url=signed.request.url, url_expire_time=expire_time
+        asset_id=str(signed.asset_id),
+        url=signed.request.url,
+        url_expire_time=expire_time,
+        width=signed.width,
+        height=signed.height,
     )
     if signed.thumbnail is not None:
         message.thumbnail_url = signed.thumbnail.url

@@ -34,12 +34,15 @@ CACHE_SIZE = 10_000
 
 @dataclass(frozen=True)
 class SignedUrl:
-    """An asset's signed URLs: the picture, and its thumbnail when media made one."""
+    """An asset's signed URLs: the picture, and its thumbnail when media made one; and
+    the picture's size in pixels."""
 
     url: str
     expire_time: timestamp_pb2.Timestamp
     thumbnail_url: str = ""
     thumbnail_expire_time: timestamp_pb2.Timestamp | None = None
+    width: int = 0
+    height: int = 0
 
     @property
     def seconds_left(self) -> float:
@@ -85,13 +88,14 @@ class MediaSigner:
 
 
 def _signed(signed: media_internal_service_pb2.AssetUrls) -> SignedUrl:
-    if not signed.thumbnail_url:
-        return SignedUrl(signed.url, signed.url_expire_time)
+    thumbnail = signed.thumbnail_url_expire_time if signed.thumbnail_url else None
     return SignedUrl(
         signed.url,
         signed.url_expire_time,
         signed.thumbnail_url,
-        signed.thumbnail_url_expire_time,
+        thumbnail,
+        width=signed.width,
+        height=signed.height,
     )
 
 
@@ -123,6 +127,7 @@ class OutputUrls:
                 continue
             output.url = found.url
             output.url_expire_time.CopyFrom(found.expire_time)
+            output.width, output.height = found.width, found.height
             if found.thumbnail_expire_time is not None:
                 output.thumbnail_url = found.thumbnail_url
                 output.thumbnail_url_expire_time.CopyFrom(found.thumbnail_expire_time)

@@ -69,7 +69,8 @@ async def test_a_submitted_job_runs_to_a_picture_that_downloads(
     assert picture.size == (512, 512)
     centre = ImageOps.fit(Image.open(io.BytesIO(photo)).convert("RGB"), (512, 512))
     assert ImageChops.difference(picture, centre).getbbox() is not None  # and styled
-    # The output reports its size: media's asset, read through the edge.
+    # The output reports its size, on the job and on media's asset, read through the edge.
+    assert (done["outputs"][0]["width"], done["outputs"][0]["height"]) == (512, 512)
     output_id = done["outputs"][0]["assetId"]
     stored = await http.get(f"{url}/v1/assets/{output_id}", headers=user.headers)
     assert stored.status_code == 200, stored.text

@@ -81,3 +81,4 @@ async def test_watch_job_with_curl_from_queued_to_succeeded_then_the_stream_clos
     picture = await http.get(outputs[0]["url"])
     assert picture.status_code == 200
     assert Image.open(io.BytesIO(picture.content)).size == (512, 512)  # the size asked
+    assert (outputs[0]["width"], outputs[0]["height"]) == (512, 512)  # and says so

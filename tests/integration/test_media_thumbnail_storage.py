@@ -82,6 +82,8 @@ async def test_an_output_gets_a_thumbnail_that_every_url_call_hands_out(
         assert signed[photo.asset_id].url and not signed[photo.asset_id].thumbnail_url
         mine = signed[output.asset_id]
         assert mine.url_expire_time == mine.thumbnail_url_expire_time
+        # Each carries the image's size, read from the stored object.
+        assert {(s.width, s.height) for s in signed.values()} == {(600, 400)}
         assert mine.thumbnail_url != signed[other.asset_id].thumbnail_url
 
         single = await stub.GetAssetUrl(

@@ -239,7 +239,14 @@ class CountingSigner:
         expire.FromMicroseconds(int((time.time() + self.seconds_to_live) * 1e6))
         n = len(self.calls)
         return {
-            a: SignedUrl(f"https://media.example/{a}?n={n}", expire, f"https://t/{a}", expire)
+            a: SignedUrl(
+                f"https://media.example/{a}?n={n}",
+                expire,
+                f"https://t/{a}",
+                expire,
+                width=512,
+                height=384,
+            )
             for a in asset_ids
             if a != "gone"  # media leaves out what it cannot sign
         }
@@ -274,7 +281,9 @@ async def test_output_urls_sign_all_outputs_of_a_state_in_one_call_with_thumbnai
     assert by_id["asset-2"].url == "https://media.example/asset-2?n=2"
     assert by_id["asset-2"].thumbnail_url == "https://t/asset-2"
     assert by_id["asset-2"].HasField("thumbnail_url_expire_time")
+    assert (by_id["asset-2"].width, by_id["asset-2"].height) == (512, 384)
     assert by_id["gone"].url == "" and by_id["gone"].thumbnail_url == ""
+    assert (by_id["gone"].width, by_id["gone"].height) == (0, 0)
     assert not state.outputs[0].url  # the shared state is left as it was
 
 

@@ -170,6 +170,8 @@ class JobOutput(_message.Message):
     URL_EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     THUMBNAIL_URL_FIELD_NUMBER: _builtins.int
     THUMBNAIL_URL_EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    WIDTH_FIELD_NUMBER: _builtins.int
+    HEIGHT_FIELD_NUMBER: _builtins.int
     asset_id: _builtins.str
     """The media asset holding the image (purpose ai_output, owned by the job's user)."""
     url: _builtins.str
@@ -181,6 +183,12 @@ class JobOutput(_message.Message):
     most 256 px, EXIF orientation applied), made by media when the output landed; set
     wherever url is, empty where media made no preview (or a URL is not handed out).
     """
+    width: _builtins.int
+    """The image's width in pixels (read by media from the stored image); set wherever url
+    is, 0 where it is not.
+    """
+    height: _builtins.int
+    """The image's height in pixels; set wherever url is, 0 where it is not."""
     @_builtins.property
     def url_expire_time(self) -> _timestamp_pb2.Timestamp:
         """When url stops working."""
@@ -197,10 +205,12 @@ class JobOutput(_message.Message):
         url_expire_time: _timestamp_pb2.Timestamp | None = ...,
         thumbnail_url: _builtins.str = ...,
         thumbnail_url_expire_time: _timestamp_pb2.Timestamp | None = ...,
+        width: _builtins.int = ...,
+        height: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["thumbnail_url_expire_time", b"thumbnail_url_expire_time", "url_expire_time", b"url_expire_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["asset_id", b"asset_id", "thumbnail_url", b"thumbnail_url", "thumbnail_url_expire_time", b"thumbnail_url_expire_time", "url", b"url", "url_expire_time", b"url_expire_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["asset_id", b"asset_id", "height", b"height", "thumbnail_url", b"thumbnail_url", "thumbnail_url_expire_time", b"thumbnail_url_expire_time", "url", b"url", "url_expire_time", b"url_expire_time", "width", b"width"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

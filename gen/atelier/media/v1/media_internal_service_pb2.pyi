@@ -266,6 +266,8 @@ class AssetUrls(_message.Message):
     URL_EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     THUMBNAIL_URL_FIELD_NUMBER: _builtins.int
     THUMBNAIL_URL_EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    WIDTH_FIELD_NUMBER: _builtins.int
+    HEIGHT_FIELD_NUMBER: _builtins.int
     asset_id: _builtins.str
     """The asset."""
     url: _builtins.str
@@ -274,6 +276,10 @@ class AssetUrls(_message.Message):
     """A short-lived URL to GET the thumbnail (WebP, longest side at most 256 px); empty
     when the asset has none (inputs, outputs stored before thumbnails existed).
     """
+    width: _builtins.int
+    """The image's width in pixels, read from the stored object."""
+    height: _builtins.int
+    """The image's height in pixels, read from the stored object."""
     @_builtins.property
     def url_expire_time(self) -> _timestamp_pb2.Timestamp:
         """When url stops working."""
@@ -290,10 +296,12 @@ class AssetUrls(_message.Message):
         url_expire_time: _timestamp_pb2.Timestamp | None = ...,
         thumbnail_url: _builtins.str = ...,
         thumbnail_url_expire_time: _timestamp_pb2.Timestamp | None = ...,
+        width: _builtins.int = ...,
+        height: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["thumbnail_url_expire_time", b"thumbnail_url_expire_time", "url_expire_time", b"url_expire_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["asset_id", b"asset_id", "thumbnail_url", b"thumbnail_url", "thumbnail_url_expire_time", b"thumbnail_url_expire_time", "url", b"url", "url_expire_time", b"url_expire_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["asset_id", b"asset_id", "height", b"height", "thumbnail_url", b"thumbnail_url", "thumbnail_url_expire_time", b"thumbnail_url_expire_time", "url", b"url", "url_expire_time", b"url_expire_time", "width", b"width"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
