@@ -12,6 +12,9 @@ the statement runs, not when it commits, so concurrent applies would break that.
 therefore take one transaction-scoped advisory lock: they commit in the order they drew
 their values. Each is one short statement, so this costs little; it also spares concurrent
 upserts of the same rows from deadlocking.
+
+A batch may hold several versions of one job; the row takes the newest, and each move
+also carries the versions it passed, since each of them is owed its pushes.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from __future__ import annotations
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import Row, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from atelier.creation.v1 import job_pb2
@@ -82,10 +86,25 @@ def newest_per_job(states: Sequence[job_state_pb2.JobState]) -> list[job_state_p
 
 @dataclass(frozen=True)
 class Moved:
-    """A row :func:`apply` moved, with the status it held before (None: a new job)."""
+    """A row :func:`apply` moved, with the status it held before (None: a new job) and
+    the states of the batch it moved past: newer than the row held, older than where it
+    moved to, in version order. The row keeps only the newest, but each of those states
+    happened, and push planning owes each its pushes (a job's end followed in the same
+    batch by its deletion's tombstone)."""
 
     applied: AppliedState
     previous_status: str | None
+    passed: tuple[job_state_pb2.JobState, ...] = ()
+
+    def steps(self) -> list[tuple[job_state_pb2.JobState, str | None]]:
+        """Every state this move went through, oldest first, each with the status the
+        job held just before it."""
+        steps = []
+        before = self.previous_status
+        for state in (*self.passed, self.applied.state):
+            steps.append((state, before))
+            before = status_name(state)
+        return steps
 
 
 # Runs inside apply's transaction, after the upsert, with the rows that moved (push
@@ -100,7 +119,7 @@ _LOCK = text("SELECT pg_advisory_xact_lock(:key)")
 _UPSERT = text(
     """
     WITH previous AS (
-        SELECT job_id, status FROM notify.job_states
+        SELECT job_id, status, version FROM notify.job_states
         WHERE job_id = ANY(CAST(:job_ids AS uuid[]))
     )
     INSERT INTO notify.job_states AS current
@@ -119,7 +138,8 @@ _UPSERT = text(
         seq = nextval('notify.change_seq')
     WHERE current.version < EXCLUDED.version
     RETURNING job_id, seq,
-        (SELECT p.status FROM previous p WHERE p.job_id = current.job_id) AS previous_status
+        (SELECT p.status FROM previous p WHERE p.job_id = current.job_id) AS previous_status,
+        (SELECT p.version FROM previous p WHERE p.job_id = current.job_id) AS previous_version
     """
 )
 
@@ -146,17 +166,36 @@ async def apply(
     async with engine.begin() as connection:
         await connection.execute(_LOCK, {"key": _APPLY_LOCK})
         rows = (await connection.execute(_UPSERT, parameters)).all()
-        by_job = {s.job_id: s for s in newest}
+        per_job = _versions_per_job(states)
         moved = sorted(
-            (
-                Moved(AppliedState(by_job[str(row.job_id)], int(row.seq)), row.previous_status)
-                for row in rows
-            ),
+            (_moved(row, per_job[str(row.job_id)]) for row in rows),
             key=lambda change: change.applied.seq,
         )
         if moved and in_transaction is not None:
             await in_transaction(connection, moved)
     return [change.applied for change in moved]
+
+
+def _versions_per_job(
+    states: Sequence[job_state_pb2.JobState],
+) -> dict[str, dict[int, job_state_pb2.JobState]]:
+    """Each job's states in ``states``, one per version (a duplicate is the same state)."""
+    per_job: dict[str, dict[int, job_state_pb2.JobState]] = {}
+    for state in states:
+        per_job.setdefault(state.job_id, {})[state.version] = state
+    return per_job
+
+
+def _moved(row: Row[Any], versions: dict[int, job_state_pb2.JobState]) -> Moved:
+    """The move of one upserted row: to its job's newest state, past the batch's states
+    between the version the row held (none: a new job) and that one."""
+    ordered = sorted(versions)
+    held = row.previous_version or 0
+    return Moved(
+        AppliedState(versions[ordered[-1]], int(row.seq)),
+        row.previous_status,
+        tuple(versions[v] for v in ordered[:-1] if v > held),
+    )
 
 
 def _stored(state: bytes, seq: int) -> AppliedState:

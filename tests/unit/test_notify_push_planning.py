@@ -188,3 +188,43 @@ def test_an_end_drops_the_update_still_waiting() -> None:
         NOW,
     )
     assert kinds(result) == [("a", "la_end")] and result.dropped == [1]
+
+
+def state_at(
+    version: int, status: job_pb2.JobStatus.ValueType, *, deleted: bool = False
+) -> job_state_pb2.JobState:
+    return job_state_pb2.JobState(
+        job_id=JOB, user_id="u", version=version, status=status, deleted=deleted
+    )
+
+
+def test_an_end_followed_in_its_batch_by_the_deletion_still_alerts_and_ends() -> None:
+    cancelled = state_at(2, job_pb2.JOB_STATUS_CANCELLED)
+    tombstone = state_at(3, job_pb2.JOB_STATUS_CANCELLED, deleted=True)
+    change = Moved(AppliedState(tombstone, 3), "queued", (cancelled,))
+    result = plan([change], [DEVICE, ACTIVITY], {}, RULES, NOW)
+    assert [(p.token_id, p.push.kind, p.version) for p in result.pushes] == [
+        ("d", "alert", 2),
+        ("a", "la_end", 2),
+    ]
+
+
+def test_a_tombstone_stands_in_for_an_end_notify_never_received() -> None:
+    tombstone = state_at(3, job_pb2.JOB_STATUS_CANCELLED, deleted=True)
+    for previous in ("queued", "running", None):
+        result = plan(
+            [Moved(AppliedState(tombstone, 3), previous)], [DEVICE, ACTIVITY], {}, RULES, NOW
+        )
+        assert kinds(result) == [("d", "alert"), ("a", "la_end")], previous
+
+
+def test_every_alerting_state_of_a_batch_alerts() -> None:
+    attention = state_at(3, job_pb2.JOB_STATUS_NEEDS_ATTENTION)
+    failed = state_at(4, job_pb2.JOB_STATUS_FAILED)
+    result = plan(
+        [Moved(AppliedState(failed, 4), "running", (attention,))], [DEVICE], {}, RULES, NOW
+    )
+    assert [p.payload["status"] for p in (q.push for q in result.pushes)] == [
+        "needs_attention",
+        "failed",
+    ]

@@ -9,9 +9,12 @@ and writes the outcome in the update's own transaction).
   shows changed: at most one per activity per ``update_interval``; a newer update takes
   the slot of one not sent yet (which is dropped) rather than adding another.
 - A Live Activity `end` on a terminal state, dropping updates that had not gone out.
-- Nothing for a deleted job's tombstone (a terminal status again, one version on).
+- A deleted job's tombstone (a terminal status again, one version on) plans nothing
+  after its terminal state; it stands in for a terminal state notify never received.
 
-Every push is keyed by (token, job, version, kind), so a replayed delivery adds nothing.
+A move owes these to every state it went through, not only to the one it moved to (a
+batch may carry a job's end and its deletion). Every push is keyed by (token, job,
+version, kind), so a replayed delivery adds nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 
 from atelier.creation.v1 import job_pb2
 from atelier.notify.v1 import job_state_pb2
-from services.notify.projection import Moved, is_terminal
+from services.notify.projection import Moved, is_terminal, status_name
 from services.notify.pushes import payloads
 from services.notify.pushes.payloads import Push
 
@@ -36,6 +39,8 @@ _ALERTED = frozenset(
     }
 )
 _RUNNING = "running"
+_NEEDS_ATTENTION = "needs_attention"
+_TERMINAL_NAMES = frozenset({"succeeded", "failed", "cancelled"})
 
 
 @dataclass(frozen=True)
@@ -94,58 +99,71 @@ def plan(
     rules: Rules,
     now: datetime,
 ) -> Plan:
-    """``prior`` is keyed by (token_id, job_id, kind) for kinds la_start and la_update."""
+    """``prior`` is keyed by (token_id, job_id, kind) for kinds la_start and la_update.
+
+    Every state a move went through is owed its pushes, not only the newest: an alert for
+    each that alerts, and the end of the first terminal one. Starts and updates follow
+    the newest only (an update not sent yet gives way to a newer one anyway)."""
     result = Plan()
     for change in moved:
+        steps = _owed(change)
+        if not steps:
+            continue
         state = change.applied.state
-        if state.deleted:
-            continue  # its owner deleted it: the terminal state's pushes were its last
         owned = [t for t in tokens if t.user_id == state.user_id]
         activities = [t for t in owned if t.kind == "activity" and t.job_id == state.job_id]
-        if _alerts(change):
-            for device in (t for t in owned if t.kind == "device"):
-                _add(
-                    result,
-                    device,
-                    state,
-                    now,
-                    payloads.alert(state, device.bundle_id, device.locale, now),
+        for step, before in steps:
+            if _alerts(step, before):
+                for device in (t for t in owned if t.kind == "device"):
+                    push = payloads.alert(step, device.bundle_id, device.locale, now)
+                    _add(result, device, step, now, push)
+        ended = next((step for step, _ in steps if is_terminal(step)), None)
+        if ended is not None:
+            for start in (t for t in owned if t.kind == "push_to_start"):
+                _drop_held(result, prior.get((start.token_id, ended.job_id, "la_start")))
+            for activity in activities:
+                _drop_held(result, prior.get((activity.token_id, ended.job_id, "la_update")))
+                push = payloads.live_activity_end(
+                    ended, activity.bundle_id, now, rules.dismiss_after
                 )
-        if _starts_running(change) and not activities:
+                _add(result, activity, ended, now, push)
+            continue
+        if not activities and any(_enters(step, before, _RUNNING) for step, before in steps):
             for start in (t for t in owned if t.kind == "push_to_start"):
                 if (start.token_id, state.job_id, "la_start") in prior:
                     continue
                 push = payloads.live_activity_start(state, start.bundle_id, start.locale, now)
                 _add(result, start, state, now, push)
-        if is_terminal(state):
-            for start in (t for t in owned if t.kind == "push_to_start"):
-                _drop_held(result, prior.get((start.token_id, state.job_id, "la_start")))
-            for activity in activities:
-                _drop_held(result, prior.get((activity.token_id, state.job_id, "la_update")))
-                push = payloads.live_activity_end(
-                    state, activity.bundle_id, now, rules.dismiss_after
-                )
-                _add(result, activity, state, now, push)
-            continue
         for activity in activities:
             last = prior.get((activity.token_id, state.job_id, "la_update"))
             _plan_update(result, activity, state, last, rules, now)
     return result
 
 
-def _alerts(change: Moved) -> bool:
-    status = change.applied.state.status
-    if status not in _ALERTED:
+def _owed(change: Moved) -> list[tuple[job_state_pb2.JobState, str | None]]:
+    """The states of a move that are owed pushes, each with the status before it. A
+    deleted job's tombstone (its terminal status again, one version on) is owed nothing
+    after its terminal state; when that state never reached notify (the relay delivered
+    only the newest), the tombstone stands in for it."""
+    owed = []
+    for state, before in change.steps():
+        if state.deleted and before in _TERMINAL_NAMES:
+            break
+        owed.append((state, before))
+        if state.deleted:
+            break
+    return owed
+
+
+def _alerts(state: job_state_pb2.JobState, before: str | None) -> bool:
+    if state.status not in _ALERTED:
         return False
     # NEEDS_ATTENTION is alerted once on entering it, not again for each later version.
-    return not (
-        status == job_pb2.JOB_STATUS_NEEDS_ATTENTION and change.previous_status == "needs_attention"
-    )
+    return not (state.status == job_pb2.JOB_STATUS_NEEDS_ATTENTION and before == _NEEDS_ATTENTION)
 
 
-def _starts_running(change: Moved) -> bool:
-    running = change.applied.state.status == job_pb2.JOB_STATUS_RUNNING
-    return running and change.previous_status != _RUNNING
+def _enters(state: job_state_pb2.JobState, before: str | None, status: str) -> bool:
+    return status_name(state) == status and before != status
 
 
 def _add(

@@ -87,23 +87,33 @@ _INSERT = text(
 
 
 # A deleted job's Live Activity tokens serve nothing any more: retired with it, and what
-# they still had waiting dropped (one the sender holds right now is left to it). Rides
-# ix_push_tokens_job_id_activity_active.
+# they still had waiting dropped (one the sender holds right now is left to it). A token
+# whose `end` is still to go keeps it and stays active: the tombstone is the job's last
+# version, so nothing else is ever planned for it. Rides
+# ix_push_tokens_job_id_activity_active, and uq_pushes_token_id_job_id_version_kind for
+# the pending end.
 _RETIRE_FOR_DELETED_JOBS = text(
     """
     WITH retired AS (
-        UPDATE notify.push_tokens
+        UPDATE notify.push_tokens AS t
         SET status = 'retired', status_reason = 'job_deleted', retired_at = now()
-        WHERE kind = 'activity' AND status = 'active'
-          AND job_id = ANY(CAST(:job_ids AS uuid[]))
-        RETURNING token_id
+        WHERE t.kind = 'activity' AND t.status = 'active'
+          AND t.job_id = ANY(CAST(:job_ids AS uuid[]))
+          AND NOT EXISTS (
+              SELECT 1 FROM notify.pushes p
+              WHERE p.token_id = t.token_id AND p.job_id = t.job_id
+                AND p.kind = 'la_end' AND p.status = 'pending'
+          )
+        RETURNING t.token_id
+    ), dropped AS (
+        UPDATE notify.pushes SET status = 'dropped', last_reason = 'token_retired'
+        WHERE push_id IN (
+            SELECT push_id FROM notify.pushes
+            WHERE token_id IN (SELECT token_id FROM retired) AND status = 'pending'
+            FOR UPDATE SKIP LOCKED
+        )
     )
-    UPDATE notify.pushes SET status = 'dropped', last_reason = 'token_retired'
-    WHERE push_id IN (
-        SELECT push_id FROM notify.pushes
-        WHERE token_id IN (SELECT token_id FROM retired) AND status = 'pending'
-        FOR UPDATE SKIP LOCKED
-    )
+    SELECT count(*) AS retired FROM retired
     """
 )
 
@@ -132,12 +142,6 @@ class PushQueue:
         ]
         if not tokens:
             return
-        deleted = {c.applied.job_id for c in moved if c.applied.state.deleted}
-        orphaned = [t for t in tokens if t.kind == "activity" and t.job_id in deleted]
-        if orphaned:
-            await connection.execute(_RETIRE_FOR_DELETED_JOBS, {"job_ids": sorted(deleted)})
-            log.info("activity_tokens_retired", reason="job_deleted", count=len(orphaned))
-            tokens = [t for t in tokens if t not in orphaned]
         prior = await self._prior(connection, tokens, job_ids)
         try:
             result = planning.plan(moved, tokens, prior, self._rules, datetime.now(UTC))
@@ -145,10 +149,15 @@ class PushQueue:
             # A bug in the rules must not wedge the outbox: the relay would deliver the
             # batch again and again. The projection still moves; these pushes are lost.
             log.exception("push_planning_failed", jobs=len(job_ids))
-            return
-        for token_id, kind, size in result.oversized:
-            log.error("push_too_large", to=token_id, kind=kind, bytes=size)
+            result = Plan()
         await self._write(connection, result)
+        # After the write: a deleted job's activity keeps its token until its end went.
+        deleted = {c.applied.job_id for c in moved if c.applied.state.deleted}
+        if any(t.kind == "activity" and t.job_id in deleted for t in tokens):
+            retired = await connection.scalar(
+                _RETIRE_FOR_DELETED_JOBS, {"job_ids": sorted(deleted)}
+            )
+            log.info("activity_tokens_retired", reason="job_deleted", count=retired)
 
     async def _prior(
         self, connection: AsyncConnection, tokens: list[Token], job_ids: list[str]
@@ -177,6 +186,8 @@ class PushQueue:
         }
 
     async def _write(self, connection: AsyncConnection, result: Plan) -> None:
+        for token_id, kind, size in result.oversized:
+            log.error("push_too_large", to=token_id, kind=kind, bytes=size)
         if result.dropped:
             await connection.execute(_DROP, {"push_ids": result.dropped})
         if not result.pushes:

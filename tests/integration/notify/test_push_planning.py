@@ -275,7 +275,19 @@ async def test_an_update_the_sender_holds_is_left_to_it_and_the_next_waits_its_t
     assert rows[1]["next_attempt_at"] >= rows[1]["created_at"] + timedelta(seconds=INTERVAL - 1)
 
 
-async def test_deleting_a_job_retires_its_activity_tokens_and_drops_their_waiting_pushes(
+async def activity_tokens(engine: AsyncEngine, who: str) -> dict[str, str]:
+    async with engine.connect() as connection:
+        rows = await connection.execute(
+            text(
+                "SELECT job_id::text, status || '/' || coalesce(status_reason, '')"
+                " FROM notify.push_tokens WHERE kind = 'activity' AND user_id = :who"
+            ),
+            {"who": who},
+        )
+        return {job_id: status for job_id, status in rows.all()}
+
+
+async def test_deleting_a_job_retires_its_activity_tokens_once_their_end_went(
     notify: NotifyHarness, engine: AsyncEngine
 ) -> None:
     client = Client(notify)
@@ -289,21 +301,25 @@ async def test_deleting_a_job_retires_its_activity_tokens_and_drops_their_waitin
     await client.deliver(job_state(job, 2, user_id="erin", progress=40))
     assert summary(await pushes(engine, job))[-1] == ("la_update", 2, "pending")
 
-    tombstone = job_state(job, 3, user_id="erin", status=SUCCEEDED)
+    # The job ends and is deleted at once: only the tombstone arrives. It stands in for
+    # the end notify never received: the waiting update gives way to the end, and the
+    # activity keeps its token until the end went.
+    tombstone = job_state(job, 4, user_id="erin", status=SUCCEEDED)
     tombstone.deleted = True
     assert await client.deliver(tombstone) == 1
+    assert summary(await pushes(engine, job))[-3:] == [
+        ("la_update", 2, "dropped"),
+        ("alert", 4, "pending"),
+        ("la_end", 4, "pending"),
+    ]
+    assert await activity_tokens(engine, "erin") == {job: "active/", kept: "active/"}
 
-    # The waiting update will not go to an activity whose job is gone, nor will any later.
-    assert summary(await pushes(engine, job))[-1] == ("la_update", 2, "dropped")
-    async with engine.connect() as connection:
-        statuses = dict(
-            (
-                await connection.execute(
-                    text(
-                        "SELECT job_id::text, status || '/' || coalesce(status_reason, '')"
-                        " FROM notify.push_tokens WHERE kind = 'activity' AND user_id = 'erin'"
-                    )
-                )
-            ).all()
-        )
-    assert statuses == {job: "retired/job_deleted", kept: "active/"}
+    # A finished job deleted after its end went: its activity tokens are retired.
+    ended = job_state(kept, 2, user_id="erin", status=SUCCEEDED)
+    await client.deliver(ended)
+    await mark_sent(engine, kept, 2)
+    gone = job_state(kept, 3, user_id="erin", status=SUCCEEDED)
+    gone.deleted = True
+    assert await client.deliver(gone) == 1
+    assert summary(await pushes(engine, kept))[-1] == ("la_end", 2, "sent")
+    assert (await activity_tokens(engine, "erin"))[kept] == "retired/job_deleted"
