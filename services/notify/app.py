@@ -112,6 +112,7 @@ def assemble(
     cleanup = [signer.close, database.close]
     if streams.redis is not None:
         cleanup.insert(0, streams.redis.close)
+    pushes = push_queue(settings)
     components = list(streams.components)
     if settings.apns.enabled:
         sender, close_sender = build_sender(settings.apns, engine)
@@ -130,6 +131,7 @@ def assemble(
                     FirstStates(latest_of_jobs).get,
                     user_snapshot,
                     OutputUrls(signer),
+                    pushes,
                 ),
             )
         ],
@@ -137,9 +139,7 @@ def assemble(
             Binding(
                 notify_ingest_service_pb2.DESCRIPTOR.services_by_name["NotifyIngestService"],
                 notify_ingest_service_pb2_grpc.add_NotifyIngestServiceServicer_to_server,
-                NotifyIngestServicer(
-                    database.engine, publisher or streams.publisher, push_queue(settings)
-                ),
+                NotifyIngestServicer(database.engine, publisher or streams.publisher, pushes),
             )
         ],
         readiness=database.answers,

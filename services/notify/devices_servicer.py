@@ -18,6 +18,7 @@ from services.kit.logging import get_logger
 from services.kit.pagination import KeysetCodec, Timestamp, Uuid, page_size
 from services.notify.errors import Reason
 from services.notify.pushes import registrations, tokens
+from services.notify.pushes.queue import PushQueue
 from services.notify.pushes.registrations import (
     ActivityRegistration,
     DeviceCursor,
@@ -110,8 +111,10 @@ def _device_not_found() -> ApiError:
 class DevicesServicer:
     """The token RPCs of NotifyService (the public servicer delegates to this)."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, pushes: PushQueue | None = None) -> None:
         self._engine = engine
+        # Records what a Live Activity registered late needs to show its job as it is.
+        self._pushes = pushes
 
     async def RegisterDevice(
         self, request: pb.RegisterDeviceRequest, context: Context
@@ -177,6 +180,7 @@ class DevicesServicer:
                     token=token,
                     activity_id=request.activity_id,
                 ),
+                self._pushes,
             )
         except registrations.DeviceNotFound:
             raise _device_not_found() from None

@@ -11,7 +11,8 @@ never later find a committed row with a smaller one; sequence values are handed 
 the statement runs, not when it commits, so concurrent applies would break that. Applies
 therefore take one transaction-scoped advisory lock: they commit in the order they drew
 their values. Each is one short statement, so this costs little; it also spares concurrent
-upserts of the same rows from deadlocking.
+upserts of the same rows from deadlocking. A Live Activity registration takes the same
+lock (:func:`hold_applies`) to read a job's state without missing an apply.
 
 A batch may hold several versions of one job; the row takes the newest, and each move
 also carries the versions it passed, since each of them is owed its pushes.
@@ -144,6 +145,14 @@ _UPSERT = text(
 )
 
 
+async def hold_applies(connection: AsyncConnection) -> None:
+    """Waits for the applies in flight and keeps new ones out until this transaction
+    ends. A Live Activity registration holds it while it reads the job's state and
+    stores its token: an apply then either committed before (the registration sees its
+    state) or runs after (it sees the token), never neither."""
+    await connection.execute(_LOCK, {"key": _APPLY_LOCK})
+
+
 async def apply(
     engine: AsyncEngine,
     states: Sequence[job_state_pb2.JobState],
@@ -164,7 +173,7 @@ async def apply(
         "states": [s.SerializeToString() for s in newest],
     }
     async with engine.begin() as connection:
-        await connection.execute(_LOCK, {"key": _APPLY_LOCK})
+        await hold_applies(connection)
         rows = (await connection.execute(_UPSERT, parameters)).all()
         per_job = _versions_per_job(states)
         moved = sorted(

@@ -7,6 +7,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.notify.devices_servicer import DevicesServicer
 from services.notify.output_urls import OutputUrls
+from services.notify.pushes.queue import PushQueue
 from services.notify.settings import StreamSettings
 from services.notify.streams.registry import StreamRegistry
 from services.notify.watch_servicer import LatestOfJob, UserSnapshot, WatchServicer
@@ -21,6 +22,7 @@ class NotifyServicer(DevicesServicer, WatchServicer):
         latest_of_job: LatestOfJob,
         user_snapshot: UserSnapshot,
         output_urls: OutputUrls,
+        pushes: PushQueue | None = None,
     ) -> None:
-        DevicesServicer.__init__(self, engine)
+        DevicesServicer.__init__(self, engine, pushes)
         WatchServicer.__init__(self, registry, settings, latest_of_job, user_snapshot, output_urls)

@@ -13,7 +13,7 @@ from atelier.creation.v1 import job_pb2
 from atelier.notify.v1 import job_state_pb2
 from services.notify.projection import AppliedState, Moved
 from services.notify.pushes import payloads, texts, tokens
-from services.notify.pushes.planning import Plan, Prior, Rules, Token, plan
+from services.notify.pushes.planning import Plan, Prior, Rules, Token, at_registration, plan
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 RULES = Rules(update_interval=timedelta(seconds=5), dismiss_after=timedelta(minutes=15))
@@ -227,4 +227,46 @@ def test_every_alerting_state_of_a_batch_alerts() -> None:
     assert [p.payload["status"] for p in (q.push for q in result.pushes)] == [
         "needs_attention",
         "failed",
+    ]
+
+
+def test_entering_needs_attention_updates_the_activity_at_once_at_high_priority() -> None:
+    result = plan(
+        [moved(4, job_pb2.JOB_STATUS_NEEDS_ATTENTION, "running", 10)],
+        [ACTIVITY],
+        {("a", JOB, "la_update"): prior("pending", held=False)},
+        RULES,
+        NOW,
+    )
+    [update] = result.pushes
+    assert update.send_at == NOW and update.push.priority == 10
+    assert update.push.headers["apns-priority"] == "10"
+    assert update.push.payload["aps"]["content-state"]["status"] == "needs_attention"
+
+
+def test_every_live_activity_payload_has_a_stale_date() -> None:
+    running = moved(3, job_pb2.JOB_STATUS_RUNNING, "running", 40).applied.state
+    running.update_time.FromDatetime(NOW)
+    stamp = int(NOW.timestamp())
+    update = payloads.live_activity_update(running, "b.c", NOW, NOW)
+    start = payloads.live_activity_start(running, "b.c", "en", NOW)
+    end = payloads.live_activity_end(running, "b.c", NOW, timedelta(minutes=15))
+    assert update.payload["aps"]["stale-date"] == stamp + 300
+    assert start.payload["aps"]["stale-date"] == stamp + 300
+    assert end.payload["aps"]["stale-date"] == end.payload["aps"]["dismissal-date"]
+    retry = state_at(4, job_pb2.JOB_STATUS_QUEUED)
+    retry.update_time.FromDatetime(NOW)
+    retry.next_attempt_time.FromDatetime(NOW + timedelta(minutes=2))
+    assert payloads.stale_date(retry, NOW) == stamp + 120 + 300
+
+
+def test_a_late_registration_gets_the_current_state_unless_a_start_showed_it() -> None:
+    running = moved(3, job_pb2.JOB_STATUS_RUNNING, "running", 10).applied.state
+    fresh = at_registration(running, ACTIVITY, None, RULES, NOW)
+    assert [(p.push.kind, p.send_at) for p in fresh.pushes] == [("la_update", NOW)]
+    started = replace(prior("sent", sent=True), kind="la_start")
+    assert at_registration(running, ACTIVITY, started, RULES, NOW) == Plan()
+    done = state_at(5, job_pb2.JOB_STATUS_SUCCEEDED)
+    assert [p.push.kind for p in at_registration(done, ACTIVITY, None, RULES, NOW).pushes] == [
+        "la_end"
     ]

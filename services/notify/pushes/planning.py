@@ -7,14 +7,16 @@ and writes the outcome in the update's own transaction).
   starts running, unless an activity is already registered for it or a start went out.
 - A Live Activity `update` to each of the job's activity tokens when what the activity
   shows changed: at most one per activity per ``update_interval``; a newer update takes
-  the slot of one not sent yet (which is dropped) rather than adding another.
+  the slot of one not sent yet (which is dropped) rather than adding another. Entering
+  NEEDS_ATTENTION is shown at once, at priority 10.
 - A Live Activity `end` on a terminal state, dropping updates that had not gone out.
 - A deleted job's tombstone (a terminal status again, one version on) plans nothing
   after its terminal state; it stands in for a terminal state notify never received.
+- An activity registered after its job's last change gets the job's current state.
 
 A move owes these to every state it went through, not only to the one it moved to (a
 batch may carry a job's end and its deletion). Every push is keyed by (token, job,
-version, kind), so a replayed delivery adds nothing.
+version, kind), so a replayed delivery, or a registration repeated, adds nothing.
 """
 
 from __future__ import annotations
@@ -134,9 +136,34 @@ def plan(
                     continue
                 push = payloads.live_activity_start(state, start.bundle_id, start.locale, now)
                 _add(result, start, state, now, push)
+        urgent = state.status == job_pb2.JOB_STATUS_NEEDS_ATTENTION and any(
+            _enters(step, before, _NEEDS_ATTENTION) for step, before in steps
+        )
         for activity in activities:
             last = prior.get((activity.token_id, state.job_id, "la_update"))
-            _plan_update(result, activity, state, last, rules, now)
+            _plan_update(result, activity, state, last, rules, now, urgent=urgent)
+    return result
+
+
+def at_registration(
+    state: job_state_pb2.JobState,
+    activity: Token,
+    last: Prior | None,
+    rules: Rules,
+    now: datetime,
+) -> Plan:
+    """What an activity registered after its job's last change needs to show the job as
+    it is: an update with the current state (unless ``last``, the latest start or update
+    that reached this activity, already showed it), or the end of a finished job. Keyed
+    like every push, so registering again adds nothing."""
+    result = Plan()
+    if state.deleted:
+        return result
+    if is_terminal(state):
+        push = payloads.live_activity_end(state, activity.bundle_id, now, rules.dismiss_after)
+        _add(result, activity, state, now, push)
+    else:
+        _plan_update(result, activity, state, last, rules, now, urgent=False)
     return result
 
 
@@ -189,12 +216,18 @@ def _plan_update(
     last: Prior | None,
     rules: Rules,
     now: datetime,
+    *,
+    urgent: bool,
 ) -> None:
+    """``urgent``: the job just entered NEEDS_ATTENTION; the activity shows it at once
+    (priority 10, not waiting for the throttle's slot), as the alert tells the device."""
     shown = payloads.content_state(state)
     if last is not None and last.content_state == shown:
         return
     send_at = now
-    if last is not None:
+    if urgent:
+        _drop_held(result, last)
+    elif last is not None:
         if last.status == "pending" and last.held:
             # Not sent yet: the newer state takes its place in the queue.
             result.dropped.append(last.push_id)
@@ -207,5 +240,5 @@ def _plan_update(
             # of seconds on): the interval counts from when it went.
             went = last.sent_at if last.sent_at is not None else last.next_attempt_at
             send_at = max(now, went + rules.update_interval)
-    push = payloads.live_activity_update(state, activity.bundle_id, now, send_at)
+    push = payloads.live_activity_update(state, activity.bundle_id, now, send_at, urgent=urgent)
     _add(result, activity, state, send_at, push)

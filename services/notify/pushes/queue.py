@@ -1,6 +1,8 @@
 """Records the pushes a Deliver implies, inside the projection's apply transaction (so a
 committed move never lacks its pushes, and a replayed one — which moves nothing — never
 adds any). Three short statements when the owners have tokens, one when they have none.
+And the push a Live Activity registered after its job's last change needs, inside the
+registration's transaction.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.kit.logging import get_logger
-from services.notify.projection import Moved
+from services.notify.projection import JobState, Moved
 from services.notify.pushes import planning
 from services.notify.pushes.planning import Plan, Prior, Rules, Token
 
@@ -117,6 +119,28 @@ _RETIRE_FOR_DELETED_JOBS = text(
     """
 )
 
+# What last reached (or waits to reach) a newly registered activity for its job: an
+# update to one of its tokens (this one, or one it rotated from), or the start its
+# device's push-to-start token got. Rides ix_push_tokens_device_id, then
+# uq_pushes_token_id_job_id_version_kind.
+_REGISTRATION_PRIOR = text(
+    """
+    SELECT push_id, kind, status, next_attempt_at, sent_at,
+        payload -> 'aps' -> 'content-state' AS content_state
+    FROM notify.pushes
+    WHERE job_id = :job_id AND status <> 'dropped' AND kind IN ('la_start', 'la_update')
+      AND token_id IN (
+        SELECT token_id FROM notify.push_tokens
+        WHERE device_id = :device_id AND (
+            kind = 'push_to_start'
+            OR (kind = 'activity' AND job_id = :job_id AND activity_id = :activity_id)
+        )
+      )
+    ORDER BY version DESC, push_id DESC
+    LIMIT 1
+    """
+)
+
 
 class PushQueue:
     """Plans and records pushes for what a Deliver moved (pass :meth:`record` to
@@ -158,6 +182,40 @@ class PushQueue:
                 _RETIRE_FOR_DELETED_JOBS, {"job_ids": sorted(deleted)}
             )
             log.info("activity_tokens_retired", reason="job_deleted", count=retired)
+
+    async def record_registration(
+        self,
+        connection: AsyncConnection,
+        activity: Token,
+        device_id: str,
+        activity_id: str,
+        state: JobState,
+    ) -> None:
+        """Records what a Live Activity registered just now needs to show ``state``, its
+        job's current state (see planning.at_registration). Runs in the registration's
+        transaction, which holds the projection's applies off (projection.hold_applies)."""
+        row = (
+            await connection.execute(
+                _REGISTRATION_PRIOR,
+                {"job_id": state.job_id, "device_id": device_id, "activity_id": activity_id},
+            )
+        ).one_or_none()
+        last = None
+        if row is not None:
+            held = row.status == "pending" and bool(
+                (await connection.execute(_HOLD, {"push_ids": [int(row.push_id)]})).first()
+            )
+            last = Prior(
+                push_id=int(row.push_id),
+                kind=row.kind,
+                status=row.status,
+                next_attempt_at=row.next_attempt_at,
+                sent_at=row.sent_at,
+                content_state=row.content_state,
+                held=held,
+            )
+        result = planning.at_registration(state, activity, last, self._rules, datetime.now(UTC))
+        await self._write(connection, result)
 
     async def _prior(
         self, connection: AsyncConnection, tokens: list[Token], job_ids: list[str]

@@ -18,6 +18,10 @@ from sqlalchemy import Row, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.kit.db import fetch
+from services.notify import projection
+from services.notify.projection import JobState
+from services.notify.pushes.planning import Token
+from services.notify.pushes.queue import PushQueue
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,7 @@ class DeviceNotFound(Exception):
 
 
 class JobNotFound(Exception):
-    """The job belongs to someone else."""
+    """The job belongs to someone else, or its owner deleted it."""
 
 
 # The ON CONFLICT target is uq_push_tokens_kind_token_job's expression, exactly.
@@ -161,7 +165,8 @@ _LIVE_DEVICE = text(
     """
 )
 
-_JOB_OWNER = text("SELECT user_id FROM notify.job_states WHERE job_id = :job_id")
+# The job's owner and current state, as the projection holds them. Rides pk_job_states.
+_JOB_STATE = text("SELECT user_id, state FROM notify.job_states WHERE job_id = :job_id")
 
 # The activity's earlier tokens (rotation) or all of them (removal). Rides
 # ix_push_tokens_job_id_activity_active.
@@ -305,17 +310,24 @@ async def delete_device(engine: AsyncEngine, user_id: str, device_id: str) -> No
         await _drop_pending(connection, retired)
 
 
-async def register_activity(engine: AsyncEngine, registration: ActivityRegistration) -> datetime:
+async def register_activity(
+    engine: AsyncEngine, registration: ActivityRegistration, pushes: PushQueue | None = None
+) -> datetime:
     """Stores the activity's token on the user's device; an earlier token of the same
-    activity is retired (rotation). Raises DeviceNotFound or JobNotFound.
+    activity is retired (rotation). Raises DeviceNotFound or JobNotFound (another user's
+    job, or one its owner deleted).
 
     A job the projection has not heard of yet (just submitted) is accepted: planning only
-    ever pushes a job's updates to its owner's tokens."""
+    ever pushes a job's updates to its owner's tokens. One it has heard of gets, through
+    ``pushes``, what the activity needs to show the job as it is now: the activity may
+    have been registered after the job's last change, which no later change will tell
+    it. Applies are held off meanwhile, so one running now either committed before this
+    reads the state or sees this token."""
     async with engine.begin() as connection:
-        owner = (
-            await connection.execute(_JOB_OWNER, {"job_id": registration.job_id})
-        ).scalar_one_or_none()
-        if owner is not None and owner != registration.user_id:
+        await projection.hold_applies(connection)
+        held = (await connection.execute(_JOB_STATE, {"job_id": registration.job_id})).one_or_none()
+        state = JobState.FromString(held.state) if held is not None else None
+        if state is not None and (state.user_id != registration.user_id or state.deleted):
             raise JobNotFound(registration.job_id)
         device = (
             await connection.execute(
@@ -348,6 +360,18 @@ async def register_activity(engine: AsyncEngine, registration: ActivityRegistrat
             },
         )
         await _drop_pending(connection, [str(row.token_id) for row in rotated])
+        if state is not None and pushes is not None:
+            activity = Token(
+                token_id=token_id,
+                user_id=registration.user_id,
+                kind="activity",
+                bundle_id=device.bundle_id,
+                locale=device.locale,
+                job_id=registration.job_id,
+            )
+            await pushes.record_registration(
+                connection, activity, registration.device_id, registration.activity_id, state
+            )
         return registered_at
 
 

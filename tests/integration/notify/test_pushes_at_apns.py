@@ -5,13 +5,19 @@ real HTTP/2 APNs peer (services/dev/apns_peer.py), which checks each push as App
 - A job's end and its deletion reaching notify together (one Deliver batch, or only the
   deletion's tombstone when the versions before it coalesced, or in quick succession
   while the end still waits to be sent) still alert the owner and end the activity.
+- Every Live Activity push carries a `stale-date`.
+- NEEDS_ATTENTION shows on the activity at once.
+- An activity registered after the job's last change receives the job's current state
+  (an update, or the end of a finished job), once.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
 from pathlib import Path
 
+import grpc
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -23,9 +29,10 @@ from atelier.notify.v1 import notify_service_pb2 as pb
 from services.dev.apns_peer import ApnsPeer, Received
 from services.kit.auth import issue_token
 from services.kit.settings import DEV_JWT_SECRET, DEV_SERVICE_TOKEN
+from services.notify.pushes.payloads import NEEDS_ATTENTION_STALE_AFTER, STALE_AFTER
 from tests.support.apns_peer import BUNDLE_ID, KEY_ID, TEAM_ID, running_peer
 from tests.support.notify import NotifyHarness, job_state, new_job_id, running_notify
-from tests.support.rpc import bearer
+from tests.support.rpc import bearer, error_info
 
 pytestmark = pytest.mark.integration
 
@@ -36,6 +43,7 @@ CANCELLED = job_pb2.JOB_STATUS_CANCELLED
 NEEDS_ATTENTION = job_pb2.JOB_STATUS_NEEDS_ATTENTION
 SERVICE = bearer(DEV_SERVICE_TOKEN)
 DEVICE_TOKEN, START_TOKEN, ACTIVITY_TOKEN = "a1" * 32, "b2" * 40, "c3" * 50
+ROTATED_TOKEN = "c4" * 50
 # Long enough that no test outruns it: a push that waited for the throttle would not
 # reach the peer within any test's bound.
 INTERVAL = 60
@@ -280,3 +288,139 @@ async def test_a_finished_jobs_deletion_sends_nothing_more(
     await phone.deliver(phone.at(job, 3, SUCCEEDED, 100, deleted=True))
     # Nothing recorded for the tombstone: its terminal state's pushes were its last.
     assert {v for _, v, _ in await recorded(engine, job)} <= {1, 2}
+
+
+# -- point 9: Live Activities ----------------------------------------------------------
+
+
+async def test_every_live_activity_push_carries_a_stale_date(
+    notify: NotifyHarness, peer: ApnsPeer, engine: AsyncEngine
+) -> None:
+    phone = Phone(notify)
+    await phone.register_device(start=START_TOKEN)
+    job = new_job_id()
+    await phone.deliver(phone.at(job, 1, RUNNING, 10))
+    # The push-to-start reached the phone, which started the activity and registers its
+    # token: it shows version 1 already, so registering sends nothing.
+    await until_received(peer, job, lambda events: "start" in events, "start")
+    await phone.register_activity(job)
+    await phone.deliver(phone.at(job, 2, RUNNING, 50))
+    await until_received(peer, job, lambda events: "update" in events, "update")
+    await phone.deliver(phone.at(job, 3, SUCCEEDED, 100))
+
+    received = await until_received(peer, job, ended_and_alerted, "alert and end")
+    activity = [r for r in received if event(r) != "alert"]
+    assert [event(r) for r in activity] == ["start", "update", "end"]
+    for push in activity:
+        aps = push.payload["aps"]
+        assert isinstance(aps.get("stale-date"), int), (event(push), aps)
+        if event(push) == "end":
+            # Final: never shown as out of date before it leaves the Lock Screen.
+            assert aps["stale-date"] == aps["dismissal-date"]
+        else:
+            assert aps["stale-date"] == aps["timestamp"] + STALE_AFTER.total_seconds()
+
+
+async def test_needs_attention_shows_on_the_activity_at_once(
+    notify: NotifyHarness, peer: ApnsPeer, engine: AsyncEngine
+) -> None:
+    phone = Phone(notify)
+    await phone.register_device()
+    job = new_job_id()
+    await phone.register_activity(job)
+    await phone.deliver(phone.at(job, 1, RUNNING, 10))
+    await until_received(peer, job, lambda events: "update" in events, "first update")
+
+    # Within the throttle's interval (60 s) of that update, yet shown at once.
+    await phone.deliver(phone.at(job, 2, NEEDS_ATTENTION, 10))
+
+    def shown(events: list[str]) -> bool:
+        return events.count("update") == 2 and "alert" in events
+
+    received = await until_received(peer, job, shown, "needs-attention update and alert")
+    update = [r for r in received if event(r) == "update"][-1]
+    assert update.payload["aps"]["content-state"]["status"] == "needs_attention"
+    assert update.headers["apns-priority"] == "10"
+    stale = update.payload["aps"]["stale-date"] - update.payload["aps"]["timestamp"]
+    assert stale == NEEDS_ATTENTION_STALE_AFTER.total_seconds()
+    [alert] = [r for r in received if event(r) == "alert"]
+    assert alert.payload["status"] == "needs_attention"
+    # Still there a version later: no second update, nor a second alert.
+    await phone.deliver(phone.at(job, 3, NEEDS_ATTENTION, 10))
+    assert [k for k, v, _ in await recorded(engine, job) if v == 3] == []
+
+
+async def test_an_activity_registered_after_the_last_change_gets_the_current_state_once(
+    notify: NotifyHarness, peer: ApnsPeer, engine: AsyncEngine
+) -> None:
+    phone = Phone(notify)
+    await phone.register_device()
+    job = new_job_id()
+    await phone.deliver(phone.at(job, 1, QUEUED), phone.at(job, 2, RUNNING, 40))
+
+    await phone.register_activity(job)
+
+    [update] = await until_received(peer, job, lambda events: "update" in events, "update")
+    assert update.device_token == ACTIVITY_TOKEN
+    assert update.payload["aps"]["content-state"]["progress"] == 40
+    # The app registers again (a relaunch): nothing new is recorded, so nothing is sent.
+    await phone.register_activity(job)
+    assert [(k, v) for k, v, _ in await recorded(engine, job)] == [("la_update", 2)]
+    # The next change is throttled after the registration's update, as after any.
+    await phone.deliver(phone.at(job, 3, RUNNING, 70))
+    async with engine.connect() as connection:
+        wait = await connection.scalar(
+            text(
+                "SELECT next_attempt_at - created_at FROM notify.pushes"
+                " WHERE job_id = :job AND version = 3"
+            ),
+            {"job": job},
+        )
+    assert wait >= timedelta(seconds=INTERVAL - 5)
+    # The activity's token rotates: the waiting update moves to the new token, and still
+    # waits its turn (the activity is the same, so is Apple's budget for it).
+    await phone.register_activity(job, token=ROTATED_TOKEN)
+    assert [(k, v, s) for k, v, s in await recorded(engine, job) if v == 3] == [
+        ("la_update", 3, "dropped"),
+        ("la_update", 3, "pending"),
+    ]
+    async with engine.connect() as connection:
+        wait = await connection.scalar(
+            text(
+                "SELECT next_attempt_at - now() FROM notify.pushes"
+                " WHERE job_id = :job AND version = 3 AND status = 'pending'"
+            ),
+            {"job": job},
+        )
+    assert wait >= timedelta(seconds=INTERVAL - 10)
+
+
+async def test_an_activity_registered_after_the_job_ended_gets_its_end_once(
+    notify: NotifyHarness, peer: ApnsPeer, engine: AsyncEngine
+) -> None:
+    phone = Phone(notify)
+    await phone.register_device()
+    job = new_job_id()
+    await phone.deliver(phone.at(job, 1, RUNNING, 30), phone.at(job, 2, SUCCEEDED, 100))
+    await until_received(peer, job, lambda events: "alert" in events, "alert")
+
+    await phone.register_activity(job)
+
+    received = await until_received(peer, job, lambda events: "end" in events, "end")
+    [end] = [r for r in received if event(r) == "end"]
+    assert end.payload["aps"]["content-state"]["status"] == "succeeded"
+    assert end.headers["apns-priority"] == "10"
+    await phone.register_activity(job)
+    kinds = [k for k, _, _ in await recorded(engine, job)]
+    assert sorted(kinds) == ["alert", "la_end"]
+
+
+async def test_a_deleted_job_takes_no_activity(notify: NotifyHarness, engine: AsyncEngine) -> None:
+    phone = Phone(notify)
+    await phone.register_device()
+    job = new_job_id()
+    await phone.deliver(phone.at(job, 1, CANCELLED), phone.at(job, 2, CANCELLED, deleted=True))
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await phone.register_activity(job)
+    assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+    assert error_info(refused.value).reason == "JOB_NOT_FOUND"

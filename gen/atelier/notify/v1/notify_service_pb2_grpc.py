@@ -167,7 +167,9 @@ class NotifyServiceServicer:
         """Registers the push token of a Live Activity that follows one job. Tokens rotate
         during an activity's life: registering a new token under the same activity_id
         replaces the old one (no push goes to it any more). Re-registering the same token is
-        harmless. The device must be one of the caller's; another user's job is NOT_FOUND.
+        harmless. The device must be one of the caller's; another user's job, or one its
+        owner deleted, is NOT_FOUND. An activity registered after the job's last change is
+        sent the job's current state at once: an update, or the end of a finished job.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

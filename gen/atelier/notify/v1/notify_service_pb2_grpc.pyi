@@ -83,7 +83,9 @@ class NotifyServiceStub:
     """Registers the push token of a Live Activity that follows one job. Tokens rotate
     during an activity's life: registering a new token under the same activity_id
     replaces the old one (no push goes to it any more). Re-registering the same token is
-    harmless. The device must be one of the caller's; another user's job is NOT_FOUND.
+    harmless. The device must be one of the caller's; another user's job, or one its
+    owner deleted, is NOT_FOUND. An activity registered after the job's last change is
+    sent the job's current state at once: an update, or the end of a finished job.
     """
     DeleteLiveActivity: _grpc.UnaryUnaryMultiCallable[_notify_service_pb2.DeleteLiveActivityRequest, _notify_service_pb2.DeleteLiveActivityResponse]
     """Removes a Live Activity's push token (the activity ended on the device, or the user
@@ -145,7 +147,9 @@ class NotifyServiceAsyncStub(NotifyServiceStub):
     """Registers the push token of a Live Activity that follows one job. Tokens rotate
     during an activity's life: registering a new token under the same activity_id
     replaces the old one (no push goes to it any more). Re-registering the same token is
-    harmless. The device must be one of the caller's; another user's job is NOT_FOUND.
+    harmless. The device must be one of the caller's; another user's job, or one its
+    owner deleted, is NOT_FOUND. An activity registered after the job's last change is
+    sent the job's current state at once: an update, or the end of a finished job.
     """
     DeleteLiveActivity: _aio.UnaryUnaryMultiCallable[_notify_service_pb2.DeleteLiveActivityRequest, _notify_service_pb2.DeleteLiveActivityResponse]  # type: ignore[assignment]
     """Removes a Live Activity's push token (the activity ended on the device, or the user
@@ -240,7 +244,9 @@ class NotifyServiceServicer(metaclass=_abc_1.ABCMeta):
         """Registers the push token of a Live Activity that follows one job. Tokens rotate
         during an activity's life: registering a new token under the same activity_id
         replaces the old one (no push goes to it any more). Re-registering the same token is
-        harmless. The device must be one of the caller's; another user's job is NOT_FOUND.
+        harmless. The device must be one of the caller's; another user's job, or one its
+        owner deleted, is NOT_FOUND. An activity registered after the job's last change is
+        sent the job's current state at once: an update, or the end of a finished job.
         """
 
     @_abc_1.abstractmethod
