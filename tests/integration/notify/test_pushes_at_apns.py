@@ -13,6 +13,8 @@ real HTTP/2 APNs peer (services/dev/apns_peer.py), which checks each push as App
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from pathlib import Path
@@ -193,6 +195,16 @@ async def recorded(engine: AsyncEngine, job: str) -> list[tuple[str, int, str]]:
         return [(row.kind, row.version, row.status) for row in rows]
 
 
+async def until_recorded(
+    engine: AsyncEngine, job: str, expected: list[tuple[str, int, str]]
+) -> None:
+    """Until the sender recorded what the peer already accepted."""
+    deadline = time.monotonic() + WITHIN
+    while (found := await recorded(engine, job)) != expected:
+        assert time.monotonic() < deadline, found
+        await asyncio.sleep(0.05)
+
+
 def ended_and_alerted(events: list[str]) -> bool:
     return "alert" in events and "end" in events
 
@@ -366,6 +378,7 @@ async def test_an_activity_registered_after_the_last_change_gets_the_current_sta
     # The app registers again (a relaunch): nothing new is recorded, so nothing is sent.
     await phone.register_activity(job)
     assert [(k, v) for k, v, _ in await recorded(engine, job)] == [("la_update", 2)]
+    await until_recorded(engine, job, [("la_update", 2, "sent")])
     # The next change is throttled after the registration's update, as after any.
     await phone.deliver(phone.at(job, 3, RUNNING, 70))
     async with engine.connect() as connection:
