@@ -108,7 +108,14 @@ def build_stack(service: str, authenticator: Authenticator) -> ServerStack:
 
 
 class _Listener:
-    def __init__(self, service: str, bindings: Sequence[Binding], authenticator: Authenticator):
+    def __init__(
+        self,
+        service: str,
+        bindings: Sequence[Binding],
+        authenticator: Authenticator,
+        *,
+        public: bool,
+    ):
         self.server = aio.server(options=SERVER_OPTIONS)
         # Everything registers through the stack: each handler is wrapped once, here.
         stacked: Any = StackedServer(self.server, build_stack(service, authenticator))
@@ -118,7 +125,10 @@ class _Listener:
         for binding in bindings:
             binding.add_to_server(binding.servicer, stacked)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, stacked)
-        enable_documented_reflection([*self.names, health.SERVICE_NAME], stacked)
+        # The edge routes reflection to public listeners only (for the whole public API).
+        enable_documented_reflection(
+            [*self.names, health.SERVICE_NAME], stacked, through_edge=public
+        )
 
     async def set_serving(self, serving: bool) -> None:
         status = (
@@ -147,6 +157,7 @@ class RunningService:
                     common.jwt_audience,
                     common.jwt_max_lifetime_seconds,
                 ),
+                public=True,
             )
             if app.serve_public
             else None
@@ -155,6 +166,7 @@ class RunningService:
             app.name,
             app.internal,
             app.internal_authenticator or ServiceAuthenticator(common.service_token),
+            public=False,
         )
         self._listeners = [x for x in (self._public, self._internal) if x is not None]
         self.public_port = 0

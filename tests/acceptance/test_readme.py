@@ -103,6 +103,7 @@ def test_readme_commands_run_against_a_running_stack(dev_stack: Stack, session_d
     for expected in [
         '"modelId":"stub-fast"',  # curl through the edge
         "atelier.creation.v1.CreationService\n",  # grpcurl list
+        "atelier.media.v1.MediaService\n",  # grpcurl list through the edge
         "// Submits a generation job.",  # grpcurl describe, with the proto comment
         '"model_id": "stub-fast"',  # grpcurl over reflection (proto field names)
         '"modelId": "stub-fast"',  # grpcurl through the edge with the descriptor set
