@@ -88,7 +88,16 @@ def create_engine(
         },
     )
     event.listen(engine.sync_engine, "checkout", _discard_if_closed)
+    event.listen(engine.sync_engine, "invalidate", _drop_at_once)
     return engine
+
+
+def _drop_at_once(dbapi_connection: Any, record: Any, error: BaseException | None) -> None:
+    """Pool invalidate hook: a connection given up on (a statement cancelled by the call's
+    deadline, a dropped socket) is closed at once. SQLAlchemy would first try a graceful
+    close, which waits up to 2 s for a server that may be frozen, and the call's answer
+    with it."""
+    dbapi_connection.driver_connection.terminate()
 
 
 def _discard_if_closed(dbapi_connection: Any, record: Any, proxy: Any) -> None:

@@ -20,7 +20,7 @@ import grpc
 from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
-from services.kit import tracing
+from services.kit import deadlines, tracing
 from services.kit.errors import STATUS_DETAILS_KEY
 
 # Keepalive must stay above the servers' min_ping_interval_without_data (10 s in
@@ -142,8 +142,9 @@ class InternalClient:
         return self._channel
 
     def call_options(self) -> dict[str, Any]:
-        """Keyword arguments for a stub call: credential and deadline."""
-        return {"metadata": self.metadata, "timeout": self.timeout_seconds}
+        """Keyword arguments for a stub call: credential and deadline (within the time
+        the running call has left, so that this call's failure is its answer)."""
+        return {"metadata": self.metadata, "timeout": deadlines.within(self.timeout_seconds)}
 
     async def close(self) -> None:
         if self._channel is not None:

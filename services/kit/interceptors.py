@@ -3,7 +3,7 @@ it runs inside the RPC's own task: errors can be turned into rich statuses, and 
 caller's identity is visible to the handler through a context variable.
 
 Order (outermost first): the RPC's span (only while tracing is on) → observability
-(metrics, access log, error table) → authentication → handler.
+(metrics, access log, error table) → authentication → the call's deadline → handler.
 :func:`services.kit.server.build_stack` builds it.
 """
 
@@ -19,8 +19,9 @@ import grpc
 from grpc import aio
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 
-from services.kit import metrics
+from services.kit import deadlines, metrics
 from services.kit.auth import Authenticator, RoutedAuthenticator, reset_principal, set_principal
+from services.kit.deadlines import CallDeadline, budget_seconds
 from services.kit.errors import ApiError, DomainError, Reason, internal, unimplemented
 from services.kit.logging import get_logger
 from services.kit.outages import DependencyUnavailable, Throttle, classify, log_unavailable
@@ -112,8 +113,40 @@ def _parsed(request: Any) -> Any:
 
 
 async def _parsed_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
-    async for request in requests:
+    # The call's deadline does not run while it waits for the client's next message.
+    iterator = aiter(requests)
+    while True:
+        deadline = deadlines.current()
+        if deadline is not None:
+            deadline.pause()
+        try:
+            request = await anext(iterator)
+        except StopAsyncIteration:
+            return
+        finally:
+            if deadline is not None:
+                deadline.resume()
         yield _parsed(request)
+
+
+class _FirstMessageLifts:
+    """A streaming call's context whose first write lifts the call's deadline: the
+    deadline bounds a stream's setup, not its life. Everything else is the call's own."""
+
+    def __init__(self, context: Context) -> None:
+        self._context = context
+        self._lifted = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+    def write(self, message: Any) -> Awaitable[None]:
+        if not self._lifted:
+            self._lifted = True
+            deadline = deadlines.current()
+            if deadline is not None:
+                deadline.lift()
+        return self._context.write(message)
 
 
 def wrap_handler(handler: Handler, around: Around) -> Handler:
@@ -163,10 +196,11 @@ def wrap_handler(handler: Handler, around: Around) -> Handler:
         # Messages go out through context.write so that `around` sees every failure,
         # including one after the first message. An inner wrapper is already a writer.
         async def call() -> None:
-            produced = stream_inner(checked(request), context)
+            writer: Any = context if not checks else _FirstMessageLifts(context)
+            produced = stream_inner(checked(request), writer)
             if inspect.isasyncgen(produced):
                 async for message in produced:
-                    await context.write(message)
+                    await writer.write(message)
             else:
                 await produced
 
@@ -182,7 +216,8 @@ class ServerStack:
     of the caller's ``traceparent``), observability (counts and times it by
     method and status code, logs it, maps exceptions to statuses), then authentication
     (every call but health and reflection; the principal reaches the handler through
-    :func:`services.kit.auth.current_principal`), then the handler.
+    :func:`services.kit.auth.current_principal`), then the call's deadline
+    (:mod:`services.kit.deadlines`), then the handler.
 
     Exceptions map to statuses in one place: ApiError to its own status, a dependency
     outage to UNAVAILABLE naming it (one throttled line per kind, no stack), anything
@@ -199,11 +234,14 @@ class ServerStack:
         authenticator: Authenticator,
         throttle: Throttle | None = None,
         tracer: Tracer | None = None,
+        call_deadline_seconds: float | None = None,
     ) -> None:
         self._service = service
         self._authenticator = authenticator
         self._throttle = throttle or Throttle()
         self._tracer = tracer
+        # None: calls have the client's deadline only (kit.deadlines).
+        self._call_deadline = call_deadline_seconds
 
     def wrap(self, method: str, handler: Handler) -> Handler:
         authenticator = self._authenticator
@@ -212,6 +250,7 @@ class ServerStack:
         authenticate = authenticator.authenticate
         public = method.startswith(UNAUTHENTICATED_PREFIXES)
         service = self._service
+        call_deadline = self._call_deadline
 
         async def around(context: Context, call: Callable[[], Awaitable[None]]) -> None:
             started = time.perf_counter()
@@ -225,7 +264,12 @@ class ServerStack:
                     principal = authenticate(metadata)
                     token = set_principal(principal)
                     try:
-                        await call()
+                        if call_deadline is None:
+                            await call()
+                        else:
+                            budget = budget_seconds(call_deadline, context.time_remaining())
+                            async with CallDeadline(budget):
+                                await call()
                     finally:
                         reset_principal(token)
                 code = context.code() or grpc.StatusCode.OK

@@ -101,10 +101,18 @@ class ServiceApp:
     internal_authenticator: Authenticator | None = None
 
 
-def build_stack(service: str, authenticator: Authenticator) -> ServerStack:
+def build_stack(
+    service: str, authenticator: Authenticator, call_deadline_seconds: float | None = None
+) -> ServerStack:
     """The RPC's span outermost (while tracing is on), then observability (it must see
-    auth failures and every exception), then authentication, then the handler."""
-    return ServerStack(service, authenticator, tracer=tracing.tracer())
+    auth failures and every exception), then authentication, then the call's deadline,
+    then the handler."""
+    return ServerStack(
+        service,
+        authenticator,
+        tracer=tracing.tracer(),
+        call_deadline_seconds=call_deadline_seconds,
+    )
 
 
 class _Listener:
@@ -113,12 +121,14 @@ class _Listener:
         service: str,
         bindings: Sequence[Binding],
         authenticator: Authenticator,
+        call_deadline_seconds: float,
         *,
         public: bool,
     ):
         self.server = aio.server(options=SERVER_OPTIONS)
         # Everything registers through the stack: each handler is wrapped once, here.
-        stacked: Any = StackedServer(self.server, build_stack(service, authenticator))
+        stack = build_stack(service, authenticator, call_deadline_seconds)
+        stacked: Any = StackedServer(self.server, stack)
         # grpc-stubs predates the asyncio health servicer.
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         self.names = [b.name for b in bindings]
@@ -157,6 +167,7 @@ class RunningService:
                     common.jwt_audience,
                     common.jwt_max_lifetime_seconds,
                 ),
+                common.call_deadline_seconds,
                 public=True,
             )
             if app.serve_public
@@ -166,6 +177,7 @@ class RunningService:
             app.name,
             app.internal,
             app.internal_authenticator or ServiceAuthenticator(common.service_token),
+            common.call_deadline_seconds,
             public=False,
         )
         self._listeners = [x for x in (self._public, self._internal) if x is not None]

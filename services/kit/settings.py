@@ -244,6 +244,9 @@ class CommonSettings:
     # health follows the database within period + timeout.
     readiness_period_seconds: float = 1.0
     readiness_timeout_seconds: float = 1.5
+    # The longest any call may take before it answers (UNAVAILABLE when it is still
+    # waiting, e.g. for a frozen database); a client's shorter deadline wins.
+    call_deadline_seconds: float = 3.0
     database: DatabaseSettings = DatabaseSettings()
     tracing: TracingSettings = TracingSettings()
 
@@ -275,6 +278,7 @@ class CommonSettings:
             readiness_timeout_seconds=reader.seconds(
                 "READINESS_TIMEOUT", 1.5, minimum=0.1, maximum=60
             ),
+            call_deadline_seconds=reader.seconds("CALL_DEADLINE", 3.0, minimum=0.1, maximum=120),
             database=DatabaseSettings.read(reader),
             tracing=TracingSettings.read(reader),
         )

@@ -16,6 +16,7 @@ from grpc import aio
 
 from atelier.notify.v1 import notify_service_pb2 as pb
 from atelier.notify.v1 import notify_service_pb2_grpc
+from services.kit import deadlines
 from services.kit.auth import current_principal
 from services.kit.errors import (
     ApiError,
@@ -215,8 +216,10 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._settings.first_state_wait_seconds
         while (remaining := deadline - loop.time()) > 0:
-            if not await inbox.wait(remaining):
-                break
+            # Waiting for the job is what the caller asked for: not the call's deadline.
+            with deadlines.paused():
+                if not await inbox.wait(remaining):
+                    break
             pending = inbox.peek()
             if pending:
                 return pending[-1]

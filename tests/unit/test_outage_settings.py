@@ -23,6 +23,13 @@ def test_defaults_bound_every_wait() -> None:
     # Health follows the database within about three seconds.
     assert settings.readiness_period_seconds + settings.readiness_timeout_seconds <= 3
     assert settings.drain_window_seconds == 0  # dev: stop at once
+    # A call answers within 3 s, and past every single wait's own bound.
+    assert settings.call_deadline_seconds == 3
+    assert settings.call_deadline_seconds > database.statement_timeout_seconds
+
+
+def test_the_call_deadline_is_read() -> None:
+    assert _common({"ATELIER_CALL_DEADLINE": "1.5"}).call_deadline_seconds == 1.5
 
 
 def test_prod_keeps_serving_a_while_after_sigterm() -> None:
@@ -57,6 +64,8 @@ def test_database_deadlines_are_read() -> None:
         ("ATELIER_DB_POOL_SIZE", "0", "ATELIER_DB_POOL_SIZE must be between"),
         ("ATELIER_DRAIN_WINDOW", "-1", "ATELIER_DRAIN_WINDOW must be between"),
         ("ATELIER_READINESS_TIMEOUT", "0", "ATELIER_READINESS_TIMEOUT must be between"),
+        ("ATELIER_CALL_DEADLINE", "0", "ATELIER_CALL_DEADLINE must be between"),
+        ("ATELIER_CALL_DEADLINE", "soon", "ATELIER_CALL_DEADLINE must be a number"),
     ],
 )
 def test_bad_values_are_named(variable: str, value: str, expected: str) -> None:
