@@ -453,6 +453,7 @@ def test_concurrent_submits_answer_by_the_call_deadline_while_postgres_is_frozen
         user = f"{USER}-flood-{index}"
         token = issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", user, 3600)
         callers.append(Caller(user, token, _put_input(system.media.internal, user)))
+    mark = len(system.creation.log_lines())
     sent: list[tuple[Caller, str, Answer]] = []
     with grpc.insecure_channel(f"127.0.0.1:{system.creation.public}") as channel:
         stub = creation_service_pb2_grpc.CreationServiceStub(channel)
@@ -483,6 +484,12 @@ def test_concurrent_submits_answer_by_the_call_deadline_while_postgres_is_frozen
             _assert_database_unavailable(answer, CALL_BOUND)
         _assert_database_unavailable(short, SHORT_CLIENT_DEADLINE)
         assert len(sent) >= 2 * CONCURRENT  # every caller met the outage more than once
+        # Cancelled waits and dropped connections leave no stack trace behind, and the
+        # outage is a line per kind and component (calls, relay, probes), not per call.
+        lines = system.creation.log_lines()[mark:]
+        assert [line for line in lines if "Traceback" in json.dumps(line)] == []
+        outage_lines = [line for line in lines if line.get("action") == "dependency_unavailable"]
+        assert len(outage_lines) <= 12 < len(sent), outage_lines
 
         wait_for(system.pg["creation"].answers, 30, "PostgreSQL back")
         assert _seconds_to_first_ok(client.submit) <= RECOVERY
