@@ -35,8 +35,15 @@ from services.kit.outages import DependencyUnavailable, Outage
 # answer must travel back and be read before the client's own timer fires.
 CLIENT_RESERVE_SHARE = 0.2
 CLIENT_RESERVE_MAX_SECONDS = 0.25
+# How often the calls past their deadline are looked for: a deadline ends a call this
+# much late at most (the client's reserve covers it).
+SWEEP_SECONDS = 0.025
 
 _current: ContextVar[CallDeadline | None] = ContextVar("call_deadline", default=None)
+
+
+def _reserve(left: float) -> float:
+    return min(left * CLIENT_RESERVE_SHARE, CLIENT_RESERVE_MAX_SECONDS) + SWEEP_SECONDS
 
 
 def budget_seconds(service_seconds: float, client_remaining: float | None) -> float:
@@ -44,8 +51,7 @@ def budget_seconds(service_seconds: float, client_remaining: float | None) -> fl
     its reserve when that is shorter."""
     if client_remaining is None:
         return service_seconds
-    reserve = min(client_remaining * CLIENT_RESERVE_SHARE, CLIENT_RESERVE_MAX_SECONDS)
-    return max(0.0, min(service_seconds, client_remaining - reserve))
+    return max(0.0, min(service_seconds, client_remaining - _reserve(client_remaining)))
 
 
 class CallDeadlineReached(DependencyUnavailable):
@@ -58,17 +64,75 @@ class CallDeadlineReached(DependencyUnavailable):
         return Outage("database", "call_deadline").api_error()
 
 
+class _Sweeper:
+    """One timer for every call's deadline on a loop: each sweep cancels the calls past
+    theirs. A timer per call (asyncio.timeout) costs about a tenth of a cheap call."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._calls: set[CallDeadline] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, call: CallDeadline) -> None:
+        self._calls.add(call)
+        if self._timer is None:
+            self._timer = self.loop.call_later(SWEEP_SECONDS, self._sweep)
+
+    def discard(self, call: CallDeadline) -> None:
+        self._calls.discard(call)
+
+    def _sweep(self) -> None:
+        now = self.loop.time()
+        for call in [c for c in self._calls if c.due(now)]:
+            self._calls.discard(call)
+            call.expire()
+        self._timer = self.loop.call_later(SWEEP_SECONDS, self._sweep) if self._calls else None
+
+
+_sweeper: _Sweeper | None = None
+
+
+def _sweeper_of(loop: asyncio.AbstractEventLoop) -> _Sweeper:
+    # A process runs one loop at a time (a test session may run several in turn).
+    global _sweeper
+    if _sweeper is None or _sweeper.loop is not loop:
+        _sweeper = _Sweeper(loop)
+    return _sweeper
+
+
 class CallDeadline:
     """The deadline of the running call, entered around its handler (``async with``).
-    On expiry the handler's wait is cancelled and :class:`CallDeadlineReached` raised."""
+    On expiry the handler's wait is cancelled and :class:`CallDeadlineReached` raised
+    (a cancellation from elsewhere, such as the client's, stays a cancellation)."""
+
+    __slots__ = (
+        "_cancelling",
+        "_expired",
+        "_loop",
+        "_paused_left",
+        "_sweeper",
+        "_task",
+        "_token",
+        "_when",
+    )
 
     def __init__(self, seconds: float) -> None:
         self._loop = asyncio.get_running_loop()
-        self._seconds = seconds
+        self._sweeper = _sweeper_of(self._loop)
         self._when: float | None = self._loop.time() + seconds
-        self._timeout = asyncio.timeout_at(self._when)
         self._paused_left: float | None = None
+        self._expired = False
+        self._task: asyncio.Task[object] | None = None
+        self._cancelling = 0
         self._token: Token[CallDeadline | None] | None = None
+
+    def due(self, now: float) -> bool:
+        return self._when is not None and self._when <= now
+
+    def expire(self) -> None:
+        self._expired = True
+        if self._task is not None:
+            self._task.cancel()
 
     def remaining(self) -> float | None:
         """Seconds left; None once lifted or while paused."""
@@ -80,26 +144,30 @@ class CallDeadline:
         """No deadline from now on (a stream that has sent its first message)."""
         self._when = None
         self._paused_left = None
-        self._timeout.reschedule(None)
+        self._sweeper.discard(self)
 
     def pause(self) -> None:
         """Stops the clock (the call waits for its client)."""
-        if self._when is None:
+        if self._when is None or self._expired:
             return
         self._paused_left = self.remaining()
         self._when = None
-        self._timeout.reschedule(None)
+        self._sweeper.discard(self)
 
     def resume(self) -> None:
         if self._paused_left is None:
             return
         self._when = self._loop.time() + self._paused_left
         self._paused_left = None
-        self._timeout.reschedule(self._when)
+        self._sweeper.add(self)
 
     async def __aenter__(self) -> CallDeadline:
+        task = asyncio.current_task()
+        assert task is not None, "a call's deadline needs the call's task"
+        self._task = task
+        self._cancelling = task.cancelling()
         self._token = _current.set(self)
-        await self._timeout.__aenter__()
+        self._sweeper.add(self)
         return self
 
     async def __aexit__(
@@ -108,14 +176,14 @@ class CallDeadline:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self._sweeper.discard(self)
         if self._token is not None:
             _current.reset(self._token)
-        try:
-            await self._timeout.__aexit__(exc_type, exc, tb)
-        except TimeoutError:
-            if self._timeout.expired():
+        if self._expired and self._task is not None:
+            # Ours unless someone else cancelled the task too (asyncio.timeout's rule).
+            ours = self._task.uncancel() <= self._cancelling
+            if ours and exc_type is asyncio.CancelledError:
                 raise CallDeadlineReached() from None
-            raise
 
 
 def current() -> CallDeadline | None:
@@ -144,5 +212,4 @@ def within(seconds: float) -> float:
     left = None if deadline is None else deadline.remaining()
     if left is None:
         return seconds
-    reserve = min(left * CLIENT_RESERVE_SHARE, CLIENT_RESERVE_MAX_SECONDS)
-    return max(0.0, min(seconds, left - reserve))
+    return max(0.0, min(seconds, left - _reserve(left)))
