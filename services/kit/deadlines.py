@@ -163,7 +163,8 @@ class CallDeadline:
 
     async def __aenter__(self) -> CallDeadline:
         task = asyncio.current_task()
-        assert task is not None, "a call's deadline needs the call's task"
+        if task is None:
+            raise RuntimeError("a call's deadline is entered in the call's task")
         self._task = task
         self._cancelling = task.cancelling()
         self._token = _current.set(self)

@@ -155,6 +155,8 @@ def wrap_handler(handler: Handler, around: Around) -> Handler:
     The first wrapper around a servicer's own handler also makes its request parsing
     tolerant and checks each request inside ``around``: a request that does not parse is
     INVALID_ARGUMENT (MALFORMED_REQUEST), seen by every interceptor like any other error.
+    It also keeps the call's deadline to the service's own time (kit.deadlines): stopped
+    while a client stream's next message is awaited, lifted at a stream's first message.
     """
     parse = handler.request_deserializer
     checks = parse is not None and not isinstance(parse, _TolerantParser)
