@@ -10,8 +10,9 @@ When the deadline passes, the call's wait is cancelled and the call answers UNAV
 
 What a call waits for within the service is the database (a pooled connection, a
 statement, its turn among the same user's requests, a read it shares with other calls),
-so that is the reason given; a call to another service is given the time left
-(:func:`within`) and answers with that service's reason before the deadline passes.
+so that is the reason given, unless the wait names another dependency
+(:func:`waiting_for`); a call to another service is given the time left (:func:`within`)
+and answers with that service's reason before the deadline passes.
 
 A server-streaming call has the deadline until its first message: its setup
 (authentication, the request's checks, the first read) is bounded, its life is not. A
@@ -23,7 +24,7 @@ caller asked to wait for) stops the clock meanwhile (:func:`paused`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
 from types import TracebackType
@@ -108,11 +109,13 @@ class CallDeadline:
     __slots__ = (
         "_cancelling",
         "_expired",
+        "_expired_while",
         "_loop",
         "_paused_left",
         "_sweeper",
         "_task",
         "_token",
+        "_waiting_for",
         "_when",
     )
 
@@ -125,12 +128,17 @@ class CallDeadline:
         self._task: asyncio.Task[object] | None = None
         self._cancelling = 0
         self._token: Token[CallDeadline | None] | None = None
+        # What the call waits for now (see waiting_for), and what it waited for when its
+        # deadline passed; None: the database.
+        self._waiting_for: Callable[[], Exception] | None = None
+        self._expired_while: Callable[[], Exception] | None = None
 
     def due(self, now: float) -> bool:
         return self._when is not None and self._when <= now
 
     def expire(self) -> None:
         self._expired = True
+        self._expired_while = self._waiting_for
         if self._task is not None:
             self._task.cancel()
 
@@ -184,7 +192,8 @@ class CallDeadline:
             # Ours unless someone else cancelled the task too (asyncio.timeout's rule).
             ours = self._task.uncancel() <= self._cancelling
             if ours and exc_type is asyncio.CancelledError:
-                raise CallDeadlineReached() from None
+                waited_for = self._expired_while
+                raise (CallDeadlineReached() if waited_for is None else waited_for()) from None
 
 
 def current() -> CallDeadline | None:
@@ -204,6 +213,21 @@ def paused() -> Iterator[None]:
         yield
     finally:
         deadline.resume()
+
+
+@contextmanager
+def waiting_for(unavailable: Callable[[], Exception]) -> Iterator[None]:
+    """Names what the running call waits for meanwhile when it is not the database (an
+    object store, say): should the deadline pass, the call fails with ``unavailable()``."""
+    deadline = _current.get()
+    if deadline is None:
+        yield
+        return
+    outer, deadline._waiting_for = deadline._waiting_for, unavailable
+    try:
+        yield
+    finally:
+        deadline._waiting_for = outer
 
 
 def within(seconds: float) -> float:

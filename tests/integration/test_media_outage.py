@@ -8,6 +8,7 @@ import asyncio
 import logging
 import os
 import shutil
+import socket
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -205,6 +206,30 @@ async def test_rpcs_say_storage_unavailable_when_s3_does_not_answer(
                 ),
                 "STORAGE_UNAVAILABLE",
             )
+
+
+async def test_a_silent_s3_is_storage_unavailable_by_the_call_deadline(
+    media_url: str, tmp_path: Path
+) -> None:
+    """An object store that takes the connection and never answers (botocore would wait
+    its 60 s read timeout): the call answers by its deadline, naming the store."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        settings = media_settings(media_url, tmp_path, CALL_DEADLINE="1")
+        async with running_media(settings, S3Storage(s3_settings(endpoint, "atelier"))) as media:
+            upload = await create_upload(media, ALICE, JPEG)
+            async with media.public_channel() as channel:
+                stub = media_service_pb2_grpc.MediaServiceStub(channel)
+                started = time.monotonic()
+                await expect_unavailable(
+                    stub.CompleteUpload(
+                        media_service_pb2.CompleteUploadRequest(asset_id=upload.asset.asset_id),
+                        metadata=bearer(ALICE),
+                        timeout=30,
+                    ),
+                    "STORAGE_UNAVAILABLE",
+                )
+                assert time.monotonic() - started < 1 + 1.5
 
 
 async def test_housekeeping_sweeps_part_files_while_the_database_is_down(

@@ -14,6 +14,7 @@ from services.kit.deadlines import (
     CallDeadlineReached,
     budget_seconds,
     paused,
+    waiting_for,
     within,
 )
 
@@ -59,3 +60,20 @@ async def test_a_paused_clock_does_not_run() -> None:
         with paused():
             await asyncio.sleep(0.3)
         assert within(10) > 0  # time is left after the pause
+
+
+class StoreDown(Exception):
+    """Stands for another dependency's outage (media's StorageUnavailable)."""
+
+
+async def test_a_wait_named_for_another_dependency_ends_as_its_outage() -> None:
+    with pytest.raises(StoreDown):
+        async with CallDeadline(0.05):
+            with waiting_for(StoreDown):
+                await asyncio.Event().wait()
+    # Once that wait is over, the database's again.
+    with pytest.raises(CallDeadlineReached):
+        async with CallDeadline(0.05):
+            with waiting_for(StoreDown):
+                await asyncio.sleep(0)
+            await asyncio.Event().wait()

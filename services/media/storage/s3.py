@@ -19,6 +19,7 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession
 from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
 
+from services.kit import deadlines
 from services.kit.logging import get_logger
 from services.media.errors import StorageUnavailable
 from services.media.settings import S3Settings
@@ -53,9 +54,11 @@ def _not_answering(error: BaseException) -> bool:
 
 @contextmanager
 def _answering() -> Iterator[None]:
-    """S3 not answering becomes StorageUnavailable; its refusals pass unchanged."""
+    """S3 not answering becomes StorageUnavailable, also when the call's deadline passes
+    meanwhile; its refusals pass unchanged."""
     try:
-        yield
+        with deadlines.waiting_for(StorageUnavailable):
+            yield
     except Exception as error:
         if _not_answering(error):
             raise StorageUnavailable() from error
@@ -115,55 +118,57 @@ class S3Storage:
         buffer = bytearray()
         upload_id: str | None = None
         parts: list[CompletedPartTypeDef] = []
-        try:
-            async for chunk in chunks:
-                view = memoryview(chunk)
-                while view:
-                    # Fill the part exactly; the rest of the chunk starts the next one.
-                    room = self._part_bytes - len(buffer)
-                    buffer += view[:room]
-                    view = view[room:]
-                    if len(buffer) < self._part_bytes:
-                        break
-                    if upload_id is None:
-                        started = await client.create_multipart_upload(
-                            Bucket=self.bucket, Key=key, ContentType=content_type
-                        )
-                        upload_id = started["UploadId"]
-                    # The full buffer itself is the part (no copy); a new one takes its place.
+        # A wait past the call's deadline here is the object store's, not the database's.
+        with deadlines.waiting_for(StorageUnavailable):
+            try:
+                async for chunk in chunks:
+                    view = memoryview(chunk)
+                    while view:
+                        # Fill the part exactly; the rest of the chunk starts the next one.
+                        room = self._part_bytes - len(buffer)
+                        buffer += view[:room]
+                        view = view[room:]
+                        if len(buffer) < self._part_bytes:
+                            break
+                        if upload_id is None:
+                            started = await client.create_multipart_upload(
+                                Bucket=self.bucket, Key=key, ContentType=content_type
+                            )
+                            upload_id = started["UploadId"]
+                        # The full buffer itself is the part (no copy); a new one takes its place.
+                        parts.append(await self._upload_part(client, key, upload_id, parts, buffer))
+                        buffer = bytearray()
+                if upload_id is None:
+                    await client.put_object(
+                        Bucket=self.bucket,
+                        Key=key,
+                        Body=_blob(buffer),
+                        ContentType=content_type,
+                        IfNoneMatch="*",
+                    )
+                    return
+                if buffer:
                     parts.append(await self._upload_part(client, key, upload_id, parts, buffer))
-                    buffer = bytearray()
-            if upload_id is None:
-                await client.put_object(
+                await client.complete_multipart_upload(
                     Bucket=self.bucket,
                     Key=key,
-                    Body=_blob(buffer),
-                    ContentType=content_type,
+                    UploadId=upload_id,
+                    MultipartUpload={"Parts": parts},
                     IfNoneMatch="*",
                 )
-                return
-            if buffer:
-                parts.append(await self._upload_part(client, key, upload_id, parts, buffer))
-            await client.complete_multipart_upload(
-                Bucket=self.bucket,
-                Key=key,
-                UploadId=upload_id,
-                MultipartUpload={"Parts": parts},
-                IfNoneMatch="*",
-            )
-        except ClientError as error:
-            await self._abort(client, key, upload_id)
-            if _code(error) in _TAKEN:
-                raise ObjectExists(key) from None
-            if _not_answering(error):
+            except ClientError as error:
+                await self._abort(client, key, upload_id)
+                if _code(error) in _TAKEN:
+                    raise ObjectExists(key) from None
+                if _not_answering(error):
+                    raise StorageUnavailable() from error
+                raise
+            except (ConnectionError, HTTPClientError, OSError) as error:
+                await self._abort(client, key, upload_id)
                 raise StorageUnavailable() from error
-            raise
-        except (ConnectionError, HTTPClientError, OSError) as error:
-            await self._abort(client, key, upload_id)
-            raise StorageUnavailable() from error
-        except BaseException:
-            await self._abort(client, key, upload_id)
-            raise
+            except BaseException:
+                await self._abort(client, key, upload_id)
+                raise
 
     async def _upload_part(
         self,
