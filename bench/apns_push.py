@@ -109,7 +109,7 @@ async def _run_anchor(args: argparse.Namespace) -> None:
 
     async def one(i: int) -> None:
         answer = await client.send(
-            "production", f"{i % 1000:064x}", HEADERS, body, str(uuid.uuid4()), token.current()
+            "production", f"{i % 1000 + 1:064x}", HEADERS, body, str(uuid.uuid4()), token.current()
         )
         assert answer.status == 200, answer
 
@@ -140,7 +140,7 @@ async def _run_httpx(args: argparse.Namespace) -> None:
         async def one(i: int) -> None:
             headers = {**HEADERS, "authorization": f"bearer {token.current()}"}
             response = await client.post(
-                f"{args.url}/3/device/{i % 1000:064x}", content=body, headers=headers
+                f"{args.url}/3/device/{i % 1000 + 1:064x}", content=body, headers=headers
             )
             assert response.status_code == 200, response.text
 
