@@ -1,10 +1,8 @@
-"""SubmitJob's whole decision and write as one call: ``creation.submit_job`` (migration
-0007; 0008 added the submit's trace context; 0013 reads the balance from the user's
-ledger_totals row; 0015 inserts the welcome before the reservation) takes the user's
-advisory lock, then decides and writes in one statement (verdict, welcome, job, event,
-reservation, outbox row), in
-the call's own implicit transaction. One round trip to PostgreSQL per submit, prepared
-once per connection.
+"""SubmitJob's whole decision and write as one call: ``creation.submit_job``, as it runs in
+services/creation/sql/submit_job.sql (loaded by the newest migration that changes it),
+takes the user's advisory lock, then decides and writes in one statement (verdict,
+welcome, job, event, reservation, outbox row), in the call's own implicit transaction.
+One round trip to PostgreSQL per submit, prepared once per connection.
 
 The verdicts, in the order the rules apply: ``replay``, ``model_not_available``,
 ``style_not_available``, ``style_model_mismatch``, ``daily_quota_exceeded``,

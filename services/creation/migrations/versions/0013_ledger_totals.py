@@ -7,10 +7,8 @@ Revises: 0012
 Create Date: 2026-12-01
 """
 
-import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
-from types import ModuleType
 
 import sqlalchemy as sa
 from alembic import op
@@ -109,54 +107,15 @@ GROUP BY user_id
 """
 
 
-def _revision_0008() -> ModuleType:
-    """0008's migration module: its submit_function() is the function this one changes,
-    and the one the downgrade puts back."""
-    path = Path(__file__).with_name("0008_trace_parent.py")
-    spec = importlib.util.spec_from_file_location("creation_revision_0008", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+# This revision's function (frozen/submit_job_0013.sql) is 0008's with its balance read
+# from the user's totals row instead of a sum over the user's ledger. No row yet is zeros
+# and not welcomed (the aggregates over no row).
 
 
-# 0008's function with its balance read from the user's totals row instead of a sum over
-# the user's ledger. No row yet is zeros and not welcomed (the aggregates over no row).
-# Each (before, after) pair must match 0008's text exactly once (history is frozen).
-CHANGES = (
-    (
-        """          -- The balance, and whether the welcome grant was ever made (ix_points_ledger_user).
-          balance AS (
-            SELECT
-              coalesce(sum(amount) FILTER (WHERE kind = 'grant'), 0)
-                - coalesce(sum(amount) FILTER (WHERE kind = 'reserve'), 0)
-                + coalesce(sum(amount) FILTER (WHERE kind = 'release'), 0) AS available,
-              coalesce(bool_or(grant_key = 'welcome'), false) AS welcomed
-            FROM creation.points_ledger
-            WHERE user_id = p_user_id
-          ),""",
-        """          -- The balance, and whether the welcome grant was ever made: the user's totals
-          -- row (pk_ledger_totals, kept by the ledger's trigger; migration 0013).
-          balance AS (
-            SELECT
-              coalesce(max(t.granted - t.reserved + t.released), 0) AS available,
-              coalesce(bool_or(t.welcomed), false) AS welcomed
-            FROM creation.ledger_totals AS t
-            WHERE t.user_id = p_user_id
-          ),""",
-    ),
-)
-
-
-def submit_function() -> str:
-    """This revision's creation.submit_job: 0008's with CHANGES made."""
-    statement: str = _revision_0008().submit_function()
-    for before, after in CHANGES:
-        if statement.count(before) != 1:
-            raise RuntimeError(f"0008's submit_job no longer reads {before!r} once")
-        statement = statement.replace(before, after)
-    return statement
+def frozen_submit_function(revision: str) -> str:
+    """The CREATE FUNCTION statement of creation.submit_job as ``revision`` made it, frozen
+    in migrations/frozen (a later change of the rules never changes it)."""
+    return (Path(__file__).parents[1] / "frozen" / f"submit_job_{revision}.sql").read_text()
 
 
 def upgrade() -> None:
@@ -192,7 +151,7 @@ def upgrade() -> None:
         " FOR EACH STATEMENT EXECUTE FUNCTION creation.empty_ledger_totals()"
     )
     op.execute(BACKFILL)
-    op.execute(submit_function())
+    op.execute(frozen_submit_function("0013"))
     # Only the sums rode it; every ledger insert paid for it.
     op.drop_index("ix_points_ledger_user", table_name="points_ledger", schema=SCHEMA)
 
@@ -203,7 +162,7 @@ def downgrade() -> None:
     op.create_index(
         "ix_points_ledger_user", "points_ledger", ["user_id", "kind"], unique=False, schema=SCHEMA
     )
-    op.execute(_revision_0008().submit_function())
+    op.execute(frozen_submit_function("0008"))
     op.execute("DROP TRIGGER points_ledger_truncated ON creation.points_ledger")
     op.execute("DROP FUNCTION creation.empty_ledger_totals()")
     op.execute("DROP TRIGGER points_ledger_append_only ON creation.points_ledger")
