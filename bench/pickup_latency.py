@@ -170,9 +170,10 @@ async def anchor(url: str) -> None:
     woken = asyncio.Event()
     await listening.add_listener(QUEUED_CHANNEL, lambda *_: woken.set())
     claim = """
-        UPDATE creation.jobs SET status = 'succeeded', step = 'done', progress = 100,
-               outputs = ARRAY[job_id::text], started_at = now(), completed_at = now(),
-               attempt = 1, version = version + 1, updated_at = now()
+        UPDATE creation.jobs SET status = 'running', step = 'preparing', attempt = 1,
+               lease_owner = 'anchor', lease_epoch = lease_epoch + 1,
+               lease_expires_at = now() + interval '1 hour', started_at = now(),
+               version = version + 1, updated_at = now()
         WHERE job_id IN (SELECT job_id FROM creation.jobs
                          WHERE status = 'queued' AND next_attempt_at <= now()
                          ORDER BY priority DESC, next_attempt_at, created_at

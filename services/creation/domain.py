@@ -54,7 +54,9 @@ class LedgerKind(enum.StrEnum):
 
 
 # Every legal status change. Same-status updates (heartbeats, cancel requests) are not
-# status changes and are not listed.
+# status changes and are not listed. PostgreSQL refuses every other change itself
+# (migration 0016's trigger; tests/integration/creation/test_transitions.py keeps the two
+# tables equal).
 TRANSITIONS: frozenset[tuple[Status, Status]] = frozenset(
     {
         (Status.QUEUED, Status.RUNNING),

@@ -103,7 +103,8 @@ def _quoted(values: tuple[str, ...]) -> str:
 
 
 # The state machine as PostgreSQL sees it: for each status, what the lease, timestamps,
-# output and error must look like. An illegal combination is rejected by the database.
+# output and error must look like. An illegal combination is rejected by the database; an
+# illegal step between statuses by a trigger (migration 0016, illegal_job_transition).
 JOB_STATE_RULES = {
     "queued_shape": (
         "status <> 'queued' OR (lease_owner IS NULL AND lease_expires_at IS NULL"

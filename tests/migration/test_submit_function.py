@@ -21,6 +21,10 @@ FROZEN = CREATION / "migrations" / "frozen"
 VERSIONS = CREATION / "migrations" / "versions"
 
 SUBMIT_SOURCE = "SELECT prosrc FROM pg_proc WHERE oid = 'creation.submit_job'::regproc"
+TRANSITION_TRIGGER = """
+    SELECT count(*) FROM pg_trigger WHERE tgname = 'jobs_transition_legal'
+      AND tgrelid = 'creation.jobs'::regclass
+"""
 SUBMIT = """
     SELECT submit_outcome FROM creation.submit_job(
       p_job_id => gen_random_uuid(), p_user_id => $1, p_idempotency_key => NULL,
@@ -69,16 +73,18 @@ def test_upgrading_from_an_old_revision_reaches_the_same_head(
     migrations.upgrade("creation", scratch_database, revision)
     migrations.upgrade("creation", scratch_database)
     assert fetch(scratch_database, SUBMIT_SOURCE) == body(SUBMIT_RULES.read_text())
+    assert fetch(scratch_database, TRANSITION_TRIGGER) == 1
     assert fetch(scratch_database, SUBMIT, f"u-{revision}") == "ok"
 
 
-def test_downgrading_0016_brings_back_0015s_function(
+def test_downgrading_0016_brings_back_0015s_function_and_drops_the_trigger(
     scratch_database: str,
 ) -> None:
     migrations.upgrade("creation", scratch_database)
     migrations.downgrade("creation", scratch_database, "0015")
     frozen = (FROZEN / "submit_job_0015.sql").read_text()
     assert fetch(scratch_database, SUBMIT_SOURCE) == body(frozen)
+    assert fetch(scratch_database, TRANSITION_TRIGGER) == 0
     assert fetch(scratch_database, SUBMIT, "u-0015") == "ok"
 
 
