@@ -34,14 +34,23 @@ from h2.connection import H2Connection
 from h2.events import ConnectionTerminated, DataReceived, RequestReceived, StreamEnded, StreamReset
 from h2.settings import SettingCodes
 
-from services.notify.apns.rules import (
-    COLLAPSE_ID_MAX_BYTES,
-    DUMMY_DEVICE_TOKEN,
-    LIVE_ACTIVITY_EVENTS,
-    PRIORITIES,
-    payload_limit,
-    topic_for,
-)
+# Apple's rules, stated here from Apple's documentation ("Sending notification requests to
+# APNs", "Starting and updating Live Activities with ActivityKit push notifications"), not
+# imported from notify: a rule notify gets wrong, its peer still refuses.
+# The largest body per apns-push-type, in bytes: 4 KB, 5 KB for VoIP.
+APPLE_PAYLOAD_LIMITS = {"voip": 5120}
+APPLE_DEFAULT_PAYLOAD_LIMIT = 4096
+# apns-priority: 10 sends at once, 5 as power allows, 1 prioritises power; a background
+# push must be 5, a Live Activity's 5 or 10. Other types: 5 or 10.
+APPLE_PRIORITIES = {"alert": ("10", "5", "1"), "background": ("5",), "liveactivity": ("10", "5")}
+APPLE_OTHER_PRIORITIES = ("10", "5")
+APPLE_COLLAPSE_ID_MAX_BYTES = 64  # "must not exceed 64 bytes"
+APPLE_LIVE_ACTIVITY_EVENTS = ("start", "update", "end")
+# A Live Activity's topic is the app's bundle id with this suffix; an alert's the bundle id.
+APPLE_LIVE_ACTIVITY_TOPIC_SUFFIX = ".push-type.liveactivity"
+# A well-formed device token Apple never issues (all zeroes): answered BadDeviceToken once
+# the provider token and topic pass, which is what `atelier push doctor` relies on.
+UNISSUED_DEVICE_TOKEN = "00" * 32
 
 TOKEN_MAX_AGE_SECONDS = 3600
 PUSH_TYPES = ("alert", "background", "liveactivity", "voip", "complication", "fileprovider")
@@ -217,7 +226,7 @@ class ApnsPeer:
         push_type = self._check_headers(headers)
         # Without Apple's registry of devices every well-formed token is taken as one,
         # except the dummy that no device has (as Apple answers a token it never issued).
-        if not _is_device_token(device_token) or device_token == DUMMY_DEVICE_TOKEN:
+        if not _is_device_token(device_token) or device_token == UNISSUED_DEVICE_TOKEN:
             raise Refusal(400, "BadDeviceToken")
         payload = self._check_payload(push_type, body)
         apns_id = headers.get("apns-id") or str(uuid.uuid4())
@@ -286,16 +295,18 @@ class ApnsPeer:
         topic = headers.get("apns-topic", "")
         if not topic:
             raise Refusal(400, "MissingTopic")
-        if topic != topic_for(self.rules.bundle_id, push_type):
+        if topic != _topic_for(self.rules.bundle_id, push_type):
             raise Refusal(400, "TopicDisallowed")
         priority = headers.get("apns-priority")
-        if priority is not None and priority not in PRIORITIES.get(push_type, ("5", "10")):
+        if priority is not None and priority not in APPLE_PRIORITIES.get(
+            push_type, APPLE_OTHER_PRIORITIES
+        ):
             raise Refusal(400, "BadPriority")
         expiration = headers.get("apns-expiration")
         if expiration is not None and not expiration.isdigit():
             raise Refusal(400, "BadExpirationDate")
         collapse_id = headers.get("apns-collapse-id")
-        if collapse_id is not None and len(collapse_id.encode()) > COLLAPSE_ID_MAX_BYTES:
+        if collapse_id is not None and len(collapse_id.encode()) > APPLE_COLLAPSE_ID_MAX_BYTES:
             raise Refusal(400, "BadCollapseId")
         apns_id = headers.get("apns-id")
         if apns_id is not None:
@@ -308,7 +319,7 @@ class ApnsPeer:
     def _check_payload(self, push_type: str, body: bytes) -> dict[str, Any]:
         if not body:
             raise Refusal(400, "PayloadEmpty")
-        if len(body) > payload_limit(push_type):
+        if len(body) > APPLE_PAYLOAD_LIMITS.get(push_type, APPLE_DEFAULT_PAYLOAD_LIMIT):
             raise Refusal(413, "PayloadTooLarge")
         try:
             payload = json.loads(body)
@@ -344,9 +355,15 @@ class ApnsPeer:
         return context
 
 
+def _topic_for(bundle_id: str, push_type: str) -> str:
+    if push_type == "liveactivity":
+        return bundle_id + APPLE_LIVE_ACTIVITY_TOPIC_SUFFIX
+    return bundle_id
+
+
 def _check_live_activity(aps: dict[str, Any]) -> None:
     event = aps.get("event")
-    if event not in LIVE_ACTIVITY_EVENTS:
+    if event not in APPLE_LIVE_ACTIVITY_EVENTS:
         raise Refusal(400, "BadLiveActivityEvent")
     if not isinstance(aps.get("timestamp"), int):
         raise Refusal(400, "BadLiveActivityTimestamp")

@@ -3,11 +3,14 @@ would, and each kind of mistake gets Apple's answer (so the sender's tests mean 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import ssl
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import httpx
@@ -15,7 +18,9 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from services.dev import apns_peer
 from services.dev.apns_peer import ApnsPeer
+from services.notify.apns import rules as notify_rules
 from services.notify.apns.keys import load_signing_key
 from tests.support.apns_peer import (
     BUNDLE_ID,
@@ -24,6 +29,7 @@ from tests.support.apns_peer import (
     alert,
     device_token,
     live_activity_update,
+    provider_key,
     running_peer,
 )
 
@@ -180,3 +186,65 @@ async def test_errors_are_answered_on_demand_per_token(
     assert await post(peer, other, headers, payload, jwt_value) == (200, "")
     assert await post(peer, token, headers, payload, jwt_value) == (200, "")
     assert await post(peer, "zz" * 32, headers, payload, jwt_value) == (400, "BadDeviceToken")
+
+
+def _peer_beside_wrong_notify_rules(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """A fresh copy of the peer's module, loaded while notify's APNs rules say wrong
+    things: each one lets through what Apple refuses."""
+    wrong = ModuleType(notify_rules.__name__)
+    wrong.__dict__.update(vars(notify_rules))
+    wrong.__dict__.update(
+        COLLAPSE_ID_MAX_BYTES=1000,
+        PRIORITIES={"alert": ("10", "5", "1"), "background": ("5", "10"), "liveactivity": ("5",)},
+        LIVE_ACTIVITY_EVENTS=("start", "update", "end", "pause"),
+        payload_limit=lambda push_type: 1 << 20,
+        DUMMY_DEVICE_TOKEN="ff" * 32,
+    )
+    monkeypatch.setitem(sys.modules, notify_rules.__name__, wrong)
+    spec = importlib.util.spec_from_file_location(
+        "apns_peer_beside_wrong_rules", apns_peer.__file__
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+async def test_the_peer_holds_apples_rules_whatever_notifys_say(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The peer states Apple's rules itself: were notify's copy wrong, the peer would
+    still refuse what Apple refuses (a peer sharing the copy would accept it)."""
+    peer_module = _peer_beside_wrong_notify_rules(monkeypatch)
+    key_path, public = provider_key(tmp_path / "key")
+    peer = peer_module.ApnsPeer(
+        peer_module.PeerRules(public, KEY_ID, TEAM_ID, BUNDLE_ID), tmp_path / "peer"
+    )
+    await peer.start()
+    try:
+        jwt_value = provider_token(load_signing_key(str(key_path)))
+        background = {"apns-push-type": "background", "apns-topic": BUNDLE_ID}
+        refused = [
+            (_with(alert(), **{"apns-collapse-id": "x" * 65}), alert()[1]),
+            ({**background, "apns-priority": "10"}, {"aps": {"content-available": 1}}),
+            (alert()[0], {"aps": {"alert": "x" * 4100}}),
+            (live_activity_update(0.1)[0], {"aps": {"event": "pause", "timestamp": 1}}),
+        ]
+        answers = [
+            await post(peer, device_token(), headers, payload, jwt_value)
+            for headers, payload in refused
+        ]
+        assert answers == [
+            (400, "BadCollapseId"),
+            (400, "BadPriority"),
+            (413, "PayloadTooLarge"),
+            (400, "BadLiveActivityEvent"),
+        ]
+        # The token Apple never issues stays refused; a real-looking one passes.
+        headers, payload = alert()
+        assert await post(peer, "00" * 32, headers, payload, jwt_value) == (400, "BadDeviceToken")
+        assert await post(peer, "ff" * 32, headers, payload, jwt_value) == (200, "")
+        assert len(peer.state.received) == 1
+    finally:
+        await peer.close()

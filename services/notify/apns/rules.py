@@ -1,4 +1,5 @@
-"""What Apple accepts, as data shared by the sender, the doctor and the dev/test peer."""
+"""What Apple accepts, as data shared by the sender and the doctor (the dev/test peer,
+services/dev/apns_peer.py, states its own copy from Apple's documentation)."""
 
 from __future__ import annotations
 
