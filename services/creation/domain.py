@@ -191,6 +191,9 @@ class Job:
     trace_parent: str | None = None
     # When its owner deleted it (a tombstone: see DeleteJob); None while it is shown.
     deleted_at: datetime | None = None
+    # The version of the adapter that made the submit of its provider request (set as the
+    # worker marks SUBMITTING); None before any submit.
+    provider_version: str | None = None
 
 
 @dataclass(frozen=True)

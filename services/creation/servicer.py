@@ -96,6 +96,7 @@ class CreationServicer(creation_service_pb2_grpc.CreationServiceServicer):
             if submission.is_catalog_id(request.model_id)
             else None
         )
+        submission.refuse_ungenerated_kind(model)
         command, problems = submission.validate(
             idempotency_key=key,
             model_id=request.model_id,

@@ -12,6 +12,7 @@ from typing import Any
 
 from services.creation.catalog import CatalogModel
 from services.creation.domain import MAX_OUTPUTS, MIN_OUTPUTS
+from services.creation.errors import InvalidRequest, Reason
 from services.creation.parameters import (
     GenerationParameters,
     check_parameters,
@@ -70,6 +71,21 @@ def is_uuid(value: str) -> bool:
         return str(uuid.UUID(value)) == value.lower()
     except ValueError:
         return False
+
+
+# The media kinds a worker generates: a model of any other kind (video, in the contract
+# and the catalog) is refused at submit rather than queued for a job nothing can run.
+GENERATED_KINDS = frozenset({"image"})
+
+
+def refuse_ungenerated_kind(model: CatalogModel | None) -> None:
+    """Raises when ``model`` makes a media kind no worker generates."""
+    if model is not None and model.media_kind not in GENERATED_KINDS:
+        raise InvalidRequest(
+            Reason.MEDIA_KIND_NOT_SUPPORTED,
+            "model_id",
+            f"model {model.model_id!r} makes {model.media_kind}; only image models run jobs",
+        )
 
 
 def is_catalog_id(value: str) -> bool:

@@ -201,6 +201,9 @@ jobs = Table(
     # When the owner deleted the job (DeleteJob): the row stays as a tombstone for the
     # ledger and the audit trail, hidden from the owner's reads.
     Column("deleted_at", DateTime(timezone=True)),
+    # The version of the adapter that submitted the provider request (Provider.version);
+    # last, as migration 0016 added it (statements that read j.* map columns by position).
+    Column("provider_version", Text),
     CheckConstraint(f"status IN ({_quoted(STATUSES)})", name="status_known"),
     CheckConstraint(f"step IS NULL OR step IN ({_quoted(STEPS)})", name="step_known"),
     CheckConstraint("progress BETWEEN 0 AND 100", name="progress_percent"),
@@ -223,12 +226,21 @@ Index(
     jobs.c.priority.desc(),
     jobs.c.next_attempt_at,
     jobs.c.created_at,
+    jobs.c.job_id,
     postgresql_where=jobs.c.status == "queued",
+)
+# One job per provider request: two jobs holding one would both collect its images.
+Index(
+    "uq_jobs_provider_request",
+    jobs.c.provider_code,
+    jobs.c.provider_request_id,
+    unique=True,
+    postgresql_where=jobs.c.provider_request_id.is_not(None),
 )
 # The lease reaper: running jobs by lease expiry.
 Index("ix_jobs_lease_expiry", jobs.c.lease_expires_at, postgresql_where=jobs.c.status == "running")
 # ListJobs without a status filter (newest first) and the per-user quota counts (which
-# count deleted jobs too).
+# count deleted jobs too, cancelled ones not: a cancelled job gives its slot back).
 Index("ix_jobs_user_newest", jobs.c.user_id, jobs.c.created_at.desc(), jobs.c.job_id.desc())
 # ListJobs filtered by statuses: each status's jobs newest first, deleted ones left out
 # (without it, "active" walks past every finished job of the user).

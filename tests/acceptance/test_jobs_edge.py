@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import io
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import grpc
 import httpx
@@ -25,7 +26,7 @@ from atelier.creation.v1 import (
 from atelier.media.v1 import asset_pb2, media_internal_service_pb2, media_internal_service_pb2_grpc
 from services.creation.store import leases
 from services.creation.tables import jobs
-from services.dev.stack import Stack
+from services.dev.stack import Stack, StackPorts
 from services.kit.auth import issue_token
 from services.kit.db import asyncpg_url
 from services.kit.settings import DEV_JWT_SECRET, DEV_SERVICE_TOKEN
@@ -354,21 +355,42 @@ async def test_a_succeeded_job_links_its_output(
     assert (balance["availablePoints"], balance["reservedPoints"]) == ("95", "0")
 
 
-DAILY_QUOTA = 50  # the test stack's (the default)
+# A stack of its own for the daily quota, small so that jobs left queued reach it, under
+# an in-flight limit that never gets in the way (two days' quota: a midnight can pass).
+DAILY_QUOTA = 3
+
+
+@pytest.fixture
+def quota_stack(database_url: str, tmp_path: Path) -> Iterator[Stack]:
+    running = Stack(
+        database_url=database_url,
+        ports=StackPorts.free(),
+        work_dir=tmp_path,
+        log_dir=tmp_path / "logs",
+        creation_role="api",
+        extra_env={
+            "ATELIER_DAILY_QUOTA": str(DAILY_QUOTA),
+            "ATELIER_IN_FLIGHT_LIMIT": str(2 * DAILY_QUOTA + 2),
+        },
+    )
+    running.start()
+    yield running
+    running.stop()
 
 
 async def test_daily_quota_is_429_with_retry_after_until_midnight(
-    stack: Stack, edge_url: str, http: httpx.AsyncClient
+    quota_stack: Stack, http: httpx.AsyncClient
 ) -> None:
     """Holds at any time of day. A midnight may pass while the jobs are made, and jobs of
     the day before no longer count: so submit until refused, then check the refusal
-    against the day it names (retry-after points at its end)."""
+    against the day it names (retry-after points at its end). A cancelled job gives its
+    slot back (seed 001 §8): the first job is cancelled, so the day takes one more."""
+    edge_url = f"http://127.0.0.1:{quota_stack.ports.envoy}"
     user = User()
-    asset = await put_input(stack, user.user_id)
+    asset = await put_input(quota_stack, user.user_id)
     created: list[datetime] = []
     refused = None
-    # At most two days' quota: a midnight can pass once.
-    for _ in range(2 * DAILY_QUOTA + 1):
+    for n in range(2 * (DAILY_QUOTA + 1) + 1):
         before = datetime.now(UTC)
         made = await http.post(f"{edge_url}/v1/jobs", headers=user.headers, json=job_body(asset))
         after = datetime.now(UTC)
@@ -377,13 +399,13 @@ async def test_daily_quota_is_429_with_retry_after_until_midnight(
             break
         assert made.status_code == 200, made.text
         job = made.json()["job"]
-        created.append(datetime.fromisoformat(job["createTime"]))
-        # Cancel each job at once so the in-flight limit (3) never gets in the way of the
-        # daily quota (cancelled jobs still count against it).
-        cancelled = await http.post(
-            f"{edge_url}/v1/jobs/{job['jobId']}:cancel", headers=user.headers, json={}
-        )
-        assert cancelled.status_code == 200
+        if n == 0:
+            cancelled = await http.post(
+                f"{edge_url}/v1/jobs/{job['jobId']}:cancel", headers=user.headers, json={}
+            )
+            assert cancelled.json()["job"]["status"] == "JOB_STATUS_CANCELLED"
+        else:
+            created.append(datetime.fromisoformat(job["createTime"]))
     assert refused is not None, "the daily quota never refused"
     assert refused.json()["details"][0]["reason"] == "DAILY_QUOTA_EXCEEDED"
     retry_after = int(refused.headers["retry-after"])
@@ -395,6 +417,8 @@ async def test_daily_quota_is_429_with_retry_after_until_midnight(
     assert (midnight - after).total_seconds() <= retry_after
     assert retry_after <= (midnight - before).total_seconds() + 1
     assert midnight - before <= timedelta(days=1, seconds=1)
-    # Exactly the quota was made on the refusal's day.
+    # Exactly the quota of jobs not cancelled was made on the refusal's day.
     day_start = midnight - timedelta(days=1)
     assert sum(1 for when in created if when >= day_start) == DAILY_QUOTA
+    balance = (await http.get(f"{edge_url}/v1/balance", headers=user.headers)).json()
+    assert balance["dailyJobsRemaining"] == "0"

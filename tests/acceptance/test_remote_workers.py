@@ -26,6 +26,7 @@ from atelier.creation.v1 import admin_service_pb2, admin_service_pb2_grpc, worke
 from atelier.creation.v1 import worker_service_pb2 as pb
 from services.creation.domain import Status
 from services.creation.providers.stub import read_ledger
+from services.creation.providers.stub.provider import StubProvider
 from services.creation.remote_worker.client import reason_of
 from services.creation.store import jobs as jobs_store
 from services.dev.stack import Stack
@@ -444,6 +445,8 @@ async def test_a_remote_worker_completes_jobs_and_replays_a_dropped_claim(
     finished = await read_jobs(db, job_ids)
     assert Counter(j.status for j in finished.values()) == {Status.SUCCEEDED: len(job_ids)}
     assert {j.lease_epoch for j in finished.values()} == {1}  # one claim each, ever
+    # The worker's adapter version is recorded with each job (StartJob SUBMITTING).
+    assert {j.provider_version for j in finished.values()} == {StubProvider.version}
     [replayed] = [line for line in log_lines(worker) if line.get("action") == "claim_replayed"]
     assert replayed["same"] is True and replayed["job_id"] in job_ids
     assert {job_id: len(ids) for job_id, ids in read_ledger(ledger).items()} == dict.fromkeys(

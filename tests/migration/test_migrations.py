@@ -215,7 +215,7 @@ RUNNING_JOB = """
         provider_request_id, request_hash, created_at, started_at, updated_at)
     SELECT :job_id, 'u1', model_id, 'watercolor', provider_code, provider_model, 5,
         gen_random_uuid(), '', '', 512, 512, 'running', 50, 'generating',
-        1, 3, now(), 'w1', 1, now(), 'req-1', '', now(), now(), now()
+        1, 3, now(), 'w1', 1, now(), 'req-' || gen_random_uuid(), '', now(), now(), now()
     FROM creation.models ORDER BY sort_order LIMIT 1
 """
 

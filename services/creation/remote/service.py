@@ -275,12 +275,16 @@ class RemoteJobs:
         expected_version: int,
         request_id: str | None,
         respond: Callable[[Job], bytes],
+        provider_version: str | None = None,
     ) -> bytes:
-        """SUBMITTING (no provider request id yet) or GENERATING (with one)."""
+        """SUBMITTING (no provider request id yet; with the adapter's version, recorded
+        with the job) or GENERATING (with one)."""
 
         async def act(tx: CallTransaction, job: Job) -> Job | None:
             if request_id is None:
-                return await tx.fenced(FencedWrite.MARK_SUBMITTING, job.job_id, job.lease_epoch)
+                return await tx.fenced(
+                    FencedWrite.MARK_SUBMITTING, job.job_id, job.lease_epoch, provider_version
+                )
             return await tx.fenced(
                 FencedWrite.RECORD_REQUEST, job.job_id, job.lease_epoch, request_id
             )

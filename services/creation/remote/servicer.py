@@ -253,6 +253,8 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                 )
         elif request.step != pb.WORKER_STEP_SUBMITTING:
             problems.append(FieldViolation("step", "must be SUBMITTING or GENERATING"))
+        if len(request.provider_version) > MAX_KEY:
+            problems.append(FieldViolation("provider_version", f"at most {MAX_KEY} characters"))
         _check(problems)
         answer = await self._jobs.start(
             claim,
@@ -260,6 +262,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             expected,
             provider_request,
             lambda job: pb.StartJobResponse(version=job.version).SerializeToString(),
+            provider_version=request.provider_version or None,
         )
         return pb.StartJobResponse.FromString(answer)
 

@@ -215,7 +215,7 @@ class RemoteAttempt:
             num_outputs=job.num_outputs,
         )
         self._on_point("before_submit")  # before SUBMITTING is reported, as in-process
-        await self._call(lambda: self._client.start(self._lease, None))
+        await self._call(lambda: self._client.start(self._lease, None, provider.version))
         try:
             request_id = await provider.submit(request, job.submit_key)
         except ProviderError as error:

@@ -188,7 +188,8 @@ class WorkerClient:
 
         return await self._send(read, request)
 
-    async def start(self, lease: Lease, request_id: str | None) -> None:
+    async def start(self, lease: Lease, request_id: str | None, provider_version: str = "") -> None:
+        """SUBMITTING (no request id; with the adapter's version) or GENERATING."""
         request = pb.StartJobRequest(
             lease=lease.ref(),
             worker_id=self.worker_id,
@@ -197,6 +198,7 @@ class WorkerClient:
             expected_version=lease.version,
             step=pb.WORKER_STEP_GENERATING if request_id else pb.WORKER_STEP_SUBMITTING,
             provider_request_id=request_id or "",
+            provider_version=provider_version,
         )
         lease.saw((await self._send(self._stub.StartJob, request)).version)
 

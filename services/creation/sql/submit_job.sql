@@ -1,4 +1,4 @@
--- creation.submit_job: SubmitJob's rules, as the database runs them (migration 0016 loads
+-- creation.submit_job: SubmitJob's rules, as the database runs them (migration 0017 loads
 -- this file; tests/migration checks the installed function against it).
 --
 -- One call is one submit: the call runs in its own implicit transaction, which holds the
@@ -9,8 +9,9 @@
 -- The verdicts, in the order the rules apply (the order of the errors clients see):
 -- replay (the idempotency key already made a job: that job comes back, whatever else
 -- holds now), model_not_available, style_not_available, style_model_mismatch,
--- daily_quota_exceeded, in_flight_limit_reached, insufficient_points, ok. Each insert (the
--- welcome grant, the job, its event, its reservation, its outbox row) runs only on ok.
+-- daily_quota_exceeded (the day's jobs, a cancelled one not counted: it gives its slot
+-- back), in_flight_limit_reached, insufficient_points, ok. Each insert (the welcome
+-- grant, the job, its event, its reservation, its outbox row) runs only on ok.
 --
 -- To change the rules: copy this file to migrations/frozen/submit_job_<the revision that
 -- loads it now>.sql and point that revision at the copy, edit this file, and load it from
@@ -52,12 +53,14 @@ BEGIN
     FROM creation.models m
     WHERE m.model_id = p_model_id AND m.enabled
   ),
-  -- Today's jobs (ix_jobs_user_newest) and jobs in flight (ix_jobs_user_in_flight;
-  -- the statuses are literals, so even a generic plan can use it).
+  -- Today's jobs but the cancelled ones, which give their slot back (ix_jobs_user_newest),
+  -- and jobs in flight (ix_jobs_user_in_flight; the statuses are literals, so even a
+  -- generic plan can use it).
   counts AS (
     SELECT
       (SELECT count(*) FROM creation.jobs
-        WHERE user_id = p_user_id AND created_at >= p_day_start) AS today,
+        WHERE user_id = p_user_id AND created_at >= p_day_start
+          AND status <> 'cancelled') AS today,
       (SELECT count(*) FROM creation.jobs
         WHERE user_id = p_user_id AND status IN ('queued', 'running')) AS in_flight
   ),

@@ -138,8 +138,11 @@ class FencedWrite(enum.Enum):
     """A worker's write to jobs it holds; the value is its statement."""
 
     # Committed before the provider is called, so a crash during the call is visible.
+    # Its value is the adapter's version (Provider.version), recorded with the job.
     MARK_SUBMITTING = _fenced_sql(
-        f"step = '{Step.SUBMITTING.value}'", "submitting", cancel_requested=None
+        f"step = '{Step.SUBMITTING.value}', provider_version = h.value",
+        "submitting",
+        cancel_requested=None,
     )
     # Committed as soon as the provider accepted, so no later crash submits again.
     RECORD_REQUEST = _fenced_sql(
@@ -209,15 +212,18 @@ class FencedItem:
     value: str | None = None
 
 
-# Claims up to $4 due jobs for worker $3 (rides ix_jobs_claim_queue, skipping rows other
-# workers hold). A job that already has a provider request resumes polling in the same
-# attempt; any other starts a new attempt. $5: the new lease's expiry.
+# Claims up to $4 due jobs for worker $3 in claim order, ties broken by job id (rides
+# ix_jobs_claim_queue, skipping rows other workers hold). A job that already has a
+# provider request resumes polling in the same attempt; any other starts a new attempt,
+# so a job with no attempt left and no request is passed over: claiming it would break
+# ck_jobs_attempts_bounded and abort the whole batch. $5: the new lease's expiry.
 CLAIM_SQL = f"""
 WITH
   due AS (
     SELECT job_id FROM creation.jobs
     WHERE status = 'queued' AND next_attempt_at <= $1
-    ORDER BY priority DESC, next_attempt_at, created_at
+      AND (attempt < max_attempts OR provider_request_id IS NOT NULL)
+    ORDER BY priority DESC, next_attempt_at, created_at, job_id
     LIMIT $4
     FOR UPDATE SKIP LOCKED
   ),
@@ -239,7 +245,7 @@ WITH
     WHERE j.job_id = due.job_id
     RETURNING j.*, j.lease_owner AS held_by
   ),{side_rows_sql("claimed", "'queued'", "'claimed'")}
-SELECT * FROM claimed ORDER BY priority DESC, next_attempt_at, created_at
+SELECT * FROM claimed ORDER BY priority DESC, next_attempt_at, created_at, job_id
 """  # noqa: S608
 
 

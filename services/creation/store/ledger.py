@@ -147,9 +147,11 @@ SELECT
   coalesce(t.captured, 0) AS captured,
   coalesce(t.released, 0) AS released,
   (SELECT coalesce(sum(amount), 0) FROM welcome) AS welcomed,
-  -- The submit's own counts (ix_jobs_user_newest, ix_jobs_user_in_flight).
+  -- The submit's own counts (ix_jobs_user_newest, ix_jobs_user_in_flight): a cancelled
+  -- job gives its slot of the day back (sql/submit_job.sql).
   (SELECT count(*) FROM creation.jobs
-    WHERE user_id = :user_id AND created_at >= :day_start) AS jobs_today,
+    WHERE user_id = :user_id AND created_at >= :day_start
+      AND status <> 'cancelled') AS jobs_today,
   (SELECT count(*) FROM creation.jobs
     WHERE user_id = :user_id AND status IN ('queued', 'running')) AS in_flight
 FROM settings

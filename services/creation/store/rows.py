@@ -52,4 +52,5 @@ def job_from_row(row: Mapping[Any, Any]) -> Job:
         updated_at=row["updated_at"],
         trace_parent=row["trace_parent"],
         deleted_at=row["deleted_at"],
+        provider_version=row["provider_version"],
     )

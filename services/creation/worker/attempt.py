@@ -244,7 +244,7 @@ class Attempt:
         then waits for an operator)."""
         job = self._job
         self._context.on_point("before_submit")
-        await self._write(lambda: self._fenced(FencedWrite.MARK_SUBMITTING))
+        await self._write(lambda: self._fenced(FencedWrite.MARK_SUBMITTING, provider.version))
         # With the time, what an operator matches against the provider's own request list
         # when the answer to this submit is lost (neither vendor takes a client reference).
         log.info(
@@ -252,6 +252,7 @@ class Attempt:
             job_id=job.job_id,
             attempt=job.attempt,
             provider=provider.code,
+            provider_version=provider.version,
             provider_model=request.provider_model,
         )
         try:

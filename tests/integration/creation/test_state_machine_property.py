@@ -196,7 +196,9 @@ def build_machine(database_url: str) -> type[RuleBasedStateMachine]:
                 model.change()
             if data.draw(st.booleans()):  # the provider answered before any crash
                 assert self.run(
-                    leases.record_request(self.engine, job_id, model.epoch, "req", self.now())
+                    leases.record_request(
+                        self.engine, job_id, model.epoch, f"req-{job_id}", self.now()
+                    )
                 )
                 model.step, model.has_request = "generating", True
                 model.change()

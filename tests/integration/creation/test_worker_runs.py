@@ -46,6 +46,8 @@ async def test_a_job_runs_to_succeeded_with_its_output_in_media(rig: Engine) -> 
         "done",
     )
     assert rig.provider.submits == [(job.job_id, f"{job.job_id}:1")]
+    # The adapter's version is recorded with the job (Provider.version).
+    assert done.provider_version == rig.provider.version
     request = rig.provider.requests[0]
     assert (request.style_id, request.width, request.input_image.content_type) == (
         "watercolor",

@@ -232,6 +232,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     complete, release, cancel-ack) first sent (request_time) longer ago than the retention
     of answers. Its answer is gone: heartbeat to learn the job's state.
     """
+    ERROR_REASON_MEDIA_KIND_NOT_SUPPORTED: _ErrorReason.ValueType  # 55
+    """INVALID_ARGUMENT (field model_id): the model makes a media kind no worker generates
+    (video). Pick an image model from ListCatalog.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Every google.rpc.ErrorInfo.reason that creation (CreationService, AdminService) can return, so clients can generate
@@ -462,5 +466,9 @@ ERROR_REASON_CALL_REPLAY_EXPIRED: ErrorReason.ValueType  # 54
 """FAILED_PRECONDITION (WorkerService only): a keyed call (start, prepare outputs,
 complete, release, cancel-ack) first sent (request_time) longer ago than the retention
 of answers. Its answer is gone: heartbeat to learn the job's state.
+"""
+ERROR_REASON_MEDIA_KIND_NOT_SUPPORTED: ErrorReason.ValueType  # 55
+"""INVALID_ARGUMENT (field model_id): the model makes a media kind no worker generates
+(video). Pick an image model from ListCatalog.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

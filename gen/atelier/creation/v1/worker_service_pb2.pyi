@@ -468,6 +468,7 @@ class StartJobRequest(_message.Message):
     STEP_FIELD_NUMBER: _builtins.int
     PROVIDER_REQUEST_ID_FIELD_NUMBER: _builtins.int
     REQUEST_TIME_FIELD_NUMBER: _builtins.int
+    PROVIDER_VERSION_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """The worker's name within its pool."""
     request_id: _builtins.str
@@ -478,6 +479,10 @@ class StartJobRequest(_message.Message):
     """The step reached."""
     provider_request_id: _builtins.str
     """With GENERATING: the provider's request id."""
+    provider_version: _builtins.str
+    """With SUBMITTING: the version of the worker's adapter for the job's provider, recorded
+    with the job (at most 200 characters; empty: not known).
+    """
     @_builtins.property
     def lease(self) -> Global___LeaseRef:
         """The lease."""
@@ -502,10 +507,11 @@ class StartJobRequest(_message.Message):
         step: Global___WorkerStep.ValueType = ...,
         provider_request_id: _builtins.str = ...,
         request_time: _timestamp_pb2.Timestamp | None = ...,
+        provider_version: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "request_time", b"request_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected_version", b"expected_version", "lease", b"lease", "provider_request_id", b"provider_request_id", "request_id", b"request_id", "request_time", b"request_time", "step", b"step", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected_version", b"expected_version", "lease", b"lease", "provider_request_id", b"provider_request_id", "provider_version", b"provider_version", "request_id", b"request_id", "request_time", b"request_time", "step", b"step", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

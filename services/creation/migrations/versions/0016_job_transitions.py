@@ -59,11 +59,6 @@ WHEN (OLD.status IS DISTINCT FROM NEW.status AND (OLD.status, NEW.status) NOT IN
 EXECUTE FUNCTION creation.refuse_job_transition()
 """
 
-# The submit rules as they run now: the file is their one home (a later change copies it
-# to migrations/frozen/submit_job_0016.sql and points this revision there).
-SUBMIT_FUNCTION = Path(__file__).parents[2] / "sql" / "submit_job.sql"
-
-
 def frozen_submit_function(revision: str) -> str:
     """The CREATE FUNCTION statement of creation.submit_job as ``revision`` made it, frozen
     in migrations/frozen (a later change of the rules never changes it)."""
@@ -73,7 +68,7 @@ def frozen_submit_function(revision: str) -> str:
 def upgrade() -> None:
     op.execute(REFUSE_FUNCTION)
     op.execute(TRIGGER)
-    op.execute(SUBMIT_FUNCTION.read_text())
+    op.execute(frozen_submit_function("0016"))
 
 
 def downgrade() -> None:
