@@ -134,6 +134,10 @@ SELECT * FROM changed
 """  # noqa: S608
 
 
+# The unique index RECORD_REQUEST can break: one job per (provider code, request id).
+PROVIDER_REQUEST_UNIQUE = "uq_jobs_provider_request"
+
+
 class FencedWrite(enum.Enum):
     """A worker's write to jobs it holds; the value is its statement."""
 

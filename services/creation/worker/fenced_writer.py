@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.store import leases
@@ -78,9 +79,13 @@ class FencedWriter:
             )
         except Exception as error:
             outage = classify(error)
-            if len(batch) > 1 and outage is not None and outage.contention:
-                # One row held too long by someone else (an owner's cancel, a reaper)
-                # must not fail the whole batch: each job alone, so only that one waits.
+            contended = outage is not None and outage.contention
+            # A request id another job holds (uq_jobs_provider_request: a provider's bug).
+            refused = isinstance(error, asyncpg.UniqueViolationError)
+            if len(batch) > 1 and (contended or refused):
+                # One row held too long by someone else (an owner's cancel, a reaper), or
+                # one the database refuses, must not fail the whole batch: each job alone,
+                # so only that one waits or fails.
                 for job_id, waiting in batch.items():
                     await self._apply(write, {job_id: waiting})
                 return

@@ -11,6 +11,7 @@ import asyncio
 import uuid
 from datetime import timedelta
 
+import asyncpg
 from sqlalchemy import select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -292,6 +293,33 @@ async def test_a_row_held_past_the_lock_timeout_fails_its_own_write_only(
     assert all(isinstance(w, Written) for w in written)
     assert (await row(engine, held.job_id)).step is Step.PREPARING
     assert (await row(engine, free_a.job_id)).step is Step.SUBMITTING
+
+
+async def test_a_request_id_another_job_holds_fails_that_job_alone(engine: AsyncEngine) -> None:
+    """A provider answering a request id it gave another job (uq_jobs_provider_request)
+    must not fail the other jobs of the batch: they are written one by one, and only the
+    job whose row the database refuses gets the error."""
+    holder, *batch = await claimed(engine, 4)
+    assert await leases.record_request(engine, holder.job_id, holder.lease_epoch, "gen-1", T0)
+    writer = FencedWriter(engine, lambda: T0)
+    requests = ["gen-1", "gen-2", "gen-3"]
+    results = await asyncio.gather(
+        *(
+            writer.write(FencedWrite.RECORD_REQUEST, job.job_id, job.lease_epoch, request)
+            for job, request in zip(batch, requests, strict=True)
+        ),
+        return_exceptions=True,
+    )
+    # One statement for the batch, refused; then one per job.
+    assert writer.statements == 1 + len(batch)
+    assert isinstance(results[0], asyncpg.UniqueViolationError)
+    assert results[0].constraint_name == "uq_jobs_provider_request"
+    assert [type(r).__name__ for r in results[1:]] == ["Written", "Written"]
+    assert [(await row(engine, job.job_id)).provider_request_id for job in batch] == [
+        None,
+        "gen-2",
+        "gen-3",
+    ]
 
 
 HOT_COUNTS = """

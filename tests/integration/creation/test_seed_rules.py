@@ -18,10 +18,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from atelier.creation.v1 import creation_service_pb2, creation_service_pb2_grpc
 from services.creation.domain import Status
 from services.creation.errors import DailyQuotaExceeded
+from services.creation.media_client import MediaClient
+from services.creation.remote.service import CallKey, LeaseClaim, RemoteJobs
+from services.creation.remote.settings import RemoteSettings
 from services.creation.store import jobs as store
 from services.creation.store import leases, ledger
 from services.creation.store.fenced import FencedItem, FencedWrite
 from services.creation.store.jobs import SubmitLimits
+from services.kit.clock import SettableClock
+from services.kit.errors import ApiError
+from services.kit.settings import DEV_SERVICE_TOKEN
 from tests.integration.creation.helpers import (
     LIMITS,
     T0,
@@ -190,3 +196,52 @@ async def test_a_video_model_is_refused_at_submit(
             text("SELECT count(*) FROM creation.jobs WHERE user_id = :u"), {"u": user}
         )
         assert made.scalar_one() == 0
+
+
+async def test_a_remote_worker_records_its_version_and_cannot_take_a_held_request(
+    engine: AsyncEngine,
+) -> None:
+    """StartJob SUBMITTING records the worker's adapter version; GENERATING with a request
+    id another job holds is INVALID_ARGUMENT on provider_request_id (not a reused key)."""
+    for _ in range(2):
+        await store.submit(engine, new_user(), command(), LIMITS, T0)
+    clock = SettableClock(T0 + timedelta(minutes=1))
+    media = MediaClient("127.0.0.1:9", DEV_SERVICE_TOKEN)  # never called by these calls
+    remote = RemoteSettings(retention_seconds=7 * 86400)
+    jobs = RemoteJobs(engine, media, remote, clock, backoff_base_seconds=1, backoff_max_seconds=2)
+    held = []
+    for n, token in enumerate(("a" * 64, "b" * 64)):
+        claimed = await jobs.claim("gpu", f"claim-{n}", token, "w", 60)
+        assert claimed is not None
+        claim = LeaseClaim("gpu", "w", claimed.job_id, token, claimed.lease_epoch)
+        await jobs.start(
+            claim,
+            CallKey(f"submitting-{n}", "StartJob", f"s{n}"),
+            claimed.version,
+            None,
+            lambda _: b"s",
+            provider_version="stub-9",
+        )
+        held.append((claim, claimed.version + 1))
+    versions = await engine_rows(engine, "provider_version")
+    assert versions == ["stub-9", "stub-9"]
+    (first, first_version), (second, second_version) = held
+    await jobs.start(
+        first, CallKey("gen-a", "StartJob", "g"), first_version, "gen-1", lambda _: b"g"
+    )
+    with pytest.raises(ApiError) as caught:
+        await jobs.start(
+            second, CallKey("gen-b", "StartJob", "g"), second_version, "gen-1", lambda _: b"g"
+        )
+    error = caught.value
+    assert (error.code, error.reason) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_WORKER_REQUEST",
+    )
+    assert [v.field for v in error.violations] == ["provider_request_id"]
+
+
+async def engine_rows(engine: AsyncEngine, column: str) -> list[str | None]:
+    async with engine.connect() as connection:
+        found = await connection.execute(text(f"SELECT {column} FROM creation.jobs"))
+        return list(found.scalars())
