@@ -333,7 +333,7 @@ async def test_the_submitting_marker_updates_a_job_in_place_without_touching_an_
     """SUBMITTING changes no indexed column of jobs, so PostgreSQL writes it as a
     heap-only (HOT) update: no entry in any of the table's indexes (migration 0014; an
     index keyed on updated_at made every update add one to each). The request id is keyed
-    by uq_jobs_provider_request (one job per provider request, migration 0016): recording
+    by uq_jobs_provider_request (one job per provider request, migration 0017): recording
     it, once per attempt, is the one step marker that adds index entries."""
     (job,) = await claimed(engine, 1)
     now = T0 + timedelta(seconds=1)

@@ -68,9 +68,9 @@ async def test_the_balance_follows_reserve_capture_and_release_and_the_quotas(
     assert fresh.daily_quota_reset_time.ToDatetime() == (T0 + timedelta(hours=12)).replace(
         tzinfo=None
     )
-    captured, released, held = [
-        (await store.submit(engine, user, command(), LIMITS, T0)).job for _ in range(3)
-    ]
+    # Submitted at one instant, they are claimed in job id order: the first is captured.
+    submitted = [(await store.submit(engine, user, command(), LIMITS, T0)).job for _ in range(3)]
+    captured, released, _held = sorted(submitted, key=lambda job: job.job_id)
     reserved = await balance_of(stub, user)
     assert (reserved.available_points, reserved.reserved_points) == (85, 15)
     assert (reserved.daily_jobs_remaining, reserved.in_flight_remaining) == (1, 0)
@@ -102,9 +102,7 @@ async def test_the_balance_follows_reserve_capture_and_release_and_the_quotas(
         :6
     ] == [
         (KIND.LEDGER_ENTRY_KIND_GRANT, 100, "", "welcome"),
-        (KIND.LEDGER_ENTRY_KIND_RESERVE, 5, captured.job_id, "submitted"),
-        (KIND.LEDGER_ENTRY_KIND_RESERVE, 5, released.job_id, "submitted"),
-        (KIND.LEDGER_ENTRY_KIND_RESERVE, 5, held.job_id, "submitted"),
+        *((KIND.LEDGER_ENTRY_KIND_RESERVE, 5, job.job_id, "submitted") for job in submitted),
         (KIND.LEDGER_ENTRY_KIND_CAPTURE, 5, captured.job_id, "completed"),
         (KIND.LEDGER_ENTRY_KIND_RELEASE, 5, released.job_id, "cancel"),
     ]

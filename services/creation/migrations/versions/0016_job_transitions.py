@@ -59,6 +59,7 @@ WHEN (OLD.status IS DISTINCT FROM NEW.status AND (OLD.status, NEW.status) NOT IN
 EXECUTE FUNCTION creation.refuse_job_transition()
 """
 
+
 def frozen_submit_function(revision: str) -> str:
     """The CREATE FUNCTION statement of creation.submit_job as ``revision`` made it, frozen
     in migrations/frozen (a later change of the rules never changes it)."""
