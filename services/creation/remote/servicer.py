@@ -256,12 +256,23 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         if len(request.provider_version) > MAX_KEY:
             problems.append(FieldViolation("provider_version", f"at most {MAX_KEY} characters"))
         _check(problems)
+
+        def respond(job: Job) -> bytes:
+            reply = pb.StartJobResponse(
+                version=job.version,
+                lease_generation=claim.lease_generation,
+                server_time=_timestamp(self._clock()),
+            )
+            if job.lease_expires_at is not None:
+                reply.lease_expire_time.CopyFrom(_timestamp(job.lease_expires_at))
+            return reply.SerializeToString()
+
         answer = await self._jobs.start(
             claim,
             key,
             expected,
             provider_request,
-            lambda job: pb.StartJobResponse(version=job.version).SerializeToString(),
+            respond,
             provider_version=request.provider_version or None,
         )
         return pb.StartJobResponse.FromString(answer)
@@ -291,6 +302,8 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             return pb.CompleteJobResponse(
                 version=job.version,
                 outcome=_OUTCOMES.get(job.status, pb.WORKER_JOB_OUTCOME_UNSPECIFIED),
+                lease_generation=claim.lease_generation,
+                server_time=_timestamp(self._clock()),
             ).SerializeToString()
 
         if failed:
@@ -338,6 +351,8 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             lambda job: pb.ReleaseJobResponse(
                 version=job.version,
                 outcome=_OUTCOMES.get(job.status, pb.WORKER_JOB_OUTCOME_UNSPECIFIED),
+                lease_generation=claim.lease_generation,
+                server_time=_timestamp(self._clock()),
             ).SerializeToString(),
         )
         return pb.ReleaseJobResponse.FromString(answer)
@@ -354,6 +369,10 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             claim,
             key,
             expected,
-            lambda job: pb.AcknowledgeCancelResponse(version=job.version).SerializeToString(),
+            lambda job: pb.AcknowledgeCancelResponse(
+                version=job.version,
+                lease_generation=claim.lease_generation,
+                server_time=_timestamp(self._clock()),
+            ).SerializeToString(),
         )
         return pb.AcknowledgeCancelResponse.FromString(answer)

@@ -519,21 +519,41 @@ Global___StartJobRequest: _TypeAlias = StartJobRequest  # noqa: Y015
 
 @_typing.final
 class StartJobResponse(_message.Message):
-    """Response for StartJob."""
+    """Response for StartJob. A replay answers the first call's message unchanged (its
+    server_time and lease_expire_time included): heartbeat for the lease as it is now.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     VERSION_FIELD_NUMBER: _builtins.int
+    LEASE_GENERATION_FIELD_NUMBER: _builtins.int
+    SERVER_TIME_FIELD_NUMBER: _builtins.int
+    LEASE_EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """The job's version after the step."""
+    lease_generation: _builtins.int
+    """The lease generation the call was made under (the claim's; a step keeps it)."""
+    @_builtins.property
+    def server_time(self) -> _timestamp_pb2.Timestamp:
+        """The server's clock when it answered."""
+
+    @_builtins.property
+    def lease_expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When the lease ends unless a heartbeat extends it (server clock); a step does not
+        extend it.
+        """
+
     def __init__(
         self,
         *,
         version: _builtins.int = ...,
+        lease_generation: _builtins.int = ...,
+        server_time: _timestamp_pb2.Timestamp | None = ...,
+        lease_expire_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease_expire_time", b"lease_expire_time", "server_time", b"server_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_expire_time", b"lease_expire_time", "lease_generation", b"lease_generation", "server_time", b"server_time", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -812,25 +832,37 @@ Global___CompleteJobRequest: _TypeAlias = CompleteJobRequest  # noqa: Y015
 
 @_typing.final
 class CompleteJobResponse(_message.Message):
-    """Response for CompleteJob."""
+    """Response for CompleteJob. The call ends the lease, so there is no lease expiry to
+    carry. A replay answers the first call's message unchanged.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     VERSION_FIELD_NUMBER: _builtins.int
     OUTCOME_FIELD_NUMBER: _builtins.int
+    LEASE_GENERATION_FIELD_NUMBER: _builtins.int
+    SERVER_TIME_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """The job's version after the call."""
     outcome: Global___WorkerJobOutcome.ValueType
     """Where the job ended."""
+    lease_generation: _builtins.int
+    """The lease generation the call ended (the claim's)."""
+    @_builtins.property
+    def server_time(self) -> _timestamp_pb2.Timestamp:
+        """The server's clock when it answered."""
+
     def __init__(
         self,
         *,
         version: _builtins.int = ...,
         outcome: Global___WorkerJobOutcome.ValueType = ...,
+        lease_generation: _builtins.int = ...,
+        server_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["server_time", b"server_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_generation", b"lease_generation", "outcome", b"outcome", "server_time", b"server_time", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -892,25 +924,37 @@ Global___ReleaseJobRequest: _TypeAlias = ReleaseJobRequest  # noqa: Y015
 
 @_typing.final
 class ReleaseJobResponse(_message.Message):
-    """Response for ReleaseJob."""
+    """Response for ReleaseJob. The call ends the lease, so there is no lease expiry to
+    carry. A replay answers the first call's message unchanged.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     VERSION_FIELD_NUMBER: _builtins.int
     OUTCOME_FIELD_NUMBER: _builtins.int
+    LEASE_GENERATION_FIELD_NUMBER: _builtins.int
+    SERVER_TIME_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """The job's version after the call."""
     outcome: Global___WorkerJobOutcome.ValueType
     """QUEUED; CANCELLED when the owner asked to cancel first."""
+    lease_generation: _builtins.int
+    """The lease generation the call ended (the claim's)."""
+    @_builtins.property
+    def server_time(self) -> _timestamp_pb2.Timestamp:
+        """The server's clock when it answered."""
+
     def __init__(
         self,
         *,
         version: _builtins.int = ...,
         outcome: Global___WorkerJobOutcome.ValueType = ...,
+        lease_generation: _builtins.int = ...,
+        server_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["server_time", b"server_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_generation", b"lease_generation", "outcome", b"outcome", "server_time", b"server_time", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -966,21 +1010,33 @@ Global___AcknowledgeCancelRequest: _TypeAlias = AcknowledgeCancelRequest  # noqa
 
 @_typing.final
 class AcknowledgeCancelResponse(_message.Message):
-    """Response for AcknowledgeCancel."""
+    """Response for AcknowledgeCancel. The call ends the lease (the job is cancelled), so
+    there is no lease expiry to carry. A replay answers the first call's message unchanged.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     VERSION_FIELD_NUMBER: _builtins.int
+    LEASE_GENERATION_FIELD_NUMBER: _builtins.int
+    SERVER_TIME_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """The job's version after the call."""
+    lease_generation: _builtins.int
+    """The lease generation the call ended (the claim's)."""
+    @_builtins.property
+    def server_time(self) -> _timestamp_pb2.Timestamp:
+        """The server's clock when it answered."""
+
     def __init__(
         self,
         *,
         version: _builtins.int = ...,
+        lease_generation: _builtins.int = ...,
+        server_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["server_time", b"server_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_generation", b"lease_generation", "server_time", b"server_time", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
