@@ -1,16 +1,20 @@
 """What the remote worker protocol's keyed calls answer, against a real creation: each of
 StartJob, CompleteJob, ReleaseJob and AcknowledgeCancel carries the job's version, the
 claim's generation and the server's clock (StartJob also the lease's end), each with the
-value the database holds."""
+value the database holds; the raw claim token never reaches the database or the logs; a
+token an earlier claim used is refused with CLAIM_TOKEN_REUSED."""
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from functools import partial
+from pathlib import Path
 from typing import TypeVar
 
+import grpc
 import pytest
 from google.protobuf import timestamp_pb2
 from sqlalchemy import text
@@ -28,6 +32,7 @@ from tests.acceptance.test_remote_workers import (
     claim_request,
     put_upload,
     queue,
+    refused,
     spec_of,
 )
 from tests.support.remote_workers import channel, pool_metadata
@@ -194,3 +199,135 @@ async def test_keyed_answers_carry_the_version_generation_server_time_and_lease_
         assert acknowledged.lease_generation == 1
         assert before <= when(acknowledged.server_time) <= after
         assert await stub.AcknowledgeCancel(acknowledge, metadata=gpu) == acknowledged
+
+
+async def rows_holding(db: AsyncEngine, needle: str) -> dict[str, int]:
+    """Per table of every application schema, how many rows hold ``needle`` in any
+    column: each row read as text (every column, whatever its type), and bytea columns
+    also for the needle's bytes."""
+    found: dict[str, int] = {}
+    async with db.connect() as connection:
+        tables = (
+            await connection.execute(
+                text(
+                    "SELECT table_schema, table_name FROM information_schema.tables"
+                    " WHERE table_type = 'BASE TABLE' AND table_schema NOT IN"
+                    " ('pg_catalog', 'information_schema') AND table_schema NOT LIKE 'pg_%'"
+                )
+            )
+        ).all()
+        assert len(tables) > 10, tables  # every service's tables, not an empty search
+        for schema, table in tables:
+            name = f'"{schema}"."{table}"'
+            count = (
+                await connection.execute(
+                    text(
+                        f"SELECT count(*) FROM {name} AS t"
+                        " WHERE strpos(t::text, :needle) > 0"
+                        " OR strpos(t::text, :needle_hex) > 0"
+                    ),
+                    {"needle": needle, "needle_hex": needle.encode().hex()},
+                )
+            ).scalar_one()
+            if count:
+                found[f"{schema}.{table}"] = count
+    return found
+
+
+def logs_holding(log_dir: Path, needle: str) -> list[str]:
+    """The stack's log files (one per child) that hold ``needle``."""
+    logs = sorted(log_dir.glob("*.log"))
+    assert logs, "the stack's children log to files"
+    return [p.name for p in logs if needle in p.read_text(errors="replace")]
+
+
+async def test_the_raw_claim_token_never_reaches_the_database_or_the_logs(
+    api: Stack, db: AsyncEngine
+) -> None:
+    """Guards existing behaviour (the server keeps only the token's SHA-256): a whole
+    claim, heartbeat, start, upload and complete cycle leaves no row and no log line
+    holding the token, while its hash and the job id are found by the same search."""
+    gpu = pool_metadata("gpu")
+    [job_id] = await queue(api, db, users=1, per_user=1)
+    request = claim_request(seconds=LEASE_SECONDS)
+    token = request.claim_token
+    async with channel(api) as ch:
+        stub = worker_service_pb2_grpc.WorkerServiceStub(ch)
+        job, lease = await claim(stub, request)
+        assert job.job_id == job_id
+        await stub.HeartbeatJob(
+            pb.HeartbeatJobRequest(lease=lease, worker_id="probe"), metadata=gpu
+        )
+        version = job.version
+        for step, provider_request in (
+            (pb.WORKER_STEP_SUBMITTING, ""),
+            (pb.WORKER_STEP_GENERATING, f"req-{uuid.uuid4()}"),
+        ):
+            start = pb.StartJobRequest(
+                lease=lease,
+                worker_id="probe",
+                request_id=str(uuid.uuid4()),
+                expected_version=version,
+                step=step,
+                provider_request_id=provider_request,
+            )
+            version = (await stub.StartJob(start, metadata=gpu)).version
+        data = png()
+        prepare = pb.PrepareOutputsRequest(
+            lease=lease,
+            worker_id="probe",
+            request_id=str(uuid.uuid4()),
+            outputs=[spec_of(data)] * job.num_outputs,
+        )
+        uploads = (await stub.PrepareOutputs(prepare, metadata=gpu)).uploads
+        for upload in uploads:
+            await put_upload(upload, data)
+        complete = pb.CompleteJobRequest(
+            lease=lease,
+            worker_id="probe",
+            request_id=str(uuid.uuid4()),
+            expected_version=version,
+            output_asset_ids=[u.asset_id for u in uploads],
+        )
+        assert (await stub.CompleteJob(complete, metadata=gpu)).outcome == (
+            pb.WORKER_JOB_OUTCOME_SUCCEEDED
+        )
+
+    assert await rows_holding(db, token) == {}
+    # The same search finds what is stored: the token's hash, and the job everywhere.
+    assert await rows_holding(db, hashlib.sha256(token.encode()).hexdigest()) == {
+        "creation.remote_claims": 1
+    }
+    assert "creation.jobs" in await rows_holding(db, job_id)
+    assert api.log_dir is not None
+    assert logs_holding(api.log_dir, token) == []
+    assert logs_holding(api.log_dir, job_id), "the same search finds the job in the logs"
+
+
+async def test_a_token_an_earlier_claim_used_is_refused(api: Stack, db: AsyncEngine) -> None:
+    """A new claim (a new key) with a token an earlier claim sent, whether that claim took
+    a job or found nothing, and from any pool: INVALID_ARGUMENT CLAIM_TOKEN_REUSED, and
+    nothing is claimed. The earlier claim's own replay is not a reuse."""
+    gpu, office = pool_metadata("gpu"), pool_metadata("office")
+    async with channel(api) as ch:
+        stub = worker_service_pb2_grpc.WorkerServiceStub(ch)
+        empty = claim_request(seconds=LEASE_SECONDS)
+        assert not (await stub.ClaimJob(empty, metadata=gpu)).HasField("job")
+        [job_id] = await queue(api, db, users=1, per_user=1)
+        taken = claim_request(seconds=LEASE_SECONDS)
+        job, _ = await claim(stub, taken)
+        assert job.job_id == job_id
+        [waiting] = await queue(api, db, users=1, per_user=1)
+
+        reused = grpc.StatusCode.INVALID_ARGUMENT, "CLAIM_TOKEN_REUSED"
+        for earlier, metadata in ((empty, gpu), (taken, gpu), (taken, office)):
+            again = claim_request(seconds=LEASE_SECONDS)
+            again.claim_token = earlier.claim_token
+            assert await refused(stub.ClaimJob(again, metadata=metadata)) == reused
+        assert (await read_jobs(db, [waiting]))[waiting].status is Status.QUEUED
+
+        # The earlier claim's replay answers its job, as before.
+        assert (await stub.ClaimJob(taken, metadata=gpu)).job.job_id == job_id
+        # A fresh token claims the waiting job.
+        job, _ = await claim(stub, claim_request(seconds=LEASE_SECONDS))
+        assert job.job_id == waiting
