@@ -49,12 +49,16 @@ _PRIOR = text(
     """
 )
 
-# Holds the pending ones the sender is not sending right now, so that this transaction
-# may replace them. Rides pk_pushes.
+# Holds the pending ones no sender has claimed, so that this transaction may replace
+# them. A claim commits before its send, so its lock is gone while the push is in flight:
+# attempts = 0 (a claim counts one) is what keeps a push on its way, or waiting to be
+# tried again, from being replaced and then reaching the device unrecorded. Rides
+# pk_pushes.
 _HOLD = text(
     """
     SELECT push_id FROM notify.pushes
     WHERE push_id = ANY(CAST(:push_ids AS bigint[])) AND status = 'pending'
+      AND attempts = 0
     FOR UPDATE SKIP LOCKED
     """
 )
