@@ -21,6 +21,7 @@ from atelier.notify.v1 import notify_ingest_service_pb2 as ingest
 from atelier.notify.v1 import notify_service_pb2 as pb
 from services.kit.auth import issue_token
 from services.kit.settings import DEV_JWT_SECRET, DEV_SERVICE_TOKEN
+from services.notify.apns.store import PushStore
 from tests.support.notify import NotifyHarness, job_state, new_job_id, running_notify
 from tests.support.rpc import bearer
 
@@ -270,6 +271,25 @@ async def test_an_update_the_sender_holds_is_left_to_it_and_the_next_waits_its_t
         )
         await client.deliver(job_state(job, 2, user_id="erin", status=RUNNING, progress=50))
         await transaction.rollback()
+    rows = await pushes(engine, job)
+    assert summary(rows) == [("la_update", 1, "pending"), ("la_update", 2, "pending")]
+    assert rows[1]["next_attempt_at"] >= rows[1]["created_at"] + timedelta(seconds=INTERVAL - 1)
+
+
+async def test_an_update_a_sender_claimed_is_not_replaced_while_it_is_on_its_way(
+    notify: NotifyHarness, engine: AsyncEngine
+) -> None:
+    """The sender's claim commits before it talks to APNs: no lock guards the push in
+    flight. A newer state must not mark it dropped (it would reach the device unrecorded);
+    the newer update waits its turn instead."""
+    client = Client(notify)
+    device = await client.register_device("fay", token="07" * 32)
+    job = new_job_id()
+    await client.register_activity("fay", job, device, "08" * 32)
+    await client.deliver(job_state(job, 1, user_id="fay", status=RUNNING, progress=10))
+    claimed = await PushStore(engine).claim(100, 30)
+    assert [(c.kind, c.push_id) for c in claimed if c.kind == "la_update"]
+    await client.deliver(job_state(job, 2, user_id="fay", status=RUNNING, progress=50))
     rows = await pushes(engine, job)
     assert summary(rows) == [("la_update", 1, "pending"), ("la_update", 2, "pending")]
     assert rows[1]["next_attempt_at"] >= rows[1]["created_at"] + timedelta(seconds=INTERVAL - 1)
