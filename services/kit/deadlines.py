@@ -29,8 +29,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar, Token
 from types import TracebackType
 
-from services.kit.errors import ApiError
-from services.kit.outages import DependencyUnavailable, Outage
+from services.kit.outages import DatabaseFailure, Outage
 
 # A client's deadline less this share of its time left (at most the cap) is ours: the
 # answer must travel back and be read before the client's own timer fires.
@@ -55,14 +54,11 @@ def budget_seconds(service_seconds: float, client_remaining: float | None) -> fl
     return max(0.0, min(service_seconds, client_remaining - _reserve(client_remaining)))
 
 
-class CallDeadlineReached(DependencyUnavailable):
+class CallDeadlineReached(DatabaseFailure):
     """The call's deadline passed while it waited inside the service."""
 
     def __init__(self) -> None:
-        super().__init__("DATABASE_UNAVAILABLE", "database", "call_deadline")
-
-    def to_api_error(self) -> ApiError:
-        return Outage("database", "call_deadline").api_error()
+        super().__init__(Outage("database", "call_deadline"))
 
 
 class _Sweeper:

@@ -1,25 +1,25 @@
 """Outages as clients should see them: a dependency that is down, frozen or saturated is
-UNAVAILABLE (or ABORTED for a lock wait) with a reason naming it and a retry hint, never
+UNAVAILABLE (or ABORTED for contention) with a reason naming it and a retry hint, never
 INTERNAL; and the log says so in one short line per kind, not a stack trace per call.
 
-:func:`classify` recognises the database failures that are about reaching PostgreSQL
-(refused or lost connections, client and server timeouts, a full pool, a server that is
-starting or out of connection slots, a lock wait past lock_timeout or ended by the
-deadlock detector), whatever layer (SQLAlchemy, asyncpg, the socket) raised them.
+A database error answers the same in every service, by one of two paths that end in
+:meth:`Outage.api_error`: a call lets the driver's error rise and the server stack
+:func:`classify`-ies it, or a store raises :class:`DatabaseFailure` (or its service's
+subclass of it) through :func:`database_failures`. What a driver error means is
+:mod:`services.kit.db_errors`' to say.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
-import asyncpg  # type: ignore[import-untyped]
 import grpc
-from sqlalchemy import exc as sa_exc
 
+from services.kit.db_errors import CONTENTION_KINDS, failure_kind
 from services.kit.errors import ApiError, DomainError
 from services.kit.logging import get_logger
 
@@ -34,26 +34,12 @@ class Reason:
 # A hint, not a promise: most outages worth retrying are over within seconds.
 RETRY_AFTER_SECONDS = 1.0
 
-# Lock waits that ended without the request doing anything. A deadlock belongs here: the
-# writers' lock orders rule one out (creation's migration 0013), but should one happen,
-# PostgreSQL aborts one side, which is a retry for a client and a later pass for a worker
-# loop, not a bug that stops the process.
 _CONTENTION_MESSAGES = {
     "lock_timeout": "the request waited too long for a lock; try again",
     "deadlock": "the request gave way to another in a lock wait; try again",
+    "serialization_failure": "the request gave way to another that changed the same rows; "
+    "try again",
 }
-CONTENTION_KINDS = frozenset(_CONTENTION_MESSAGES)
-
-# Server-side conditions that mean "cannot serve you now", not "your request is wrong".
-_UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
-    asyncpg.exceptions.CannotConnectNowError,  # starting up or shutting down
-    asyncpg.exceptions.TooManyConnectionsError,
-    asyncpg.exceptions.PostgresConnectionError,  # SQLSTATE class 08
-    asyncpg.exceptions.AdminShutdownError,
-    asyncpg.exceptions.CrashShutdownError,
-    asyncpg.exceptions.ConnectionDoesNotExistError,
-    asyncpg.exceptions.InterfaceError,  # asyncpg's own "connection is closed" and the like
-)
 
 
 @dataclass(frozen=True)
@@ -65,11 +51,12 @@ class Outage:
 
     @property
     def contention(self) -> bool:
-        """A lock wait that ended (past lock_timeout, or chosen to give way in a
-        deadlock): the request did nothing and may succeed as soon as it is retried."""
+        """The request gave way to another (a lock wait past lock_timeout, a deadlock, a
+        serialization failure): it did nothing and may succeed as soon as it is retried."""
         return self.kind in CONTENTION_KINDS
 
     def api_error(self) -> ApiError:
+        """How every service answers this outage."""
         if self.contention:
             # Contention, not an outage: the request may succeed as soon as it is retried.
             return ApiError(
@@ -87,60 +74,11 @@ class Outage:
         )
 
 
-def _chain(error: BaseException) -> Iterator[BaseException]:
-    """The error, what it wraps (SQLAlchemy's ``orig``) and its causes, each once."""
-    seen: set[int] = set()
-    pending: list[BaseException | None] = [error]
-    while pending and len(seen) < 16:
-        current = pending.pop(0)
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        yield current
-        orig = getattr(current, "orig", None)
-        wrapped = orig if isinstance(orig, BaseException) else None
-        pending.extend([wrapped, current.__cause__, current.__context__])
-
-
-def _raised_by_database_driver(error: BaseException) -> bool:
-    """A bare socket error or timeout counts as the database's only if it came up through
-    the driver or the pool (and not, say, through an S3 client)."""
-    tb: TracebackType | None = error.__traceback__
-    while tb is not None:
-        module = str(tb.tb_frame.f_globals.get("__name__", ""))
-        if module.startswith(("asyncpg", "sqlalchemy")):
-            return True
-        tb = tb.tb_next
-    return False
-
-
-def _kind(error: BaseException) -> str | None:
-    if isinstance(error, asyncpg.exceptions.LockNotAvailableError):
-        return "lock_timeout"
-    if isinstance(error, asyncpg.exceptions.DeadlockDetectedError):
-        return "deadlock"
-    if isinstance(error, asyncpg.exceptions.QueryCanceledError):
-        return "statement_timeout"
-    if isinstance(error, sa_exc.TimeoutError):
-        return "pool_timeout"
-    if isinstance(error, _UNAVAILABLE_ERRORS):
-        return "unreachable"
-    if isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated:
-        return "unreachable"
-    if isinstance(error, TimeoutError) and _raised_by_database_driver(error):
-        return "timeout"
-    if isinstance(error, OSError) and _raised_by_database_driver(error):
-        return "unreachable"
-    return None
-
-
 def classify(error: BaseException) -> Outage | None:
-    """The database outage behind ``error``, or None when it is something else."""
-    for link in _chain(error):
-        kind = _kind(link)
-        if kind is not None:
-            return Outage("database", kind)
-    return None
+    """The database outage (or contention) behind ``error``, or None when it is something
+    else."""
+    kind = failure_kind(error)
+    return None if kind is None else Outage("database", kind)
 
 
 class DependencyUnavailable(DomainError):
@@ -171,6 +109,38 @@ class DependencyUnavailable(DomainError):
             retry_after_seconds=self.retry_after_seconds,
             metadata=metadata,
         )
+
+
+class DatabaseFailure(DependencyUnavailable):
+    """A store's database did not answer, or its request gave way to another (``outage``
+    says which): a domain error that answers exactly as the driver's own error would."""
+
+    def __init__(self, outage: Outage) -> None:
+        reason = Reason.LOCK_TIMEOUT if outage.contention else Reason.DATABASE_UNAVAILABLE
+        super().__init__(reason, outage.dependency, outage.kind)
+        self.outage = outage
+
+    def to_api_error(self) -> ApiError:
+        return self.outage.api_error()
+
+
+@contextmanager
+def database_failures(
+    raised_as: Callable[[Outage], DatabaseFailure] = DatabaseFailure,
+) -> Iterator[None]:
+    """The boundary of a store that names its failures: a driver error that is an outage
+    or contention leaves as ``raised_as(outage)`` (the service's subclass of
+    :class:`DatabaseFailure`). Anything else passes unchanged: a domain error, a bug, a
+    constraint (the store translates the unique violations it expects itself)."""
+    try:
+        yield
+    except DomainError:
+        raise
+    except Exception as error:
+        outage = classify(error)
+        if outage is None:
+            raise
+        raise raised_as(outage) from error
 
 
 class Throttle:

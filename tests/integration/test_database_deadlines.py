@@ -1,18 +1,22 @@
 """The kit's engine on real PostgreSQL: every session carries the statement and lock
-timeouts, and running past either is an outage answer, not a hang or a bug."""
+timeouts, and running past either is an outage answer, not a hang or a bug; contention
+is ABORTED and a unique violation names its constraint (the kit's db_errors)."""
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 
 import asyncpg
 import grpc
 import pytest
 from sqlalchemy import text
+from sqlalchemy.exc import IntegrityError
 
 from services.dev.postgres import connect_kwargs
-from services.kit.db import Database
+from services.kit.db import Database, driver_connection
+from services.kit.db_errors import unique_violation
 from services.kit.outages import Outage, classify
 from services.kit.settings import DatabaseSettings
 from tests.support.workers import until
@@ -106,3 +110,61 @@ async def test_a_full_pool_is_an_outage_after_the_pool_timeout(database: Databas
             async with database.engine.connect():
                 pass
     assert classify(caught.value) == Outage("database", "pool_timeout")
+
+
+@pytest.fixture
+async def probe_table(database_url: str) -> AsyncIterator[str]:
+    """A table of this test's own, with a named unique constraint."""
+    name = f"probe_{uuid.uuid4().hex[:10]}"
+    admin = await asyncpg.connect(**connect_kwargs(database_url))
+    try:
+        await admin.execute(
+            f"CREATE TABLE public.{name} (id int PRIMARY KEY, n int NOT NULL,"
+            f" CONSTRAINT uq_{name}_n UNIQUE (n))"
+        )
+        await admin.execute(f"INSERT INTO public.{name} VALUES (1, 1)")
+        yield name
+    finally:
+        await admin.execute(f"DROP TABLE IF EXISTS public.{name}")
+        await admin.close()
+
+
+async def test_a_lost_serialization_race_is_contention(
+    database: Database, database_url: str, probe_table: str
+) -> None:
+    """A repeatable-read transaction whose row another committed a change to meanwhile
+    (SQLSTATE 40001) did nothing and may succeed when run again: ABORTED, like a lock wait."""
+    other = await asyncpg.connect(**connect_kwargs(database_url))
+    try:
+        with pytest.raises(Exception) as caught:  # noqa: PT011 - what it is, classify says
+            async with database.engine.connect() as connection:
+                await connection.execution_options(isolation_level="REPEATABLE READ")
+                async with connection.begin():
+                    await connection.execute(text(f"SELECT n FROM public.{probe_table}"))
+                    await other.execute(f"UPDATE public.{probe_table} SET n = 2 WHERE id = 1")
+                    await connection.execute(
+                        text(f"UPDATE public.{probe_table} SET n = 3 WHERE id = 1")
+                    )
+    finally:
+        await other.close()
+    assert classify(caught.value) == Outage("database", "serialization_failure")
+    api = Outage("database", "serialization_failure").api_error()
+    assert (api.code, api.reason) == (grpc.StatusCode.ABORTED, "LOCK_TIMEOUT")
+    assert api.retry_after_seconds
+
+
+async def test_a_unique_violation_names_its_constraint_on_either_path(
+    database: Database, probe_table: str
+) -> None:
+    """Through SQLAlchemy (an IntegrityError) and on the pool's asyncpg connection (the hot
+    path) alike, a store learns which constraint it broke; neither is an outage."""
+    duplicate = f"INSERT INTO public.{probe_table} VALUES (2, 1)"
+    with pytest.raises(IntegrityError) as by_sqlalchemy:
+        async with database.engine.begin() as connection:
+            await connection.execute(text(duplicate))
+    with pytest.raises(asyncpg.UniqueViolationError) as by_driver:
+        async with driver_connection(database.engine) as connection:
+            await connection.execute(duplicate)
+    for caught in (by_sqlalchemy, by_driver):
+        assert unique_violation(caught.value) == f"uq_{probe_table}_n"
+        assert classify(caught.value) is None
