@@ -7,6 +7,7 @@ from __future__ import annotations
 import grpc
 
 from services.kit.errors import ApiError, DomainError, FieldViolation
+from services.kit.outages import DatabaseFailure
 from services.kit.sizes import byte_size
 
 
@@ -43,8 +44,8 @@ class Reason:
     ASSET_NOT_FOUND = "ASSET_NOT_FOUND"
     # A ready asset whose object storage lost (DATA_LOSS): an operator's problem.
     OBJECT_LOST = "OBJECT_LOST"
-    # A dependency did not answer (UNAVAILABLE, with RetryInfo): try again later.
-    DATABASE_UNAVAILABLE = "DATABASE_UNAVAILABLE"
+    # A dependency did not answer (UNAVAILABLE, with RetryInfo): try again later. The
+    # database's reasons (DATABASE_UNAVAILABLE, LOCK_TIMEOUT) are the kit's (kit.outages).
     STORAGE_UNAVAILABLE = "STORAGE_UNAVAILABLE"
     # The local backend's signed URLs (HTTP answers of media's object listener).
     SIGNATURE_MISSING = "SIGNATURE_MISSING"
@@ -208,16 +209,10 @@ class ContentRejected(MediaError):
         return ApiError(grpc.StatusCode.INVALID_ARGUMENT, self.reason, self.message)
 
 
-class DatabaseUnavailable(MediaError):
-    """media's database did not answer (refused, dropped, timed out)."""
-
-    def to_api_error(self) -> ApiError:
-        return ApiError(
-            grpc.StatusCode.UNAVAILABLE,
-            Reason.DATABASE_UNAVAILABLE,
-            "media's database did not answer; try again",
-            retry_after_seconds=RETRY_AFTER_SECONDS,
-        )
+class DatabaseFailed(DatabaseFailure, MediaError):
+    """media's database did not answer, or a request gave way to another in a lock wait:
+    answered as the kit answers it in every service (UNAVAILABLE DATABASE_UNAVAILABLE, or
+    ABORTED LOCK_TIMEOUT for contention, each with RetryInfo)."""
 
 
 class StorageUnavailable(MediaError):

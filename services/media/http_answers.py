@@ -37,6 +37,7 @@ _CODES: dict[int, grpc.StatusCode] = {
 }
 _HTTP_STATUS: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.ABORTED: 409,  # contention in the database: retry at once
     grpc.StatusCode.NOT_FOUND: 404,
     grpc.StatusCode.FAILED_PRECONDITION: 412,
     grpc.StatusCode.INVALID_ARGUMENT: 400,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
@@ -22,8 +22,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
 
 from services.kit.db import DriverStatement, driver_connection, driver_fetch
-from services.kit.outages import classify
-from services.media.errors import DatabaseUnavailable
+from services.kit.outages import classify, database_failures
+from services.media.errors import DatabaseFailed
 from services.media.model import Asset, ContentFacts, Purpose, Status
 from services.media.tables import assets
 
@@ -32,30 +32,15 @@ _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
 
-def _not_answering(error: BaseException) -> bool:
-    """True when ``error`` says the database did not answer (refused, dropped, timed out,
-    saturated), not that the SQL was wrong: the kit's one classification of outages."""
-    return classify(error) is not None
-
-
-@contextmanager
-def _answering() -> Iterator[None]:
-    """A database that does not answer becomes DatabaseUnavailable; any other failure
-    (a bug, a constraint) passes unchanged."""
-    try:
-        yield
-    except Exception as error:
-        if _not_answering(error):
-            raise DatabaseUnavailable() from error
-        raise
-
-
 def _database(
     method: Callable[_P, Awaitable[_T]],
 ) -> Callable[_P, Coroutine[Any, Any, _T]]:
+    """A store method whose database outages and contention leave as DatabaseFailed (the
+    kit's one boundary, kit.outages.database_failures); any other failure passes unchanged."""
+
     @functools.wraps(method)
     async def answering(*args: _P.args, **kwargs: _P.kwargs) -> _T:
-        with _answering():
+        with database_failures(DatabaseFailed):
             return await method(*args, **kwargs)
 
     return answering
@@ -456,8 +441,9 @@ class AssetStore:
     @asynccontextmanager
     async def _locking(self) -> AsyncIterator[AsyncConnection]:
         """A transaction for a claimed batch. Failing to open or commit it is
-        DatabaseUnavailable when the database did not answer; a failure of the caller's
-        block passes unchanged (its storage calls are not the database's)."""
+        DatabaseFailed when the database did not answer (or the commit gave way); a
+        failure of the caller's block passes unchanged (its storage calls are not the
+        database's)."""
         in_block = False
         try:
             async with self._engine.begin() as connection:
@@ -467,9 +453,10 @@ class AssetStore:
                     in_block = True
                     raise
         except Exception as error:
-            if in_block or not _not_answering(error):
+            outage = None if in_block else classify(error)
+            if outage is None:
                 raise
-            raise DatabaseUnavailable() from error
+            raise DatabaseFailed(outage) from error
 
     @asynccontextmanager
     async def claim_expired_uploads(self, now: datetime, limit: int) -> AsyncIterator[ExpiredBatch]:
@@ -483,7 +470,7 @@ class AssetStore:
             .with_for_update(skip_locked=True)
         )
         async with self._locking() as connection:
-            with _answering():
+            with database_failures(DatabaseFailed):
                 rows = (await connection.execute(query)).all()
             yield ExpiredBatch(
                 connection, [ExpiredUpload(row.asset_id, row.object_key) for row in rows], now
@@ -506,7 +493,7 @@ class AssetStore:
         if after is not None:
             query = query.where(_c.asset_id > after)
         async with self._locking() as connection:
-            with _answering():
+            with database_failures(DatabaseFailed):
                 rows = (await connection.execute(query)).all()
             yield UnpurgedBatch(
                 connection,

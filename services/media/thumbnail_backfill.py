@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from prometheus_client import Counter
 
 from services.kit.logging import get_logger
-from services.media.errors import ContentRejected, DatabaseUnavailable, StorageUnavailable
+from services.media.errors import ContentRejected, DatabaseFailed, StorageUnavailable
 from services.media.model import thumbnail_key
 from services.media.spool import Spooled, SpoolLimitExceeded, spool
 from services.media.storage import ObjectExists, ObjectNotFound, ObjectStorage, WholeObject
@@ -88,7 +88,7 @@ class ThumbnailBackfill:
             for index, wanted in enumerate(claimed):
                 try:
                     outcome = await self._backfill(wanted)
-                except (DatabaseUnavailable, StorageUnavailable):
+                except (DatabaseFailed, StorageUnavailable):
                     await self._release(claimed[index:], now)
                     raise
                 except Exception:
@@ -109,7 +109,7 @@ class ThumbnailBackfill:
 
     async def _release(self, claimed: list[ThumbnailWanted], now: datetime) -> None:
         # Best effort: with the database down too, the claims simply go stale.
-        with contextlib.suppress(DatabaseUnavailable):
+        with contextlib.suppress(DatabaseFailed):
             await self._store.release_thumbnail_claims([w.asset_id for w in claimed], now)
 
     async def _backfill(self, wanted: ThumbnailWanted) -> str:

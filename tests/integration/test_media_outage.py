@@ -18,6 +18,7 @@ import grpc
 import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from atelier.media.v1 import (
@@ -45,7 +46,7 @@ from tests.support.media import (
     running_media,
     until,
 )
-from tests.support.rpc import bearer, error_info
+from tests.support.rpc import bearer, error_info, retry_delay
 from tests.support.s3 import s3_settings
 
 ALICE = issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", "alice", 3600)
@@ -188,6 +189,38 @@ async def test_rpcs_say_database_unavailable_when_it_does_not_answer(tmp_path: P
         await expect_unavailable(inner.PutAsset(put_messages(), metadata=SERVICE), reason)
     # Nothing was stored for the asset that could not be recorded.
     assert [p for p in settings.local_dir.rglob("*") if p.is_file()] == []
+
+
+async def test_a_lock_wait_past_lock_timeout_is_aborted_as_in_every_service(
+    media_url: str, tmp_path: Path
+) -> None:
+    """Contention, not an outage: a delete that waits for a row another transaction
+    holds answers ABORTED LOCK_TIMEOUT with RetryInfo (the kit's answer, creation's too),
+    and the asset is left as it was."""
+    settings = media_settings(media_url, tmp_path, DB_LOCK_TIMEOUT="0.2")
+    async with running_media(settings) as media, media.internal_channel() as internal:
+        upload = await create_upload(media, ALICE, JPEG)
+        asset_id = upload.asset.asset_id
+        inner = media_internal_service_pb2_grpc.MediaInternalServiceStub(internal)
+        async with media.engine.connect() as holder, holder.begin():
+            await holder.execute(
+                text("SELECT 1 FROM media.assets WHERE asset_id = :id FOR UPDATE"),
+                {"id": asset_id},
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await inner.DeleteAsset(pb.DeleteAssetRequest(asset_id=asset_id), metadata=SERVICE)
+        error = caught.value
+        assert (error.code(), error_info(error).reason) == (
+            grpc.StatusCode.ABORTED,
+            "LOCK_TIMEOUT",
+        )
+        assert retry_delay(error) == 1
+        assert ("retry-after", "1") in tuple(error.initial_metadata() or ())
+        # The lock is gone: the same call now goes through.
+        deleted = await inner.DeleteAsset(
+            pb.DeleteAssetRequest(asset_id=asset_id), metadata=SERVICE
+        )
+        assert deleted.asset.status == asset_pb2.ASSET_STATUS_DELETED
 
 
 async def test_rpcs_say_storage_unavailable_when_s3_does_not_answer(

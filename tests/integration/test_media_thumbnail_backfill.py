@@ -27,7 +27,7 @@ from atelier.media.v1 import media_internal_service_pb2 as pb
 from atelier.media.v1 import media_internal_service_pb2_grpc
 from services.kit.db import create_engine
 from services.kit.settings import DEV_SERVICE_TOKEN
-from services.media.errors import DatabaseUnavailable, StorageUnavailable
+from services.media.errors import DatabaseFailed, StorageUnavailable
 from services.media.housekeeping import Housekeeper
 from services.media.model import Purpose, object_key, thumbnail_key
 from services.media.storage import ObjectStat, ObjectStorage, SignedRequest, WholeObject
@@ -312,7 +312,7 @@ async def test_the_database_stopped_or_frozen_fails_a_round_fast_and_the_next_on
     own_pg: tuple[OwnPostgres, str], tmp_path: Path
 ) -> None:
     """A PostgreSQL of the test's own, stopped and then frozen (SIGSTOP) between rounds: a
-    round with the database gone raises DatabaseUnavailable within the deadlines (the loop
+    round with the database gone raises DatabaseFailed within the deadlines (the loop
     logs it and waits a period), and once it is back the next round makes the thumbnail
     with the same engine — no restart."""
     pg, url = own_pg
@@ -330,7 +330,7 @@ async def test_the_database_stopped_or_frozen_fails_a_round_fast_and_the_next_on
                 outage()
                 try:
                     started = time.monotonic()
-                    with pytest.raises(DatabaseUnavailable):
+                    with pytest.raises(DatabaseFailed):
                         await rounds.backfill_thumbnails(media.clock.now)
                     assert time.monotonic() - started < 10
                 finally:

@@ -10,6 +10,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from services.kit import outages
+from services.kit.outages import Outage
 from services.media import errors
 from services.media.errors import MediaError, Reason
 
@@ -96,7 +98,17 @@ SEEN = [
         grpc.StatusCode.INVALID_ARGUMENT,
         Reason.NOT_AN_IMAGE,
     ),
-    (errors.DatabaseUnavailable(), grpc.StatusCode.UNAVAILABLE, Reason.DATABASE_UNAVAILABLE),
+    # The database's failures answer as in every service (kit.outages).
+    (
+        errors.DatabaseFailed(Outage("database", "unreachable")),
+        grpc.StatusCode.UNAVAILABLE,
+        outages.Reason.DATABASE_UNAVAILABLE,
+    ),
+    (
+        errors.DatabaseFailed(Outage("database", "lock_timeout")),
+        grpc.StatusCode.ABORTED,
+        outages.Reason.LOCK_TIMEOUT,
+    ),
     (errors.StorageUnavailable(), grpc.StatusCode.UNAVAILABLE, Reason.STORAGE_UNAVAILABLE),
 ]
 
@@ -107,8 +119,9 @@ def test_each_domain_failure_keeps_its_status(
 ) -> None:
     api = failure.to_api_error()
     assert (api.code, api.reason) == (code, reason)
-    # "Try again later" says when.
-    assert (api.retry_after_seconds is not None) == (code == grpc.StatusCode.UNAVAILABLE)
+    # "Try again later" (or, after contention, "now") says when.
+    retried = code == grpc.StatusCode.UNAVAILABLE or reason == outages.Reason.LOCK_TIMEOUT
+    assert (api.retry_after_seconds is not None) == retried
 
 
 def test_every_failure_class_is_in_the_table() -> None:
