@@ -15,7 +15,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.domain import Job, Status, backoff, output_key
@@ -38,7 +37,7 @@ from services.creation.remote.errors import (
 )
 from services.creation.remote.settings import RemoteSettings
 from services.creation.store import leases, remote
-from services.creation.store.fenced import PROVIDER_REQUEST_UNIQUE, FencedWrite, outputs_value
+from services.creation.store.fenced import FencedWrite, outputs_value
 from services.creation.store.remote import (
     CallTransaction,
     ClaimRequest,
@@ -327,7 +326,7 @@ class RemoteJobs:
                 await tx.record(
                     claim.pool, key.request_id, key.method, key.request_hash, job.job_id, response
                 )
-        except asyncpg.UniqueViolationError:
+        except remote.CallKeyTaken:
             raise IdempotencyKeyReused() from None
         return response
 
@@ -471,12 +470,12 @@ class RemoteJobs:
                 await tx.record(
                     claim.pool, key.request_id, key.method, key.request_hash, job.job_id, response
                 )
-        except asyncpg.UniqueViolationError as error:
-            if error.constraint_name == PROVIDER_REQUEST_UNIQUE:
-                raise invalid_argument(
-                    Reason.INVALID_WORKER_REQUEST,
-                    [FieldViolation("provider_request_id", "another job holds this request")],
-                ) from None
+        except remote.ProviderRequestTaken:
+            raise invalid_argument(
+                Reason.INVALID_WORKER_REQUEST,
+                [FieldViolation("provider_request_id", "another job holds this request")],
+            ) from None
+        except remote.CallKeyTaken:
             # The same key on another job at the same moment: it is that call's now.
             raise IdempotencyKeyReused() from None
         log.info(

@@ -12,15 +12,21 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.domain import Job
 from services.creation.store.changes import json_time
-from services.creation.store.fenced import CLAIM_SQL, FAIL_SQL, HAND_BACK_SQL, FencedWrite
+from services.creation.store.fenced import (
+    CLAIM_SQL,
+    FAIL_SQL,
+    HAND_BACK_SQL,
+    PROVIDER_REQUEST_UNIQUE,
+    FencedWrite,
+)
 from services.creation.store.rows import job_from_row
 from services.kit.db import driver_connection
+from services.kit.db_errors import unique_violation
 
 # A new claim; a replay (same pool and key) inserts nothing. A token used before by
 # another claim violates uq_remote_claims_token_hash.
@@ -62,6 +68,22 @@ VALUES ($1, $2, $3, $4, $5::uuid, $6, $7)
 
 class TokenReused(Exception):
     """A new claim sent a claim token that an earlier claim used."""
+
+
+class CallKeyTaken(Exception):
+    """Another call under the same pool and key recorded its answer at the same moment:
+    the key is that call's now."""
+
+
+class ProviderRequestTaken(Exception):
+    """Another job holds the provider request id this write records."""
+
+
+# The unique constraints a keyed call's transaction can break, and what each means.
+_CALL_UNIQUE: dict[str, type[Exception]] = {
+    "pk_remote_calls": CallKeyTaken,
+    PROVIDER_REQUEST_UNIQUE: ProviderRequestTaken,
+}
 
 
 @dataclass(frozen=True)
@@ -113,7 +135,9 @@ async def claim(engine: AsyncEngine, request: ClaimRequest, now: datetime) -> Ne
                 request.lease.total_seconds(),
                 now,
             )
-        except asyncpg.UniqueViolationError:
+        except Exception as error:
+            if unique_violation(error) != "uq_remote_claims_token_hash":
+                raise
             raise TokenReused() from None
         if not inserted:
             row = await connection.fetchrow(_FIND_CLAIM, request.pool, request.request_id)
@@ -249,8 +273,16 @@ class CallTransaction:
 
 @asynccontextmanager
 async def call_transaction(engine: AsyncEngine, now: datetime) -> AsyncIterator[CallTransaction]:
-    async with driver_connection(engine) as connection, connection.transaction():
-        yield CallTransaction(connection, now)
+    """A keyed call's transaction; a unique constraint it breaks is the call's domain
+    error (CallKeyTaken, ProviderRequestTaken), any other a bug."""
+    try:
+        async with driver_connection(engine) as connection, connection.transaction():
+            yield CallTransaction(connection, now)
+    except Exception as error:
+        taken = _CALL_UNIQUE.get(unique_violation(error) or "")
+        if taken is None:
+            raise
+        raise taken() from None
 
 
 # Pruning (with the outbox's, in the relay's housekeeping): claims older than the
