@@ -15,12 +15,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.creation.errors import UserBusy
+from services.kit.db_errors import failure_kind
 
 LOCK_USER = text("SELECT pg_advisory_xact_lock(hashtextextended('creation.user:' || :user_id, 0))")
 
@@ -40,18 +40,14 @@ class _Queue:
 _queues: dict[str, _Queue] = {}
 
 
-def _lock_timed_out(error: DBAPIError) -> bool:
-    cause = error.orig.__cause__ if error.orig is not None else None
-    return isinstance(cause, asyncpg.exceptions.LockNotAvailableError)
-
-
 async def lock_user(connection: AsyncConnection, user_id: str) -> None:
     """A transaction-scoped advisory lock on the user, released at commit or rollback;
     UserBusy when the wait outlasts the lock timeout."""
     try:
         await connection.execute(LOCK_USER, {"user_id": user_id})
     except DBAPIError as error:
-        if _lock_timed_out(error):
+        # The statement's one lock wait is the user's: past lock_timeout, the user is busy.
+        if failure_kind(error) == "lock_timeout":
             raise UserBusy() from None
         raise
 
