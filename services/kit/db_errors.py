@@ -42,7 +42,7 @@ _UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
-def chain(error: BaseException) -> Iterator[BaseException]:
+def _chain(error: BaseException) -> Iterator[BaseException]:
     """The error, what it wraps (SQLAlchemy's ``orig``) and its causes, each once."""
     seen: set[int] = set()
     pending: list[BaseException | None] = [error]
@@ -94,7 +94,7 @@ def _kind(error: BaseException) -> str | None:
 def failure_kind(error: BaseException) -> str | None:
     """The outage or contention kind behind ``error``; None when the database answered
     (a bug, a constraint, or no database error at all)."""
-    for link in chain(error):
+    for link in _chain(error):
         kind = _kind(link)
         if kind is not None:
             return kind
