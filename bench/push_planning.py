@@ -24,10 +24,9 @@ from atelier.notify.v1 import job_state_pb2
 from services.dev import postgres
 from services.kit import migrations
 from services.kit.db import asyncpg_url
-from services.notify import projection
-from services.notify.projection import InTransaction
+from services.notify.pushes.planner import PushPlanner
 from services.notify.pushes.planning import Rules
-from services.notify.pushes.queue import PushQueue
+from services.notify.store import ProjectionStore
 
 LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -85,7 +84,7 @@ async def register(engine: AsyncEngine, user_id: str, job_id: str) -> None:
 
 
 async def mode(
-    engine: AsyncEngine, jobs: int, versions: int, hook: InTransaction | None, tokens: bool
+    engine: AsyncEngine, jobs: int, versions: int, planner: PushPlanner | None, tokens: bool
 ) -> tuple[float, float, int]:
     runs = []
     for _ in range(jobs):
@@ -93,25 +92,26 @@ async def mode(
         if tokens:
             await register(engine, user_id, job_id)
         runs.append(run_of(job_id, user_id, versions))
+    projection = ProjectionStore(engine)
     calls = 0
     cpu, wall = time.process_time(), time.perf_counter()
     for step in range(versions):
         for run in runs:
-            await projection.apply(engine, [run[step]], hook)
+            await projection.apply([run[step]], planner)
             calls += 1
     return time.process_time() - cpu, time.perf_counter() - wall, calls
 
 
 async def measure(url: str, jobs: int, versions: int) -> None:
     engine = create_async_engine(asyncpg_url(url), pool_size=2)
-    queue = PushQueue(Rules(timedelta(seconds=5), timedelta(minutes=15)))
+    planner = PushPlanner(Rules(timedelta(seconds=5), timedelta(minutes=15)))
     try:
-        await mode(engine, 20, 3, queue.record, True)  # warm up
+        await mode(engine, 20, 3, planner, True)  # warm up
         results = {
             "apply only (anchor)": await mode(engine, jobs, versions, None, False),
-            "apply + planning, no tokens": await mode(engine, jobs, versions, queue.record, False),
+            "apply + planning, no tokens": await mode(engine, jobs, versions, planner, False),
             "apply + planning, device + activity": await mode(
-                engine, jobs, versions, queue.record, True
+                engine, jobs, versions, planner, True
             ),
         }
         async with engine.connect() as connection:

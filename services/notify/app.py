@@ -1,8 +1,9 @@
 """Assembles the notify service: the ingest listener (creation's relay delivers job states
-to the projection; what moved goes to the streams' fan-out: Redis when configured, in
-process otherwise), the client streams with their backstop, and the APNs token RPCs;
-Deliver records the pushes each update implies (services/notify/pushes/), and with APNs
-configured the sender drains them (services/notify/apns/)."""
+to the projection, delivery.py; what moved goes to the streams' fan-out: this replica's
+streams, and through Redis every other's when configured), the client streams with their
+backstop, and the APNs token RPCs (devices.py); Deliver records the pushes each update
+implies (services/notify/pushes/), and with APNs configured the sender drains them
+(services/notify/apns/). All SQL is in services/notify/store/."""
 
 from __future__ import annotations
 
@@ -20,23 +21,23 @@ from atelier.notify.v1 import (
 from services.kit.components import Component
 from services.kit.db import Database
 from services.kit.server import Binding, ServiceApp, run_service
-from services.notify import watch_reads
 from services.notify.apns.assemble import build_sender
-from services.notify.fanout import Publisher
+from services.notify.delivery import Delivery, Publisher
+from services.notify.devices import Devices
 from services.notify.ingest_servicer import NotifyIngestServicer
 from services.notify.output_urls import MediaSigner, OutputUrls
 from services.notify.public_servicer import NotifyServicer
+from services.notify.pushes.planner import PushPlanner
 from services.notify.pushes.planning import Rules
-from services.notify.pushes.queue import PushQueue
 from services.notify.settings import NotifySettings
+from services.notify.store import ProjectionStore, StreamReads, TokenStore
 from services.notify.streams.backstop import Backstop
-from services.notify.streams.change import Change
+from services.notify.streams.change import Change, Snapshot
 from services.notify.streams.clock import StreamClock
 from services.notify.streams.drain import StreamDrain
 from services.notify.streams.fanout import LocalFanout, RedisFanout
 from services.notify.streams.first_states import FirstStates
 from services.notify.streams.registry import StreamRegistry, Watched
-from services.notify.watch_reads import Snapshot
 
 
 @dataclass
@@ -52,10 +53,10 @@ class Streams:
 
 def build_streams(settings: NotifySettings, database: Database) -> Streams:
     registry = StreamRegistry()
-    engine = database.engine
+    reads = StreamReads(database.engine)
 
     async def read_missed(watched: Watched) -> Sequence[Change]:
-        return await watch_reads.missed(engine, watched)
+        return await reads.missed(watched)
 
     backstop = Backstop(registry, read_missed, settings.poll_period_seconds)
     clock = StreamClock(registry, settings.streams.keep_alive_seconds)
@@ -77,8 +78,8 @@ def build_streams(settings: NotifySettings, database: Database) -> Streams:
     )
 
 
-def push_queue(settings: NotifySettings) -> PushQueue:
-    return PushQueue(
+def push_planner(settings: NotifySettings) -> PushPlanner:
+    return PushPlanner(
         Rules(
             update_interval=timedelta(seconds=settings.pushes.update_interval_seconds),
             dismiss_after=timedelta(seconds=settings.pushes.dismiss_after_seconds),
@@ -101,18 +102,20 @@ def assemble(
     )
     streams = build_streams(settings, database)
     engine = database.engine
+    reads = StreamReads(engine)
 
     async def latest_of_jobs(job_ids: list[str]) -> dict[str, Change]:
-        return await watch_reads.latest_of_jobs(engine, job_ids)
+        return await reads.latest_of_jobs(job_ids)
 
     async def user_snapshot(user_id: str, after_seq: int | None, limit: int) -> Snapshot:
-        return await watch_reads.user_snapshot(engine, user_id, after_seq, limit)
+        return await reads.user_snapshot(user_id, after_seq, limit)
 
     signer = MediaSigner(settings.media_internal_address, settings.common.service_token)
     cleanup = [signer.close, database.close]
     if streams.redis is not None:
         cleanup.insert(0, streams.redis.close)
-    pushes = push_queue(settings)
+    planner = push_planner(settings)
+    delivery = Delivery(ProjectionStore(engine), publisher or streams.publisher, planner)
     components = list(streams.components)
     if settings.apns.enabled:
         sender, close_sender = build_sender(settings.apns, engine)
@@ -125,13 +128,12 @@ def assemble(
                 notify_service_pb2.DESCRIPTOR.services_by_name["NotifyService"],
                 notify_service_pb2_grpc.add_NotifyServiceServicer_to_server,
                 NotifyServicer(
-                    engine,
+                    Devices(TokenStore(engine), planner),
                     streams.registry,
                     settings.streams,
                     FirstStates(latest_of_jobs).get,
                     user_snapshot,
                     OutputUrls(signer),
-                    pushes,
                 ),
             )
         ],
@@ -139,7 +141,7 @@ def assemble(
             Binding(
                 notify_ingest_service_pb2.DESCRIPTOR.services_by_name["NotifyIngestService"],
                 notify_ingest_service_pb2_grpc.add_NotifyIngestServiceServicer_to_server,
-                NotifyIngestServicer(database.engine, publisher or streams.publisher, pushes),
+                NotifyIngestServicer(delivery),
             )
         ],
         readiness=database.answers,

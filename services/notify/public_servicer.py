@@ -3,11 +3,9 @@
 
 from __future__ import annotations
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
+from services.notify.devices import Devices
 from services.notify.devices_servicer import DevicesServicer
 from services.notify.output_urls import OutputUrls
-from services.notify.pushes.queue import PushQueue
 from services.notify.settings import StreamSettings
 from services.notify.streams.registry import StreamRegistry
 from services.notify.watch_servicer import LatestOfJob, UserSnapshot, WatchServicer
@@ -16,13 +14,12 @@ from services.notify.watch_servicer import LatestOfJob, UserSnapshot, WatchServi
 class NotifyServicer(DevicesServicer, WatchServicer):
     def __init__(
         self,
-        engine: AsyncEngine,
+        devices: Devices,
         registry: StreamRegistry,
         settings: StreamSettings,
         latest_of_job: LatestOfJob,
         user_snapshot: UserSnapshot,
         output_urls: OutputUrls,
-        pushes: PushQueue | None = None,
     ) -> None:
-        DevicesServicer.__init__(self, engine, pushes)
+        DevicesServicer.__init__(self, devices)
         WatchServicer.__init__(self, registry, settings, latest_of_job, user_snapshot, output_urls)

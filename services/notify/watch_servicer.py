@@ -6,11 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
-import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
 from grpc import aio
 
@@ -18,32 +16,21 @@ from atelier.notify.v1 import notify_service_pb2 as pb
 from atelier.notify.v1 import notify_service_pb2_grpc
 from services.kit import deadlines
 from services.kit.auth import current_principal
-from services.kit.errors import (
-    ApiError,
-    FieldViolation,
-    internal,
-    invalid_argument,
-)
+from services.kit.errors import ApiError, internal
 from services.kit.logging import get_logger
+from services.notify import fields
+from services.notify.errors import CursorExpired, JobNotFound
+from services.notify.fields import encode_cursor
 from services.notify.output_urls import OutputUrls
 from services.notify.settings import StreamSettings
-from services.notify.streams.change import Change
+from services.notify.streams.change import Change, Snapshot
 from services.notify.streams.inbox import EndReason, Inbox
 from services.notify.streams.registry import StreamRegistry, UserWatch
-from services.notify.watch_reads import Snapshot
 
 log = get_logger(__name__)
 Context = aio.ServicerContext[Any, Any]
 LatestOfJob = Callable[[str], Awaitable[Change | None]]
 UserSnapshot = Callable[[str, int | None, int], Awaitable[Snapshot]]
-
-
-class Reason:
-    INVALID_JOB_ID = "INVALID_JOB_ID"
-    INVALID_AFTER_VERSION = "INVALID_AFTER_VERSION"
-    INVALID_CURSOR = "INVALID_CURSOR"
-    JOB_NOT_FOUND = "JOB_NOT_FOUND"
-    CURSOR_EXPIRED = "CURSOR_EXPIRED"
 
 
 _END_REASONS = {
@@ -57,46 +44,6 @@ _RETRY_DELAY_SECONDS = {
     EndReason.MAX_DURATION: (0.0, 1.0),
     EndReason.SLOW_READER: (1.0, 2.0),
 }
-# A cursor is opaque to clients; this prefix lets the format change later.
-_CURSOR_PREFIX = "s"
-
-
-def encode_cursor(seq: int) -> str:
-    return f"{_CURSOR_PREFIX}{seq}"
-
-
-def decode_cursor(value: str) -> int | None:
-    if not value:
-        return None
-    digits = value[len(_CURSOR_PREFIX) :]
-    if not value.startswith(_CURSOR_PREFIX) or not digits.isdigit() or len(digits) > 18:
-        raise invalid_argument(
-            Reason.INVALID_CURSOR,
-            [FieldViolation("cursor", "must be a cursor this server handed out")],
-        )
-    return int(digits)
-
-
-def _job_id(value: str) -> str:
-    try:
-        return str(uuid.UUID(value))
-    except ValueError:
-        raise invalid_argument(
-            Reason.INVALID_JOB_ID, [FieldViolation("job_id", "must be a UUID")]
-        ) from None
-
-
-def _not_found() -> ApiError:
-    return ApiError(grpc.StatusCode.NOT_FOUND, Reason.JOB_NOT_FOUND, "no such job")
-
-
-def _cursor_expired(why: str) -> ApiError:
-    """A cursor the stream cannot resume from: the client resyncs."""
-    return ApiError(
-        grpc.StatusCode.FAILED_PRECONDITION,
-        Reason.CURSOR_EXPIRED,
-        f"{why}: watch afresh without a cursor and list the jobs",
-    )
 
 
 def stream_end(reason: EndReason) -> pb.StreamEnd:
@@ -159,12 +106,8 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
         self, request: pb.WatchJobRequest, context: Context
     ) -> None:
         user_id = current_principal().user_id
-        job_id = _job_id(request.job_id)
-        if request.after_version < 0:
-            raise invalid_argument(
-                Reason.INVALID_AFTER_VERSION,
-                [FieldViolation("after_version", "must be 0 or more")],
-            )
+        job_id = fields.job_id(request.job_id)
+        fields.after_version(request.after_version)
         inbox = _inbox(self._settings, limit=1)
         inbox.skip_through(job_id, request.after_version)
         # Registered before the first read: nothing applied after it can slip between.
@@ -173,7 +116,7 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
             first = await self._first_state(job_id, inbox)
             # A deleted job is gone, as it is from GetJob.
             if first is None or first.user_id != user_id or first.state.deleted:
-                raise _not_found()
+                raise JobNotFound(job_id)
             if first.terminal and first.version <= request.after_version:
                 return  # the client already has the end
             inbox.offer(first)
@@ -234,7 +177,7 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
         self, request: pb.WatchJobsRequest, context: Context
     ) -> None:
         user_id = current_principal().user_id
-        after_seq = decode_cursor(request.cursor)
+        after_seq = fields.decode_cursor(request.cursor)
         inbox = _inbox(self._settings, limit=self._settings.pending_limit)
         watch = UserWatch(user_id, inbox)
         self._registry.watch_user(watch)
@@ -242,9 +185,9 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
             snapshot = await self._user_snapshot(user_id, after_seq, self._settings.snapshot_limit)
             # Decided before the first message: through the edge, that fixes the HTTP status.
             if snapshot.expired:
-                raise _cursor_expired("too much changed since this cursor")
+                raise CursorExpired("too much changed since this cursor")
             if snapshot.ahead:
-                raise _cursor_expired(
+                raise CursorExpired(
                     "this cursor is ahead of your latest change (the server's data was reset,"
                     " or it was not handed out to you)"
                 )

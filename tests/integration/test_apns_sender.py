@@ -24,7 +24,7 @@ from services.notify.apns.assemble import build_sender
 from services.notify.apns.client import apns_id_for
 from services.notify.apns.sender import BAD_DEVICE_TOKENS, Sender
 from services.notify.apns.settings import ApnsSettings
-from services.notify.apns.store import PushStore
+from services.notify.store import PushStore
 from tests.support.apns_peer import (
     BUNDLE_ID,
     KEY_ID,

@@ -18,7 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from atelier.creation.v1 import job_pb2
 from atelier.notify.v1 import notify_service_pb2 as pb
 from services.kit.db import asyncpg_url
-from services.notify import watch_reads
+from services.notify.store import StreamReads
+from services.notify.streams.change import Snapshot
 from tests.support.databases import migrated_database
 from tests.support.notify_streams import (
     OwnRedis,
@@ -236,14 +237,14 @@ async def test_a_backstop_pass_during_a_resumed_streams_snapshot_sends_nothing_i
         await first.done.wait()
         await deliver(db, rep, running, user, 2, RUNNING, 50)
 
-        read_snapshot = watch_reads.user_snapshot
+        read_snapshot = StreamReads.user_snapshot
         backstop_deliveries = []
 
-        async def snapshot_after_a_backstop_pass(*args: Any) -> watch_reads.Snapshot:
+        async def snapshot_after_a_backstop_pass(*args: Any) -> Snapshot:
             backstop_deliveries.append(await rep.streams.backstop.tick())
             return await read_snapshot(*args)
 
-        monkeypatch.setattr(watch_reads, "user_snapshot", snapshot_after_a_backstop_pass)
+        monkeypatch.setattr(StreamReads, "user_snapshot", snapshot_after_a_backstop_pass)
         again = watch_jobs(rep, user, marker.cursor)
         got = []
         while (message := await again.next()).WhichOneof("event") != "snapshot_end":

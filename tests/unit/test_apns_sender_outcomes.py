@@ -12,11 +12,11 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from services.kit.clock import SettableClock
+from services.notify.apns.claims import ClaimedPush, Exchange, Outcome
 from services.notify.apns.outcomes import Answer
 from services.notify.apns.provider_token import ProviderToken
 from services.notify.apns.sender import Sender
 from services.notify.apns.settings import ApnsSettings
-from services.notify.apns.store import ClaimedPush, Exchange, Outcome
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 SETTINGS = ApnsSettings(

@@ -14,7 +14,7 @@ from services.notify.apns.keys import KeyProblem, load_signing_key
 from services.notify.apns.provider_token import ProviderToken
 from services.notify.apns.sender import Sender
 from services.notify.apns.settings import ApnsSettings
-from services.notify.apns.store import PushStore
+from services.notify.store.sender import PushStore
 
 
 def build_sender(

@@ -10,11 +10,6 @@ import json
 import uuid
 from collections.abc import Mapping
 
-from sqlalchemy import text
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError
-
-from services.kit.db import create_engine
 from services.kit.settings import CommonSettings, EnvReader
 from services.notify.apns.client import ApnsClient
 from services.notify.apns.doctor import (
@@ -34,11 +29,8 @@ from services.notify.apns.provider_token import ProviderToken
 from services.notify.apns.refusals import SETTING_AT_FAULT, setting_at_fault
 from services.notify.apns.rules import DUMMY_DEVICE_TOKEN, token_tail
 from services.notify.apns.settings import ENVIRONMENTS, ApnsSettings
+from services.notify.store.doctor import TokensUnreadable, database_location, registered_tokens
 
-REGISTERED = text(
-    "SELECT environment, bundle_id, count(*) FROM notify.push_tokens"
-    " WHERE status = 'active' GROUP BY environment, bundle_id ORDER BY environment, bundle_id"
-)
 TEST_PAYLOAD = {"aps": {"alert": {"title": "atelier push doctor", "body": "A test push."}}}
 ALERT_HEADERS = {"apns-push-type": "alert", "apns-priority": "10", "apns-expiration": "0"}
 
@@ -76,37 +68,21 @@ def run(
 
 
 async def _registered(settings: ApnsSettings, database_url: str) -> list[Finding]:
-    engine = create_engine(database_url, application_name="atelier-push-doctor")
     try:
-        async with engine.connect() as connection:
-            rows = (await connection.execute(REGISTERED)).all()
-    except Exception as error:
-        # The message could hold the URL's password: name the server and the kind of
-        # failure only.
-        cause = error.orig if isinstance(error, DBAPIError) and error.orig else error
+        rows = await registered_tokens(database_url)
+    except TokensUnreadable as unreadable:
         return [
             Finding(
                 Level.WARNING,
                 "registered tokens",
-                f"could not read notify.push_tokens at {_where(database_url)} "
-                f"({type(cause).__name__}): is ATELIER_DATABASE_URL the database notify "
+                f"could not read notify.push_tokens at {database_location(database_url)} "
+                f"({unreadable.kind}): is ATELIER_DATABASE_URL the database notify "
                 "uses, running and migrated?",
             )
         ]
-    finally:
-        await engine.dispose()
     if not rows:
         return [ok("registered tokens", "none yet")]
-    return check_registered(settings, [(r[0], r[1], int(r[2])) for r in rows])
-
-
-def _where(database_url: str) -> str:
-    try:
-        url = make_url(database_url)
-    except Exception:
-        return "ATELIER_DATABASE_URL"
-    host = url.host or url.query.get("host") or "localhost"
-    return f"{host}:{url.port or 5432}/{url.database or ''}"
+    return check_registered(settings, rows)
 
 
 async def _probe(settings: ApnsSettings) -> list[Finding]:

@@ -21,6 +21,7 @@ from prometheus_client import Counter, Gauge
 
 from services.kit.clock import Clock, system_clock
 from services.kit.logging import get_logger
+from services.notify.apns.claims import ClaimedPush, Exchange, Outcome
 from services.notify.apns.client import ApnsClient, apns_id_for
 from services.notify.apns.outcomes import (
     REFUSES_CREDENTIALS,
@@ -33,7 +34,7 @@ from services.notify.apns.provider_token import ProviderToken
 from services.notify.apns.refusals import setting_at_fault
 from services.notify.apns.rules import payload_limit, reason_label, token_tail
 from services.notify.apns.settings import ApnsSettings
-from services.notify.apns.store import ClaimedPush, Exchange, Outcome, PushStore
+from services.notify.store.sender import PushStore
 
 log = get_logger(__name__)
 

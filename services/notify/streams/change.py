@@ -1,4 +1,4 @@
-"""One applied job state as the streams see it."""
+"""One applied job state as the streams see it, and a WatchJobs snapshot of them."""
 
 from __future__ import annotations
 
@@ -83,3 +83,18 @@ def from_applied(applied: Any) -> Change:
     if isinstance(state, bytes | bytearray | memoryview):
         state = job_state_pb2.JobState.FromString(bytes(state))
     return Change.of(state, seq=int(applied.seq), terminal=is_terminal(state))
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a WatchJobs stream sends before its live changes."""
+
+    changes: list[Change]
+    # The cursor after the snapshot: resume from here.
+    cursor: int
+    # More changed since the cursor than a snapshot holds: the cursor cannot be honoured.
+    expired: bool
+    # The cursor is beyond the user's latest change, so it was never handed out to them
+    # (the data was reset, or it is made up): resuming would skip every change until the
+    # server caught up with it.
+    ahead: bool = False

@@ -21,7 +21,7 @@ from atelier.notify.v1 import notify_ingest_service_pb2 as ingest
 from atelier.notify.v1 import notify_service_pb2 as pb
 from services.kit.auth import issue_token
 from services.kit.settings import DEV_JWT_SECRET, DEV_SERVICE_TOKEN
-from services.notify.apns.store import PushStore
+from services.notify.store import PushStore
 from tests.support.notify import NotifyHarness, job_state, new_job_id, running_notify
 from tests.support.rpc import bearer
 

@@ -19,7 +19,7 @@ from atelier.notify.v1 import notify_service_pb2_grpc
 from services.kit.auth import issue_token
 from services.kit.logging import JsonFormatter
 from services.kit.settings import DEV_JWT_SECRET
-from services.notify.projection import apply
+from services.notify.store import ProjectionStore
 from tests.support.notify import job_state, new_job_id, running_notify
 from tests.support.rpc import bad_request, bearer, error_info
 
@@ -210,7 +210,9 @@ async def test_a_live_activity_needs_the_callers_device_and_job(
     alices = (await stub.RegisterDevice(device_request(), metadata=ALICE)).device
     bobs = (await stub.RegisterDevice(device_request(OTHER_TOKEN), metadata=BOB)).device
     job = new_job_id()
-    await apply(engine, [job_state(job, 1, user_id="alice", status=job_pb2.JOB_STATUS_QUEUED)])
+    await ProjectionStore(engine).apply(
+        [job_state(job, 1, user_id="alice", status=job_pb2.JOB_STATUS_QUEUED)]
+    )
     on_bobs_device = pb.RegisterLiveActivityRequest(
         job_id=job, device_id=bobs.device_id, push_token="33" * 40, activity_id="a"
     )

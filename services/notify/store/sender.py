@@ -1,17 +1,19 @@
-"""Every statement the sender runs on notify.pushes, notify.push_tokens and
+"""Every statement the APNs sender runs on notify.pushes, notify.push_tokens and
 notify.push_attempts (asyncpg on the pool's connections, autocommit: each statement is
-its own transaction)."""
+its own transaction, or one short transaction where a token and its pushes change
+together)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.kit.db import driver_connection
+from services.notify.apns.claims import ClaimedPush, Exchange, Outcome
+from services.notify.store.boundary import database
 
 # Claims up to $1 due pushes and leases them for $2 seconds in one statement: SKIP LOCKED
 # lets replicas claim side by side; the bumped next_attempt_at keeps a claimed push from
@@ -83,54 +85,17 @@ WHERE token_id = $1 AND status = 'pending'
 """
 
 
-@dataclass(frozen=True)
-class ClaimedPush:
-    push_id: int
-    attempt: int
-    kind: str
-    created_at: datetime
-    expires_at: datetime | None
-    headers: dict[str, str]
-    payload: bytes
-    token_id: Any
-    token: str
-    environment: str
-    token_status: str
-
-
-@dataclass(frozen=True)
-class Exchange:
-    """One HTTP request and Apple's answer (status 0: none came)."""
-
-    push_id: int
-    attempt: int
-    apns_id: str
-    http_status: int
-    reason: str
-    at: datetime
-
-
-@dataclass(frozen=True)
-class Outcome:
-    push_id: int
-    attempt: int
-    status: str  # pending (retry later), sent, failed, dropped
-    apns_id: str | None
-    http_status: int | None
-    reason: str | None
-    next_attempt_at: datetime | None = None
-    sent: bool = False
-
-
 class PushStore:
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
 
+    @database
     async def claim(self, limit: int, lease_seconds: float) -> list[ClaimedPush]:
         async with driver_connection(self._engine) as connection:
             rows = await connection.fetch(CLAIM, limit, lease_seconds)
         return [_claimed(row) for row in rows]
 
+    @database
     async def record(self, outcomes: list[Outcome], exchanges: list[Exchange]) -> int:
         """Writes outcomes and exchanges; returns how many outcomes still held their claim."""
         if not outcomes and not exchanges:
@@ -156,6 +121,7 @@ class PushStore:
             )
         return int(row["updated"])
 
+    @database
     async def retire_token(self, token_id: Any, unregistered_at: datetime | None) -> bool:
         async with driver_connection(self._engine) as connection, connection.transaction():
             retired = await connection.fetchval(RETIRE_TOKEN, token_id, unregistered_at)
@@ -163,6 +129,7 @@ class PushStore:
                 await connection.execute(DROP_PENDING_OF_TOKEN, token_id, "TokenRetired")
         return retired is not None
 
+    @database
     async def mark_token_bad(self, token_id: Any, reason: str) -> None:
         async with driver_connection(self._engine) as connection, connection.transaction():
             marked = await connection.fetchval(MARK_TOKEN_BAD, token_id, reason)
