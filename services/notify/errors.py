@@ -8,7 +8,7 @@ from __future__ import annotations
 import grpc
 
 from services.kit.errors import ApiError, DomainError
-from services.kit.outages import DependencyUnavailable, Outage
+from services.kit.outages import DatabaseFailure
 
 
 class Reason:
@@ -86,16 +86,8 @@ class CursorExpired(NotifyError):
         )
 
 
-class DatabaseUnavailable(DependencyUnavailable):
+class DatabaseFailed(DatabaseFailure, NotifyError):
     """notify's database did not answer (refused, dropped, timed out, saturated) or a lock
     wait ended: UNAVAILABLE DATABASE_UNAVAILABLE, or ABORTED LOCK_TIMEOUT for contention,
-    each with a retry hint (the kit's outage answer). A dependency failure, so the server
-    logs it as one short throttled line, never a stack trace."""
-
-    def __init__(self, outage: Outage) -> None:
-        answer = outage.api_error()
-        super().__init__(answer.reason, outage.dependency, outage.kind)
-        self.outage = outage
-
-    def to_api_error(self) -> ApiError:
-        return self.outage.api_error()
+    each with a retry hint (the kit's answer). A dependency failure, so the server logs it
+    as one short throttled line, never a stack trace."""

@@ -73,12 +73,12 @@ def test_reasons_are_declared_once() -> None:
         ),
         (errors.CursorExpired("why"), grpc.StatusCode.FAILED_PRECONDITION, "CURSOR_EXPIRED"),
         (
-            errors.DatabaseUnavailable(Outage("database", "unreachable")),
+            errors.DatabaseFailed(Outage("database", "unreachable")),
             grpc.StatusCode.UNAVAILABLE,
             "DATABASE_UNAVAILABLE",
         ),
         (
-            errors.DatabaseUnavailable(Outage("database", "lock_timeout")),
+            errors.DatabaseFailed(Outage("database", "lock_timeout")),
             grpc.StatusCode.ABORTED,
             "LOCK_TIMEOUT",
         ),

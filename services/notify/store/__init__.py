@@ -1,6 +1,6 @@
 """notify's store: the only code in notify that runs SQL (tables.py and the migrations
 aside). One module per table group, each statement named with the index it rides; every
-public method turns a database that does not answer into notify's DatabaseUnavailable
+public method turns a database that does not answer into notify's DatabaseFailed
 (boundary.py).
 
 - projection.py: notify.job_states, written by Deliver (version-gated), read by job/user;

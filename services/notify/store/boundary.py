@@ -1,42 +1,27 @@
-"""Where the database driver's errors become notify's: a database that does not answer
-(the kit's one classification of outages, services/kit/outages.py) is
-:class:`~services.notify.errors.DatabaseUnavailable`; any other failure (a bug, a
+"""Where the database driver's errors become notify's: the kit's one boundary
+(services/kit/outages.py ``database_failures``) names an outage or contention as
+:class:`~services.notify.errors.DatabaseFailed`; any other failure (a bug, a
 constraint) passes unchanged. Every public store method runs inside it."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
-from services.kit.errors import DomainError
-from services.kit.outages import classify
-from services.notify.errors import DatabaseUnavailable
+from services.kit.outages import database_failures
+from services.notify.errors import DatabaseFailed
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
 
-@contextmanager
-def answering() -> Iterator[None]:
-    try:
-        yield
-    except DomainError:
-        raise  # already notify's (a store method calling another, a not-found)
-    except Exception as error:
-        outage = classify(error)
-        if outage is None:
-            raise
-        raise DatabaseUnavailable(outage) from error
-
-
 def database(method: Callable[_P, Awaitable[_T]]) -> Callable[_P, Coroutine[Any, Any, _T]]:
-    """Runs ``method`` inside :func:`answering`."""
+    """Runs ``method`` inside the kit's database boundary."""
 
     @functools.wraps(method)
     async def answered(*args: _P.args, **kwargs: _P.kwargs) -> _T:
-        with answering():
+        with database_failures(DatabaseFailed):
             return await method(*args, **kwargs)
 
     return answered

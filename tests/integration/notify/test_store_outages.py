@@ -1,4 +1,4 @@
-"""notify's store turns a database that does not answer into its own DatabaseUnavailable,
+"""notify's store turns a database that does not answer into its own DatabaseFailed,
 which answers as the kit's outages do (UNAVAILABLE DATABASE_UNAVAILABLE, or ABORTED
 LOCK_TIMEOUT for a lock wait), each with a retry hint; any other failure passes as it
 was raised."""
@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.kit.db import create_engine
 from services.kit.settings import DatabaseSettings
-from services.notify.errors import DatabaseUnavailable
+from services.notify.errors import DatabaseFailed
 from services.notify.store import ProjectionStore, TokenStore
 from services.notify.store.projection import hold_applies
 from tests.support.notify import job_state, new_job_id
@@ -29,7 +29,7 @@ def _closed_port() -> int:
 async def test_a_database_that_refuses_connections_is_unavailable() -> None:
     engine = create_engine(f"postgresql://atelier@127.0.0.1:{_closed_port()}/notify")
     try:
-        with pytest.raises(DatabaseUnavailable) as raised:
+        with pytest.raises(DatabaseFailed) as raised:
             await TokenStore(engine).list_devices("alice", 10, None)
     finally:
         await engine.dispose()
@@ -46,7 +46,7 @@ async def test_a_lock_wait_past_lock_timeout_is_contention(
     try:
         async with engine.begin() as holder:
             await hold_applies(holder)
-            with pytest.raises(DatabaseUnavailable) as raised:
+            with pytest.raises(DatabaseFailed) as raised:
                 await ProjectionStore(impatient).apply([job_state(new_job_id(), 1)])
     finally:
         await impatient.dispose()
