@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
-
-from google.protobuf import timestamp_pb2
 
 from atelier.creation.v1 import catalog_pb2, job_pb2, ledger_pb2, parameters_pb2
 from atelier.notify.v1 import job_state_pb2
@@ -17,6 +14,7 @@ from services.creation.media_client import OutputUrls
 from services.creation.parameters import GenerationParameters, ParameterSpec, Scalar
 from services.creation.store.ledger import WELCOME_GRANT_KEY
 from services.creation.store.ledger_entries import LedgerEntry
+from services.kit.timestamps import set_timestamp, to_timestamp, to_timestamp_or_none
 
 STATUS_TO_PROTO = {
     Status.QUEUED: job_pb2.JOB_STATUS_QUEUED,
@@ -40,14 +38,6 @@ ACTOR_TO_PROTO = {
     Actor.REAPER: job_pb2.ACTOR_KIND_REAPER,
     Actor.OPERATOR: job_pb2.ACTOR_KIND_OPERATOR,
 }
-
-
-def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
-    if value is None:
-        return None
-    stamp = timestamp_pb2.Timestamp()
-    stamp.FromDatetime(value)
-    return stamp
 
 
 def parameters_from_proto(message: parameters_pb2.GenerationParameters) -> GenerationParameters:
@@ -162,10 +152,10 @@ def job_message(job: Job) -> job_pb2.Job:
         outputs=[job_pb2.JobOutput(asset_id=asset_id) for asset_id in job.outputs],
         error=_error(job),
         version=job.version,
-        create_time=timestamp(job.created_at),
-        start_time=timestamp(job.started_at),
-        complete_time=timestamp(job.completed_at),
-        update_time=timestamp(job.updated_at),
+        create_time=to_timestamp(job.created_at),
+        start_time=to_timestamp_or_none(job.started_at),
+        complete_time=to_timestamp_or_none(job.completed_at),
+        update_time=to_timestamp(job.updated_at),
     )
 
 
@@ -177,11 +167,11 @@ def fill_output_urls(message: job_pb2.Job, urls: Mapping[str, OutputUrls]) -> jo
         if signed is None:
             continue
         output.url = signed.image.url
-        output.url_expire_time.FromDatetime(signed.image.expires_at)
+        set_timestamp(output.url_expire_time, signed.image.expires_at)
         output.width, output.height = signed.width, signed.height
         if signed.thumbnail is not None:
             output.thumbnail_url = signed.thumbnail.url
-            output.thumbnail_url_expire_time.FromDatetime(signed.thumbnail.expires_at)
+            set_timestamp(output.thumbnail_url_expire_time, signed.thumbnail.expires_at)
     return message
 
 
@@ -194,7 +184,7 @@ def job_state(job: Job) -> job_state_pb2.JobState:
             user_id=job.user_id,
             version=job.version,
             status=STATUS_TO_PROTO[job.status],
-            update_time=timestamp(job.updated_at),
+            update_time=to_timestamp(job.updated_at),
             done=True,
             deleted=True,
         )
@@ -208,10 +198,12 @@ def job_state(job: Job) -> job_state_pb2.JobState:
         cancel_requested=job.cancel_requested,
         outputs=[job_pb2.JobOutput(asset_id=asset_id) for asset_id in job.outputs],
         error=_error(job),
-        update_time=timestamp(job.updated_at),
+        update_time=to_timestamp(job.updated_at),
         done=job.status.terminal,
         attempt=job.attempt,
-        next_attempt_time=timestamp(job.next_attempt_at) if job.status is Status.QUEUED else None,
+        next_attempt_time=to_timestamp(job.next_attempt_at)
+        if job.status is Status.QUEUED
+        else None,
     )
 
 
@@ -226,7 +218,7 @@ def event_message(event: Event) -> job_pb2.JobEvent:
         actor_kind=ACTOR_TO_PROTO[event.actor],
         actor_id=event.actor_id,
         reason=event.reason,
-        create_time=timestamp(event.created_at),
+        create_time=to_timestamp(event.created_at),
     )
 
 
@@ -255,5 +247,5 @@ def ledger_entry_message(entry: LedgerEntry) -> ledger_pb2.LedgerEntry:
         amount=entry.amount,
         job_id=entry.job_id or "",
         reason=shown_reason(entry),
-        create_time=timestamp(entry.created_at),
+        create_time=to_timestamp(entry.created_at),
     )

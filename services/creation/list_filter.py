@@ -13,6 +13,7 @@ from services.creation.domain import Status
 from services.creation.errors import Reason
 from services.kit.errors import FieldViolation, invalid_argument
 from services.kit.pagination import EARLIEST, LATEST
+from services.kit.timestamps import from_timestamp
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,8 @@ def _moment(
     if stamp is None:
         return None
     try:
-        value = stamp.ToDatetime(tzinfo=UTC)
-    except (ValueError, OverflowError):
+        value = from_timestamp(stamp)
+    except ValueError:
         value = None
     # Inside what a page token and PostgreSQL both hold.
     if value is None or not EARLIEST <= value <= LATEST:

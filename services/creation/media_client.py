@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 import grpc
 
@@ -15,6 +15,7 @@ from services.kit.grpc_client import InternalClient, RemoteFailure
 from services.kit.logging import get_logger
 from services.kit.outages import Throttle
 from services.kit.sizes import byte_size
+from services.kit.timestamps import field_time, from_timestamp
 
 log = get_logger(__name__)
 
@@ -189,7 +190,7 @@ class MediaClient:
         except grpc.aio.AioRpcError as error:
             _without_urls("GetAssetUrl", error)
             return None
-        return DownloadUrl(reply.download_url, reply.expire_time.ToDatetime(tzinfo=UTC))
+        return DownloadUrl(reply.download_url, from_timestamp(reply.expire_time))
 
     async def output_urls(self, asset_ids: Sequence[str]) -> dict[str, OutputUrls]:
         """Fresh URLs of the ready assets among ``asset_ids`` (a page of jobs' outputs),
@@ -287,9 +288,7 @@ class MediaClient:
             )
         except grpc.aio.AioRpcError as error:
             raise _refused_or_unavailable("ReserveOutputUpload", error) from None
-        expires_at = (
-            reply.expire_time.ToDatetime(tzinfo=UTC) if reply.HasField("expire_time") else None
-        )
+        expires_at = field_time(reply, "expire_time")
         return OutputUpload(
             reply.asset.asset_id,
             reply.upload_url,
@@ -383,11 +382,11 @@ class MediaClient:
 
 
 def _output_urls(signed: media_internal_service_pb2.AssetUrls) -> OutputUrls:
-    image = DownloadUrl(signed.url, signed.url_expire_time.ToDatetime(tzinfo=UTC))
+    image = DownloadUrl(signed.url, from_timestamp(signed.url_expire_time))
     thumbnail = None
     if signed.thumbnail_url:
         thumbnail = DownloadUrl(
-            signed.thumbnail_url, signed.thumbnail_url_expire_time.ToDatetime(tzinfo=UTC)
+            signed.thumbnail_url, from_timestamp(signed.thumbnail_url_expire_time)
         )
     return OutputUrls(image, thumbnail, signed.width, signed.height)
 

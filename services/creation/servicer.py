@@ -20,6 +20,7 @@ from services.kit.auth import current_principal
 from services.kit.errors import FieldViolation, invalid_argument
 from services.kit.idempotency import header_key
 from services.kit.pagination import Integer, KeysetCodec, Timestamp, Uuid, page_size
+from services.kit.timestamps import to_timestamp
 
 _KIND_TO_PROTO = convert.MEDIA_KIND_TO_PROTO
 _KIND_FROM_PROTO = {value: key for key, value in _KIND_TO_PROTO.items()}
@@ -168,7 +169,7 @@ class CreationServicer(creation_service_pb2_grpc.CreationServiceServicer):
             reserved_points=balance.reserved,
             daily_job_quota=limits.daily_quota,
             daily_jobs_remaining=max(0, limits.daily_quota - balance.jobs_today),
-            daily_quota_reset_time=convert.timestamp(quota_reset_time(now)),
+            daily_quota_reset_time=to_timestamp(quota_reset_time(now)),
             in_flight_limit=limits.in_flight_limit,
             in_flight_remaining=max(0, limits.in_flight_limit - balance.in_flight),
         )

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from google.protobuf import timestamp_pb2
 
 from services.kit.errors import FieldViolation
+from services.kit.timestamps import from_timestamp
 
 # How far a client's clock may run ahead of the server's: enough for clocks that drift,
 # small beside any retention measured from a client's time.
@@ -25,8 +26,8 @@ def client_time(
     """The time ``stamp`` states (field ``field``), or None with a violation in
     ``problems`` when it is not a valid time or is later than ``now`` plus the skew."""
     try:
-        moment = stamp.ToDatetime(tzinfo=UTC)
-    except (ValueError, OverflowError):
+        moment = from_timestamp(stamp)
+    except ValueError:
         problems.append(FieldViolation(field, "must be a valid time"))
         return None
     latest = now + CLIENT_CLOCK_SKEW

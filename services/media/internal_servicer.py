@@ -10,9 +10,10 @@ from grpc import aio
 
 from atelier.media.v1 import media_internal_service_pb2 as pb
 from atelier.media.v1 import media_internal_service_pb2_grpc
+from services.kit.timestamps import set_timestamp
 from services.media import fields
 from services.media.assets import MAX_URL_BATCH, Assets
-from services.media.wire import asset_message, asset_urls_message, timestamp
+from services.media.wire import asset_message, asset_urls_message
 
 
 class MediaInternalServicer(media_internal_service_pb2_grpc.MediaInternalServiceServicer):
@@ -54,10 +55,10 @@ class MediaInternalServicer(media_internal_service_pb2_grpc.MediaInternalService
         reply = pb.GetAssetUrlResponse(asset=asset_message(found.asset))
         if found.request is not None and found.expires_at is not None:
             reply.download_url = found.request.url
-            reply.expire_time.CopyFrom(timestamp(found.expires_at))
+            set_timestamp(reply.expire_time, found.expires_at)
             if found.thumbnail is not None:
                 reply.thumbnail_url = found.thumbnail.url
-                reply.thumbnail_url_expire_time.CopyFrom(timestamp(found.expires_at))
+                set_timestamp(reply.thumbnail_url_expire_time, found.expires_at)
         return reply
 
     async def GetAssetUrls(
@@ -87,7 +88,7 @@ class MediaInternalServicer(media_internal_service_pb2_grpc.MediaInternalService
             reply.upload_url = reserved.request.url
             reply.upload_method = reserved.request.method
             reply.upload_headers.update(reserved.request.headers)
-            reply.expire_time.CopyFrom(timestamp(reserved.expires_at))
+            set_timestamp(reply.expire_time, reserved.expires_at)
         return reply
 
     async def CompleteOutputUpload(

@@ -10,9 +10,10 @@ from grpc import aio
 from atelier.media.v1 import media_service_pb2, media_service_pb2_grpc
 from services.kit.auth import current_principal
 from services.kit.idempotency import header_key
+from services.kit.timestamps import set_timestamp, to_timestamp
 from services.media import fields
 from services.media.assets import Assets
-from services.media.wire import asset_message, timestamp
+from services.media.wire import asset_message
 
 
 class MediaServicer(media_service_pb2_grpc.MediaServiceServicer):
@@ -38,7 +39,7 @@ class MediaServicer(media_service_pb2_grpc.MediaServiceServicer):
             upload_url=upload.request.url,
             upload_method=upload.request.method,
             upload_headers=upload.request.headers,
-            expire_time=timestamp(upload.expires_at),
+            expire_time=to_timestamp(upload.expires_at),
         )
 
     async def CompleteUpload(
@@ -60,8 +61,8 @@ class MediaServicer(media_service_pb2_grpc.MediaServiceServicer):
         reply = media_service_pb2.GetAssetResponse(asset=asset_message(found.asset))
         if found.request is not None and found.expires_at is not None:
             reply.download_url = found.request.url
-            reply.download_url_expire_time.CopyFrom(timestamp(found.expires_at))
+            set_timestamp(reply.download_url_expire_time, found.expires_at)
             if found.thumbnail is not None:
                 reply.thumbnail_url = found.thumbnail.url
-                reply.thumbnail_url_expire_time.CopyFrom(timestamp(found.expires_at))
+                set_timestamp(reply.thumbnail_url_expire_time, found.expires_at)
         return reply

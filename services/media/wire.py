@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
-from google.protobuf import timestamp_pb2
-
 from atelier.media.v1 import asset_pb2, media_internal_service_pb2
+from services.kit.timestamps import set_timestamp, to_timestamp
 from services.media.assets import SignedUrls
 from services.media.model import Asset, Purpose, Status
 
@@ -21,12 +18,6 @@ _STATUSES = {
 }
 
 
-def timestamp(moment: datetime) -> timestamp_pb2.Timestamp:
-    stamp = timestamp_pb2.Timestamp()
-    stamp.FromDatetime(moment)
-    return stamp
-
-
 def asset_message(asset: Asset) -> asset_pb2.Asset:
     message = asset_pb2.Asset(
         asset_id=str(asset.asset_id),
@@ -39,15 +30,15 @@ def asset_message(asset: Asset) -> asset_pb2.Asset:
         sha256=asset.sha256 or "",
         width=asset.width or 0,
         height=asset.height or 0,
-        create_time=timestamp(asset.created_at),
+        create_time=to_timestamp(asset.created_at),
     )
     if asset.ready_at is not None:
-        message.ready_time.CopyFrom(timestamp(asset.ready_at))
+        set_timestamp(message.ready_time, asset.ready_at)
     return message
 
 
 def asset_urls_message(signed: SignedUrls) -> media_internal_service_pb2.AssetUrls:
-    expire_time = timestamp(signed.expires_at)
+    expire_time = to_timestamp(signed.expires_at)
     message = media_internal_service_pb2.AssetUrls(
         asset_id=str(signed.asset_id),
         url=signed.request.url,

@@ -4,15 +4,14 @@ as the caller, answer in protobuf."""
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
-from google.protobuf import timestamp_pb2
 from grpc import aio
 
 from atelier.notify.v1 import notify_service_pb2 as pb
 from services.kit.auth import current_principal
 from services.kit.pagination import KeysetCodec, Timestamp, Uuid, page_size
+from services.kit.timestamps import to_timestamp
 from services.notify import fields
 from services.notify.devices import Devices
 from services.notify.model import DeviceCursor, DeviceRow
@@ -23,10 +22,6 @@ DEVICE_PAGES = KeysetCodec("devices", DeviceCursor, created_at=Timestamp(), devi
 _ENVIRONMENT_MESSAGES = {name: value for value, name in fields.ENVIRONMENTS.items()}
 
 
-def _timestamp(value: datetime) -> timestamp_pb2.Timestamp:
-    stamp = timestamp_pb2.Timestamp()
-    stamp.FromDatetime(value)
-    return stamp
 
 
 def _device_message(row: DeviceRow) -> pb.Device:
@@ -35,8 +30,8 @@ def _device_message(row: DeviceRow) -> pb.Device:
         environment=_ENVIRONMENT_MESSAGES[row.environment],
         bundle_id=row.bundle_id,
         has_push_to_start_token=row.has_push_to_start_token,
-        create_time=_timestamp(row.created_at),
-        update_time=_timestamp(row.registered_at),
+        create_time=to_timestamp(row.created_at),
+        update_time=to_timestamp(row.registered_at),
         locale=row.locale,
     )
 
@@ -81,7 +76,7 @@ class DevicesServicer:
         registered_at = await self._devices.register_activity(registration)
         return pb.RegisterLiveActivityResponse(
             job_id=registration.job_id,
-            register_time=_timestamp(registered_at),
+            register_time=to_timestamp(registered_at),
             activity_id=registration.activity_id,
         )
 

@@ -12,13 +12,14 @@ read it; a test holds the two equal.
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from google.protobuf import json_format, timestamp_pb2
 
 from atelier.creation.v1 import job_pb2
 from atelier.notify.v1 import job_state_pb2
+from services.kit.timestamps import set_timestamp
 
 _STATUSES = {
     name: number
@@ -30,7 +31,6 @@ _STEPS = {
     for name, number in job_pb2.JobStep.items()
     if number != job_pb2.JOB_STEP_UNSPECIFIED
 }
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # RFC 3339 in UTC with no, 3 or 6 fractional digits: how protobuf (and
 # changes.json_time) writes a Timestamp.
 _CANONICAL_TIME = re.compile(
@@ -88,9 +88,7 @@ def _time(value: Any, into: timestamp_pb2.Timestamp) -> None:
         moment = datetime.fromisoformat(value)
     except ValueError:
         raise _NotCanonical from None
-    since = moment - _EPOCH
-    into.seconds = since.days * 86400 + since.seconds
-    into.nanos = since.microseconds * 1000
+    set_timestamp(into, moment)
 
 
 def _job_id(state: job_state_pb2.JobState, value: Any) -> None:

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from google.protobuf import duration_pb2, timestamp_pb2
+from google.protobuf import duration_pb2
 from grpc import aio
 
 from atelier.creation.v1 import worker_service_pb2 as pb
@@ -30,6 +30,7 @@ from services.kit.auth import current_principal, principal_id_problem
 from services.kit.client_times import client_time
 from services.kit.clock import Clock
 from services.kit.errors import FieldViolation, invalid_argument
+from services.kit.timestamps import set_timestamp, to_timestamp
 
 Context = aio.ServicerContext[Any, Any]
 
@@ -43,12 +44,6 @@ _OUTCOMES: dict[Status, pb.WorkerJobOutcome.ValueType] = {
     Status.CANCELLED: pb.WORKER_JOB_OUTCOME_CANCELLED,
     Status.NEEDS_ATTENTION: pb.WORKER_JOB_OUTCOME_NEEDS_ATTENTION,
 }
-
-
-def _timestamp(value: datetime) -> timestamp_pb2.Timestamp:
-    stamp = timestamp_pb2.Timestamp()
-    stamp.FromDatetime(value.astimezone(UTC))
-    return stamp
 
 
 def _duration(seconds: float) -> duration_pb2.Duration:
@@ -156,7 +151,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         )
         claimed.parameters.CopyFrom(convert.parameters_message(job.parameters))
         if job.lease_expires_at is not None:
-            claimed.lease_expire_time.CopyFrom(_timestamp(job.lease_expires_at))
+            set_timestamp(claimed.lease_expire_time, job.lease_expires_at)
         return claimed
 
     async def ClaimJob(self, request: pb.ClaimJobRequest, context: Context) -> pb.ClaimJobResponse:
@@ -172,7 +167,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         job = await self._jobs.claim(
             _pool(), request.request_id, request.claim_token, request.worker_id, asked, sent_at
         )
-        response = pb.ClaimJobResponse(server_time=_timestamp(datetime.now(UTC)))
+        response = pb.ClaimJobResponse(server_time=to_timestamp(datetime.now(UTC)))
         if job is not None:
             response.job.CopyFrom(self._claimed(job))
         return response
@@ -189,11 +184,11 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         job, now = await self._jobs.heartbeat(claim, progress)
         response = pb.HeartbeatJobResponse(
             version=job.version,
-            server_time=_timestamp(now),
+            server_time=to_timestamp(now),
             cancel_requested=job.cancel_requested,
         )
         if job.lease_expires_at is not None:
-            response.lease_expire_time.CopyFrom(_timestamp(job.lease_expires_at))
+            set_timestamp(response.lease_expire_time, job.lease_expires_at)
         return response
 
     async def ReadJobInput(
@@ -231,7 +226,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                     upload_headers=upload.headers,
                 )
                 if upload.expires_at is not None:
-                    answer.expire_time.CopyFrom(_timestamp(upload.expires_at))
+                    set_timestamp(answer.expire_time, upload.expires_at)
             return reply.SerializeToString()
 
         answer = await self._jobs.prepare_outputs(claim, key, specs, respond)
@@ -261,10 +256,10 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             reply = pb.StartJobResponse(
                 version=job.version,
                 lease_generation=claim.lease_generation,
-                server_time=_timestamp(self._clock()),
+                server_time=to_timestamp(self._clock()),
             )
             if job.lease_expires_at is not None:
-                reply.lease_expire_time.CopyFrom(_timestamp(job.lease_expires_at))
+                set_timestamp(reply.lease_expire_time, job.lease_expires_at)
             return reply.SerializeToString()
 
         answer = await self._jobs.start(
@@ -303,7 +298,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                 version=job.version,
                 outcome=_OUTCOMES.get(job.status, pb.WORKER_JOB_OUTCOME_UNSPECIFIED),
                 lease_generation=claim.lease_generation,
-                server_time=_timestamp(self._clock()),
+                server_time=to_timestamp(self._clock()),
             ).SerializeToString()
 
         if failed:
@@ -352,7 +347,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                 version=job.version,
                 outcome=_OUTCOMES.get(job.status, pb.WORKER_JOB_OUTCOME_UNSPECIFIED),
                 lease_generation=claim.lease_generation,
-                server_time=_timestamp(self._clock()),
+                server_time=to_timestamp(self._clock()),
             ).SerializeToString(),
         )
         return pb.ReleaseJobResponse.FromString(answer)
@@ -372,7 +367,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             lambda job: pb.AcknowledgeCancelResponse(
                 version=job.version,
                 lease_generation=claim.lease_generation,
-                server_time=_timestamp(self._clock()),
+                server_time=to_timestamp(self._clock()),
             ).SerializeToString(),
         )
         return pb.AcknowledgeCancelResponse.FromString(answer)

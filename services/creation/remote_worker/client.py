@@ -21,6 +21,7 @@ from atelier.creation.v1 import worker_service_pb2_grpc
 from services.kit.grpc_client import RemoteFailure
 from services.kit.logging import get_logger
 from services.kit.sizes import byte_size
+from services.kit.timestamps import to_timestamp
 
 log = get_logger(__name__)
 
@@ -65,9 +66,7 @@ def new_key() -> str:
 
 def sent_now() -> timestamp_pb2.Timestamp:
     """A request's request_time: set once with its key, resent unchanged with it."""
-    stamp = timestamp_pb2.Timestamp()
-    stamp.FromDatetime(datetime.now(UTC))
-    return stamp
+    return to_timestamp(datetime.now(UTC))
 
 
 def new_claim_token() -> str:
