@@ -13,6 +13,7 @@ from services.creation.operators import Operators
 from services.creation.store.admin import AttentionCursor, Decision, EventCursor
 from services.kit.auth import principal_id_problem
 from services.kit.errors import FieldViolation, invalid_argument
+from services.kit.ids import is_uuid
 from services.kit.pagination import Integer, KeysetCodec, Timestamp, Uuid, page_size
 
 Context = aio.ServicerContext[Any, Any]
@@ -44,7 +45,7 @@ def _text(name: str, value: str, problems: list[FieldViolation], *, required: bo
 
 
 def _job_id(value: str, problems: list[FieldViolation]) -> str:
-    if not submission.is_uuid(value):
+    if not is_uuid(value):
         problems.append(FieldViolation("job_id", "must be a UUID"))
     return value.lower()
 

@@ -19,6 +19,7 @@ from services.creation.store.ledger_entries import EntryCursor
 from services.kit.auth import current_principal
 from services.kit.errors import FieldViolation, invalid_argument
 from services.kit.idempotency import header_key
+from services.kit.ids import canonical_uuid
 from services.kit.pagination import Integer, KeysetCodec, Timestamp, Uuid, page_size
 from services.kit.timestamps import to_timestamp
 
@@ -34,9 +35,10 @@ LEDGER_PAGES = KeysetCodec("ledgerEntries", EntryCursor, entry_id=Integer())
 
 
 def _job_id(value: str) -> str:
-    if not submission.is_uuid(value):
+    job_id = canonical_uuid(value)
+    if job_id is None:
         raise invalid_argument(Reason.INVALID_JOB_ID, [FieldViolation("job_id", "must be a UUID")])
-    return value.lower()
+    return job_id
 
 
 def _catalog_response(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +20,7 @@ from services.creation.parameters import (
 )
 from services.kit import idempotency
 from services.kit.errors import FieldViolation
+from services.kit.ids import is_uuid
 
 MAX_PROMPT, MAX_NEGATIVE_PROMPT = 2000, 1000
 # SubmitJob's request_id / Idempotency-Key rule is every service's.
@@ -64,13 +64,6 @@ class SubmitCommand:
             canonical["num_outputs"] = self.num_outputs
         encoded = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(encoded.encode()).hexdigest()
-
-
-def is_uuid(value: str) -> bool:
-    try:
-        return str(uuid.UUID(value)) == value.lower()
-    except ValueError:
-        return False
 
 
 # The media kinds a worker generates: a model of any other kind (video, in the contract

@@ -13,13 +13,13 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Generic, Protocol, TypeVar
 
 from services.kit.errors import ApiError, FieldViolation, Reason, invalid_argument
+from services.kit.ids import canonical_uuid
 
 # Our tokens are well under this; a longer one is forged and not worth decoding.
 MAX_TOKEN_LENGTH = 512
@@ -87,13 +87,8 @@ class Uuid:
         return value
 
     def load(self, raw: Any) -> str:
-        if not isinstance(raw, str) or len(raw) != 36:
-            raise _Refused
-        try:
-            parsed = str(uuid.UUID(raw))
-        except ValueError:
-            raise _Refused from None
-        if parsed != raw.lower():
+        parsed = canonical_uuid(raw) if isinstance(raw, str) else None
+        if parsed is None:
             raise _Refused
         return parsed
 

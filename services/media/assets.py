@@ -18,6 +18,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from services.kit.ids import parse_uuid
 from services.kit.logging import get_logger
 from services.media.errors import (
     AssetDeleted,
@@ -45,7 +46,6 @@ from services.media.model import (
     Purpose,
     Status,
     object_key,
-    parse_asset_id,
     thumbnail_key,
 )
 from services.media.spool import Spooled, SpoolLimitExceeded, read_chunks, spool
@@ -548,7 +548,7 @@ class Assets:
         """Download (and thumbnail) URLs of those of the assets that are ready, read in
         one statement; an id that names no ready asset is left out (a malformed one too:
         it names none). At most MAX_URL_BATCH distinct ids (the caller checks)."""
-        parsed = {found for found in map(parse_asset_id, asset_ids) if found is not None}
+        parsed = {found for found in map(parse_uuid, asset_ids) if found is not None}
         if not parsed:
             return []
         ready = await self._store.ready_for_urls(sorted(parsed))

@@ -12,6 +12,7 @@ from atelier.media.v1 import asset_pb2
 from atelier.media.v1 import media_internal_service_pb2 as internal_pb2
 from services.kit.errors import ApiError, FieldViolation, invalid_argument
 from services.kit.idempotency import choose_key
+from services.kit.ids import parse_uuid
 from services.kit.sizes import byte_size
 from services.media.errors import Reason
 from services.media.model import (
@@ -19,7 +20,6 @@ from services.media.model import (
     Purpose,
     normalize_content_type,
     normalize_sha256,
-    parse_asset_id,
 )
 
 PURPOSES: dict[int, Purpose] = {
@@ -36,7 +36,7 @@ def bad_field(reason: str, field: str, description: str) -> ApiError:
 
 
 def asset_id(text: str) -> uuid.UUID:
-    parsed = parse_asset_id(text)
+    parsed = parse_uuid(text)
     if parsed is None:
         raise bad_field(Reason.INVALID_ASSET_ID, "asset_id", "must be an asset id (a UUID)")
     return parsed

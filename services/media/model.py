@@ -57,16 +57,6 @@ def owning_object_key(key: str) -> str:
     return key.removesuffix(THUMBNAIL_SUFFIX)
 
 
-def parse_asset_id(text: str) -> uuid.UUID | None:
-    """The id as a UUID, or None when it is not one (any spelling uuid accepts that
-    round-trips to the canonical lowercase form, so ids compare as strings too)."""
-    try:
-        parsed = uuid.UUID(text)
-    except ValueError:
-        return None
-    return parsed if str(parsed) == text.strip().lower() else None
-
-
 def normalize_sha256(text: str) -> str | None:
     """Lowercase hex SHA-256, or None when ``text`` is not one."""
     lowered = text.strip().lower()

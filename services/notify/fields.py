@@ -4,7 +4,6 @@ domain's values: normalized tokens, environment names, cursors as integers."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 
 from atelier.creation.v1 import job_pb2
@@ -12,6 +11,7 @@ from atelier.notify.v1 import notify_ingest_service_pb2 as ingest_pb
 from atelier.notify.v1 import notify_service_pb2 as pb
 from services.kit.auth import principal_id_problem
 from services.kit.errors import FieldViolation, invalid_argument
+from services.kit.ids import canonical_uuid, is_uuid
 from services.notify.errors import Reason
 from services.notify.model import ActivityRegistration, DeviceRegistration
 from services.notify.projection import JobState
@@ -26,14 +26,6 @@ ENVIRONMENTS = {
 }
 # A cursor is opaque to clients; this prefix lets the format change later.
 _CURSOR_PREFIX = "s"
-
-
-def _is_uuid(value: str) -> bool:
-    try:
-        uuid.UUID(value)
-    except ValueError:
-        return False
-    return True
 
 
 # -- Deliver ---------------------------------------------------------------------------
@@ -59,7 +51,7 @@ def _delivery_problems(messages: Sequence[ingest_pb.OutboxMessage]) -> list[Fiel
             problems.append(FieldViolation(where, "is required"))
             continue
         state = message.state
-        if not _is_uuid(state.job_id):
+        if not is_uuid(state.job_id):
             problems.append(FieldViolation(f"{where}.job_id", "must be a job id (a UUID)"))
         user_problem = principal_id_problem(state.user_id)
         if user_problem is not None:
@@ -106,7 +98,7 @@ def device_registration(user_id: str, request: pb.RegisterDeviceRequest) -> Devi
 
 
 def device_id(value: str) -> str:
-    if not _is_uuid(value):
+    if not is_uuid(value):
         raise invalid_argument(
             Reason.INVALID_DEVICE_ID,
             [FieldViolation("device_id", "must be a device id (a UUID)")],
@@ -116,7 +108,7 @@ def device_id(value: str) -> str:
 
 def _activity_problems(job_id: str, activity_id: str) -> list[FieldViolation]:
     problems: list[FieldViolation] = []
-    if not _is_uuid(job_id):
+    if not is_uuid(job_id):
         problems.append(FieldViolation("job_id", "must be a job id (a UUID)"))
     activity_problem = tokens.activity_id_problem(activity_id)
     if activity_problem:
@@ -128,7 +120,7 @@ def activity_registration(
     user_id: str, request: pb.RegisterLiveActivityRequest
 ) -> ActivityRegistration:
     problems = _activity_problems(request.job_id, request.activity_id)
-    if not _is_uuid(request.device_id):
+    if not is_uuid(request.device_id):
         problems.append(FieldViolation("device_id", "must be a device id (a UUID)"))
     problems += _token_violation("push_token", request.push_token)
     if problems:
@@ -155,12 +147,10 @@ def activity(request: pb.DeleteLiveActivityRequest) -> tuple[str, str]:
 
 def job_id(value: str) -> str:
     """The job id of a WatchJob, in its canonical form."""
-    try:
-        return str(uuid.UUID(value))
-    except ValueError:
-        raise invalid_argument(
-            Reason.INVALID_JOB_ID, [FieldViolation("job_id", "must be a UUID")]
-        ) from None
+    canonical = canonical_uuid(value)
+    if canonical is None:
+        raise invalid_argument(Reason.INVALID_JOB_ID, [FieldViolation("job_id", "must be a UUID")])
+    return canonical
 
 
 def after_version(value: int) -> int:

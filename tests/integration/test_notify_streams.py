@@ -124,6 +124,11 @@ async def test_another_users_job_is_not_found_and_bad_requests_are_refused(
             (watch_job(rep, new_user(), job), grpc.StatusCode.NOT_FOUND, "JOB_NOT_FOUND"),
             (watch_job(rep, owner, str(uuid.uuid4())), grpc.StatusCode.NOT_FOUND, "JOB_NOT_FOUND"),
             (watch_job(rep, owner, "nope"), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_JOB_ID"),
+            # The owner's own job, spelled as creation would refuse it (the kit's one rule).
+            *[
+                (watch_job(rep, owner, spelled), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_JOB_ID")
+                for spelled in (f"{{{job}}}", job.replace("-", ""), f"urn:uuid:{job}")
+            ],
             (
                 watch_job(rep, owner, job, after_version=-1),
                 grpc.StatusCode.INVALID_ARGUMENT,

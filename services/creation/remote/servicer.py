@@ -30,6 +30,7 @@ from services.kit.auth import current_principal, principal_id_problem
 from services.kit.client_times import client_time
 from services.kit.clock import Clock
 from services.kit.errors import FieldViolation, invalid_argument
+from services.kit.ids import is_uuid
 from services.kit.timestamps import set_timestamp, to_timestamp
 
 Context = aio.ServicerContext[Any, Any]
@@ -81,7 +82,7 @@ def _pool() -> str:
 
 
 def _lease(lease: pb.LeaseRef, worker_id: str, problems: list[FieldViolation]) -> LeaseClaim:
-    if not submission.is_uuid(lease.job_id):
+    if not is_uuid(lease.job_id):
         problems.append(FieldViolation("lease.job_id", "must be a UUID"))
     _token("lease.claim_token", lease.claim_token, problems)
     if lease.lease_generation < 1:
@@ -285,7 +286,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                 FieldViolation("output_asset_ids", "send either the outputs or a failure")
             )
         for index, asset_id in enumerate(request.output_asset_ids):
-            if not submission.is_uuid(asset_id):
+            if not is_uuid(asset_id):
                 problems.append(FieldViolation(f"output_asset_ids[{index}]", "must be a UUID"))
         if failed and not 0 < len(request.failure.code) <= 100:
             problems.append(FieldViolation("failure.code", "must be 1-100 characters"))

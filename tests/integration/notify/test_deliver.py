@@ -137,3 +137,23 @@ async def test_a_batch_no_outbox_could_write_is_refused_field_by_field(
     # Nothing of a refused batch is applied, not even its good part.
     async with engine.connect() as connection:
         assert (await connection.execute(select(job_states))).all() == []
+
+
+async def test_a_job_id_no_outbox_writes_is_refused_however_uuid_could_read_it(
+    notify: NotifyHarness, engine: AsyncEngine
+) -> None:
+    """The outbox writes ids as PostgreSQL prints them; braces (which Python's uuid and
+    PostgreSQL both read) are another spelling, refused by the kit's one rule."""
+    braced = job_state(f"{{{new_job_id()}}}", 1)
+    async with notify.internal_channel() as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await Stub(channel).Deliver(
+                pb.DeliverRequest(messages=[pb.OutboxMessage(outbox_id=1, state=braced)]),
+                metadata=SERVICE,
+            )
+    assert error_info(refused.value).reason == "INVALID_DELIVERY"
+    found = bad_request(refused.value)
+    assert found is not None
+    assert [v.field for v in found.field_violations] == ["messages[0].state.job_id"]
+    async with engine.connect() as connection:
+        assert (await connection.execute(select(job_states))).all() == []

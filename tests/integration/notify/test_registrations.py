@@ -257,3 +257,34 @@ async def test_devices_are_listed_newest_first_in_pages(
     with pytest.raises(grpc.aio.AioRpcError) as forged:
         await stub.ListDevices(pb.ListDevicesRequest(page_token="forged"), metadata=ALICE)
     assert error_info(forged.value).reason == "INVALID_PAGE_TOKEN"
+
+
+async def test_ids_in_another_spelling_are_refused_as_creation_refuses_them(
+    stub: notify_service_pb2_grpc.NotifyServiceStub,
+) -> None:
+    """Python's uuid reads braces, urn:uuid: and missing hyphens; the kit's rule (every
+    service's) does not, with the same reasons as any other malformed id."""
+    device = (await stub.RegisterDevice(device_request(), metadata=ALICE)).device
+    job = new_job_id()
+    for spelled in (f"{{{device.device_id}}}", device.device_id.replace("-", "")):
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.DeleteDevice(pb.DeleteDeviceRequest(device_id=spelled), metadata=ALICE)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_info(refused.value).reason == "INVALID_DEVICE_ID"
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stub.RegisterLiveActivity(
+            pb.RegisterLiveActivityRequest(
+                job_id=f"urn:uuid:{job}",
+                device_id=device.device_id.upper(),
+                push_token="55" * 40,
+                activity_id="a",
+            ),
+            metadata=ALICE,
+        )
+    assert error_info(refused.value).reason == "INVALID_LIVE_ACTIVITY"
+    found = bad_request(refused.value)
+    assert found is not None
+    # The uppercase device id is the device's, spelled in the other case: accepted.
+    assert {v.field for v in found.field_violations} == {"job_id"}
+    listed = await stub.ListDevices(pb.ListDevicesRequest(), metadata=ALICE)
+    assert [d.device_id for d in listed.devices] == [device.device_id]
