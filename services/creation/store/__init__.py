@@ -1,0 +1,19 @@
+"""creation's SQL: the statements on creation's tables and the functions that run them."""
+
+# What other packages import from here (tests/unit/test_package_surfaces.py).
+__all__ = [
+    "admin",
+    "backlog",
+    "catalog",
+    "changes",
+    "deletions",
+    "fenced",
+    "jobs",
+    "leases",
+    "ledger",
+    "ledger_entries",
+    "outbox",
+    "output_purges",
+    "remote",
+    "submit_statement",
+]

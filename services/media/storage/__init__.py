@@ -9,6 +9,7 @@ from services.media.storage.base import (
     WholeObject,
 )
 
+# What other packages import from here (tests/unit/test_package_surfaces.py).
 __all__ = [
     "ObjectExists",
     "ObjectNotFound",
@@ -16,4 +17,8 @@ __all__ = [
     "ObjectStorage",
     "SignedRequest",
     "WholeObject",
+    "base",
+    "local",
+    "s3",
+    "signing",
 ]
