@@ -22,7 +22,6 @@ from services.creation.store.fenced import (
     FencedWrite,
     Written,
     brief,
-    outputs_value,
 )
 from services.creation.store.predicates import status_is
 from services.creation.store.rows import STATUSES, job_from_row
@@ -113,18 +112,6 @@ async def apply_briefly(
     }
 
 
-async def _apply_one(
-    engine: AsyncEngine,
-    write: FencedWrite,
-    job_id: str,
-    lease_epoch: int,
-    now: datetime,
-    value: str | None = None,
-) -> Job | None:
-    written = await apply(engine, write, [FencedItem(job_id, lease_epoch, value)], now)
-    return written.get(job_id)
-
-
 async def heartbeat(
     engine: AsyncEngine,
     job_id: str,
@@ -150,32 +137,6 @@ async def heartbeat(
             )
         ).one()
         return job_from_row(row._mapping)
-
-
-async def mark_submitting(
-    engine: AsyncEngine, job_id: str, lease_epoch: int, now: datetime
-) -> Job | None:
-    """Committed before the provider is called, so a crash during the call is visible."""
-    return await _apply_one(engine, FencedWrite.MARK_SUBMITTING, job_id, lease_epoch, now)
-
-
-async def record_request(
-    engine: AsyncEngine, job_id: str, lease_epoch: int, request_id: str, now: datetime
-) -> Job | None:
-    """Committed as soon as the provider accepted, so no later crash submits again."""
-    return await _apply_one(
-        engine, FencedWrite.RECORD_REQUEST, job_id, lease_epoch, now, request_id
-    )
-
-
-async def complete(
-    engine: AsyncEngine, job_id: str, lease_epoch: int, outputs: Sequence[str], now: datetime
-) -> Job | None:
-    """None also when the owner asked to cancel: an output that lands after a cancel is
-    never attached (the worker deletes it and acknowledges the cancel)."""
-    return await _apply_one(
-        engine, FencedWrite.COMPLETE, job_id, lease_epoch, now, outputs_value(outputs)
-    )
 
 
 async def fail(
@@ -206,13 +167,6 @@ async def fail(
     return job_from_row(row) if row is not None else None
 
 
-async def acknowledge_cancel(
-    engine: AsyncEngine, job_id: str, lease_epoch: int, now: datetime
-) -> Job | None:
-    """The worker stopped at a safe point after the owner asked to cancel."""
-    return await _apply_one(engine, FencedWrite.ACKNOWLEDGE_CANCEL, job_id, lease_epoch, now)
-
-
 async def hand_back(
     engine: AsyncEngine, job_id: str, lease_epoch: int, delay: timedelta, now: datetime
 ) -> Job | None:
@@ -231,14 +185,6 @@ _OUTCOME_UNKNOWN = {
     "status": Status.NEEDS_ATTENTION.value,
     "error_code": "OUTCOME_UNKNOWN",
 }
-
-
-async def mark_outcome_unknown(
-    engine: AsyncEngine, job_id: str, lease_epoch: int, message: str, now: datetime
-) -> Job | None:
-    """A submit that may have reached the provider without telling us its request id:
-    never submitted again; an operator decides (the points stay reserved)."""
-    return await _apply_one(engine, FencedWrite.OUTCOME_UNKNOWN, job_id, lease_epoch, now, message)
 
 
 def _reap_values(decision: ReapDecision, job: Job, now: datetime) -> dict[str, Any]:
@@ -270,18 +216,6 @@ class Reaped:
 
     job: Job
     decision: ReapDecision
-
-
-async def reap(
-    engine: AsyncEngine,
-    now: datetime,
-    limit: int,
-    idempotent_providers: Collection[str] = (),
-    before_cancel: Callable[[Job], Awaitable[None]] | None = None,
-) -> list[Job]:
-    """The jobs of :func:`reap_decided`."""
-    reaped = await reap_decided(engine, now, limit, idempotent_providers, before_cancel)
-    return [r.job for r in reaped]
 
 
 async def reap_decided(

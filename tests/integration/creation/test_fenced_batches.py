@@ -34,6 +34,7 @@ from services.kit.outages import classify
 from services.kit.settings import DatabaseSettings
 from tests.integration.creation.helpers import LIMITS, T0, command, new_user, side_rows
 from tests.integration.creation.test_leases import ASSET, TTL, claimed, row
+from tests.support.fenced import fenced_write
 
 # Added to times that have none, milliseconds and microseconds: each kind once.
 FRACTIONS = [timedelta(0), timedelta(milliseconds=7), timedelta(microseconds=3)]
@@ -128,14 +129,28 @@ async def test_every_outbox_payload_written_in_sql_is_the_python_payload(
     times = [T0, T0 + timedelta(milliseconds=120), T0 + timedelta(microseconds=120_005)]
     items = [FencedItem(j.job_id, j.lease_epoch) for j in (a, b, c)]
     written += (await leases.apply(engine, FencedWrite.MARK_SUBMITTING, items, times[0])).values()
-    written.append(await leases.record_request(engine, a.job_id, a.lease_epoch, "r", times[1]))
-    await leases.beat(engine, "w1", [Beat(a.job_id, a.lease_epoch, 37)], TTL, times[1])
-    written.append(await leases.complete(engine, a.job_id, a.lease_epoch, [ASSET], times[2]))
     written.append(
-        await leases.mark_outcome_unknown(engine, b.job_id, b.lease_epoch, "lost", times[1])
+        await fenced_write(
+            engine, FencedWrite.RECORD_REQUEST, a.job_id, a.lease_epoch, times[1], "r"
+        )
+    )
+    await leases.beat(engine, "w1", [Beat(a.job_id, a.lease_epoch, 37)], TTL, times[1])
+    written.append(
+        await fenced_write(
+            engine, FencedWrite.COMPLETE, a.job_id, a.lease_epoch, times[2], outputs_value([ASSET])
+        )
+    )
+    written.append(
+        await fenced_write(
+            engine, FencedWrite.OUTCOME_UNKNOWN, b.job_id, b.lease_epoch, times[1], "lost"
+        )
     )
     await store.cancel(engine, c.user_id, c.job_id, times[0])
-    written.append(await leases.acknowledge_cancel(engine, c.job_id, c.lease_epoch, times[2]))
+    written.append(
+        await fenced_write(
+            engine, FencedWrite.ACKNOWLEDGE_CANCEL, c.job_id, c.lease_epoch, times[2]
+        )
+    )
     retried, failed, handed = await claimed(engine, 3)
     written += [retried, failed, handed]
     retry = {"retryable": True, "retry_delay": timedelta(seconds=4), "now": times[1]}
@@ -155,7 +170,14 @@ async def test_every_outbox_payload_written_in_sql_is_the_python_payload(
         written.append(several)
         landed = [str(uuid.UUID(int=offset * 10 + n)) for n in (3, 1, 2)]
         written.append(
-            await leases.complete(engine, several.job_id, several.lease_epoch, landed, when)
+            await fenced_write(
+                engine,
+                FencedWrite.COMPLETE,
+                several.job_id,
+                several.lease_epoch,
+                when,
+                outputs_value(landed),
+            )
         )
         assert written[-1] is not None
         assert written[-1].outputs == tuple(landed)
@@ -300,7 +322,9 @@ async def test_a_request_id_another_job_holds_fails_that_job_alone(engine: Async
     must not fail the other jobs of the batch: they are written one by one, and only the
     job whose row the database refuses gets the error."""
     holder, *batch = await claimed(engine, 4)
-    assert await leases.record_request(engine, holder.job_id, holder.lease_epoch, "gen-1", T0)
+    assert await fenced_write(
+        engine, FencedWrite.RECORD_REQUEST, holder.job_id, holder.lease_epoch, T0, "gen-1"
+    )
     writer = FencedWriter(engine, lambda: T0)
     requests = ["gen-1", "gen-2", "gen-3"]
     results = await asyncio.gather(

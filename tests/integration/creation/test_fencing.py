@@ -15,10 +15,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.creation.domain import Job, Status
 from services.creation.store import jobs as store
 from services.creation.store import leases
+from services.creation.store.fenced import FencedWrite, outputs_value
 from services.creation.store.leases import Beat
 from services.creation.store.rows import job_from_row
 from services.creation.tables import jobs
 from tests.integration.creation.helpers import LIMITS, T0, command, new_user, side_rows
+from tests.support.fenced import fenced_write
 
 TTL = timedelta(seconds=30)
 LATER = T0 + TTL * 2
@@ -35,11 +37,15 @@ async def _beat(engine: AsyncEngine, job: Job) -> object:
 STALE_WRITES: dict[str, StaleWrite] = {
     "beat": _beat,
     "heartbeat": lambda e, j: leases.heartbeat(e, j.job_id, j.lease_epoch, TTL, LATER, 70),
-    "mark_submitting": lambda e, j: leases.mark_submitting(e, j.job_id, j.lease_epoch, LATER),
-    "record_request": lambda e, j: leases.record_request(
-        e, j.job_id, j.lease_epoch, "req-old", LATER
+    "mark_submitting": lambda e, j: fenced_write(
+        e, FencedWrite.MARK_SUBMITTING, j.job_id, j.lease_epoch, LATER
     ),
-    "complete": lambda e, j: leases.complete(e, j.job_id, j.lease_epoch, [ASSET], LATER),
+    "record_request": lambda e, j: fenced_write(
+        e, FencedWrite.RECORD_REQUEST, j.job_id, j.lease_epoch, LATER, "req-old"
+    ),
+    "complete": lambda e, j: fenced_write(
+        e, FencedWrite.COMPLETE, j.job_id, j.lease_epoch, LATER, outputs_value([ASSET])
+    ),
     "fail": lambda e, j: leases.fail(
         e,
         j.job_id,
@@ -61,10 +67,12 @@ STALE_WRITES: dict[str, StaleWrite] = {
         now=LATER,
     ),
     "hand_back": lambda e, j: leases.hand_back(e, j.job_id, j.lease_epoch, timedelta(0), LATER),
-    "outcome_unknown": lambda e, j: leases.mark_outcome_unknown(
-        e, j.job_id, j.lease_epoch, "late", LATER
+    "outcome_unknown": lambda e, j: fenced_write(
+        e, FencedWrite.OUTCOME_UNKNOWN, j.job_id, j.lease_epoch, LATER, "late"
     ),
-    "acknowledge_cancel": lambda e, j: leases.acknowledge_cancel(e, j.job_id, j.lease_epoch, LATER),
+    "acknowledge_cancel": lambda e, j: fenced_write(
+        e, FencedWrite.ACKNOWLEDGE_CANCEL, j.job_id, j.lease_epoch, LATER
+    ),
 }
 
 
@@ -81,7 +89,7 @@ async def _taken_over(engine: AsyncEngine, cancel: bool) -> tuple[Job, Job]:
     user = new_user()
     await store.submit(engine, user, command(), LIMITS, T0)
     (old,) = await leases.claim(engine, "old", 1, TTL, T0)
-    await leases.reap(engine, T0 + TTL * 2, 10)
+    [r.job for r in await leases.reap_decided(engine, T0 + TTL * 2, 10)]
     (new,) = await leases.claim(engine, "new", 1, TTL, T0 + TTL * 2)
     assert (new.job_id, new.lease_epoch) == (old.job_id, old.lease_epoch + 1)
     if cancel:
@@ -105,7 +113,9 @@ async def test_the_new_holder_writes_through_after_every_stale_write(engine: Asy
     for name, write in STALE_WRITES.items():
         if name != "acknowledge_cancel":
             assert await write(engine, old) is None, name
-    done = await leases.complete(engine, new.job_id, new.lease_epoch, [ASSET], LATER)
+    done = await fenced_write(
+        engine, FencedWrite.COMPLETE, new.job_id, new.lease_epoch, LATER, outputs_value([ASSET])
+    )
     assert done is not None
     assert (done.status, done.lease_epoch, done.outputs) == (
         Status.SUCCEEDED,

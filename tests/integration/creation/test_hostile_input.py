@@ -26,6 +26,7 @@ from atelier.creation.v1 import (
 )
 from services.creation.store import jobs as store
 from services.creation.store import leases
+from services.creation.store.fenced import FencedWrite
 from services.kit.settings import DEV_JWT_SECRET
 from tests.integration.creation.helpers import (
     LIMITS,
@@ -37,6 +38,7 @@ from tests.integration.creation.helpers import (
     running_creation,
     user_token,
 )
+from tests.support.fenced import fenced_write
 from tests.support.rpc import bad_request, bearer, error_info
 
 TTL = timedelta(seconds=30)
@@ -271,8 +273,8 @@ async def test_list_jobs_pages_and_binds_the_filter(
 async def needs_attention(engine: AsyncEngine) -> str:
     job = (await store.submit(engine, new_user(), command(), LIMITS, T0)).job
     (claimed,) = await leases.claim(engine, "w", 10, TTL, T0)
-    await leases.mark_submitting(engine, claimed.job_id, claimed.lease_epoch, T0)
-    (reaped,) = await leases.reap(engine, T0 + TTL * 2, 10)
+    await fenced_write(engine, FencedWrite.MARK_SUBMITTING, claimed.job_id, claimed.lease_epoch, T0)
+    (reaped,) = [r.job for r in await leases.reap_decided(engine, T0 + TTL * 2, 10)]
     assert reaped.job_id == job.job_id
     return job.job_id
 

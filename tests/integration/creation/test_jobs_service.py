@@ -31,6 +31,7 @@ from atelier.media.v1 import (
     media_service_pb2_grpc,
 )
 from services.creation.store import leases
+from services.creation.store.fenced import FencedWrite
 from tests.integration.creation.helpers import (
     SERVICE,
     CreationHarness,
@@ -38,6 +39,7 @@ from tests.integration.creation.helpers import (
     running_creation,
     user_token,
 )
+from tests.support.fenced import fenced_write
 from tests.support.media import MediaHarness, image_bytes, media_settings, running_media
 from tests.support.rpc import error_info
 
@@ -185,8 +187,10 @@ async def test_operator_actions_log_their_actions(
         job = (await stub.SubmitJob(request(asset), metadata=user_token(user))).job
     now = stack.creation.clock()
     (claimed,) = await leases.claim(engine, "w", 10, TTL, now)
-    await leases.mark_submitting(engine, claimed.job_id, claimed.lease_epoch, now)
-    await leases.reap(engine, now + TTL * 2, 10)
+    await fenced_write(
+        engine, FencedWrite.MARK_SUBMITTING, claimed.job_id, claimed.lease_epoch, now
+    )
+    [r.job for r in await leases.reap_decided(engine, now + TTL * 2, 10)]
     async with stack.creation.internal_channel() as channel:
         admin = admin_service_pb2_grpc.AdminServiceStub(channel)
         await admin.ResolveJob(

@@ -14,10 +14,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.creation.domain import Job, Status
 from services.creation.store import jobs as store
 from services.creation.store import leases
+from services.creation.store.fenced import FencedWrite, outputs_value
 from services.creation.store.leases import Beat
 from services.creation.store.rows import job_from_row
 from services.creation.tables import jobs
 from tests.integration.creation.helpers import LIMITS, T0, command, new_user, side_rows
+from tests.support.fenced import fenced_write
 
 TTL = timedelta(seconds=30)
 ASSET = "7b0c4e8e-5d6f-4a51-9d1e-0c7f3e2b1a90"
@@ -94,7 +96,9 @@ async def test_a_beat_reads_the_cancel_request_and_skips_finished_jobs(engine: A
     a, b = await claimed(engine, 2)
     await store.cancel(engine, a.user_id, a.job_id, T0)
     requested = await row(engine, a.job_id)
-    await leases.complete(engine, b.job_id, b.lease_epoch, [ASSET], T0)
+    await fenced_write(
+        engine, FencedWrite.COMPLETE, b.job_id, b.lease_epoch, T0, outputs_value([ASSET])
+    )
     result = await leases.beat(
         engine, "w1", [Beat(a.job_id, a.lease_epoch), Beat(b.job_id, b.lease_epoch, 50)], TTL, T0
     )
@@ -110,8 +114,10 @@ async def test_an_empty_beat_sends_nothing(engine: AsyncEngine) -> None:
 
 async def test_hand_back_keeps_the_request_or_returns_the_attempt(engine: AsyncEngine) -> None:
     polling, fresh = await claimed(engine, 2)
-    await leases.mark_submitting(engine, polling.job_id, polling.lease_epoch, T0)
-    await leases.record_request(engine, polling.job_id, polling.lease_epoch, "req-1", T0)
+    await fenced_write(engine, FencedWrite.MARK_SUBMITTING, polling.job_id, polling.lease_epoch, T0)
+    await fenced_write(
+        engine, FencedWrite.RECORD_REQUEST, polling.job_id, polling.lease_epoch, T0, "req-1"
+    )
     delay = timedelta(seconds=3)
     kept = await leases.hand_back(engine, polling.job_id, polling.lease_epoch, delay, T0)
     assert kept is not None
@@ -146,8 +152,10 @@ async def test_hand_back_of_a_cancelled_job_changes_nothing(engine: AsyncEngine)
 
 async def test_outcome_unknown_needs_attention_and_holds_the_points(engine: AsyncEngine) -> None:
     (job,) = await claimed(engine, 1)
-    await leases.mark_submitting(engine, job.job_id, job.lease_epoch, T0)
-    got = await leases.mark_outcome_unknown(engine, job.job_id, job.lease_epoch, "timed out", T0)
+    await fenced_write(engine, FencedWrite.MARK_SUBMITTING, job.job_id, job.lease_epoch, T0)
+    got = await fenced_write(
+        engine, FencedWrite.OUTCOME_UNKNOWN, job.job_id, job.lease_epoch, T0, "timed out"
+    )
     assert got is not None
     assert (got.status, got.error_code, got.error_message) == (
         Status.NEEDS_ATTENTION,
@@ -160,8 +168,15 @@ async def test_outcome_unknown_needs_attention_and_holds_the_points(engine: Asyn
 async def test_complete_after_a_cancel_request_is_refused(engine: AsyncEngine) -> None:
     (job,) = await claimed(engine, 1)
     await store.cancel(engine, job.user_id, job.job_id, T0)
-    assert await leases.complete(engine, job.job_id, job.lease_epoch, [ASSET], T0) is None
-    done = await leases.acknowledge_cancel(engine, job.job_id, job.lease_epoch, T0)
+    assert (
+        await fenced_write(
+            engine, FencedWrite.COMPLETE, job.job_id, job.lease_epoch, T0, outputs_value([ASSET])
+        )
+        is None
+    )
+    done = await fenced_write(
+        engine, FencedWrite.ACKNOWLEDGE_CANCEL, job.job_id, job.lease_epoch, T0
+    )
     assert done is not None
     assert done.status is Status.CANCELLED
 
@@ -169,16 +184,21 @@ async def test_complete_after_a_cancel_request_is_refused(engine: AsyncEngine) -
 async def test_the_reaper_tells_the_provider_before_it_cancels(engine: AsyncEngine) -> None:
     asked, plain = await claimed(engine, 2)
     for job in (asked, plain):
-        await leases.mark_submitting(engine, job.job_id, job.lease_epoch, T0)
+        await fenced_write(engine, FencedWrite.MARK_SUBMITTING, job.job_id, job.lease_epoch, T0)
         await store.cancel(engine, job.user_id, job.job_id, T0)
-    await leases.record_request(engine, asked.job_id, asked.lease_epoch, "req-9", T0)
+    await fenced_write(
+        engine, FencedWrite.RECORD_REQUEST, asked.job_id, asked.lease_epoch, T0, "req-9"
+    )
     told: list[tuple[str, str | None, Status]] = []
 
     async def before_cancel(job: Job) -> None:
         told.append((job.job_id, job.provider_request_id, (await row(engine, job.job_id)).status))
 
     # `plain` died mid-submit: its outcome is unknown, so it is not cancelled.
-    reaped = await leases.reap(engine, T0 + TTL * 2, 10, before_cancel=before_cancel)
+    reaped = [
+        r.job
+        for r in await leases.reap_decided(engine, T0 + TTL * 2, 10, before_cancel=before_cancel)
+    ]
     assert told == [(asked.job_id, "req-9", Status.RUNNING)]
     assert {j.job_id: j.status for j in reaped} == {
         asked.job_id: Status.CANCELLED,

@@ -127,9 +127,9 @@ async def test_totals_are_the_ledger_sums_after_a_mixed_workload(engine: AsyncEn
         *(ledger.grant_points(engine, u, 3, "late", "promo", 100, later) for u in users),
     )
     # The leases of the rest ran out: the reaper cancels them in its batches.
-    found = await leases.reap(engine, T0 + TTL * 2, 4)
+    found = [r.job for r in await leases.reap_decided(engine, T0 + TTL * 2, 4)]
     while found:
-        found = await leases.reap(engine, T0 + TTL * 2, 4)
+        found = [r.job for r in await leases.reap_decided(engine, T0 + TTL * 2, 4)]
     sums = await assert_totals_are_the_ledger_sums(engine)
 
     kinds = await ledger_kinds(engine)
@@ -270,7 +270,7 @@ async def test_the_workers_batches_and_reapers_over_overlapping_users_never_dead
             )
 
     async def reaper() -> None:
-        while await leases.reap(engine, later, 5):
+        while [r.job for r in await leases.reap_decided(engine, later, 5)]:
             pass
 
     complete, acknowledge = by_kind["complete"], by_kind["acknowledge"]

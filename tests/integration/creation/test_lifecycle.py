@@ -14,9 +14,11 @@ from services.creation.errors import JobAlreadyFinished, JobNotAwaitingOperator,
 from services.creation.list_filter import JobFilter
 from services.creation.store import admin, leases, ledger
 from services.creation.store import jobs as store
+from services.creation.store.fenced import FencedWrite, outputs_value
 from services.creation.store.jobs import SubmitLimits
 from services.creation.store.writes import IllegalTransition, write
 from tests.integration.creation.helpers import LIMITS, T0, command, new_user, side_rows
+from tests.support.fenced import fenced_write
 
 TTL = timedelta(seconds=30)
 ASSET = "7b0c4e8e-5d6f-4a51-9d1e-0c7f3e2b1a90"
@@ -69,7 +71,9 @@ async def test_cancel_running_job_asks_the_worker(engine: AsyncEngine) -> None:
     )
     again = await store.cancel(engine, job.user_id, job.job_id, T0)
     assert (again.job.version, again.changed) == (requested.version, False)
-    done = await leases.acknowledge_cancel(engine, job.job_id, job.lease_epoch, T0)
+    done = await fenced_write(
+        engine, FencedWrite.ACKNOWLEDGE_CANCEL, job.job_id, job.lease_epoch, T0
+    )
     assert done is not None
     assert done.status is Status.CANCELLED
     assert await balance(engine, job.user_id) == (100, 0)
@@ -79,7 +83,9 @@ async def test_cancel_finished_job_is_refused_and_others_jobs_are_not_found(
     engine: AsyncEngine,
 ) -> None:
     job = await claim_one(engine, await submitted(engine))
-    await leases.complete(engine, job.job_id, job.lease_epoch, [ASSET], T0)
+    await fenced_write(
+        engine, FencedWrite.COMPLETE, job.job_id, job.lease_epoch, T0, outputs_value([ASSET])
+    )
     with pytest.raises(JobAlreadyFinished):
         await store.cancel(engine, job.user_id, job.job_id, T0)
     with pytest.raises(JobNotFound):
@@ -98,7 +104,9 @@ async def test_claim_runs_the_job_and_success_captures(engine: AsyncEngine) -> N
         1,
     )
     assert job.lease_expires_at == T0 + TTL
-    done = await leases.complete(engine, job.job_id, job.lease_epoch, [ASSET], T0)
+    done = await fenced_write(
+        engine, FencedWrite.COMPLETE, job.job_id, job.lease_epoch, T0, outputs_value([ASSET])
+    )
     assert done is not None
     assert (done.status, done.progress, done.outputs, done.lease_owner) == (
         Status.SUCCEEDED,
@@ -128,16 +136,33 @@ async def test_concurrent_claims_never_share_a_job(engine: AsyncEngine) -> None:
 async def test_a_stale_worker_is_fenced_off(engine: AsyncEngine) -> None:
     first = await claim_one(engine, await submitted(engine), "old")
     # The lease expires; the reaper queues it; another worker claims it.
-    await leases.reap(engine, T0 + TTL * 2, 1000)
+    [r.job for r in await leases.reap_decided(engine, T0 + TTL * 2, 1000)]
     second = await claim_one(engine, first, "new", T0 + TTL * 2)
     assert second.lease_epoch == first.lease_epoch + 1
-    assert await leases.complete(engine, first.job_id, first.lease_epoch, [ASSET], T0) is None
+    assert (
+        await fenced_write(
+            engine,
+            FencedWrite.COMPLETE,
+            first.job_id,
+            first.lease_epoch,
+            T0,
+            outputs_value([ASSET]),
+        )
+        is None
+    )
     assert (
         await leases.heartbeat(engine, first.job_id, first.lease_epoch, TTL, T0, progress=50)
         is None
     )
     assert (
-        await leases.complete(engine, second.job_id, second.lease_epoch, [ASSET], T0 + TTL * 2)
+        await fenced_write(
+            engine,
+            FencedWrite.COMPLETE,
+            second.job_id,
+            second.lease_epoch,
+            T0 + TTL * 2,
+            outputs_value([ASSET]),
+        )
         is not None
     )
 
@@ -210,7 +235,7 @@ async def test_backoff_delays_the_next_claim(engine: AsyncEngine) -> None:
 
 
 async def reaped(engine: AsyncEngine, job: Job) -> Job:
-    found = await leases.reap(engine, T0 + TTL * 2, 1000)
+    found = [r.job for r in await leases.reap_decided(engine, T0 + TTL * 2, 1000)]
     assert [r.job_id for r in found] == [job.job_id]
     return found[0]
 
@@ -223,8 +248,8 @@ async def test_reaper_requeues_a_job_that_never_reached_the_provider(engine: Asy
 
 async def test_reaper_resumes_a_job_the_provider_accepted(engine: AsyncEngine) -> None:
     job = await claim_one(engine, await submitted(engine))
-    await leases.mark_submitting(engine, job.job_id, job.lease_epoch, T0)
-    await leases.record_request(engine, job.job_id, job.lease_epoch, "req-1", T0)
+    await fenced_write(engine, FencedWrite.MARK_SUBMITTING, job.job_id, job.lease_epoch, T0)
+    await fenced_write(engine, FencedWrite.RECORD_REQUEST, job.job_id, job.lease_epoch, T0, "req-1")
     after = await reaped(engine, job)
     assert (after.status, after.step, after.provider_request_id) == (
         Status.QUEUED,
@@ -242,7 +267,7 @@ async def test_reaper_resumes_a_job_the_provider_accepted(engine: AsyncEngine) -
 
 async def test_reaper_sends_an_unknown_submit_to_an_operator(engine: AsyncEngine) -> None:
     job = await claim_one(engine, await submitted(engine))
-    await leases.mark_submitting(engine, job.job_id, job.lease_epoch, T0)
+    await fenced_write(engine, FencedWrite.MARK_SUBMITTING, job.job_id, job.lease_epoch, T0)
     after = await reaped(engine, job)
     assert (after.status, after.error_code) == (Status.NEEDS_ATTENTION, "OUTCOME_UNKNOWN")
     # Points stay held while an operator decides.
@@ -253,8 +278,8 @@ async def test_reaper_sends_an_unknown_submit_to_an_operator(engine: AsyncEngine
 
 async def test_reaper_resubmits_when_the_provider_submit_is_idempotent(engine: AsyncEngine) -> None:
     job = await claim_one(engine, await submitted(engine))
-    await leases.mark_submitting(engine, job.job_id, job.lease_epoch, T0)
-    found = await leases.reap(engine, T0 + TTL * 2, 1000, {"stub"})
+    await fenced_write(engine, FencedWrite.MARK_SUBMITTING, job.job_id, job.lease_epoch, T0)
+    found = [r.job for r in await leases.reap_decided(engine, T0 + TTL * 2, 1000, {"stub"})]
     assert [(r.job_id, r.status) for r in found] == [(job.job_id, Status.QUEUED)]
 
 
@@ -263,7 +288,7 @@ async def test_operator_decisions(engine: AsyncEngine) -> None:
     # RETRY last: it queues its job again, which the next claim would take.
     for decision in (admin.Decision.FAIL, admin.Decision.CANCEL, admin.Decision.RETRY):
         job = await claim_one(engine, await submitted(engine))
-        await leases.mark_submitting(engine, job.job_id, job.lease_epoch, T0)
+        await fenced_write(engine, FencedWrite.MARK_SUBMITTING, job.job_id, job.lease_epoch, T0)
         await reaped(engine, job)
         resolved = await admin.resolve(
             engine, job.job_id, decision, "ops@atelier", "checked the provider", T0
@@ -283,7 +308,9 @@ async def test_operator_decisions(engine: AsyncEngine) -> None:
 
 async def test_events_record_every_status_change_with_its_actor(engine: AsyncEngine) -> None:
     job = await claim_one(engine, await submitted(engine))
-    await leases.complete(engine, job.job_id, job.lease_epoch, [ASSET], T0)
+    await fenced_write(
+        engine, FencedWrite.COMPLETE, job.job_id, job.lease_epoch, T0, outputs_value([ASSET])
+    )
     events, cursor = await admin.list_events(engine, job.job_id, 100, None)
     assert cursor is None
     assert [(e.from_status, e.to_status, e.actor.value) for e in events] == [
@@ -326,7 +353,9 @@ async def test_list_pages_newest_first(engine: AsyncEngine) -> None:
 
 async def test_the_store_refuses_a_transition_the_state_machine_lacks(engine: AsyncEngine) -> None:
     job = await claim_one(engine, await submitted(engine))
-    done = await leases.complete(engine, job.job_id, job.lease_epoch, [ASSET], T0)
+    done = await fenced_write(
+        engine, FencedWrite.COMPLETE, job.job_id, job.lease_epoch, T0, outputs_value([ASSET])
+    )
     assert done is not None
     async with engine.begin() as connection:
         with pytest.raises(IllegalTransition):

@@ -17,6 +17,7 @@ from atelier.creation.v1 import creation_service_pb2, creation_service_pb2_grpc,
 from services.creation.errors import DailyQuotaExceeded
 from services.creation.store import jobs as store
 from services.creation.store import leases, ledger
+from services.creation.store.fenced import FencedWrite, outputs_value
 from services.creation.store.jobs import SubmitLimits
 from services.kit.pagination import Integer, KeysetCodec, Timestamp
 from tests.integration.creation.helpers import (
@@ -27,6 +28,7 @@ from tests.integration.creation.helpers import (
     running_creation,
     user_token,
 )
+from tests.support.fenced import fenced_write
 from tests.support.rpc import bad_request, error_info
 
 # The service's own limits (settings), and the store's submits made with the same ones.
@@ -77,7 +79,14 @@ async def test_the_balance_follows_reserve_capture_and_release_and_the_quotas(
 
     [claimed] = await leases.claim(engine, "w1", 1, timedelta(seconds=30), T0)
     assert claimed.job_id == captured.job_id
-    await leases.complete(engine, claimed.job_id, claimed.lease_epoch, [ASSET], T0)
+    await fenced_write(
+        engine,
+        FencedWrite.COMPLETE,
+        claimed.job_id,
+        claimed.lease_epoch,
+        T0,
+        outputs_value([ASSET]),
+    )
     await stub.CancelJob(
         creation_service_pb2.CancelJobRequest(job_id=released.job_id), metadata=user_token(user)
     )

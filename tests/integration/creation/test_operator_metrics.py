@@ -24,6 +24,7 @@ from services.creation.settings import CreationSettings
 from services.creation.store import jobs as store
 from services.creation.store import leases
 from services.creation.store.backlog import BACKLOG_SQL
+from services.creation.store.fenced import FencedWrite
 from services.creation.worker.lease_keeper import LeaseKeeper
 from services.dev.processes import free_port
 from services.kit.clock import system_clock
@@ -34,6 +35,7 @@ from services.kit.server import RunningService
 from services.kit.settings import ListenSettings
 from tests.integration.creation.helpers import LIMITS, command, new_user
 from tests.integration.creation.worker_kit import FakeProvider, engine_settings
+from tests.support.fenced import fenced_write
 from tests.support.pg_outage import OwnPostgres
 from tests.support.scrape import Scrape, scrape, scrape_until
 
@@ -126,8 +128,13 @@ async def make_needs_attention(engine: AsyncEngine) -> Job:
     now = system_clock()
     [claimed] = await leases.claim(engine, "worker-gone", 1, timedelta(seconds=5), now)
     assert claimed.job_id == job.job_id
-    assert await leases.mark_submitting(engine, job.job_id, claimed.lease_epoch, now) is not None
-    [reaped] = await leases.reap(engine, now + timedelta(minutes=1), 10)
+    assert (
+        await fenced_write(
+            engine, FencedWrite.MARK_SUBMITTING, job.job_id, claimed.lease_epoch, now
+        )
+        is not None
+    )
+    [reaped] = [r.job for r in await leases.reap_decided(engine, now + timedelta(minutes=1), 10)]
     assert reaped.status is Status.NEEDS_ATTENTION
     return reaped
 
@@ -191,7 +198,9 @@ async def test_reaper_decisions_are_counted_by_decision(
     claimed = await leases.claim(engine, "worker-gone", 2, timedelta(milliseconds=1), now)
     assert {j.job_id for j in claimed} == {submitting.job_id, exhausted.job_id}
     epoch = {j.job_id: j.lease_epoch for j in claimed}
-    await leases.mark_submitting(engine, submitting.job_id, epoch[submitting.job_id], now)
+    await fenced_write(
+        engine, FencedWrite.MARK_SUBMITTING, submitting.job_id, epoch[submitting.job_id], now
+    )
 
     settings = settings_for(creation_url, REAPER_PERIOD="0.5")
     async with serving(settings, providers={"stub": FakeProvider()}) as served:
@@ -219,7 +228,7 @@ async def test_a_lease_a_worker_finds_taken_over_is_counted(engine: AsyncEngine)
     lease = keeper.hold(claimed)
     lease.task = asyncio.create_task(asyncio.Event().wait())  # an attempt at work
     # The worker stalled past its lease; the reaper queued the job again.
-    [reaped] = await leases.reap(engine, now + timedelta(minutes=1), 10)
+    [reaped] = [r.job for r in await leases.reap_decided(engine, now + timedelta(minutes=1), 10)]
     assert reaped.job_id == job.job_id and reaped.status is Status.QUEUED
     endpoint = serve_metrics("127.0.0.1", port := free_port(), "TEST_METRICS_PORT")
     try:

@@ -122,7 +122,7 @@ async def test_reaper_rides_the_lease_expiry_index(
     capturing: tuple[AsyncEngine, list[tuple[str, Any]]],
 ) -> None:
     engine, sent = capturing
-    await leases.reap(engine, T0 - timedelta(days=3650), 8)
+    [r.job for r in await leases.reap_decided(engine, T0 - timedelta(days=3650), 8)]
     statement, parameters = one_statement(sent, lambda s: "lease_expires_at <" in s)
     assert "ix_jobs_lease_expiry" in await generic_plan(engine, statement, parameters)
 

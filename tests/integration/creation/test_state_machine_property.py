@@ -27,11 +27,13 @@ from services.creation.domain import TERMINAL, Status
 from services.creation.errors import InsufficientPoints, JobAlreadyFinished
 from services.creation.store import admin, leases, ledger
 from services.creation.store import jobs as store
+from services.creation.store.fenced import FencedWrite, outputs_value
 from services.creation.store.jobs import SubmitLimits
 from services.creation.tables import job_events, jobs, outbox
 from services.kit import migrations
 from services.kit.db import asyncpg_url
 from tests.integration.creation.helpers import T0, command
+from tests.support.fenced import fenced_write
 
 PRICE = 5  # stub-fast
 WELCOME = 12  # enough for two jobs, so running out of points happens often
@@ -190,14 +192,21 @@ def build_machine(database_url: str) -> type[RuleBasedStateMachine]:
                 return
             if model.step != "submitting":
                 assert self.run(
-                    leases.mark_submitting(self.engine, job_id, model.epoch, self.now())
+                    fenced_write(
+                        self.engine, FencedWrite.MARK_SUBMITTING, job_id, model.epoch, self.now()
+                    )
                 )
                 model.step = "submitting"
                 model.change()
             if data.draw(st.booleans()):  # the provider answered before any crash
                 assert self.run(
-                    leases.record_request(
-                        self.engine, job_id, model.epoch, f"req-{job_id}", self.now()
+                    fenced_write(
+                        self.engine,
+                        FencedWrite.RECORD_REQUEST,
+                        job_id,
+                        model.epoch,
+                        self.now(),
+                        f"req-{job_id}",
                     )
                 )
                 model.step, model.has_request = "generating", True
@@ -207,7 +216,16 @@ def build_machine(database_url: str) -> type[RuleBasedStateMachine]:
         @rule(data=st.data())
         def complete(self, data: st.DataObject) -> None:
             job_id, model = self.pick_running(data)
-            done = self.run(leases.complete(self.engine, job_id, model.epoch, [ASSET], self.now()))
+            done = self.run(
+                fenced_write(
+                    self.engine,
+                    FencedWrite.COMPLETE,
+                    job_id,
+                    model.epoch,
+                    self.now(),
+                    outputs_value([ASSET]),
+                )
+            )
             if model.cancel_requested:
                 # An output that lands after a cancel is never attached.
                 assert done is None
@@ -251,7 +269,11 @@ def build_machine(database_url: str) -> type[RuleBasedStateMachine]:
                 )
             )
             model = self.jobs[job_id]
-            assert self.run(leases.acknowledge_cancel(self.engine, job_id, model.epoch, self.now()))
+            assert self.run(
+                fenced_write(
+                    self.engine, FencedWrite.ACKNOWLEDGE_CANCEL, job_id, model.epoch, self.now()
+                )
+            )
             model.change(Status.CANCELLED)
 
         @precondition(lambda self: bool(self.jobs))
@@ -261,7 +283,17 @@ def build_machine(database_url: str) -> type[RuleBasedStateMachine]:
             model = self.jobs[job_id]
             stale = model.epoch - 1 if model.status is Status.RUNNING else model.epoch
             assert (
-                self.run(leases.complete(self.engine, job_id, stale, [ASSET], self.now())) is None
+                self.run(
+                    fenced_write(
+                        self.engine,
+                        FencedWrite.COMPLETE,
+                        job_id,
+                        stale,
+                        self.now(),
+                        outputs_value([ASSET]),
+                    )
+                )
+                is None
             )
             assert (
                 self.run(leases.heartbeat(self.engine, job_id, stale, TTL, self.now(), 50)) is None
@@ -271,7 +303,7 @@ def build_machine(database_url: str) -> type[RuleBasedStateMachine]:
         def reap(self) -> None:
             # A day later every lease has expired.
             self.time += timedelta(days=1)
-            reaped = self.run(leases.reap(self.engine, self.now(), 1000))
+            reaped = [r.job for r in self.run(leases.reap_decided(self.engine, self.now(), 1000))]
             assert {j.job_id for j in reaped} == set(self.with_status(Status.RUNNING))
             for job in reaped:
                 model = self.jobs[job.job_id]

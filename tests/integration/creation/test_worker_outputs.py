@@ -19,11 +19,13 @@ from services.creation.media_client import AssetRefused
 from services.creation.providers.base import Done, OutputImage, PollResult
 from services.creation.store import jobs as store
 from services.creation.store import leases
+from services.creation.store.fenced import FencedWrite
 from services.creation.tables import output_purges
 from services.creation.worker import output_purger
 from services.kit.clock import system_clock
 from tests.integration.creation.helpers import side_rows
 from tests.integration.creation.worker_kit import Engine, running
+from tests.support.fenced import fenced_write
 
 
 def picture(shade: int) -> OutputImage:
@@ -170,7 +172,9 @@ async def test_a_resumable_job_cancelled_while_queued_has_its_landed_output_purg
     job = await rig.submit(num_outputs=1)
     [claimed] = await leases.claim(rig.db, "w-dead", 1, timedelta(seconds=30), system_clock())
     assert claimed.job_id == job.job_id
-    await leases.record_request(rig.db, job.job_id, claimed.lease_epoch, "req-1", system_clock())
+    await fenced_write(
+        rig.db, FencedWrite.RECORD_REQUEST, job.job_id, claimed.lease_epoch, system_clock(), "req-1"
+    )
     landed = await rig.media_client.put_asset(
         job.user_id,
         "ai_output",

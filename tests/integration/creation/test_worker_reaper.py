@@ -13,9 +13,11 @@ from sqlalchemy import select, update
 from services.creation.domain import Job, Status
 from services.creation.store import jobs as store
 from services.creation.store import leases
+from services.creation.store.fenced import FencedWrite
 from services.creation.tables import job_events, jobs
 from services.kit.clock import system_clock
 from tests.integration.creation.worker_kit import Engine, running, until
+from tests.support.fenced import fenced_write
 
 TTL = timedelta(seconds=5)
 
@@ -28,10 +30,12 @@ async def dead_workers_jobs(rig: Engine) -> dict[str, Job]:
     claimed = await leases.claim(rig.db, "dead", 4, TTL, now)
     fresh, unknown, polling, cancelled = claimed
     for job in (unknown, polling, cancelled):
-        await leases.mark_submitting(rig.db, job.job_id, job.lease_epoch, now)
+        await fenced_write(rig.db, FencedWrite.MARK_SUBMITTING, job.job_id, job.lease_epoch, now)
     for job in (polling, cancelled):
         request = f"req-{job.job_id}"
-        await leases.record_request(rig.db, job.job_id, job.lease_epoch, request, now)
+        await fenced_write(
+            rig.db, FencedWrite.RECORD_REQUEST, job.job_id, job.lease_epoch, now, request
+        )
     await store.cancel(rig.db, cancelled.user_id, cancelled.job_id, now)
     return {"fresh": fresh, "unknown": unknown, "polling": polling, "cancelled": cancelled}
 

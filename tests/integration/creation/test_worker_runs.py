@@ -21,6 +21,7 @@ from services.creation.providers.base import (
     Running,
 )
 from services.creation.store import leases
+from services.creation.store.fenced import FencedWrite
 from services.creation.tables import outbox
 from services.kit.clock import system_clock
 from tests.integration.creation.helpers import side_rows
@@ -30,6 +31,7 @@ from tests.integration.creation.worker_kit import (
     running,
     until,
 )
+from tests.support.fenced import fenced_write
 
 TTL_SECONDS = 5
 
@@ -207,8 +209,10 @@ async def test_a_job_with_a_request_resumes_polling_and_never_submits(rig: Engin
     # An earlier worker submitted, stored the request id, and handed the job back.
     now = system_clock()
     (held,) = await leases.claim(rig.db, "earlier", 1, _ttl(), now)
-    await leases.mark_submitting(rig.db, held.job_id, held.lease_epoch, now)
-    await leases.record_request(rig.db, held.job_id, held.lease_epoch, "req-earlier", now)
+    await fenced_write(rig.db, FencedWrite.MARK_SUBMITTING, held.job_id, held.lease_epoch, now)
+    await fenced_write(
+        rig.db, FencedWrite.RECORD_REQUEST, held.job_id, held.lease_epoch, now, "req-earlier"
+    )
     await leases.hand_back(rig.db, held.job_id, held.lease_epoch, _ttl() * 0, now)
     async with running(rig.worker()):
         done = await rig.until_job(job.job_id, lambda j: j.status.terminal)
