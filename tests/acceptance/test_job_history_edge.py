@@ -25,12 +25,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from atelier.media.v1 import asset_pb2
 from atelier.notify.v1 import notify_service_pb2, notify_service_pb2_grpc
 from services.creation.store import leases
-from services.creation.store.fenced import FencedWrite, outputs_value
 from services.creation.tables import jobs, points_ledger
 from services.dev.stack import Stack
 from services.kit.db import asyncpg_url
 from tests.acceptance.test_jobs_edge import User, job_body, put_input
-from tests.support.fenced import fenced_write
 from tests.support.rpc import bearer
 
 ACTIVE = [("statuses", "JOB_STATUS_QUEUED"), ("statuses", "JOB_STATUS_RUNNING")]
@@ -84,9 +82,7 @@ async def succeed(stack: Stack, engine: AsyncEngine, user: User, job_id: str) ->
     """Runs the job to SUCCEEDED with a real output stored by media; the output's id."""
     epoch = await claim(engine, job_id)
     output = await put_input(stack, user.user_id, asset_pb2.ASSET_PURPOSE_AI_OUTPUT)
-    assert await fenced_write(
-        engine, FencedWrite.COMPLETE, job_id, epoch, datetime.now(UTC), outputs_value([output])
-    )
+    assert await leases.complete(engine, job_id, epoch, [output], datetime.now(UTC))
     return output
 
 

@@ -25,13 +25,11 @@ from atelier.creation.v1 import (
 )
 from atelier.media.v1 import asset_pb2, media_internal_service_pb2, media_internal_service_pb2_grpc
 from services.creation.store import leases
-from services.creation.store.fenced import FencedWrite, outputs_value
 from services.creation.tables import jobs
 from services.dev.stack import Stack, StackPorts
 from services.kit.auth import issue_token
 from services.kit.db import asyncpg_url
 from services.kit.settings import DEV_JWT_SECRET, DEV_SERVICE_TOKEN
-from tests.support.fenced import fenced_write
 from tests.support.rpc import bearer, error_info
 
 
@@ -337,14 +335,7 @@ async def test_a_succeeded_job_links_its_output(
         now = datetime.now(UTC)
         claimed = await leases.claim(engine, "acceptance-worker", 1, timedelta(seconds=30), now)
         assert [c.job_id for c in claimed] == [job["jobId"]]
-        assert await fenced_write(
-            engine,
-            FencedWrite.COMPLETE,
-            job["jobId"],
-            claimed[0].lease_epoch,
-            now,
-            outputs_value([output]),
-        )
+        assert await leases.complete(engine, job["jobId"], claimed[0].lease_epoch, [output], now)
     finally:
         await engine.dispose()
 
