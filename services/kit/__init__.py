@@ -8,6 +8,7 @@ __all__ = [
     "components",
     "db",
     "db_connect",
+    "db_errors",
     "deadlines",
     "errors",
     "event_loop",

@@ -22,8 +22,6 @@ DEVICE_PAGES = KeysetCodec("devices", DeviceCursor, created_at=Timestamp(), devi
 _ENVIRONMENT_MESSAGES = {name: value for value, name in fields.ENVIRONMENTS.items()}
 
 
-
-
 def _device_message(row: DeviceRow) -> pb.Device:
     return pb.Device(
         device_id=row.device_id,

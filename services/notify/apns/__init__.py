@@ -2,4 +2,13 @@
 notify.pushes, and the checks behind `atelier push doctor`."""
 
 # What other packages import from here (tests/unit/test_package_surfaces.py).
-__all__ = ["assemble", "client", "doctor", "doctor_command", "keys", "provider_token", "settings"]
+__all__ = [
+    "assemble",
+    "claims",
+    "client",
+    "doctor",
+    "doctor_command",
+    "keys",
+    "provider_token",
+    "settings",
+]

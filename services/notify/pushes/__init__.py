@@ -2,4 +2,4 @@
 update implies (recorded in the update's transaction for the sender to deliver)."""
 
 # What other packages import from here (tests/unit/test_package_surfaces.py).
-__all__ = ["planning", "queue", "registrations", "tokens"]
+__all__ = ["planner", "planning", "tokens"]

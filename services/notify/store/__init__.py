@@ -18,4 +18,4 @@ from services.notify.store.sender import PushStore
 from services.notify.store.stream_reads import StreamReads
 from services.notify.store.tokens import TokenStore
 
-__all__ = ["ProjectionStore", "PushStore", "StreamReads", "TokenStore"]
+__all__ = ["ProjectionStore", "PushStore", "StreamReads", "TokenStore", "doctor", "sender"]
