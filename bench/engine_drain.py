@@ -155,7 +155,13 @@ async def _fill_pool(database: Database) -> None:
 async def anchor_worker(url: str, connections: int, batch: int, per_job: bool) -> None:
     """The plainest claim + complete: no lease keeper, no step markers, no side rows;
     completed per job (``per_job``) or per claimed batch."""
-    pool = await asyncpg.create_pool(asyncpg_dsn(url), min_size=connections, max_size=connections)
+    # Triggers off (a superuser's session setting): the anchor writes no side rows.
+    pool = await asyncpg.create_pool(
+        asyncpg_dsn(url),
+        min_size=connections,
+        max_size=connections,
+        server_settings={"session_replication_role": "replica"},
+    )
     claim = """
         UPDATE creation.jobs SET status = 'running', step = 'preparing', attempt = 1,
                lease_owner = $1, lease_epoch = lease_epoch + 1,
@@ -223,10 +229,10 @@ def queue_jobs(url: str, count: int) -> None:
         connection = await asyncpg.connect(asyncpg_dsn(url))
         try:
             await connection.execute(f"TRUNCATE {JOB_TABLES}")
+            # The jobs' insert trigger writes each one's reservation, event and outbox row.
             await connection.execute(
                 """
-                WITH made AS (
-                  INSERT INTO creation.jobs (
+                INSERT INTO creation.jobs (
                     job_id, user_id, model_id, style_id, provider_code, provider_model,
                     price_points, input_asset_id, prompt, negative_prompt, width, height,
                     status, max_attempts, next_attempt_at, request_hash, created_at,
@@ -236,13 +242,11 @@ def queue_jobs(url: str, count: int) -> None:
                          'queued', 3, now(), md5(i::text) || md5(i::text),
                          now() - interval '1 second', now() - interval '1 second'
                   FROM generate_series(1, $1) AS i
-                  RETURNING job_id, user_id
-                )
-                INSERT INTO creation.points_ledger (user_id, job_id, kind, amount, created_at)
-                SELECT user_id, job_id, 'reserve', 5, now() FROM made
                 """,
                 count,
             )
+            # The run starts, as a real queue would, with their submits long delivered.
+            await connection.execute("TRUNCATE creation.outbox, creation.job_events")
             await connection.execute("VACUUM ANALYZE creation.jobs")
             await connection.execute("VACUUM ANALYZE creation.outbox")
             await connection.execute("VACUUM ANALYZE creation.job_events")

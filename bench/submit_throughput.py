@@ -56,7 +56,6 @@ from atelier_client import AsyncClient
 from bench.anchors import Http1Client, echo_call, echo_server, http_echo_server
 from bench.cpu import CpuMeter, format_per_op
 from bench.scratch import scratch_folder
-from services.creation.store.changes import submitted_payload
 from services.creation.store.submit_statement import SUBMIT_CALL, submit_arguments
 from services.dev import postgres
 from services.dev.stack import Stack, StackPorts
@@ -214,10 +213,6 @@ def submit_call_arguments(user: str) -> list[object]:
         daily_quota=10**9,
         in_flight_limit=10**9,
         welcome_points=10**9,
-        # The payload the servicer writes: notify takes it, so the relay delivers these
-        # rows like any others (a payload notify refused would leave the relay retrying
-        # the same batch for the whole run).
-        payload=json.dumps(submitted_payload(job_id, user, now)),
         now=now,
         num_outputs=1,
         trace_parent=None,

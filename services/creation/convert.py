@@ -219,6 +219,10 @@ def event_message(event: Event) -> job_pb2.JobEvent:
         actor_id=event.actor_id,
         reason=event.reason,
         create_time=to_timestamp(event.created_at),
+        requester_kind=ACTOR_TO_PROTO[event.requester]
+        if event.requester
+        else job_pb2.ACTOR_KIND_UNSPECIFIED,
+        requester_id=event.requester_id,
     )
 
 

@@ -207,3 +207,7 @@ class Event:
     actor_id: str
     reason: str
     created_at: datetime
+    # Who asked to cancel: on a cancel request (its status unchanged) and on the
+    # CANCELLED that ends it; None on every other event.
+    requester: Actor | None = None
+    requester_id: str = ""

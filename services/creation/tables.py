@@ -204,6 +204,14 @@ jobs = Table(
     # The version of the adapter that submitted the provider request (Provider.version);
     # last, as migration 0016 added it (statements that read j.* map columns by position).
     Column("provider_version", Text),
+    # The newest version's change, named by its writer (an actor of ACTORS, its id, why):
+    # the triggers of migration 0018 (sql/job_changes.sql) copy it to the change's event
+    # and ledger entry. Who asked to cancel, until the job is cancelled or retried.
+    Column("change_actor_kind", Text),
+    Column("change_actor_id", Text),
+    Column("change_reason", Text),
+    Column("cancel_requester_kind", Text),
+    Column("cancel_requester_id", Text),
     CheckConstraint(f"status IN ({_quoted(STATUSES)})", name="status_known"),
     CheckConstraint(f"step IS NULL OR step IN ({_quoted(STEPS)})", name="step_known"),
     CheckConstraint("progress BETWEEN 0 AND 100", name="progress_percent"),
@@ -296,9 +304,16 @@ job_events = Table(
     Column("actor_id", Text, nullable=False),
     Column("reason", Text, nullable=False, server_default=""),
     Column("created_at", DateTime(timezone=True), nullable=False),
+    # Who asked to cancel: on a cancel request's event (its status unchanged) and on the
+    # CANCELLED that ends the job.
+    Column("requester_kind", Text),
+    Column("requester_id", Text),
     CheckConstraint(f"actor_kind IN ({_quoted(ACTORS)})", name="actor_known"),
     CheckConstraint(f"to_status IN ({_quoted(STATUSES)})", name="to_status_known"),
-    CheckConstraint("from_status IS NULL OR from_status <> to_status", name="is_a_change"),
+    CheckConstraint(
+        "from_status IS NULL OR from_status <> to_status OR requester_kind IS NOT NULL",
+        name="is_a_change",
+    ),
     UniqueConstraint("job_id", "version", name="uq_job_events_job_id_version"),
 )
 

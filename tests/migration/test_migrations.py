@@ -275,10 +275,12 @@ SUBMIT_SIGNATURES = """
 """
 
 
-def _submit_call(trace_parent: bool) -> str:
+def _submit_call(trace_parent: bool, payload: bool = False) -> str:
     """A named-argument call of creation.submit_job that makes a job (with 0008's extra
-    argument when ``trace_parent``)."""
+    argument when ``trace_parent``; with the payload argument the job's triggers replaced
+    in 0018 when ``payload``)."""
     extra = ", p_trace_parent => :trace_parent" if trace_parent else ""
+    given = "p_payload => '{}', " if payload else ""
     return f"""
         SELECT submit_outcome, (job).job_id::text FROM creation.submit_job(
           p_job_id => gen_random_uuid(), p_user_id => :user_id, p_idempotency_key => NULL,
@@ -287,7 +289,7 @@ def _submit_call(trace_parent: bool) -> str:
           p_width => 512, p_height => 512, p_parameters => '{{}}', p_max_attempts => 3,
           p_request_hash => repeat('0', 64), p_day_start => now() - interval '1 day',
           p_daily_quota => 100, p_in_flight_limit => 100, p_welcome_points => 100,
-          p_payload => '{{}}', p_now => now(), p_num_outputs => 1{extra})
+          {given}p_now => now(), p_num_outputs => 1{extra})
     """
 
 
@@ -320,7 +322,9 @@ def test_0008_replaces_the_submit_function_and_its_downgrade_restores_0007s(
 
     def submit_untraced(connection: Connection) -> tuple[list[str], str, bool]:
         signatures = list(connection.execute(text(SUBMIT_SIGNATURES)).scalars())
-        outcome, _ = connection.execute(text(_submit_call(False)), {"user_id": "u-0007"}).one()
+        outcome, _ = connection.execute(
+            text(_submit_call(False, payload=True)), {"user_id": "u-0007"}
+        ).one()
         column = connection.execute(
             text(
                 "SELECT EXISTS (SELECT 1 FROM information_schema.columns WHERE"
@@ -371,7 +375,7 @@ def test_0013_backfills_the_ledger_totals_and_its_downgrade_restores_0008s_submi
         for user in ("u-a", "u-b"):
             for _ in range(3):
                 outcome, job_id = connection.execute(
-                    text(_submit_call(True)), {"user_id": user, "trace_parent": None}
+                    text(_submit_call(True, payload=True)), {"user_id": user, "trace_parent": None}
                 ).one()
                 assert outcome == "ok"
                 made.setdefault(user, []).append(job_id)
@@ -398,10 +402,10 @@ def test_0013_backfills_the_ledger_totals_and_its_downgrade_restores_0008s_submi
         ]
     )
 
-    def submit(user: str) -> object:
+    def submit(user: str, payload: bool = False) -> object:
         def go(connection: Connection) -> object:
             outcome, _ = connection.execute(
-                text(_submit_call(True)), {"user_id": user, "trace_parent": None}
+                text(_submit_call(True, payload)), {"user_id": user, "trace_parent": None}
             ).one()
             connection.commit()
             return outcome
@@ -429,7 +433,8 @@ def test_0013_backfills_the_ledger_totals_and_its_downgrade_restores_0008s_submi
     assert not table
     assert "ledger_totals" not in source
     assert "FROM creation.points_ledger" in source
-    assert run(scratch_database, submit("u-b")) == "ok"  # 0008's submit, summing the ledger
+    # 0008's submit, summing the ledger
+    assert run(scratch_database, submit("u-b", payload=True)) == "ok"
     migrations.upgrade("creation", scratch_database)
     sums, totals = _sums_and_totals(scratch_database)
     assert totals == sums

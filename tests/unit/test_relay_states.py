@@ -9,11 +9,11 @@ import pytest
 from google.protobuf import json_format
 
 from atelier.notify.v1 import job_state_pb2
+from services.creation import convert
 from services.creation.relay.states import read_state
-from services.creation.store.changes import outbox_payload
 from tests.unit.test_creation_convert import VARIANTS
 
-QUEUED = outbox_payload(VARIANTS["queued"])
+QUEUED = json_format.MessageToDict(convert.job_state(VARIANTS["queued"]))
 
 # Payloads no writer makes: each must read as ParseDict reads it (or fail as it fails).
 ODD = {
@@ -66,7 +66,7 @@ def _read(payload: Any) -> job_state_pb2.JobState | type[Exception]:
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_every_payload_a_writer_makes_reads_as_parse_dict_reads_it(name: str) -> None:
-    payload = outbox_payload(VARIANTS[name])
+    payload = json_format.MessageToDict(convert.job_state(VARIANTS[name]))
     read = _read(payload)
     assert read == _parse_dict(payload)
     assert isinstance(read, job_state_pb2.JobState)

@@ -41,7 +41,7 @@ from services.creation.relay.pruning import Pruning
 from services.creation.relay.states import read_state
 from services.creation.settings import RelaySettings
 from services.creation.store import outbox
-from services.creation.store.changes import OUTBOX_CHANNEL
+from services.creation.store.outbox import OUTBOX_CHANNEL
 from services.kit import tracing
 from services.kit.clock import Clock, system_clock
 from services.kit.db import driver_connection

@@ -1,9 +1,9 @@
 """An outbox payload (a JobState in protobuf's JSON form, see store/changes.py) read into
 the message the relay sends, without ``json_format.ParseDict``.
 
-ParseDict walks the message's descriptor for every key and costs ~30 µs a row; the
-writers (``changes.outbox_payload``, the SQL in ``store/fenced.py`` and the submit
-function) only ever write the canonical form below, which is read here directly in a few
+ParseDict walks the message's descriptor for every key and costs ~30 µs a row; the one
+writer (``creation.job_state`` in sql/job_changes.sql, called by the job triggers) only
+ever writes the canonical form below, which is read here directly in a few
 microseconds. Anything else (a key not listed, a value of another type or shape, a time
 with an offset) goes to ParseDict, so what a payload means never depends on which path
 read it; a test holds the two equal.
@@ -32,7 +32,7 @@ _STEPS = {
     if number != job_pb2.JOB_STEP_UNSPECIFIED
 }
 # RFC 3339 in UTC with no, 3 or 6 fractional digits: how protobuf (and
-# changes.json_time) writes a Timestamp.
+# creation.rfc3339) writes a Timestamp.
 _CANONICAL_TIME = re.compile(
     r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{3}|\.[0-9]{6})?Z"
 )

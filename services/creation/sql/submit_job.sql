@@ -22,7 +22,7 @@ CREATE OR REPLACE FUNCTION creation.submit_job(
   p_input_asset_id uuid, p_prompt text, p_negative_prompt text, p_width integer,
   p_height integer, p_parameters jsonb, p_max_attempts integer, p_request_hash text,
   p_day_start timestamptz, p_daily_quota bigint, p_in_flight_limit bigint,
-  p_welcome_points bigint, p_payload jsonb, p_now timestamptz, p_num_outputs integer,
+  p_welcome_points bigint, p_now timestamptz, p_num_outputs integer,
   p_trace_parent text)
 RETURNS TABLE (submit_outcome text, model_kind text, model_price bigint,
                available_points bigint, job creation.jobs)
@@ -110,31 +110,15 @@ BEGIN
       job_id, user_id, model_id, style_id, provider_code, provider_model, price_points,
       input_asset_id, prompt, negative_prompt, width, height, parameters, status,
       max_attempts, next_attempt_at, idempotency_key, request_hash, created_at, updated_at,
-      num_outputs, trace_parent)
+      num_outputs, trace_parent, change_actor_kind, change_actor_id, change_reason)
     SELECT
       p_job_id, p_user_id, p_model_id, p_style_id, provider_code, provider_model, price_points,
       p_input_asset_id, p_prompt, p_negative_prompt, p_width, p_height, p_parameters, 'queued',
       p_max_attempts, p_now, p_idempotency_key, p_request_hash, p_now, p_now,
-      p_num_outputs, p_trace_parent
+      p_num_outputs, p_trace_parent, 'user', p_user_id, 'submitted'
     FROM verdict
     WHERE outcome = 'ok'
     RETURNING *
-  ),
-  event AS (
-    INSERT INTO creation.job_events (
-      job_id, version, from_status, to_status, actor_kind, actor_id, reason, created_at)
-    SELECT job_id, version, NULL, status, 'user', p_user_id, 'submitted', p_now FROM job
-  ),
-  reservation AS (
-    INSERT INTO creation.points_ledger (user_id, job_id, kind, amount, reason, created_at)
-    -- After the welcome (migration 0015): the entries' sequence is their order.
-    SELECT p_user_id, job_id, 'reserve', price_points, 'submitted', p_now
-    FROM job CROSS JOIN (SELECT count(*) FROM welcome) AS welcomed_first
-  ),
-  -- The outbox's statement trigger sends NOTIFY at commit.
-  message AS (
-    INSERT INTO creation.outbox (job_id, user_id, version, payload, created_at)
-    SELECT job_id, user_id, version, p_payload, p_now FROM job
   )
   SELECT v.outcome, v.media_kind, v.price_points, CAST(v.available AS bigint), j.found
   FROM verdict v

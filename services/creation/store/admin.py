@@ -14,7 +14,7 @@ from services.creation.domain import Actor, Event, Job, Status
 from services.creation.errors import JobNotAwaitingOperator, JobNotFound
 from services.creation.store.predicates import status_is
 from services.creation.store.rows import job_from_row
-from services.creation.store.writes import lock_job, write
+from services.creation.store.writes import cancel_asked_by, lock_job, write
 from services.creation.tables import job_events, jobs
 from services.kit.db import fetch, reading
 
@@ -62,7 +62,9 @@ class Decision(enum.StrEnum):
     CANCEL = "cancel"
 
 
-def _resolution_values(decision: Decision, job: Job, reason: str, now: datetime) -> dict[str, Any]:
+def _resolution_values(
+    decision: Decision, job: Job, operator: str, reason: str, now: datetime
+) -> dict[str, Any]:
     if decision == Decision.RETRY:
         # A fresh attempt: the old provider request is abandoned, so one more try is allowed.
         return {
@@ -71,6 +73,8 @@ def _resolution_values(decision: Decision, job: Job, reason: str, now: datetime)
             "progress": 0,
             "provider_request_id": None,
             "cancel_requested": False,
+            "cancel_requester_kind": None,
+            "cancel_requester_id": None,
             "next_attempt_at": now,
             "max_attempts": max(job.max_attempts, job.attempt + 1),
         }
@@ -81,7 +85,13 @@ def _resolution_values(decision: Decision, job: Job, reason: str, now: datetime)
             "error_code": "OPERATOR_FAILED",
             "error_message": reason,
         }
-    return {"status": Status.CANCELLED.value, "completed_at": now}
+    cancelled = {"status": Status.CANCELLED.value, "completed_at": now}
+    # The CANCELLED names who asked: the owner, if they did, else the operator.
+    return (
+        cancelled
+        if job.cancel_requested
+        else {**cancelled, **cancel_asked_by(Actor.OPERATOR, operator)}
+    )
 
 
 async def resolve(
@@ -96,7 +106,7 @@ async def resolve(
         return await write(
             connection,
             job,
-            _resolution_values(decision, job, reason, now),
+            _resolution_values(decision, job, operator, reason, now),
             actor=Actor.OPERATOR,
             actor_id=operator,
             reason=reason,
@@ -135,6 +145,8 @@ async def list_events(
             actor_id=r.actor_id,
             reason=r.reason,
             created_at=r.created_at,
+            requester=Actor(r.requester_kind) if r.requester_kind else None,
+            requester_id=r.requester_id or "",
         )
         for r in rows[:limit]
     ]

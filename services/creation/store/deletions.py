@@ -70,7 +70,7 @@ async def input_in_use(engine: AsyncEngine, job: Job) -> bool:
 
 async def mark_deleted(engine: AsyncEngine, user_id: str, job_id: str, now: datetime) -> Job:
     """Turns the finished job into a tombstone, as one new version whose outbox row tells
-    notify (a deleted state, see changes.outbox_payload); a job already deleted is returned
+    notify (a deleted state, see creation.job_state); a job already deleted is returned
     as it is."""
     async with engine.begin() as connection:
         job = await lock_job(connection, jobs.c.job_id == job_id, jobs.c.user_id == user_id)

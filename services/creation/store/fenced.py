@@ -7,14 +7,13 @@ are locked in job id order (as the lease keeper's beat locks them), so two state
 one worker over overlapping jobs wait for each other instead of deadlocking; a row
 changed while the statement waited for it is checked again as it is now
 (PostgreSQL re-reads it under READ COMMITTED), so a cancel request that committed first
-wins. The statement writes its side rows itself, as ``changes.record`` would: an audit
-event when the status changed, the ledger entry the new status calls for (capture once:
-uq_points_ledger_job_id_kind), and exactly one outbox row per new version (its payload
-built in SQL, held equal to ``changes.outbox_payload`` by a test).
+wins. Each statement bumps the version and names the change (the lease's owner, a
+reason); the triggers of sql/job_changes.sql write its event, ledger entry and outbox
+row, for the whole batch at once.
 
-Parameters, the same for every write: $1 now, $2 now as the payload's updateTime, $3 job
-ids, $4 lease epochs, $5 one text value per job (the request id, the output asset ids as
-a JSON array, the error message; NULL where unused). The events' actor is the lease's owner.
+Parameters, the same for every write: $1 now, $2 job ids, $3 lease epochs, $4 one text
+value per job (the request id, the output asset ids as a JSON array, the error message;
+NULL where unused).
 """
 
 from __future__ import annotations
@@ -24,54 +23,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.creation.domain import TERMINAL, Status, Step, ledger_effect
-
-
-def _json_time_sql(value: str) -> str:
-    """``changes.json_time`` of the timestamptz ``value`` in SQL: RFC 3339 in UTC with
-    0, 3 or 6 fractional digits, as protobuf writes a Timestamp."""
-    utc = f"({value} AT TIME ZONE 'UTC')"
-    return (
-        f"""to_char({utc}, 'YYYY-MM-DD"T"HH24:MI:SS') || CASE"""
-        f" WHEN to_char({utc}, 'US') = '000000' THEN ''"
-        f" WHEN right(to_char({utc}, 'US'), 3) = '000' THEN '.' || to_char({utc}, 'MS')"
-        f" ELSE '.' || to_char({utc}, 'US') END || 'Z'"
-    )
-
-
-_TERMINAL_SQL = ", ".join(f"'{value}'" for value in sorted(s.value for s in TERMINAL))
-
-# The outbox payload of a row of ``creation.jobs`` named ``r``, as
-# ``changes.outbox_payload`` builds it: protobuf's JSON of JobState, defaults left out.
-# ``$2`` is ``updated_at`` in protobuf's RFC 3339 form (every statement here sets
-# ``updated_at = $1``).
-PAYLOAD_SQL = f"""jsonb_strip_nulls(jsonb_build_object(
-        'jobId', r.job_id,
-        'userId', r.user_id,
-        'version', r.version::text,
-        'status', 'JOB_STATUS_' || upper(r.status),
-        'updateTime', $2::text,
-        'step', 'JOB_STEP_' || upper(r.step),
-        'progressPercent', nullif(r.progress, 0),
-        'cancelRequested', nullif(r.cancel_requested, false),
-        'outputs', CASE WHEN cardinality(r.outputs) > 0 THEN (
-            SELECT jsonb_agg(jsonb_build_object('assetId', o.asset_id) ORDER BY o.n)
-            FROM unnest(r.outputs) WITH ORDINALITY AS o(asset_id, n)) END,
-        'error', CASE WHEN r.error_code IS NOT NULL THEN jsonb_build_object(
-            'code', r.error_code, 'message', nullif(r.error_message, '')) END,
-        'done', CASE WHEN r.status IN ({_TERMINAL_SQL}) THEN true END,
-        'attempt', nullif(r.attempt, 0),
-        'nextAttemptTime', CASE WHEN r.status = 'queued' THEN
-            {_json_time_sql("r.next_attempt_at")} END))"""  # noqa: S608
-
-_TERMINAL_LEDGER = {
-    status.value: kind.value for status in Status if (kind := ledger_effect(status)) is not None
-}
-_LEDGER_KIND_SQL = (
-    "CASE r.status "
-    + " ".join(f"WHEN '{status}' THEN '{kind}'" for status, kind in _TERMINAL_LEDGER.items())
-    + " END"
-)
+from services.creation.domain import Status, Step
 
 _RELEASE_LEASE = "lease_owner = NULL, lease_expires_at = NULL"
 # A COMPLETE's value is the output asset ids as a JSON array (``outputs_value``), in order.
@@ -81,30 +33,9 @@ _SET_OUTPUTS = (
 )
 
 
-def side_rows_sql(changed: str, from_status: str, reason: str) -> str:
-    """The CTEs that write the side rows of the rows ``changed`` returned (with the
-    lease's owner as ``held_by``); ``reason`` is an SQL expression."""
-    # Built only from this module's constants, at import; every value is a parameter.
-    return f"""
-  event AS (
-    INSERT INTO creation.job_events (
-      job_id, version, from_status, to_status, actor_kind, actor_id, reason, created_at)
-    SELECT r.job_id, r.version, {from_status}, r.status, 'worker', r.held_by, {reason}, $1
-    FROM {changed} AS r
-    WHERE r.status <> {from_status}
-  ),
-  entry AS (
-    INSERT INTO creation.points_ledger (user_id, job_id, kind, amount, reason, created_at)
-    SELECT r.user_id, r.job_id, {_LEDGER_KIND_SQL}, r.price_points, {reason}, $1
-    FROM {changed} AS r
-    WHERE r.status IN ({", ".join(f"'{s}'" for s in _TERMINAL_LEDGER)})
-  ),
-  -- The outbox's statement trigger sends NOTIFY at commit.
-  message AS (
-    INSERT INTO creation.outbox (job_id, user_id, version, payload, created_at)
-    SELECT r.job_id, r.user_id, r.version, {PAYLOAD_SQL}, $1
-    FROM {changed} AS r
-  )"""  # noqa: S608
+def _named(actor_id: str, reason: str) -> str:
+    """The assignments that name a worker's change (see sql/job_changes.sql)."""
+    return f"change_actor_kind = 'worker', change_actor_id = {actor_id}, change_reason = {reason}"
 
 
 def _fenced_sql(assignments: str, reason: str, *, cancel_requested: bool | None) -> str:
@@ -112,7 +43,7 @@ def _fenced_sql(assignments: str, reason: str, *, cancel_requested: bool | None)
     return f"""
 WITH
   input AS (
-    SELECT * FROM unnest($3::uuid[], $4::bigint[], $5::text[]) AS i(job_id, lease_epoch, value)
+    SELECT * FROM unnest($2::uuid[], $3::bigint[], $4::text[]) AS i(job_id, lease_epoch, value)
   ),
   -- The fence, locked in job id order; rides pk_jobs.
   held AS (
@@ -125,11 +56,12 @@ WITH
   ),
   changed AS (
     UPDATE creation.jobs AS j
-    SET {assignments}, version = j.version + 1, updated_at = $1
+    SET {assignments}, version = j.version + 1, updated_at = $1,
+        {_named("h.held_by", f"'{reason}'")}
     FROM held AS h
     WHERE j.job_id = h.job_id
-    RETURNING j.*, h.held_by
-  ),{side_rows_sql("changed", "'running'", f"'{reason}'")}
+    RETURNING j.*
+  )
 SELECT * FROM changed
 """  # noqa: S608
 
@@ -216,11 +148,11 @@ class FencedItem:
     value: str | None = None
 
 
-# Claims up to $4 due jobs for worker $3 in claim order, ties broken by job id (rides
+# Claims up to $3 due jobs for worker $2 in claim order, ties broken by job id (rides
 # ix_jobs_claim_queue, skipping rows other workers hold). A job that already has a
 # provider request resumes polling in the same attempt; any other starts a new attempt,
 # so a job with no attempt left and no request is passed over: claiming it would break
-# ck_jobs_attempts_bounded and abort the whole batch. $5: the new lease's expiry.
+# ck_jobs_attempts_bounded and abort the whole batch. $4: the new lease's expiry.
 CLAIM_SQL = f"""
 WITH
   due AS (
@@ -228,7 +160,7 @@ WITH
     WHERE status = 'queued' AND next_attempt_at <= $1
       AND (attempt < max_attempts OR provider_request_id IS NOT NULL)
     ORDER BY priority DESC, next_attempt_at, created_at, job_id
-    LIMIT $4
+    LIMIT $3
     FOR UPDATE SKIP LOCKED
   ),
   claimed AS (
@@ -239,31 +171,32 @@ WITH
         step = CASE WHEN j.provider_request_id IS NULL THEN '{Step.PREPARING.value}'
                     ELSE j.step END,
         progress = CASE WHEN j.provider_request_id IS NULL THEN 0 ELSE j.progress END,
-        lease_owner = $3,
+        lease_owner = $2,
         lease_epoch = j.lease_epoch + 1,
-        lease_expires_at = $5,
+        lease_expires_at = $4,
         started_at = coalesce(j.started_at, $1),
         version = j.version + 1,
-        updated_at = $1
+        updated_at = $1,
+        {_named("$2", "'claimed'")}
     FROM due
     WHERE j.job_id = due.job_id
-    RETURNING j.*, j.lease_owner AS held_by
-  ),{side_rows_sql("claimed", "'queued'", "'claimed'")}
+    RETURNING j.*
+  )
 SELECT * FROM claimed ORDER BY priority DESC, next_attempt_at, created_at, job_id
 """  # noqa: S608
 
 
-# A failed attempt, fenced like the rest ($3 job id, $4 lease epoch): a retryable failure
-# ($7) with attempts left and no cancel request queues a fresh attempt at $8; anything
-# else fails the job. The error ($5 code, $6 message) is kept either way; the event's
+# A failed attempt, fenced like the rest ($2 job id, $3 lease epoch): a retryable failure
+# ($6) with attempts left and no cancel request queues a fresh attempt at $7; anything
+# else fails the job. The error ($4 code, $5 message) is kept either way; the event's
 # reason is the code.
 FAIL_SQL = f"""
 WITH
   held AS (
     SELECT j.job_id, j.lease_owner AS held_by,
-           ($7::boolean AND j.attempt < j.max_attempts AND NOT j.cancel_requested) AS again
+           ($6::boolean AND j.attempt < j.max_attempts AND NOT j.cancel_requested) AS again
     FROM creation.jobs AS j
-    WHERE j.job_id = $3::uuid AND j.lease_epoch = $4::bigint AND j.status = 'running'
+    WHERE j.job_id = $2::uuid AND j.lease_epoch = $3::bigint AND j.status = 'running'
     FOR UPDATE OF j
   ),
   changed AS (
@@ -271,18 +204,18 @@ WITH
     SET status = CASE WHEN h.again THEN 'queued' ELSE 'failed' END,
         step = CASE WHEN h.again THEN NULL ELSE j.step END,
         provider_request_id = CASE WHEN h.again THEN NULL ELSE j.provider_request_id END,
-        next_attempt_at = CASE WHEN h.again THEN $8 ELSE j.next_attempt_at END,
+        next_attempt_at = CASE WHEN h.again THEN $7 ELSE j.next_attempt_at END,
         completed_at = CASE WHEN h.again THEN j.completed_at ELSE $1 END,
-        error_code = $5::text, error_message = $6::text, {_RELEASE_LEASE},
-        version = j.version + 1, updated_at = $1
+        error_code = $4::text, error_message = $5::text, {_RELEASE_LEASE},
+        version = j.version + 1, updated_at = $1, {_named("h.held_by", "$4::text")}
     FROM held AS h
     WHERE j.job_id = h.job_id
-    RETURNING j.*, h.held_by
-  ),{side_rows_sql("changed", "'running'", "$5::text")}
+    RETURNING j.*
+  )
 SELECT * FROM changed
 """  # noqa: S608
 
-# A job this worker will not finish, queued again at $5 ($3 job id, $4 lease epoch): with
+# A job this worker will not finish, queued again at $4 ($2 job id, $3 lease epoch): with
 # a provider request it keeps it (and its step), so the next worker resumes polling;
 # without one it never reached the provider, so the attempt it started does not count. A
 # job whose owner asked to cancel comes back unchanged (still running): the caller
@@ -292,22 +225,22 @@ WITH
   held AS (
     SELECT j.*
     FROM creation.jobs AS j
-    WHERE j.job_id = $3::uuid AND j.lease_epoch = $4::bigint AND j.status = 'running'
+    WHERE j.job_id = $2::uuid AND j.lease_epoch = $3::bigint AND j.status = 'running'
     FOR UPDATE OF j
   ),
   changed AS (
     UPDATE creation.jobs AS j
-    SET status = 'queued', next_attempt_at = $5, {_RELEASE_LEASE},
+    SET status = 'queued', next_attempt_at = $4, {_RELEASE_LEASE},
         step = CASE WHEN j.provider_request_id IS NULL THEN NULL ELSE j.step END,
         progress = CASE WHEN j.provider_request_id IS NULL THEN 0 ELSE j.progress END,
         attempt = CASE WHEN j.provider_request_id IS NULL THEN j.attempt - 1
                        ELSE j.attempt END,
-        version = j.version + 1, updated_at = $1
+        version = j.version + 1, updated_at = $1, {_named("h.lease_owner", "'handed back'")}
     FROM held AS h
     WHERE j.job_id = h.job_id AND NOT h.cancel_requested
-    RETURNING j.*, h.lease_owner AS held_by
-  ),{side_rows_sql("changed", "'running'", "'handed back'")}
+    RETURNING j.*
+  )
 SELECT * FROM changed
 UNION ALL
-SELECT h.*, h.lease_owner AS held_by FROM held AS h WHERE h.cancel_requested
+SELECT h.* FROM held AS h WHERE h.cancel_requested
 """  # noqa: S608

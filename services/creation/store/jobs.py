@@ -24,7 +24,6 @@ from services.creation.errors import (
     UserBusy,
 )
 from services.creation.list_filter import JobFilter
-from services.creation.store.changes import submitted_payload
 from services.creation.store.rows import job_from_row
 from services.creation.store.submit_statement import (
     SUBMIT_CALL,
@@ -32,7 +31,7 @@ from services.creation.store.submit_statement import (
     user_lock_timed_out,
 )
 from services.creation.store.users import user_turn
-from services.creation.store.writes import lock_job, write
+from services.creation.store.writes import cancel_asked_by, lock_job, write
 from services.creation.submission import SubmitCommand
 from services.creation.tables import jobs
 from services.kit.db import DriverStatement, driver_connection, driver_fetch, fetch
@@ -125,9 +124,10 @@ async def submit(
     now: datetime,
     trace_parent: str | None = None,
 ) -> Submitted:
-    """Creates the job, its submit event, its points reservation and its first outbox row
-    in one transaction, serialised per user so limits and idempotency hold under races:
-    one call that takes the user's lock, then decides and writes (see submit_statement).
+    """Creates the job (its triggers add its submit event, its points reservation and its
+    first outbox row) in one transaction, serialised per user so limits and idempotency
+    hold under races: one call that takes the user's lock, then decides and writes (see
+    submit_statement).
     ``trace_parent`` (the submit's span) is kept with the job. Not retried on a dropped
     connection: the job may have been made."""
     job_id = str(uuid.uuid4())
@@ -149,7 +149,6 @@ async def submit(
         daily_quota=limits.daily_quota,
         in_flight_limit=limits.in_flight_limit,
         welcome_points=limits.welcome_points,
-        payload=json.dumps(submitted_payload(job_id, user_id, now)),
         now=now,
         num_outputs=command.num_outputs,
         trace_parent=trace_parent,
@@ -256,11 +255,15 @@ async def cancel(engine: AsyncEngine, user_id: str, job_id: str, now: datetime) 
             return Cancelled(job, changed=False)
         if job.status.terminal:
             raise JobAlreadyFinished(job.status.value)
+        values: dict[str, object] = {**cancel_asked_by(Actor.USER, user_id)}
         if job.status is Status.QUEUED:
-            values: dict[str, object] = {"status": Status.CANCELLED.value, "completed_at": now}
+            values.update(status=Status.CANCELLED.value, completed_at=now)
+            reason = "cancel"
         else:
-            values = {"cancel_requested": True}
+            # The worker (or an operator) ends it; the request is an event of its own.
+            values.update(cancel_requested=True)
+            reason = "cancel requested"
         after = await write(
-            connection, job, values, actor=Actor.USER, actor_id=user_id, reason="cancel", now=now
+            connection, job, values, actor=Actor.USER, actor_id=user_id, reason=reason, now=now
         )
         return Cancelled(after, changed=True)

@@ -13,7 +13,6 @@ from sqlalchemy import Boolean, column, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.creation.domain import Actor, Job, ReapDecision, Status, reap_decision
-from services.creation.store.changes import Change, json_time, record
 from services.creation.store.fenced import (
     CLAIM_SQL,
     FAIL_SQL,
@@ -65,9 +64,7 @@ async def claim(
     """Claims up to ``limit`` due jobs in one statement, in priority, next attempt, age
     order (see ``fenced.CLAIM_SQL``)."""
     async with driver_connection(engine) as connection:
-        rows = await connection.fetch(
-            CLAIM_SQL, now, json_time(now), worker_id, limit, now + lease_ttl
-        )
+        rows = await connection.fetch(CLAIM_SQL, now, worker_id, limit, now + lease_ttl)
     return [job_from_row(r) for r in rows]
 
 
@@ -83,7 +80,6 @@ async def apply(
         rows = await connection.fetch(
             write.value,
             now,
-            json_time(now),
             [i.job_id for i in items],
             [i.lease_epoch for i in items],
             [i.value for i in items],
@@ -101,7 +97,6 @@ async def apply_briefly(
         rows = await connection.fetch(
             brief(write),
             now,
-            json_time(now),
             [i.job_id for i in items],
             [i.lease_epoch for i in items],
             [i.value for i in items],
@@ -156,7 +151,6 @@ async def fail(
         row = await connection.fetchrow(
             FAIL_SQL,
             now,
-            json_time(now),
             job_id,
             lease_epoch,
             code,
@@ -174,9 +168,7 @@ async def hand_back(
     what it has (see ``fenced.HAND_BACK_SQL``). A job whose owner asked to cancel is
     returned unchanged (still RUNNING): the caller cancels it instead."""
     async with driver_connection(engine) as connection:
-        row = await connection.fetchrow(
-            HAND_BACK_SQL, now, json_time(now), job_id, lease_epoch, now + delay
-        )
+        row = await connection.fetchrow(HAND_BACK_SQL, now, job_id, lease_epoch, now + delay)
     return job_from_row(row) if row is not None else None
 
 
@@ -302,7 +294,8 @@ class BeatResult:
 # One statement per beat for every attempt of the process. `held` is the fence: rows
 # still leased at the epoch the attempt holds, locked (in job id order, as the fenced
 # writes lock them) so progress is compared with the row as it is now; only a changed
-# progress bumps the version. Rides pk_jobs (one lookup per beaten job id); the statuses
+# progress bumps the version (and names the change: the triggers then write its outbox
+# row, see sql/job_changes.sql). Rides pk_jobs (one lookup per beaten job id); the statuses
 # are literals, like status_is.
 BEAT_SQL = """
     WITH beat AS (
@@ -324,7 +317,10 @@ BEAT_SQL = """
     SET lease_expires_at = :expires_at,
         progress = CASE WHEN held.progressed THEN held.progress ELSE j.progress END,
         version = j.version + CASE WHEN held.progressed THEN 1 ELSE 0 END,
-        updated_at = CASE WHEN held.progressed THEN :now ELSE j.updated_at END
+        updated_at = CASE WHEN held.progressed THEN :now ELSE j.updated_at END,
+        change_actor_kind = CASE WHEN held.progressed THEN 'worker' ELSE j.change_actor_kind END,
+        change_actor_id = CASE WHEN held.progressed THEN :worker_id ELSE j.change_actor_id END,
+        change_reason = CASE WHEN held.progressed THEN 'progress' ELSE j.change_reason END
     FROM held
     WHERE j.job_id = held.job_id
     RETURNING j.*, held.progressed
@@ -353,14 +349,10 @@ async def beat(
                     "progress": [b.progress for b in beats],
                     "expires_at": now + lease_ttl,
                     "now": now,
+                    "worker_id": worker_id,
                 },
             )
         ).all()
         held = {str(r.job_id): bool(r.cancel_requested) for r in rows}
         progressed = [job_from_row(r._mapping) for r in rows if r.progressed]
-        await record(
-            connection,
-            [Change(Status.RUNNING, j, Actor.WORKER, worker_id, "progress") for j in progressed],
-            now,
-        )
     return BeatResult(held, progressed)

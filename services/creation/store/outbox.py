@@ -13,11 +13,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.creation.tables import jobs, outbox
 from services.kit.db import DriverStatement
 
+# A statement trigger on the outbox (migration 0003) sends NOTIFY on this channel at the
+# commit of every transaction that wrote outbox rows: no writer can forget to wake the relay.
+OUTBOX_CHANNEL = "creation_outbox"
+
 
 @dataclass(frozen=True)
 class OutboxRow:
     outbox_id: int
-    # A JobState in protobuf's JSON form (see store/changes.py).
+    # A JobState in protobuf's JSON form (creation.job_state, sql/job_changes.sql).
     payload: dict[str, Any]
     # The job's submit trace context (read only while tracing is on).
     trace_parent: str | None = None

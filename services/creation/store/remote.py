@@ -16,7 +16,6 @@ from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.domain import Job
-from services.creation.store.changes import json_time
 from services.creation.store.fenced import (
     CLAIM_SQL,
     FAIL_SQL,
@@ -146,9 +145,7 @@ async def claim(engine: AsyncEngine, request: ClaimRequest, now: datetime) -> Ne
             )
             job_row = await connection.fetchrow(_JOB, record.job_id) if record.job_id else None
             return Replay(record, job_from_row(job_row) if job_row else None)
-        rows = await connection.fetch(
-            CLAIM_SQL, now, json_time(now), request.owner, 1, now + request.lease
-        )
+        rows = await connection.fetch(CLAIM_SQL, now, request.owner, 1, now + request.lease)
         if not rows:
             return NewClaim(None)
         job = job_from_row(rows[0])
@@ -221,9 +218,7 @@ class CallTransaction:
         self, write: FencedWrite, job_id: str, lease_epoch: int, value: str | None = None
     ) -> Job | None:
         now = self.now
-        rows = await self._connection.fetch(
-            write.value, now, json_time(now), [job_id], [lease_epoch], [value]
-        )
+        rows = await self._connection.fetch(write.value, now, [job_id], [lease_epoch], [value])
         return job_from_row(rows[0]) if rows else None
 
     async def fail(
@@ -240,7 +235,6 @@ class CallTransaction:
         row = await self._connection.fetchrow(
             FAIL_SQL,
             now,
-            json_time(now),
             job_id,
             lease_epoch,
             code,
@@ -252,9 +246,7 @@ class CallTransaction:
 
     async def hand_back(self, job_id: str, lease_epoch: int, delay: timedelta) -> Job | None:
         now = self.now
-        row = await self._connection.fetchrow(
-            HAND_BACK_SQL, now, json_time(now), job_id, lease_epoch, now + delay
-        )
+        row = await self._connection.fetchrow(HAND_BACK_SQL, now, job_id, lease_epoch, now + delay)
         return job_from_row(row) if row else None
 
     async def record(

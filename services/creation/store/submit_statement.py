@@ -1,7 +1,8 @@
 """SubmitJob's whole decision and write as one call: ``creation.submit_job``, as it runs in
 services/creation/sql/submit_job.sql (loaded by the newest migration that changes it),
 takes the user's advisory lock, then decides and writes in one statement (verdict,
-welcome, job, event, reservation, outbox row), in the call's own implicit transaction.
+welcome, job; the job's triggers add its event, reservation and outbox row), in the
+call's own implicit transaction.
 One round trip to PostgreSQL per submit, prepared once per connection.
 
 The verdicts, in the order the rules apply: ``replay``, ``model_not_available``,
@@ -23,8 +24,8 @@ FROM creation.submit_job(
   p_style_id => $5, p_input_asset_id => $6, p_prompt => $7, p_negative_prompt => $8,
   p_width => $9, p_height => $10, p_parameters => $11, p_max_attempts => $12,
   p_request_hash => $13, p_day_start => $14, p_daily_quota => $15,
-  p_in_flight_limit => $16, p_welcome_points => $17, p_payload => $18, p_now => $19,
-  p_num_outputs => $20, p_trace_parent => $21)
+  p_in_flight_limit => $16, p_welcome_points => $17, p_now => $18,
+  p_num_outputs => $19, p_trace_parent => $20)
 """
 
 # The arguments of SUBMIT_CALL, in order.
@@ -46,7 +47,6 @@ SUBMIT_ARGUMENTS = (
     "daily_quota",
     "in_flight_limit",
     "welcome_points",
-    "payload",
     "now",
     "num_outputs",
     "trace_parent",

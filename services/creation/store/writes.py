@@ -1,5 +1,7 @@
-"""The one way a single job changes: lock the row, compute, update it with the version
-bumped, and record the change's side rows."""
+"""A single job's change from Python: lock the row, compute, update it with the version
+bumped and the change named (who, why). Every writer of a job, here or in SQL (the submit
+function, store/fenced.py's batches), does only that: the triggers of sql/job_changes.sql
+write the change's event, ledger entry and outbox row."""
 
 from __future__ import annotations
 
@@ -10,7 +12,6 @@ from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.creation.domain import Actor, Job, Status, may_change
-from services.creation.store.changes import Change, record
 from services.creation.store.rows import job_from_row
 from services.creation.tables import jobs
 
@@ -35,7 +36,8 @@ async def write(
     reason: str,
     now: datetime,
 ) -> Job:
-    """Applies ``values`` to a locked job as one new version."""
+    """Applies ``values`` to a locked job as one new version, its change named by
+    ``actor``, ``actor_id`` and ``reason``."""
     target = Status(values.get("status", before.status))
     if target is not before.status and not may_change(before.status, target):
         # A bug in the caller, never input: the database would refuse most of these too.
@@ -44,10 +46,24 @@ async def write(
         await connection.execute(
             update(jobs)
             .where(jobs.c.job_id == before.job_id, jobs.c.version == before.version)
-            .values(**values, version=jobs.c.version + 1, updated_at=now)
+            .values(
+                **values,
+                **change_named(actor, actor_id, reason),
+                version=jobs.c.version + 1,
+                updated_at=now,
+            )
             .returning(jobs)
         )
     ).one()
-    after = job_from_row(row._mapping)
-    await record(connection, [Change(before.status, after, actor, actor_id, reason)], now)
-    return after
+    return job_from_row(row._mapping)
+
+
+def change_named(actor: Actor, actor_id: str, reason: str) -> dict[str, str]:
+    """The columns that name a change, for the triggers to copy to its event."""
+    return {"change_actor_kind": actor.value, "change_actor_id": actor_id, "change_reason": reason}
+
+
+def cancel_asked_by(actor: Actor, actor_id: str) -> dict[str, str]:
+    """The columns that name who asked to cancel (the request's and the CANCELLED's events
+    name them)."""
+    return {"cancel_requester_kind": actor.value, "cancel_requester_id": actor_id}

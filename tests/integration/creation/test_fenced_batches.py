@@ -12,13 +12,14 @@ import uuid
 from datetime import timedelta
 
 import asyncpg
+from google.protobuf import json_format
 from sqlalchemy import select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.creation.convert import job_state
 from services.creation.domain import Job, Status, Step
 from services.creation.store import jobs as store
 from services.creation.store import leases
-from services.creation.store.changes import json_time, outbox_payload
 from services.creation.store.fenced import (
     FencedItem,
     FencedWrite,
@@ -120,7 +121,7 @@ async def wait_for_a_lock_wait(engine: AsyncEngine) -> None:
     raise AssertionError("the batch never waited for the row")
 
 
-async def test_every_outbox_payload_written_in_sql_is_the_python_payload(
+async def test_every_outbox_payload_is_the_written_jobs_state_in_protobufs_json(
     engine: AsyncEngine,
 ) -> None:
     a, b, c = await claimed(engine, 3)
@@ -199,7 +200,7 @@ async def test_every_outbox_payload_written_in_sql_is_the_python_payload(
         Status.FAILED,
         Status.QUEUED,
     ]
-    payloads = [outbox_payload(job) for job in written if job is not None]
+    payloads = [json_format.MessageToDict(job_state(job)) for job in written if job is not None]
     assert len(payloads) == len(written)
     # Every field the payload may carry is met at least once.
     assert {"outputs", "done", "attempt", "nextAttemptTime", "error", "step"} <= {
@@ -370,7 +371,7 @@ async def test_the_submitting_marker_updates_a_job_in_place_without_touching_an_
             (FencedWrite.RECORD_REQUEST, "req-hot"),
         ):
             written = await connection.fetch(
-                brief(write), now, json_time(now), [job.job_id], [job.lease_epoch], [value]
+                brief(write), now, [job.job_id], [job.lease_epoch], [value]
             )
             assert [r["job_id"] for r in written] == [uuid.UUID(job.job_id)]
         after = await connection.fetchrow(HOT_COUNTS)

@@ -220,6 +220,7 @@ async def test_the_beat_rides_the_primary_key(engine: AsyncEngine) -> None:
                     "progress": [None, 10],
                     "expires_at": T0 + TTL,
                     "now": T0,
+                    "worker_id": "w1",
                 },
             )
         ).scalars()

@@ -323,7 +323,6 @@ async def test_the_submit_reads_the_totals_row_not_the_ledger(engine: AsyncEngin
         LIMITS.daily_quota,
         LIMITS.in_flight_limit,
         LIMITS.welcome_points,
-        "{}",
         T0,
         1,
         None,

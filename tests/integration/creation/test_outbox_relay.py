@@ -18,9 +18,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from google.protobuf import json_format
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from services.creation.convert import job_state
 from services.creation.domain import Job, Status, Step
 from services.creation.media_client import MediaClient
 from services.creation.relay.notify_client import NotifyClient
@@ -31,7 +33,6 @@ from services.creation.remote.service import CallKey, LeaseClaim, RemoteJobs
 from services.creation.remote.settings import RemoteSettings
 from services.creation.settings import RelaySettings
 from services.creation.store import jobs as store
-from services.creation.store.changes import outbox_payload
 from services.creation.tables import outbox, remote_calls, remote_claims
 from services.dev.processes import free_port
 from services.kit.client_times import CLIENT_CLOCK_SKEW
@@ -127,7 +128,7 @@ def _row(job: Job) -> dict[str, Any]:
         "job_id": job.job_id,
         "user_id": job.user_id,
         "version": job.version,
-        "payload": outbox_payload(job),
+        "payload": json_format.MessageToDict(job_state(job)),
         "created_at": job.updated_at,
     }
 

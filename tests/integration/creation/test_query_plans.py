@@ -23,7 +23,6 @@ from services.creation.domain import Status
 from services.creation.list_filter import JobFilter
 from services.creation.store import admin, leases, outbox, remote
 from services.creation.store import jobs as job_store
-from services.creation.store.changes import json_time
 from services.creation.store.fenced import CLAIM_SQL, FAIL_SQL, HAND_BACK_SQL, FencedWrite
 from services.creation.store.ledger_entries import FIRST_PAGE, NEXT_PAGE
 from services.creation.store.submit_statement import submit_arguments
@@ -89,7 +88,7 @@ def one_statement(sent: list[tuple[str, Any]], wanted: Callable[[str], bool]) ->
 async def test_claim_rides_the_claim_queue_index(engine: AsyncEngine) -> None:
     # Sent straight through asyncpg (as leases.claim sends it), with its parameters.
     now = T0 - timedelta(days=3650)
-    parameters = (now, json_time(now), "plan-worker", 8, now + timedelta(seconds=30))
+    parameters = (now, "plan-worker", 8, now + timedelta(seconds=30))
     plan = await generic_plan(engine, CLAIM_SQL, parameters)
     assert "ix_jobs_claim_queue" in plan
 
@@ -104,11 +103,11 @@ async def test_ledger_pages_ride_the_users_sequence_index(engine: AsyncEngine) -
 
 async def test_every_fenced_write_rides_the_primary_key(engine: AsyncEngine) -> None:
     job_id = str(uuid.uuid4())
-    parameters = (T0, json_time(T0), [job_id], [1], ["value"])
+    parameters = (T0, [job_id], [1], ["value"])
     for write in FencedWrite:
         plan = await generic_plan(engine, write.value, parameters)
         assert "pk_jobs" in plan, (write.name, plan)
-    one = (T0, json_time(T0), job_id, 1)
+    one = (T0, job_id, 1)
     fail = (*one, "CODE", "message", True, T0)
     for name, statement, arguments in (
         ("fail", FAIL_SQL, fail),

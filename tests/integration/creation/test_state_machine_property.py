@@ -49,7 +49,7 @@ class ModelJob:
     user: str
     status: Status = Status.QUEUED
     version: int = 1
-    status_changes: int = 1  # the submit event
+    events: int = 1  # the submit event, then one per status change or cancel request
     cancel_requested: bool = False
     epoch: int = 0
     step: str | None = None
@@ -64,7 +64,7 @@ class ModelJob:
         self.version += 1
         if status is not None and status is not self.status:
             self.status = status
-            self.status_changes += 1
+            self.events += 1
             if status is Status.SUCCEEDED:
                 self.ledger.append("capture")
             elif status in (Status.FAILED, Status.CANCELLED):
@@ -148,6 +148,7 @@ def build_machine(database_url: str) -> type[RuleBasedStateMachine]:
                 model.change(Status.CANCELLED)
             else:
                 model.cancel_requested = True
+                model.events += 1  # the request is an event naming who asked
                 model.change()
 
         # --- workers ------------------------------------------------------------------
@@ -390,7 +391,7 @@ def build_machine(database_url: str) -> type[RuleBasedStateMachine]:
             for (job_id,) in events:
                 event_counts[str(job_id)] = event_counts.get(str(job_id), 0) + 1
             for job_id, model in self.jobs.items():
-                assert event_counts[job_id] == model.status_changes
+                assert event_counts[job_id] == model.events
 
         @invariant()
         def points_add_up(self) -> None:

@@ -22,8 +22,8 @@ from services.creation.errors import (
 )
 from services.creation.store import jobs as store
 from services.creation.store import ledger
-from services.creation.store.changes import OUTBOX_CHANNEL
 from services.creation.store.jobs import SubmitLimits
+from services.creation.store.outbox import OUTBOX_CHANNEL
 from services.creation.tables import jobs, points_ledger
 from services.dev.postgres import connect_kwargs
 from tests.integration.creation.helpers import LIMITS, T0, command, count, new_user, side_rows

@@ -367,6 +367,8 @@ class JobEvent(_message.Message):
     ACTOR_ID_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
+    REQUESTER_KIND_FIELD_NUMBER: _builtins.int
+    REQUESTER_ID_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job that changed."""
     version: _builtins.int
@@ -381,6 +383,12 @@ class JobEvent(_message.Message):
     """The user id, worker id or operator name."""
     reason: _builtins.str
     """Why, in words (an operator's reason, an error code)."""
+    requester_kind: Global___ActorKind.ValueType
+    """Who asked to cancel the job (a user or an operator), on the cancel request (whose
+    status is unchanged) and on the CANCELLED that ends the job; UNSPECIFIED otherwise.
+    """
+    requester_id: _builtins.str
+    """The user id or operator name that asked to cancel."""
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When it happened."""
@@ -396,10 +404,12 @@ class JobEvent(_message.Message):
         actor_id: _builtins.str = ...,
         reason: _builtins.str = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
+        requester_kind: Global___ActorKind.ValueType = ...,
+        requester_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor_id", b"actor_id", "actor_kind", b"actor_kind", "create_time", b"create_time", "from_status", b"from_status", "job_id", b"job_id", "reason", b"reason", "to_status", b"to_status", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor_id", b"actor_id", "actor_kind", b"actor_kind", "create_time", b"create_time", "from_status", b"from_status", "job_id", b"job_id", "reason", b"reason", "requester_id", b"requester_id", "requester_kind", b"requester_kind", "to_status", b"to_status", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -28,6 +28,12 @@ PROVIDER_REQUEST = "uq_jobs_provider_request"
 CLAIM_QUEUE = "ix_jobs_claim_queue"
 
 
+def frozen_submit_function(revision: str) -> str:
+    """The CREATE FUNCTION statement of creation.submit_job as ``revision`` made it, frozen
+    in migrations/frozen (a later change of the rules never changes it)."""
+    return (MIGRATIONS / "frozen" / f"submit_job_{revision}.sql").read_text()
+
+
 def upgrade() -> None:
     # The version of the adapter that submitted the job's current provider request
     # (providers/base.py's Provider.version); NULL until a worker submits. Nullable, no
@@ -50,12 +56,12 @@ def upgrade() -> None:
         schema=SCHEMA,
         postgresql_where=sa.text("status = 'queued'"),
     )
-    # The day's count leaves cancelled jobs out (sql/submit_job.sql's counts).
-    op.execute((MIGRATIONS.parent / "sql" / "submit_job.sql").read_text())
+    # The day's count leaves cancelled jobs out (the counts of its submit_job).
+    op.execute(frozen_submit_function("0017"))
 
 
 def downgrade() -> None:
-    op.execute((MIGRATIONS / "frozen" / "submit_job_0016.sql").read_text())
+    op.execute(frozen_submit_function("0016"))
     op.drop_index(CLAIM_QUEUE, table_name="jobs", schema=SCHEMA)
     op.create_index(
         CLAIM_QUEUE,
