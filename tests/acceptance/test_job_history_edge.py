@@ -19,16 +19,17 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from atelier.media.v1 import asset_pb2
 from atelier.notify.v1 import notify_service_pb2, notify_service_pb2_grpc
-from services.creation.store import leases
+from services.creation.store.fenced import FencedWrite, outputs_value
 from services.creation.tables import jobs, points_ledger
 from services.dev.stack import Stack
 from services.kit.db import asyncpg_url
 from tests.acceptance.test_jobs_edge import User, job_body, put_input
+from tests.support.fenced import claim_this, fenced_write
 from tests.support.rpc import bearer
 
 ACTIVE = [("statuses", "JOB_STATUS_QUEUED"), ("statuses", "JOB_STATUS_RUNNING")]
@@ -68,21 +69,20 @@ async def cancel(http: httpx.AsyncClient, edge_url: str, user: User, job: dict[s
 
 
 async def claim(engine: AsyncEngine, job_id: str) -> int:
-    """Plays a worker that takes this very job (put first in the queue, where the module's
-    other tests leave queued jobs); its lease epoch."""
-    async with engine.begin() as connection:
-        await connection.execute(update(jobs).where(jobs.c.job_id == job_id).values(priority=1))
+    """Plays a worker that takes this very job (the module's other tests leave queued
+    jobs); its lease epoch."""
     now = datetime.now(UTC)
-    claimed = await leases.claim(engine, "history-worker", 1, timedelta(seconds=60), now)
-    assert [c.job_id for c in claimed] == [job_id]
-    return claimed[0].lease_epoch
+    claimed = await claim_this(engine, "history-worker", job_id, timedelta(seconds=60), now)
+    return claimed.lease_epoch
 
 
 async def succeed(stack: Stack, engine: AsyncEngine, user: User, job_id: str) -> str:
     """Runs the job to SUCCEEDED with a real output stored by media; the output's id."""
     epoch = await claim(engine, job_id)
     output = await put_input(stack, user.user_id, asset_pb2.ASSET_PURPOSE_AI_OUTPUT)
-    assert await leases.complete(engine, job_id, epoch, [output], datetime.now(UTC))
+    assert await fenced_write(
+        engine, FencedWrite.COMPLETE, job_id, epoch, datetime.now(UTC), outputs_value([output])
+    )
     return output
 
 

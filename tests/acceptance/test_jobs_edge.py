@@ -14,7 +14,6 @@ import grpc
 import httpx
 import pytest
 from PIL import Image
-from sqlalchemy import update
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from atelier.creation.v1 import (
@@ -24,12 +23,12 @@ from atelier.creation.v1 import (
     creation_service_pb2_grpc,
 )
 from atelier.media.v1 import asset_pb2, media_internal_service_pb2, media_internal_service_pb2_grpc
-from services.creation.store import leases
-from services.creation.tables import jobs
+from services.creation.store.fenced import FencedWrite, outputs_value
 from services.dev.stack import Stack, StackPorts
 from services.kit.auth import issue_token
 from services.kit.db import asyncpg_url
 from services.kit.settings import DEV_JWT_SECRET, DEV_SERVICE_TOKEN
+from tests.support.fenced import claim_this, fenced_write
 from tests.support.rpc import bearer, error_info
 
 
@@ -328,14 +327,18 @@ async def test_a_succeeded_job_links_its_output(
     # and complete it with the stored output.
     engine = create_async_engine(asyncpg_url(database_url))
     try:
-        async with engine.begin() as connection:
-            await connection.execute(
-                update(jobs).where(jobs.c.job_id == job["jobId"]).values(priority=2**30)
-            )
         now = datetime.now(UTC)
-        claimed = await leases.claim(engine, "acceptance-worker", 1, timedelta(seconds=30), now)
-        assert [c.job_id for c in claimed] == [job["jobId"]]
-        assert await leases.complete(engine, job["jobId"], claimed[0].lease_epoch, [output], now)
+        claimed = await claim_this(
+            engine, "acceptance-worker", job["jobId"], timedelta(seconds=30), now
+        )
+        assert await fenced_write(
+            engine,
+            FencedWrite.COMPLETE,
+            job["jobId"],
+            claimed.lease_epoch,
+            now,
+            outputs_value([output]),
+        )
     finally:
         await engine.dispose()
 

@@ -1,5 +1,5 @@
-"""An outbox payload (a JobState in protobuf's JSON form, see store/changes.py) read into
-the message the relay sends, without ``json_format.ParseDict``.
+"""An outbox payload (a JobState in protobuf's JSON form, built by creation.job_state)
+read into the message the relay sends, without ``json_format.ParseDict``.
 
 ParseDict walks the message's descriptor for every key and costs ~30 µs a row; the one
 writer (``creation.job_state`` in sql/job_changes.sql, called by the job triggers) only

@@ -14,9 +14,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.store import admin, leases
 from services.creation.store import jobs as store
+from services.creation.store.fenced import FencedWrite
 from services.creation.tables import job_events
 from tests.integration.creation.helpers import T0, side_rows
 from tests.integration.creation.test_leases import TTL, claimed
+from tests.support.fenced import fenced_write
 
 
 async def events(engine: AsyncEngine, job_id: str) -> list[dict[str, Any]]:
@@ -41,7 +43,7 @@ async def test_a_cancel_request_is_an_event_naming_who_asked_and_so_is_the_cance
 ) -> None:
     (job,) = await claimed(engine, 1)
     await store.cancel(engine, job.user_id, job.job_id, T0)
-    await leases.acknowledge_cancel(engine, job.job_id, job.lease_epoch, T0)
+    await fenced_write(engine, FencedWrite.ACKNOWLEDGE_CANCEL, job.job_id, job.lease_epoch, T0)
     submitted, claim, request, cancelled = await events(engine, job.job_id)
     assert submitted["actor_kind"] == "user" and submitted["requester_kind"] is None
     assert claim == {
@@ -79,7 +81,9 @@ async def test_an_operator_cancel_names_the_operator_unless_the_owner_asked(
 ) -> None:
     unasked, asked = await claimed(engine, 2)
     for job in (unasked, asked):
-        await leases.mark_outcome_unknown(engine, job.job_id, job.lease_epoch, "lost", T0)
+        await fenced_write(
+            engine, FencedWrite.OUTCOME_UNKNOWN, job.job_id, job.lease_epoch, T0, "lost"
+        )
     await store.cancel(engine, asked.user_id, asked.job_id, T0)
     for job in (unasked, asked):
         await admin.resolve(engine, job.job_id, admin.Decision.CANCEL, "ops-ana", "refund", T0)
