@@ -5,7 +5,6 @@ __all__ = [
     "admin",
     "backlog",
     "catalog",
-    "changes",
     "deletions",
     "fenced",
     "jobs",
