@@ -25,7 +25,7 @@ from services.media.storage import ObjectStorage
 from services.media.storage.local import LocalStorage
 from services.media.storage.s3 import S3Storage
 from services.media.storage.signing import UrlSigner
-from services.media.store import AssetStore
+from services.media.store.assets import AssetStore
 from services.media.thumbnail_backfill import ThumbnailBackfill
 from services.media.thumbnails import Thumbnailer
 

@@ -20,6 +20,14 @@ from datetime import UTC, datetime, timedelta
 
 from services.kit.ids import parse_uuid
 from services.kit.logging import get_logger
+from services.media.domain import (
+    Asset,
+    ContentFacts,
+    Purpose,
+    Status,
+    object_key,
+    thumbnail_key,
+)
 from services.media.errors import (
     AssetDeleted,
     AssetNotFound,
@@ -40,14 +48,6 @@ from services.media.errors import (
     UploadRequestReused,
 )
 from services.media.images import ImageInspector
-from services.media.model import (
-    Asset,
-    ContentFacts,
-    Purpose,
-    Status,
-    object_key,
-    thumbnail_key,
-)
 from services.media.spool import Spooled, SpoolLimitExceeded, read_chunks, spool
 from services.media.storage import (
     ObjectExists,
@@ -57,7 +57,7 @@ from services.media.storage import (
     SignedRequest,
     WholeObject,
 )
-from services.media.store import AssetStore, Signable
+from services.media.store.assets import AssetStore, Signable
 from services.media.thumbnails import Thumbnail, Thumbnailer
 
 log = get_logger(__name__)

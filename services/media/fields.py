@@ -14,13 +14,13 @@ from services.kit.errors import ApiError, FieldViolation, invalid_argument
 from services.kit.idempotency import choose_key
 from services.kit.ids import parse_uuid
 from services.kit.sizes import byte_size
-from services.media.errors import Reason
-from services.media.model import (
+from services.media.domain import (
     CONTENT_TYPES,
     Purpose,
     normalize_content_type,
     normalize_sha256,
 )
+from services.media.errors import Reason
 
 PURPOSES: dict[int, Purpose] = {
     asset_pb2.ASSET_PURPOSE_AI_INPUT: Purpose.AI_INPUT,

@@ -34,10 +34,10 @@ from datetime import datetime, timedelta
 
 from services.kit.logging import get_logger
 from services.media.assets import Clock, utc_now
+from services.media.domain import thumbnail_key
 from services.media.errors import MediaError
-from services.media.model import thumbnail_key
 from services.media.storage import ObjectStorage
-from services.media.store import AssetStore
+from services.media.store.assets import AssetStore
 from services.media.thumbnail_backfill import BackfillRound, ThumbnailBackfill
 
 log = get_logger(__name__)

@@ -29,6 +29,7 @@ from aiohttp import web
 
 from services.kit.logging import get_logger
 from services.kit.sizes import byte_size
+from services.media.domain import KEY_PATTERN, Status, owning_object_key
 from services.media.errors import MediaError, Reason
 from services.media.http_answers import (
     ObjectServer,
@@ -37,7 +38,6 @@ from services.media.http_answers import (
     failure_answer,
     internal_answer,
 )
-from services.media.model import KEY_PATTERN, Status, owning_object_key
 from services.media.storage.base import ObjectExists
 from services.media.storage.local import LocalStorage
 from services.media.storage.signing import OBJECTS_PATH, Verdict

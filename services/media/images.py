@@ -18,8 +18,8 @@ from typing import IO
 
 from PIL import Image, UnidentifiedImageError
 
+from services.media.domain import CONTENT_TYPES
 from services.media.errors import ContentRejected, Reason
-from services.media.model import CONTENT_TYPES
 
 _FORMATS = tuple(CONTENT_TYPES.values())
 _NAMES = {fmt: mime for mime, fmt in CONTENT_TYPES.items()}

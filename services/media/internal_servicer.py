@@ -13,7 +13,7 @@ from atelier.media.v1 import media_internal_service_pb2_grpc
 from services.kit.timestamps import set_timestamp
 from services.media import fields
 from services.media.assets import MAX_URL_BATCH, Assets
-from services.media.wire import asset_message, asset_urls_message
+from services.media.convert import asset_message, asset_urls_message
 
 
 class MediaInternalServicer(media_internal_service_pb2_grpc.MediaInternalServiceServicer):

@@ -13,7 +13,7 @@ from services.kit.idempotency import header_key
 from services.kit.timestamps import set_timestamp, to_timestamp
 from services.media import fields
 from services.media.assets import Assets
-from services.media.wire import asset_message
+from services.media.convert import asset_message
 
 
 class MediaServicer(media_service_pb2_grpc.MediaServiceServicer):

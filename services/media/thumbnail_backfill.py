@@ -25,11 +25,11 @@ from datetime import datetime, timedelta
 from prometheus_client import Counter
 
 from services.kit.logging import get_logger
+from services.media.domain import thumbnail_key
 from services.media.errors import ContentRejected, DatabaseFailed, StorageUnavailable
-from services.media.model import thumbnail_key
 from services.media.spool import Spooled, SpoolLimitExceeded, spool
 from services.media.storage import ObjectExists, ObjectNotFound, ObjectStorage, WholeObject
-from services.media.store import AssetStore, ThumbnailWanted
+from services.media.store.assets import AssetStore, ThumbnailWanted
 from services.media.thumbnails import Thumbnail, Thumbnailer
 
 log = get_logger(__name__)

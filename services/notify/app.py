@@ -26,9 +26,9 @@ from services.notify.delivery import Delivery, Publisher
 from services.notify.devices import Devices
 from services.notify.ingest_servicer import NotifyIngestServicer
 from services.notify.output_urls import MediaSigner, OutputUrls
-from services.notify.public_servicer import NotifyServicer
 from services.notify.pushes.planner import PushPlanner
 from services.notify.pushes.planning import Rules
+from services.notify.servicer import NotifyServicer
 from services.notify.settings import NotifySettings
 from services.notify.store import ProjectionStore, StreamReads, TokenStore
 from services.notify.streams.backstop import Backstop

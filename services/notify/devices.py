@@ -8,8 +8,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from services.kit.logging import get_logger
+from services.notify.domain import ActivityRegistration, DeviceCursor, DeviceRegistration, DeviceRow
 from services.notify.errors import DeviceNotFound, LiveActivityNotFound
-from services.notify.model import ActivityRegistration, DeviceCursor, DeviceRegistration, DeviceRow
 from services.notify.pushes import tokens
 from services.notify.pushes.planner import PushPlanner
 from services.notify.store import TokenStore

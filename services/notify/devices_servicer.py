@@ -14,7 +14,7 @@ from services.kit.pagination import KeysetCodec, Timestamp, Uuid, page_size
 from services.kit.timestamps import to_timestamp
 from services.notify import fields
 from services.notify.devices import Devices
-from services.notify.model import DeviceCursor, DeviceRow
+from services.notify.domain import DeviceCursor, DeviceRow
 
 Context = aio.ServicerContext[Any, Any]
 

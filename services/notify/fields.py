@@ -12,8 +12,8 @@ from atelier.notify.v1 import notify_service_pb2 as pb
 from services.kit.auth import principal_id_problem
 from services.kit.errors import FieldViolation, invalid_argument
 from services.kit.ids import canonical_uuid, is_uuid
+from services.notify.domain import ActivityRegistration, DeviceRegistration
 from services.notify.errors import Reason
-from services.notify.model import ActivityRegistration, DeviceRegistration
 from services.notify.projection import JobState
 from services.notify.pushes import tokens
 

@@ -22,8 +22,8 @@ from atelier.media.v1 import media_internal_service_pb2 as pb
 from atelier.media.v1 import media_internal_service_pb2_grpc
 from services.kit.auth import issue_token
 from services.kit.settings import DEV_JWT_SECRET, DEV_SERVICE_TOKEN
+from services.media.domain import Status
 from services.media.housekeeping import DEFAULT_ABANDONED_WRITE_AGE
-from services.media.model import Status
 from services.media.settings import S3Settings
 from services.media.storage.local import INCOMING
 from services.media.storage.s3 import S3Storage

@@ -30,14 +30,14 @@ from services.kit.auth import issue_token
 from services.kit.db import asyncpg_url
 from services.kit.settings import DEV_JWT_SECRET, DEV_SERVICE_TOKEN
 from services.media.assets import Assets, Limits
+from services.media.domain import Asset, Purpose, Status, thumbnail_key
 from services.media.housekeeping import DEFAULT_ABANDONED_WRITE_AGE, Housekeeper
 from services.media.images import ImageInspector
-from services.media.model import Asset, Purpose, Status, thumbnail_key
 from services.media.settings import S3Settings
 from services.media.storage.local import INCOMING, PART_SUFFIX, LocalStorage
 from services.media.storage.s3 import S3Storage
 from services.media.storage.signing import UrlSigner
-from services.media.store import AssetStore
+from services.media.store.assets import AssetStore
 from tests.support.media import (
     FakeClock,
     MediaHarness,

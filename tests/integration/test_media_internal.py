@@ -25,7 +25,7 @@ from atelier.media.v1 import (
 from atelier.media.v1 import media_internal_service_pb2 as pb
 from services.kit.auth import issue_token
 from services.kit.settings import DEV_JWT_SECRET, DEV_SERVICE_TOKEN
-from services.media.model import Asset, Purpose, Status, object_key
+from services.media.domain import Asset, Purpose, Status, object_key
 from services.media.settings import S3Settings
 from services.media.storage.s3 import S3Storage
 from tests.support.media import (

@@ -36,7 +36,7 @@ from services.media.http import ObjectHttpServer
 from services.media.storage.local import INCOMING, PART_SUFFIX, LocalStorage
 from services.media.storage.s3 import S3Storage
 from services.media.storage.signing import UrlSigner
-from services.media.store import AssetStore
+from services.media.store.assets import AssetStore
 from tests.support.media import (
     MediaHarness,
     create_upload,

@@ -13,7 +13,7 @@ import pytest
 
 from services.kit.auth import issue_token
 from services.kit.settings import DEV_JWT_SECRET
-from services.media.model import Status
+from services.media.domain import Status
 from tests.support.media import (
     MediaHarness,
     SignedUrls,

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from services.dev.processes import free_port
+from services.media.domain import Purpose, object_key
 from services.media.http import ObjectHttpServer
-from services.media.model import Purpose, object_key
 from services.media.settings import S3Settings
 from services.media.storage import (
     ObjectExists,

@@ -16,8 +16,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from services.kit.db import asyncpg_url
-from services.media.model import Asset, ContentFacts, Purpose, Status, object_key
-from services.media.store import AssetStore
+from services.media.domain import Asset, ContentFacts, Purpose, Status, object_key
+from services.media.store.assets import AssetStore
 from tests.support.wire import watched_engine
 
 HASH = "ab" * 32

@@ -27,11 +27,11 @@ from atelier.media.v1 import media_internal_service_pb2 as pb
 from atelier.media.v1 import media_internal_service_pb2_grpc
 from services.kit.db import create_engine
 from services.kit.settings import DEV_SERVICE_TOKEN
+from services.media.domain import Purpose, object_key, thumbnail_key
 from services.media.errors import DatabaseFailed, StorageUnavailable
 from services.media.housekeeping import Housekeeper
-from services.media.model import Purpose, object_key, thumbnail_key
 from services.media.storage import ObjectStat, ObjectStorage, SignedRequest, WholeObject
-from services.media.store import AssetStore
+from services.media.store.assets import AssetStore
 from services.media.thumbnail_backfill import DEFAULT_STALE_AFTER, ThumbnailBackfill
 from services.media.thumbnails import Thumbnailer
 from tests.support.media import MediaHarness, media_settings, noisy_png, running_media

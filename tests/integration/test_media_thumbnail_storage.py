@@ -26,7 +26,7 @@ from atelier.media.v1 import (
 from atelier.media.v1 import media_internal_service_pb2 as pb
 from services.kit.auth import issue_token
 from services.kit.settings import DEV_JWT_SECRET, DEV_SERVICE_TOKEN
-from services.media.model import thumbnail_key
+from services.media.domain import thumbnail_key
 from tests.support.media import MediaHarness, media_settings, noisy_png, running_media
 from tests.support.rpc import bearer, error_info
 

@@ -34,7 +34,7 @@ from services.media.app import build, open_storage
 from services.media.housekeeping import Housekeeper
 from services.media.settings import MediaSettings
 from services.media.storage import ObjectStorage
-from services.media.store import AssetStore
+from services.media.store.assets import AssetStore
 
 
 def image_bytes(fmt: str, width: int = 64, height: int = 48, **save: object) -> bytes:

@@ -15,8 +15,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import BinaryIO, ParamSpec, TypeVar
 
+from services.media.domain import KEY_PATTERN
 from services.media.errors import StorageUnavailable
-from services.media.model import KEY_PATTERN
 from services.media.storage.base import (
     ObjectExists,
     ObjectNotFound,

@@ -17,8 +17,8 @@ from sqlalchemy import Row, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.kit.db import fetch
+from services.notify.domain import ActivityRegistration, DeviceCursor, DeviceRegistration, DeviceRow
 from services.notify.errors import DeviceNotFound, JobNotFound
-from services.notify.model import ActivityRegistration, DeviceCursor, DeviceRegistration, DeviceRow
 from services.notify.projection import JobState
 from services.notify.pushes.planner import PushPlanner
 from services.notify.pushes.planning import Token

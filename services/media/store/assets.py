@@ -23,8 +23,8 @@ from sqlalchemy.sql.elements import BindParameter, ColumnElement
 
 from services.kit.db import DriverStatement, driver_connection, driver_fetch
 from services.kit.outages import classify, database_failures
+from services.media.domain import Asset, ContentFacts, Purpose, Status
 from services.media.errors import DatabaseFailed
-from services.media.model import Asset, ContentFacts, Purpose, Status
 from services.media.tables import assets
 
 _c = assets.c

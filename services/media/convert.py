@@ -5,7 +5,7 @@ from __future__ import annotations
 from atelier.media.v1 import asset_pb2, media_internal_service_pb2
 from services.kit.timestamps import set_timestamp, to_timestamp
 from services.media.assets import SignedUrls
-from services.media.model import Asset, Purpose, Status
+from services.media.domain import Asset, Purpose, Status
 
 _PURPOSES = {
     Purpose.AI_INPUT: asset_pb2.ASSET_PURPOSE_AI_INPUT,

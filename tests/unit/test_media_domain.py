@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from services.media.model import (
+from services.media.domain import (
     KEY_PATTERN,
     Asset,
     Purpose,
