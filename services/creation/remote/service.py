@@ -390,13 +390,15 @@ class RemoteJobs:
             delay = backoff(job.attempt, *self._backoff)
             if failure.retry_after_seconds is not None:
                 delay = max(delay, timedelta(seconds=failure.retry_after_seconds))
-            return await tx.fail(
+            return await leases.fail_on(
+                tx.connection,
                 job.job_id,
                 job.lease_epoch,
                 failure.code,
                 failure.message,
                 retryable=failure.retryable,
                 retry_delay=delay,
+                now=tx.now,
             )
 
         return await self._keyed(claim, key, expected_version, act, respond, purge=True)
@@ -415,7 +417,9 @@ class RemoteJobs:
         async def act(tx: CallTransaction, job: Job) -> Job | None:
             if job.cancel_requested:
                 return await tx.fenced(FencedWrite.ACKNOWLEDGE_CANCEL, job.job_id, job.lease_epoch)
-            return await tx.hand_back(job.job_id, job.lease_epoch, delay)
+            return await leases.hand_back_on(
+                tx.connection, job.job_id, job.lease_epoch, delay, tx.now
+            )
 
         return await self._keyed(claim, key, expected_version, act, respond, purge=True)
 

@@ -77,13 +77,21 @@ async def apply(
     if not items:
         return {}
     async with driver_connection(engine) as connection:
-        rows = await connection.fetch(
-            write.value,
-            now,
-            [i.job_id for i in items],
-            [i.lease_epoch for i in items],
-            [i.value for i in items],
-        )
+        return await apply_on(connection, write, items, now)
+
+
+async def apply_on(
+    connection: Any, write: FencedWrite, items: Sequence[FencedItem], now: datetime
+) -> dict[str, Job]:
+    """``apply`` on an asyncpg connection the caller holds (in its transaction: a remote
+    worker's call commits with its answer)."""
+    rows = await connection.fetch(
+        write.value,
+        now,
+        [i.job_id for i in items],
+        [i.lease_epoch for i in items],
+        [i.value for i in items],
+    )
     return {str(r["job_id"]): job_from_row(r) for r in rows}
 
 
@@ -148,16 +156,40 @@ async def fail(
     """A retryable failure with attempts left queues a fresh attempt after ``retry_delay``;
     anything else fails the job (see ``fenced.FAIL_SQL``)."""
     async with driver_connection(engine) as connection:
-        row = await connection.fetchrow(
-            FAIL_SQL,
-            now,
+        return await fail_on(
+            connection,
             job_id,
             lease_epoch,
             code,
             message,
-            retryable,
-            now + retry_delay,
+            retryable=retryable,
+            retry_delay=retry_delay,
+            now=now,
         )
+
+
+async def fail_on(
+    connection: Any,
+    job_id: str,
+    lease_epoch: int,
+    code: str,
+    message: str,
+    *,
+    retryable: bool,
+    retry_delay: timedelta,
+    now: datetime,
+) -> Job | None:
+    """``fail`` on an asyncpg connection the caller holds."""
+    row = await connection.fetchrow(
+        FAIL_SQL,
+        now,
+        job_id,
+        lease_epoch,
+        code,
+        message,
+        retryable,
+        now + retry_delay,
+    )
     return job_from_row(row) if row is not None else None
 
 
@@ -168,7 +200,14 @@ async def hand_back(
     what it has (see ``fenced.HAND_BACK_SQL``). A job whose owner asked to cancel is
     returned unchanged (still RUNNING): the caller cancels it instead."""
     async with driver_connection(engine) as connection:
-        row = await connection.fetchrow(HAND_BACK_SQL, now, job_id, lease_epoch, now + delay)
+        return await hand_back_on(connection, job_id, lease_epoch, delay, now)
+
+
+async def hand_back_on(
+    connection: Any, job_id: str, lease_epoch: int, delay: timedelta, now: datetime
+) -> Job | None:
+    """``hand_back`` on an asyncpg connection the caller holds."""
+    row = await connection.fetchrow(HAND_BACK_SQL, now, job_id, lease_epoch, now + delay)
     return job_from_row(row) if row is not None else None
 
 

@@ -16,11 +16,11 @@ from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.domain import Job
+from services.creation.store import leases
 from services.creation.store.fenced import (
     CLAIM_SQL,
-    FAIL_SQL,
-    HAND_BACK_SQL,
     PROVIDER_REQUEST_UNIQUE,
+    FencedItem,
     FencedWrite,
 )
 from services.creation.store.rows import job_from_row
@@ -197,11 +197,17 @@ async def find_call(engine: AsyncEngine, pool: str, request_id: str) -> StoredCa
 
 
 class CallTransaction:
-    """One keyed call's transaction: the lease locked, the fenced write, the answer."""
+    """One keyed call's transaction: the lease locked, the fenced write, the answer. The
+    job's writes are the in-process worker's (``leases``), run on ``connection``."""
 
     def __init__(self, connection: Any, now: datetime) -> None:
         self._connection = connection
         self.now = now
+
+    @property
+    def connection(self) -> Any:
+        """The asyncpg connection, in this call's transaction."""
+        return self._connection
 
     async def lock_lease(self, token_hash: str, job_id: str) -> HeldLease | None:
         return _held(
@@ -217,37 +223,8 @@ class CallTransaction:
     async def fenced(
         self, write: FencedWrite, job_id: str, lease_epoch: int, value: str | None = None
     ) -> Job | None:
-        now = self.now
-        rows = await self._connection.fetch(write.value, now, [job_id], [lease_epoch], [value])
-        return job_from_row(rows[0]) if rows else None
-
-    async def fail(
-        self,
-        job_id: str,
-        lease_epoch: int,
-        code: str,
-        message: str,
-        *,
-        retryable: bool,
-        retry_delay: timedelta,
-    ) -> Job | None:
-        now = self.now
-        row = await self._connection.fetchrow(
-            FAIL_SQL,
-            now,
-            job_id,
-            lease_epoch,
-            code,
-            message,
-            retryable,
-            now + retry_delay,
-        )
-        return job_from_row(row) if row else None
-
-    async def hand_back(self, job_id: str, lease_epoch: int, delay: timedelta) -> Job | None:
-        now = self.now
-        row = await self._connection.fetchrow(HAND_BACK_SQL, now, job_id, lease_epoch, now + delay)
-        return job_from_row(row) if row else None
+        item = FencedItem(job_id, lease_epoch, value)
+        return (await leases.apply_on(self._connection, write, [item], self.now)).get(job_id)
 
     async def record(
         self,
