@@ -120,6 +120,16 @@ def backoff(attempt: int, base: float, cap: float, rng: random.Random | None = N
     return timedelta(seconds=(rng or random).uniform(0, ceiling))
 
 
+def retry_delay(
+    attempt: int, base: float, cap: float, at_least_seconds: float | None = None
+) -> timedelta:
+    """``backoff``, but never sooner than the provider asked (a 429's Retry-After)."""
+    delay = backoff(attempt, base, cap)
+    if at_least_seconds is not None:
+        delay = max(delay, timedelta(seconds=at_least_seconds))
+    return delay
+
+
 # SubmitJob's bounds on num_outputs (0 in a request means 1).
 MIN_OUTPUTS, MAX_OUTPUTS = 1, 4
 

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.creation.domain import Job, Status, backoff, output_key
+from services.creation.domain import Job, Status, output_key, retry_delay
 from services.creation.errors import IdempotencyKeyReused, InputAssetNotFound
 from services.creation.media_client import (
     AssetRefused,
@@ -387,9 +387,7 @@ class RemoteJobs:
                     job.lease_epoch,
                     f"the provider's answer to the submit was lost ({failure.code})",
                 )
-            delay = backoff(job.attempt, *self._backoff)
-            if failure.retry_after_seconds is not None:
-                delay = max(delay, timedelta(seconds=failure.retry_after_seconds))
+            delay = retry_delay(job.attempt, *self._backoff, failure.retry_after_seconds)
             return await leases.fail_on(
                 tx.connection,
                 job.job_id,

@@ -19,3 +19,8 @@ class AttemptFailed(Exception):
 
 class LeaseLost(Exception):
     """A fenced write matched nothing: another worker holds the job now."""
+
+
+class CancelAsked(Exception):
+    """A write refused because the owner asked to cancel (the remote worker learns it
+    so): stop at this safe point and acknowledge the cancel."""
