@@ -232,7 +232,8 @@ class WorkerClient:
         lease.saw(answer.version)
         return answer
 
-    async def release(self, lease: Lease) -> pb.ReleaseJobResponse:
+    async def release(self, lease: Lease, delay: timedelta = timedelta(0)) -> pb.ReleaseJobResponse:
+        """Hands the job back, due again after ``delay`` (its request kept)."""
         request = pb.ReleaseJobRequest(
             lease=lease.ref(),
             worker_id=self.worker_id,
@@ -240,6 +241,7 @@ class WorkerClient:
             request_time=sent_now(),
             expected_version=lease.version,
         )
+        request.delay.FromTimedelta(delay)
         answer = await self._send(self._stub.ReleaseJob, request)
         lease.saw(answer.version)
         return answer

@@ -21,11 +21,14 @@ class RemoteWorkerSettings:
     drain_seconds: float
     lease_seconds: float
     fault: str
+    # The in-process worker's defaults (ATELIER_BACKOFF_BASE, _MAX).
+    backoff_base_seconds: float = 2.0
+    backoff_max_seconds: float = 300.0
 
     @classmethod
     def read(cls, reader: EnvReader) -> RemoteWorkerSettings:
         default_id = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
-        return cls(
+        settings = cls(
             # The pool's credential (the server knows its SHA-256 from ATELIER_REMOTE_POOLS).
             credential=reader.secret("REMOTE_WORKER_CREDENTIAL", "", min_length=16),
             worker_id=reader.string("REMOTE_WORKER_ID", "") or default_id,
@@ -43,4 +46,18 @@ class RemoteWorkerSettings:
             lease_seconds=reader.seconds("REMOTE_WORKER_LEASE", 0, minimum=0, maximum=86400),
             # Tests only: drop_first_claim throws away the first claim's answer and replays.
             fault=reader.string("REMOTE_WORKER_FAULT", "", choices=FAULTS),
+            # The backoff between a provider's poll errors (full jitter, doubling from the
+            # base up to the longest), never sooner than the provider asked.
+            backoff_base_seconds=reader.seconds(
+                "REMOTE_WORKER_BACKOFF_BASE", 2, minimum=0.01, maximum=600
+            ),
+            backoff_max_seconds=reader.seconds(
+                "REMOTE_WORKER_BACKOFF_MAX", 300, minimum=0.01, maximum=86400
+            ),
         )
+        reader.require(
+            settings.backoff_base_seconds <= settings.backoff_max_seconds,
+            "REMOTE_WORKER_BACKOFF_BASE",
+            "must not exceed ATELIER_REMOTE_WORKER_BACKOFF_MAX",
+        )
+        return settings

@@ -14,10 +14,11 @@ from collections.abc import Mapping
 import httpx
 
 from services.creation.providers.base import Provider
-from services.creation.remote_worker.attempt import RemoteAttempt, RemoteDrain
+from services.creation.remote_worker.attempt import RemoteAttempt
 from services.creation.remote_worker.client import Refused, WorkerClient
 from services.creation.remote_worker.settings import RemoteWorkerSettings
-from services.creation.worker.context import PointHook, no_point
+from services.creation.worker.context import Drain, PointHook, no_point
+from services.creation.worker.driver import PollPolicy
 from services.kit import event_loop
 from services.kit.event_loop import DEFAULT_EVENT_LOOP, EVENT_LOOPS
 from services.kit.logging import get_logger
@@ -42,7 +43,12 @@ class RemoteWorker:
         self._on_point = on_point
         self._providers = providers
         self._settings = settings
-        self._drain = RemoteDrain()
+        self._drain = Drain()
+        self._policy = PollPolicy(
+            settings.provider_poll_seconds,
+            settings.backoff_base_seconds,
+            settings.backoff_max_seconds,
+        )
         self.outcomes: dict[str, str] = {}
 
     def stop(self) -> None:
@@ -90,7 +96,7 @@ class RemoteWorker:
                 self._providers,
                 http,
                 self._drain,
-                self._settings.provider_poll_seconds,
+                self._policy,
                 self._on_point,
             )
             try:
