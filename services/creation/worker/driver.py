@@ -144,7 +144,8 @@ class AttemptPort(Protocol):
         ...
 
     async def complete(self, asset_ids: list[str]) -> str | None:
-        """None when the owner's cancel refused it: the cancel is acknowledged."""
+        """None when the fence refused it (the owner asked to cancel, or the lease is
+        gone): the cancel's acknowledgement follows, which a lost lease refuses."""
         ...
 
     async def fail(self, failure: AttemptFailed) -> str: ...
@@ -157,6 +158,8 @@ class AttemptPort(Protocol):
 
 
 class AttemptDriver:
+    """One attempt at one job, by the policy above, through ``port``."""
+
     def __init__(
         self,
         job: AttemptJob,
