@@ -2,4 +2,4 @@
 attempt at a job, and the reaper that resolves jobs whose worker died."""
 
 # What other packages import from here (tests/unit/test_package_surfaces.py).
-__all__ = ["context", "loop", "output_purger", "reaper"]
+__all__ = ["context", "driver", "loop", "outcomes", "output_purger", "reaper"]
