@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: dev test venv proto lint typecheck pytest breaking deploy-check lock clean chromium promtool
+.PHONY: dev test venv proto lint typecheck pytest breaking deploy-check lock clean chromium promtool node-deps ts-client
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,7 +23,7 @@ dev: $(STAMP)
 
 # The checks run side by side: mypy works the CPU while the tests mostly wait on the
 # processes they start. Any failure fails `make test`.
-test: $(STAMP) chromium promtool
+test: $(STAMP) chromium promtool node-deps
 	$(MAKE) --no-print-directory -j3 lint typecheck pytest
 
 lint: $(STAMP)
@@ -33,9 +33,15 @@ lint: $(STAMP)
 	$(MAKE) --no-print-directory breaking
 	$(MAKE) --no-print-directory deploy-check
 
-# Protos must stay wire- and source-compatible with what main has; skipped where there is
-# no main branch to compare against (a fresh repository).
+# Protos must stay wire- and source-compatible with every released contract (each
+# contract/*.binpb, written by scripts/tag-contract.sh when a version is released) and
+# with main (so a field added after a release is not removed again either). The image
+# check needs no git history; the main check is skipped where there is no main branch.
 breaking: $(STAMP)
+	@for image in contract/*.binpb; do \
+		echo "buf breaking against $$image"; \
+		$(BIN)/buf breaking protos --against "$$image" || exit 1; \
+	done
 	@if git rev-parse --verify --quiet main >/dev/null; then \
 		$(BIN)/buf breaking --against '.git#branch=main'; \
 	else echo "buf breaking: no main branch to compare against"; fi
@@ -56,7 +62,7 @@ typecheck: $(STAMP)
 # Most tests wait on the processes they start, so more workers than cores pays.
 # `PYTEST_WORKERS=0 make pytest` runs it in one process.
 PYTEST_WORKERS ?= 3
-pytest: $(STAMP) chromium promtool
+pytest: $(STAMP) chromium promtool node-deps
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 # The playground's browser test (tests/acceptance/test_playground.py) drives Debian's
@@ -73,6 +79,33 @@ chromium:
 			exit 1; \
 		fi; \
 	fi
+
+# The TypeScript client (clients/typescript/): its npm packages exactly as its
+# package-lock.json pins them (npm ci), for its tests (tests/acceptance/
+# test_typescript_client.py runs them in Node) and its drift check (tests/contract/
+# test_typescript_generated.py). Node (18 or later) and npm come from the machine; when
+# missing and we are root, Debian's nodejs and npm are installed (as Chromium is above).
+TS_CLIENT := clients/typescript
+node-deps: $(TS_CLIENT)/node_modules/.installed
+
+$(TS_CLIENT)/node_modules/.installed: $(TS_CLIENT)/package.json $(TS_CLIENT)/package-lock.json
+	@if ! command -v node >/dev/null || ! command -v npm >/dev/null; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing Debian's nodejs and npm for the TypeScript client"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; \
+		else \
+			echo "node and npm are missing: install them (sudo apt-get install nodejs npm); the TypeScript client's tests need them" >&2; \
+			exit 1; \
+		fi; \
+	fi
+	@node -e 'if (+process.versions.node.split(".")[0] < 18) { console.error("Node " + process.version + " is too old: the TypeScript client needs 18 or later"); process.exit(1) }'
+	cd $(TS_CLIENT) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+# Regenerates the TypeScript client's types from gen/openapi.json (run after `make proto`
+# when the document changed; the drift check fails until the result is committed).
+ts-client: node-deps
+	cd $(TS_CLIENT) && node node_modules/openapi-typescript/bin/cli.js ../../gen/openapi.json --output src/generated/openapi.ts
 
 # Prometheus' promtool checks the alert rules and runs their unit tests (deploy-check, and
 # tests/contract/test_observability.py). No PyPI package carries it: it is taken out of
@@ -95,4 +128,4 @@ lock:
 	rm -rf .lock-venv build
 
 clean:
-	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache build *.egg-info $(TS_CLIENT)/node_modules $(TS_CLIENT)/dist

@@ -22,7 +22,7 @@ from atelier_client.errors import (
 )
 from atelier_client.retry import NO_RETRY, RetryPolicy
 from atelier_client.sync import Client
-from atelier_client.watch import JobState
+from atelier_client.watch import Job
 
 __all__ = [
     "NO_RETRY",
@@ -36,7 +36,7 @@ __all__ = [
     "FieldViolation",
     "Internal",
     "InvalidArgument",
-    "JobState",
+    "Job",
     "NotFound",
     "PermissionDenied",
     "ResourceExhausted",

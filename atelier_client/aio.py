@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import Any, Self
 
@@ -23,12 +23,13 @@ from atelier.creation.v1 import creation_service_pb2 as creation
 from atelier.creation.v1 import job_pb2
 from atelier.media.v1 import asset_pb2
 from atelier.media.v1 import media_service_pb2 as media
+from atelier.notify.v1 import notify_service_pb2 as notify
 from atelier_client import calls, upload
 from atelier_client.auth import Token
 from atelier_client.calls import Out
 from atelier_client.core import CHANNEL_OPTIONS, DEFAULT_WAIT, ClientBase, Core
 from atelier_client.retry import RetryHook, RetryPolicy
-from atelier_client.watch import JobState, StateHook
+from atelier_client.watch import Job, StateHook
 
 
 class AsyncClient(ClientBase[grpc.aio.Channel]):
@@ -100,13 +101,31 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
     async def get_job(self, job_id: str) -> job_pb2.Job:
         return await self._run(calls.get_job(job_id))
 
+    async def wait_job(self, job_id: str, timeout: float = 30.0) -> job_pb2.Job:  # noqa: ASYNC109
+        """WaitJob: one call that answers once the job settled (SUCCEEDED, FAILED,
+        CANCELLED or NEEDS_ATTENTION) or after ``timeout`` seconds (at most 60) with the
+        job as it is then: check its status. No stream is read."""
+        return await self._run(calls.wait_job(job_id, timeout))
+
     async def list_jobs(
         self, request: creation.ListJobsRequest | None = None, /, **fields: Any
     ) -> creation.ListJobsResponse:
         return await self._run(calls.list_jobs(request, fields))
 
     async def cancel_job(self, job_id: str) -> job_pb2.Job:
+        """CancelJob: the job CANCELLED, or RUNNING with ``cancel_requested`` set.
+        Retried: a repeated cancel answers the job as it is."""
         return await self._run(calls.cancel_job(job_id))
+
+    async def delete_job(self, job_id: str, *, keep_assets: bool = False) -> None:
+        """DeleteJob of a finished job, its photos too unless ``keep_assets``. Retried:
+        deleting a deleted job succeeds again."""
+        await self._run(calls.delete_job(job_id, keep_assets))
+
+    async def list_ledger_entries(
+        self, request: creation.ListLedgerEntriesRequest | None = None, /, **fields: Any
+    ) -> creation.ListLedgerEntriesResponse:
+        return await self._run(calls.list_ledger_entries(request, fields))
 
     async def get_balance(self) -> creation.GetBalanceResponse:
         return await self._run(calls.get_balance())
@@ -115,6 +134,31 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         self, request: creation.ListCatalogRequest | None = None, /, **fields: Any
     ) -> creation.ListCatalogResponse:
         return await self._run(calls.list_catalog(request, fields))
+
+    async def register_device(
+        self, request: notify.RegisterDeviceRequest | None = None, /, **fields: Any
+    ) -> notify.Device:
+        """RegisterDevice (the same device when the token was registered before)."""
+        return await self._run(calls.register_device(request, fields))
+
+    async def list_devices(
+        self, request: notify.ListDevicesRequest | None = None, /, **fields: Any
+    ) -> notify.ListDevicesResponse:
+        return await self._run(calls.list_devices(request, fields))
+
+    async def delete_device(self, device_id: str) -> None:
+        """DeleteDevice; a NOT_FOUND after a retry is the device gone (the first attempt
+        landed): only a first attempt's NOT_FOUND is raised."""
+        await self._run(calls.delete_device(device_id))
+
+    async def register_live_activity(
+        self, request: notify.RegisterLiveActivityRequest | None = None, /, **fields: Any
+    ) -> notify.RegisterLiveActivityResponse:
+        return await self._run(calls.register_live_activity(request, fields))
+
+    async def delete_live_activity(self, job_id: str, activity_id: str) -> None:
+        """DeleteLiveActivity; gone after a retry is done, as for delete_device."""
+        await self._run(calls.delete_live_activity(job_id, activity_id))
 
     async def create_upload(
         self, request: media.CreateUploadRequest | None = None, /, **fields: Any
@@ -139,7 +183,7 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         timeout: float = DEFAULT_WAIT,  # noqa: ASYNC109 also each stream's deadline
         *,
         on_state: StateHook | None = None,
-    ) -> JobState:
+    ) -> Job:
         """The job's terminal state (SUCCEEDED, FAILED or CANCELLED), followed over
         WatchJob and reconnecting as :mod:`atelier_client.watch` says; DeadlineExceeded
         after ``timeout`` seconds. ``on_state`` is told of each newer state on the way."""
@@ -161,15 +205,45 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
                 delay = watch.failed(failure)
             await self._sleep(watch.pause(delay))
 
+    async def watch_jobs(self, cursor: str = "") -> AsyncIterator[notify.WatchJobsResponse]:
+        """The caller's jobs as they change, over WatchJobs, for as long as the caller
+        reads: each ``job`` message (a newer state; drop a job with ``deleted`` set) and
+        each ``snapshot_end``, both carrying the ``cursor`` to resume from. It reconnects
+        as :mod:`atelier_client.watch` says, from the last cursor; pass a saved cursor to
+        resume a watch of an earlier run (FailedPrecondition CURSOR_EXPIRED when it is too
+        old: start without one). Closing the iterator (``aclose``) closes the stream."""
+        watch = self._core.watch_jobs(cursor)
+        while True:
+            delay: float | None = None
+            stream = None
+            try:
+                stream = self._notify.WatchJobs(watch.request(), metadata=self._core.metadata())
+                async for message in stream:
+                    news, delay = watch.take(message)
+                    if news:
+                        yield message
+                    if delay is not None:
+                        break
+            except grpc.RpcError as failure:
+                delay = watch.failed(failure)
+            finally:
+                if stream is not None:
+                    stream.cancel()
+            await self._sleep(watch.pause(delay))
+
     async def _run(self, call: calls.Call[Out]) -> Out:
         method = getattr(self._stubs[call.service], call.method)
         attempts = self._core.attempts(call.retryable)
         while True:
             try:
                 response = await method(
-                    call.request, metadata=self._core.metadata(), timeout=attempts.timeout()
+                    call.request,
+                    metadata=self._core.metadata(),
+                    timeout=attempts.timeout() + call.holds,
                 )
             except grpc.RpcError as failure:
+                if call.gone_when_missing and attempts.found_gone(failure):
+                    return call.unwrap(None)
                 await self._sleep(attempts.delay_after(failure))
             else:
                 return call.unwrap(response)

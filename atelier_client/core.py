@@ -17,7 +17,7 @@ from atelier.notify.v1 import notify_service_pb2_grpc
 from atelier_client.auth import BearerToken, Metadata, Token
 from atelier_client.calls import Service
 from atelier_client.retry import Attempts, RetryHook, RetryPolicy
-from atelier_client.watch import JobWatch, StateHook
+from atelier_client.watch import JobsWatch, JobWatch, StateHook
 
 C = TypeVar("C")
 Channel = TypeVar("Channel", grpc.Channel, grpc.aio.Channel)
@@ -82,6 +82,9 @@ class Core:
     def watch(self, job_id: str, timeout: float, on_state: StateHook | None) -> JobWatch:
         return JobWatch(job_id, timeout, self.retry, self._clock, self._rng, on_state)
 
+    def watch_jobs(self, cursor: str) -> JobsWatch:
+        return JobsWatch(cursor, self.retry, self._rng)
+
     def with_token(self, token: Token) -> Self:
         twin = copy.copy(self)
         twin._auth = BearerToken(token)
@@ -101,11 +104,12 @@ class ClientBase(Generic[Channel]):
         core: Core,
     ) -> None:
         self._core = core
+        self._notify: Any = notify_service_pb2_grpc.NotifyServiceStub(notify_channel or channel)
         self._stubs: dict[Service, Any] = {
             "creation": creation_service_pb2_grpc.CreationServiceStub(channel),
             "media": media_service_pb2_grpc.MediaServiceStub(media_channel or channel),
+            "notify": self._notify,
         }
-        self._notify: Any = notify_service_pb2_grpc.NotifyServiceStub(notify_channel or channel)
         self._owned: list[Channel] = []
 
     @classmethod

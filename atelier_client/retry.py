@@ -1,11 +1,14 @@
 """When a failed call is tried again, and after how long. Both flavours of the client run
 the same decisions; only their sleeping differs.
 
-A call is retried only when it is safe: a read, or a write that carries a ``request_id``
-(the server answers a replay with the first call's result). Only UNAVAILABLE and
-RESOURCE_EXHAUSTED are retried, after the server's ``RetryInfo`` delay when it gave one,
-else after an exponential backoff with jitter; never past ``max_attempts`` nor past the
-total ``deadline`` (a RetryInfo delay that would end beyond it fails the call at once).
+A call is retried only when it is safe: a read, a write that carries a ``request_id``
+(the server answers a replay with the first call's result), or a write the server answers
+the same when repeated (a cancel, a delete, a registration; see calls.py). Only
+UNAVAILABLE, RESOURCE_EXHAUSTED and ABORTED (a conflict: the user's other request holds a
+lock) are retried, after the server's ``RetryInfo`` delay when it gave one, else after an
+exponential backoff with jitter; never past ``max_attempts`` nor past the total
+``deadline`` (a RetryInfo delay that would end beyond it fails the call at once).
+ALREADY_EXISTS (IDEMPOTENCY_KEY_REUSED: the key made something else) never is.
 """
 
 from __future__ import annotations
@@ -18,7 +21,11 @@ import grpc
 
 from atelier_client import errors
 
-RETRIED_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+# ABORTED is a conflict worth retrying (USER_BUSY, LOCK_TIMEOUT, UPLOAD_CHANGED: every
+# ABORTED answer carries a RetryInfo, 0 s meaning at once); ALREADY_EXISTS never is.
+RETRIED_CODES = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED}
+)
 
 # Told of each retry before its sleep: the error and the delay (seconds). For logs and
 # counters.
@@ -83,6 +90,11 @@ class Attempts:
             self._hook(error, delay)
         self.number += 1
         return delay
+
+    def found_gone(self, failure: grpc.RpcError) -> bool:
+        """A NOT_FOUND after a retry: an earlier attempt may have removed the thing (its
+        answer lost), so for a removal it is the answer asked for."""
+        return self.number > 1 and failure.code() is grpc.StatusCode.NOT_FOUND
 
     def _delay(self, error: errors.AtelierError) -> float | None:
         if not self._retryable or error.code not in RETRIED_CODES:

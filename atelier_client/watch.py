@@ -1,4 +1,6 @@
-"""Following one job over notify's WatchJob until its terminal state, across reconnects.
+"""Following one job over notify's WatchJob until its terminal state (:class:`JobWatch`),
+and all of a user's jobs over WatchJobs, resumed from its cursor (:class:`JobsWatch`),
+across reconnects.
 
 What ends a stream early, and what ``wait`` does then:
 - a ``StreamEnd`` (the server draining for a restart, the stream's maximum duration, a
@@ -12,6 +14,12 @@ What ends a stream early, and what ``wait`` does then:
 The whole wait, reconnects included, is bounded by its timeout (DeadlineExceeded).
 Each reconnect asks for versions after the last one seen, so nothing is read twice and a
 state missed while disconnected arrives first. Both flavours of the client share this.
+
+WatchJobs reconnects on the same events, asking for changes after the last cursor it was
+handed (each job and snapshot-end message carries one): the new stream's snapshot holds
+the caller's unfinished jobs and every job changed since, then a new snapshot end. It has
+no deadline of its own; a cursor the server can no longer resume from is FAILED_PRECONDITION
+``CURSOR_EXPIRED`` (raised: start afresh with no cursor and list the jobs).
 """
 
 from __future__ import annotations
@@ -21,13 +29,15 @@ from collections.abc import Callable
 
 import grpc
 
-from atelier.notify.v1 import job_state_pb2, notify_service_pb2
+from atelier.creation.v1 import job_pb2
+from atelier.notify.v1 import notify_service_pb2
 from atelier_client import errors
 from atelier_client.retry import RetryPolicy
 
-JobState = job_state_pb2.JobState
-# Told of each newer state a wait sees (progress for a log line, say).
-StateHook = Callable[[JobState], None]
+# The job as every read and stream carries it (creation's Job).
+Job = job_pb2.Job
+# Told of each newer version a wait sees (progress for a log line, say).
+StateHook = Callable[[Job], None]
 
 _RECONNECT_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
 # Codes that a transport failure (not atelier) produces; with an ErrorInfo they are real.
@@ -53,7 +63,7 @@ class JobWatch:
     ) -> None:
         self.job_id = job_id
         self._on_state = on_state
-        self.state: JobState | None = None
+        self.state: Job | None = None
         self._timeout = timeout
         self._ends = clock() + timeout
         self._policy = policy
@@ -65,7 +75,7 @@ class JobWatch:
     def last_version(self) -> int:
         return self.state.version if self.state is not None else 0
 
-    def terminal(self) -> JobState | None:
+    def terminal(self) -> Job | None:
         """The terminal state, once seen."""
         return self.state if self.state is not None and self.state.done else None
 
@@ -128,3 +138,59 @@ class JobWatch:
         return errors.DeadlineExceeded(
             f"job {self.job_id} did not finish within {self._timeout:g} s ({seen} seen)"
         )
+
+
+# The WatchJobs messages a caller is handed: a job's newer state, or the snapshot's end.
+_NEWS = frozenset({"job", "snapshot_end"})
+
+
+class JobsWatch:
+    """What one ``watch_jobs`` has been handed (the last cursor) and how to go on after
+    each event; it never ends by itself."""
+
+    def __init__(self, cursor: str, policy: RetryPolicy, rng: random.Random) -> None:
+        self.cursor = cursor
+        self._policy = policy
+        self._rng = rng
+        self._failures = 0
+
+    def request(self) -> notify_service_pb2.WatchJobsRequest:
+        return notify_service_pb2.WatchJobsRequest(cursor=self.cursor)
+
+    def take(self, message: notify_service_pb2.WatchJobsResponse) -> tuple[bool, float | None]:
+        """Reads one message: whether the caller is handed it (a job, the snapshot's
+        end), and a delay when the stream is ending and a new one follows after it;
+        raises the error of a failure that is final."""
+        event = message.WhichOneof("event")
+        if event in _NEWS:
+            if message.cursor:
+                self.cursor = message.cursor
+            self._failures = 0
+            return True, None
+        if event == "end":
+            delay = message.end.retry_delay
+            return False, delay.seconds + delay.nanos / 1e9
+        if event == "error":
+            return False, self._after(errors.from_status_message(message.error))
+        return False, None  # keep-alive (or an event this client does not know yet)
+
+    def failed(self, failure: grpc.RpcError) -> float:
+        """The delay before reconnecting after a failed stream; raises the typed error
+        when the failure is final (CURSOR_EXPIRED among them)."""
+        return self._after(errors.from_rpc_error(failure))
+
+    def pause(self, delay: float | None) -> float:
+        """How long to sleep before the next stream: ``delay``, or a backoff when the
+        stream closed without saying why."""
+        if delay is None:
+            self._failures += 1
+            delay = self._policy.backoff(self._failures, self._rng)
+        return max(0.0, delay)
+
+    def _after(self, error: errors.AtelierError) -> float:
+        if not reconnectable(error):
+            raise error
+        self._failures += 1
+        if error.retry_after is not None:
+            return error.retry_after
+        return self._policy.backoff(self._failures, self._rng)

@@ -58,8 +58,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from atelier.creation.v1 import job_pb2
-from atelier.notify.v1 import job_state_pb2, notify_service_pb2_grpc
 from atelier.notify.v1 import notify_service_pb2 as pb
+from atelier.notify.v1 import notify_service_pb2_grpc
 from services.dev import edge, postgres
 from services.dev.processes import (
     free_port,
@@ -396,7 +396,7 @@ class BareWatch(notify_service_pb2_grpc.NotifyServiceServicer):
 
     def broadcast(self, job: str, version: int) -> None:
         self.version = version
-        self.message = pb.WatchJobResponse(job=job_state_pb2.JobState(job_id=job, version=version))
+        self.message = pb.WatchJobResponse(job=job_pb2.Job(job_id=job, version=version))
         waiters, self.waiters = self.waiters, []
         for waiter in waiters:
             waiter.set_result(None)

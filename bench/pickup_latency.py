@@ -39,7 +39,6 @@ from bench.engine_drain import (
 )
 from services.creation.domain import Job
 from services.creation.media_client import MediaClient
-from services.creation.parameters import GenerationParameters
 from services.creation.providers.base import Provider
 from services.creation.settings import CreationSettings
 from services.creation.store import jobs as store
@@ -102,7 +101,7 @@ async def submit_steadily(url: str, jobs: int, rate: float) -> dict[str, float]:
         negative_prompt="",
         width=512,
         height=512,
-        parameters=GenerationParameters(),
+        parameters={},
     )
     loop = asyncio.get_running_loop()
     start = loop.time() + 0.2

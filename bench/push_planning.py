@@ -20,7 +20,6 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from atelier.creation.v1 import job_pb2
-from atelier.notify.v1 import job_state_pb2
 from services.dev import postgres
 from services.kit import migrations
 from services.kit.db import asyncpg_url
@@ -31,9 +30,9 @@ from services.notify.store import ProjectionStore
 LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
-def run_of(job_id: str, user_id: str, versions: int) -> list[job_state_pb2.JobState]:
+def run_of(job_id: str, user_id: str, versions: int) -> list[job_pb2.Job]:
     states = [
-        job_state_pb2.JobState(
+        job_pb2.Job(
             job_id=job_id,
             user_id=user_id,
             version=v,
@@ -43,7 +42,7 @@ def run_of(job_id: str, user_id: str, versions: int) -> list[job_state_pb2.JobSt
         for v in range(1, versions)
     ]
     states.append(
-        job_state_pb2.JobState(
+        job_pb2.Job(
             job_id=job_id, user_id=user_id, version=versions, status=job_pb2.JOB_STATUS_SUCCEEDED
         )
     )

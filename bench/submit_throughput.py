@@ -216,6 +216,7 @@ def submit_call_arguments(user: str) -> list[object]:
         now=now,
         num_outputs=1,
         trace_parent=None,
+        via=None,
     )
 
 

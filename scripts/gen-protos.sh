@@ -25,6 +25,9 @@ python -m grpc_tools.protoc \
   --descriptor_set_out="$out/atelier.binpb" \
   "${sources[@]#protos/}" google/rpc/error_details.proto
 # The OpenAPI document of the JSON edge: that descriptor set, for the services the edge's
-# transcoder serves (deploy/envoy/envoy.yaml). The edge serves it at /openapi.json.
+# transcoder serves (deploy/envoy/envoy.yaml). The edge serves it at /openapi.json. Beside
+# it the edge's route table (its routes Lua filter: 405 with allow, unknown body fields)
+# and schemathesis's configuration for the document (the fuzz test's, and anyone's).
 python -m services.dev.openapi --descriptor "$out/atelier.binpb" \
-  --edge deploy/envoy/envoy.yaml --out "$out/openapi.json"
+  --edge deploy/envoy/envoy.yaml --out "$out/openapi.json" --routes-out "$out/edge_routes.lua" \
+  --fuzzing-out "$out/schemathesis.toml"

@@ -78,6 +78,13 @@ def _token(args: argparse.Namespace) -> int:
     if args.service:
         print(common.service_token)
         return 0
+    if not common.jwt_secret:
+        print(
+            "atelier token: HS256 is off (ATELIER_JWT_ISSUERS without ATELIER_JWT_SECRET); "
+            "users get their tokens from the identity provider",
+            file=sys.stderr,
+        )
+        return 2
     # A token the services would refuse is no use to anyone.
     for option, problem in (
         ("--ttl", lifetime_problem(args.ttl, common.jwt_max_lifetime_seconds)),
@@ -221,7 +228,11 @@ def parser() -> argparse.ArgumentParser:
         "(ATELIER_REMOTE_WORKER_*; see docs/remote-workers.md)",
     )
     worker.add_argument(
-        "--remote", required=True, metavar="ADDRESS", help="creation's internal listener"
+        "--remote",
+        default="",
+        metavar="ADDRESS",
+        help="creation's WorkerService: its TLS listener (host:port), or the internal "
+        "listener with ATELIER_REMOTE_WORKER_PLAINTEXT; default ATELIER_REMOTE_WORKER_ADDRESS",
     )
     worker.set_defaults(run=_worker)
 

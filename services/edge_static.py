@@ -15,6 +15,7 @@ files from the image, where deploy/image/Dockerfile copies each to
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,24 +131,93 @@ def add_routes(
     config: dict[str, Any], root: Path | str, files: Sequence[StaticFile] = STATIC_FILES
 ) -> None:
     """Puts a route for each of ``files`` (read under ``root``) in front of every virtual
-    host of every listener. Listeners that share one route table (the template's YAML
-    alias) get the routes once."""
+    host of every API listener (one that transcodes: not the plaintext redirect, not the
+    monitoring listener), and points the Lua filters' source files under ``root`` too.
+    Listeners that share one route table get the routes once."""
     for route_config in _route_configs(config):
         for host in route_config["virtual_hosts"]:
             host["routes"][:0] = [route(static, root) for static in files]
+    point_lua_sources(config, root)
+
+
+def api_managers(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The HTTP connection managers that serve the API (those that transcode), each once
+    (listeners may share one)."""
+    managers: list[dict[str, Any]] = []
+    for listener in config["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            for network_filter in chain["filters"]:
+                if network_filter["name"] != HTTP_MANAGER:
+                    continue
+                manager = network_filter["typed_config"]
+                transcodes = any(f["name"] == TRANSCODER for f in manager.get("http_filters", []))
+                if transcodes and not any(m is manager for m in managers):
+                    managers.append(manager)
+    return managers
 
 
 def _route_configs(config: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    seen: set[int] = set()
+    for manager in api_managers(config):
+        route_config: dict[str, Any] = manager["route_config"]
+        if id(route_config) not in seen:
+            seen.add(id(route_config))
+            yield route_config
+
+
+# Filters whose Lua source is a file of the image (the routes filter: gen/edge_routes.lua).
+LUA = "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua"
+CORS_FILTER = "atelier.cors"
+_ORIGINS_LINE = "local ORIGINS = {}  -- ATELIER_EDGE_CORS_ORIGINS"
+
+
+def point_lua_sources(config: dict[str, Any], root: Path | str) -> None:
+    """Every Lua filter whose source is a file under IMAGE_ROOT (as the template names
+    it) reads that file under ``root`` instead."""
+    for http_filter in _http_filters(config):
+        source = http_filter["typed_config"].get("default_source_code", {})
+        filename = source.get("filename", "")
+        if http_filter["typed_config"].get("@type") == LUA and filename.startswith(IMAGE_ROOT):
+            source["filename"] = str(Path(root) / filename.removeprefix(IMAGE_ROOT + "/"))
+
+
+def cors_origins(value: str) -> tuple[str, ...]:
+    """ATELIER_EDGE_CORS_ORIGINS: comma-separated origins (`https://app.example.com`),
+    or `*` for any; empty: no cross-origin access."""
+    origins = tuple(part.strip().rstrip("/") for part in value.split(",") if part.strip())
+    for origin in origins:
+        if origin != "*" and not re.fullmatch(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?", origin):
+            raise ValueError(f"not an origin (scheme://host[:port]): {origin!r}")
+    if "*" in origins and len(origins) > 1:
+        raise ValueError("`*` allows every origin: name no other")
+    return origins
+
+
+def set_cors_origins(config: dict[str, Any], origins: Sequence[str]) -> None:
+    """The CORS filter allows ``origins`` (``("*",)``: any origin)."""
+    table = "{" + ", ".join(f'["{origin}"] = true' for origin in origins) + "}"
+    for http_filter in _http_filters(config):
+        if http_filter["name"] != CORS_FILTER:
+            continue
+        source = http_filter["typed_config"]["default_source_code"]
+        if _ORIGINS_LINE not in source["inline_string"]:
+            raise ValueError(f"the {CORS_FILTER} filter has no line {_ORIGINS_LINE!r}")
+        source["inline_string"] = source["inline_string"].replace(
+            _ORIGINS_LINE, f"local ORIGINS = {table}  -- ATELIER_EDGE_CORS_ORIGINS"
+        )
+
+
+def _http_filters(config: dict[str, Any]) -> Iterator[dict[str, Any]]:
     seen: set[int] = set()
     for listener in config["static_resources"]["listeners"]:
         for chain in listener["filter_chains"]:
             for network_filter in chain["filters"]:
                 if network_filter["name"] != HTTP_MANAGER:
                     continue
-                route_config: dict[str, Any] = network_filter["typed_config"]["route_config"]
-                if id(route_config) not in seen:
-                    seen.add(id(route_config))
-                    yield route_config
+                for http_filter in network_filter["typed_config"].get("http_filters", []):
+                    if id(http_filter) not in seen:
+                        seen.add(id(http_filter))
+                        yield http_filter
 
 
 def body_limit(config: dict[str, Any]) -> int:

@@ -23,6 +23,11 @@ from services.kit.db import asyncpg_url
 
 pytest_plugins = ["tests.support.s3"]
 
+# Every service process the suite starts pools at most this many connections (a test may
+# set its own): three workers' stacks, replicas and worker fleets share one server, whose
+# max_connections is 100 by default, and were seen to reach 90 with pools of 20.
+os.environ.setdefault("ATELIER_DB_POOL_SIZE", "10")
+
 LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 LOCAL_REDIS = "redis://127.0.0.1:6379/0"
 SERVICES = ("creation", "media", "notify")

@@ -7,10 +7,12 @@ __all__ = [
     "media_client",
     "parameters",
     "providers",
+    "queue_standing",
     "remote_worker",
     "settings",
     "store",
     "submission",
     "tables",
+    "waits",
     "worker",
 ]

@@ -11,7 +11,7 @@ from services.creation import convert, submission
 from services.creation.errors import Reason
 from services.creation.operators import Operators
 from services.creation.store.admin import AttentionCursor, Decision, EventCursor
-from services.kit.auth import principal_id_problem
+from services.kit.auth import current_principal, principal_id_problem
 from services.kit.errors import FieldViolation, invalid_argument
 from services.kit.ids import is_uuid
 from services.kit.pagination import Integer, KeysetCodec, Timestamp, Uuid, page_size
@@ -57,6 +57,21 @@ def _user_id(value: str, problems: list[FieldViolation]) -> str:
     return value
 
 
+def _operator(named: str, problems: list[FieldViolation]) -> str:
+    """Who decides: the caller's own identity (ATELIER_SERVICE_IDENTITIES), which the
+    request may repeat but not contradict; with the shared service credential, which names
+    nobody, the request's ``operator``."""
+    identity = current_principal().identity
+    if not identity:
+        return _text("operator", named, problems)
+    named = named.strip()
+    if named and named != identity:
+        problems.append(
+            FieldViolation("operator", f"must be empty or the caller's identity ({identity})")
+        )
+    return identity
+
+
 def _check(problems: list[FieldViolation]) -> None:
     if problems:
         raise invalid_argument(Reason.INVALID_ADMIN_REQUEST, problems)
@@ -85,7 +100,7 @@ class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
         decision = _DECISIONS.get(request.resolution)
         if decision is None:
             problems.append(FieldViolation("resolution", "must be RETRY, FAIL or CANCEL"))
-        operator = _text("operator", request.operator, problems)
+        operator = _operator(request.operator, problems)
         reason = _text("reason", request.reason, problems)
         if decision is None or problems:
             raise invalid_argument(Reason.INVALID_ADMIN_REQUEST, problems)
@@ -120,5 +135,7 @@ class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
         reason = _text("reason", request.reason, problems, required=False)
         if key is None or problems:
             raise invalid_argument(Reason.INVALID_ADMIN_REQUEST, problems)
-        available = await self._operators.grant(user_id, request.amount, key, reason)
+        available = await self._operators.grant(
+            user_id, request.amount, key, reason, granted_by=current_principal().identity
+        )
         return admin_service_pb2.GrantPointsResponse(available_points=available)

@@ -20,6 +20,8 @@ from atelier.creation.v1 import (
     admin_service_pb2_grpc,
     creation_service_pb2,
     creation_service_pb2_grpc,
+    queue_standing_service_pb2,
+    queue_standing_service_pb2_grpc,
     worker_service_pb2,
     worker_service_pb2_grpc,
 )
@@ -39,8 +41,10 @@ from services.creation.remote.service import RemoteJobs
 from services.creation.remote.servicer import WorkerServicer
 from services.creation.servicer import CreationServicer
 from services.creation.settings import CreationSettings
+from services.creation.standing_servicer import QueueStandingServicer
 from services.creation.store.catalog import CachedCatalog
 from services.creation.store.jobs import SubmitLimits
+from services.creation.waits import JobWaits
 from services.creation.worker.context import PointHook, no_point
 from services.creation.worker.loop import Worker
 from services.creation.worker.reaper import Reaper
@@ -48,8 +52,9 @@ from services.kit.auth import RoutedAuthenticator, ServiceAuthenticator, WorkerP
 from services.kit.clock import Clock, system_clock
 from services.kit.components import Component
 from services.kit.db import Database
+from services.kit.internal_tls import client_credentials
 from services.kit.outages import classify
-from services.kit.server import Binding, ServiceApp, run_service
+from services.kit.server import Binding, ServiceApp, TlsListener, run_service
 from services.kit.settings import DatabaseSettings
 
 ROLES = ("api", "worker", "all")
@@ -115,11 +120,15 @@ def build(
     database = Database(
         settings.common.database_url, f"atelier-creation-{role}", limits=settings.common.database
     )
-    media = MediaClient(settings.media_internal_address, settings.common.service_token)
+    tls = client_credentials(settings.common.internal_tls)
+    media = MediaClient(
+        settings.media_internal_address, settings.common.service_credential, tls=tls
+    )
     notify = NotifyClient(
         settings.notify_internal_address,
-        settings.common.service_token,
+        settings.common.service_credential,
         settings.relay.deliver_timeout_seconds,
+        tls=tls,
     )
     relay = OutboxRelay(
         database.engine,
@@ -160,12 +169,24 @@ def build(
             components=background,
             cleanup=cleanup,
         )
+    # The API's waiting calls (WaitJob, Prefer: wait) share one LISTEN.
+    waits = JobWaits(database.engine, settings.common.database_url)
+    background.append(waits)
     limits = SubmitLimits(
         daily_quota=settings.daily_quota,
         in_flight_limit=settings.in_flight_limit,
         max_attempts=settings.max_attempts,
         welcome_points=settings.welcome_points,
     )
+    jobs = Jobs(
+        database.engine,
+        media,
+        limits,
+        clock,
+        ReadyInputs(settings.asset_cache_ttl_seconds, settings.asset_cache_size),
+        waits,
+    )
+    worker_service = _worker_service(settings, database, media, clock)
     return ServiceApp(
         name="creation",
         public=[
@@ -173,14 +194,7 @@ def build(
                 creation_service_pb2.DESCRIPTOR.services_by_name["CreationService"],
                 creation_service_pb2_grpc.add_CreationServiceServicer_to_server,
                 CreationServicer(
-                    CachedCatalog(database.engine, settings.catalog_ttl_seconds),
-                    Jobs(
-                        database.engine,
-                        media,
-                        limits,
-                        clock,
-                        ReadyInputs(settings.asset_cache_ttl_seconds, settings.asset_cache_size),
-                    ),
+                    CachedCatalog(database.engine, settings.catalog_ttl_seconds), jobs
                 ),
             )
         ],
@@ -190,9 +204,15 @@ def build(
                 admin_service_pb2_grpc.add_AdminServiceServicer_to_server,
                 AdminServicer(Operators(database.engine, settings.welcome_points, clock)),
             ),
-            _worker_service(settings, database, media, clock),
+            Binding(
+                queue_standing_service_pb2.DESCRIPTOR.services_by_name["QueueStandingService"],
+                queue_standing_service_pb2_grpc.add_QueueStandingServiceServicer_to_server,
+                QueueStandingServicer(jobs.queue_standing, clock),
+            ),
+            worker_service,
         ],
         internal_authenticator=_internal_authenticator(settings),
+        tls=_remote_listener(settings, worker_service),
         readiness=database.answers,
         components=background,
         cleanup=cleanup,
@@ -221,11 +241,27 @@ def _worker_service(
     )
 
 
+def _remote_listener(settings: CreationSettings, worker_service: Binding) -> TlsListener | None:
+    """Remote workers outside the cluster: WorkerService (the same servicer as on the
+    internal listener) and health over TLS, a pool's credential for every call; nothing
+    else is served there (docs/remote-workers.md). Off without a certificate."""
+    remote = settings.remote
+    if remote.tls is None:
+        return None
+    return TlsListener(
+        kind="remote",
+        port=remote.tls_port,
+        certificate=remote.tls,
+        bindings=[worker_service],
+        authenticator=WorkerPoolAuthenticator(dict(remote.pools_by_hash)),
+    )
+
+
 def _internal_authenticator(settings: CreationSettings) -> RoutedAuthenticator:
     """The service credential for every internal RPC but WorkerService's, which takes a
     worker pool's credential (and only that)."""
     return RoutedAuthenticator(
-        ServiceAuthenticator(settings.common.service_token),
+        ServiceAuthenticator(settings.common.service_token, settings.common.service_identities),
         {
             f"/{WORKER_SERVICE.full_name}/": WorkerPoolAuthenticator(
                 dict(settings.remote.pools_by_hash)

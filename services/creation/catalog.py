@@ -17,6 +17,8 @@ class CatalogModel:
     sort_order: int
     size_range: SizeRange
     parameter_specs: tuple[ParameterSpec, ...]
+    # What the model does with an input image: required, optional or refused.
+    input_image: str = "required"
 
 
 @dataclass(frozen=True)

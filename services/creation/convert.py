@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-from atelier.creation.v1 import catalog_pb2, job_pb2, ledger_pb2, parameters_pb2
-from atelier.notify.v1 import job_state_pb2
+from atelier.creation.v1 import catalog_pb2, error_reason_pb2, job_pb2, ledger_pb2, parameters_pb2
 from services.creation.catalog import CatalogModel
 from services.creation.domain import Actor, Event, Job, Status, Step
 from services.creation.media_client import OutputUrls
-from services.creation.parameters import GenerationParameters, ParameterSpec, Scalar
+from services.creation.parameters import ParameterSpec, Scalar, from_stored, value_kind
+from services.creation.queue_standing import Standing
 from services.creation.store.ledger import WELCOME_GRANT_KEY
 from services.creation.store.ledger_entries import LedgerEntry
 from services.kit.timestamps import set_timestamp, to_timestamp, to_timestamp_or_none
@@ -40,25 +40,30 @@ ACTOR_TO_PROTO = {
 }
 
 
-def parameters_from_proto(message: parameters_pb2.GenerationParameters) -> GenerationParameters:
-    """The fields the client set (presence is explicit: an unset seed is not seed 0)."""
-    return GenerationParameters(
-        seed=message.seed if message.HasField("seed") else None,
-        steps=message.steps if message.HasField("steps") else None,
-        guidance_scale=message.guidance_scale if message.HasField("guidance_scale") else None,
-        strength=message.strength if message.HasField("strength") else None,
-    )
+def parameters_from_proto(
+    message: Mapping[str, parameters_pb2.ParameterValue],
+) -> dict[str, Scalar | None]:
+    """The values sent, each of the type its sender chose; a value with nothing set is
+    None (SubmitJob's check names it)."""
+    values: dict[str, Any] = {}
+    for name, value in message.items():
+        kind = value.WhichOneof("kind")
+        values[name] = getattr(value, kind) if kind is not None else None
+    return values
 
 
-def parameters_message(stored: dict[str, Any]) -> parameters_pb2.GenerationParameters:
-    """A job's stored parameters as the contract types them."""
-    typed = GenerationParameters.from_stored(stored)
-    return parameters_pb2.GenerationParameters(
-        seed=typed.seed,
-        steps=typed.steps,
-        guidance_scale=typed.guidance_scale,
-        strength=typed.strength,
-    )
+def parameter_value(value: Scalar) -> parameters_pb2.ParameterValue:
+    message = parameters_pb2.ParameterValue()
+    setattr(message, f"{value_kind(value)}_value", value)
+    return message
+
+
+def fill_parameters(
+    target: MutableMapping[str, parameters_pb2.ParameterValue], stored: Mapping[str, Any]
+) -> None:
+    """A job's stored parameters into a message's map, as the contract types them."""
+    for name, value in from_stored(stored).items():
+        target[name].CopyFrom(parameter_value(value))
 
 
 _SPEC_TYPES = {
@@ -101,6 +106,11 @@ MEDIA_KIND_TO_PROTO = {
     "image": catalog_pb2.MEDIA_KIND_IMAGE,
     "video": catalog_pb2.MEDIA_KIND_VIDEO,
 }
+INPUT_IMAGE_TO_PROTO = {
+    "required": catalog_pb2.INPUT_IMAGE_REQUIRED,
+    "optional": catalog_pb2.INPUT_IMAGE_OPTIONAL,
+    "refused": catalog_pb2.INPUT_IMAGE_REFUSED,
+}
 
 
 def model_message(model: CatalogModel) -> catalog_pb2.Model:
@@ -120,27 +130,36 @@ def model_message(model: CatalogModel) -> catalog_pb2.Model:
             multiple_of=size.multiple_of,
         ),
         parameter_specs=[spec_message(spec) for spec in model.parameter_specs],
+        input_image=INPUT_IMAGE_TO_PROTO.get(
+            model.input_image, catalog_pb2.INPUT_IMAGE_UNSPECIFIED
+        ),
     )
 
 
 def _error(job: Job) -> job_pb2.JobError | None:
+    """The owner's view of the job's error: its reason and flag, never the internal code."""
     if job.error_code is None:
         return None
-    return job_pb2.JobError(code=job.error_code, message=job.error_message or "")
+    return job_pb2.JobError(
+        reason=error_reason_pb2.JobErrorReason.Value(
+            f"JOB_ERROR_REASON_{job.error_reason or 'UNSPECIFIED'}"
+        ),
+        retryable=bool(job.error_retryable),
+        message=job.error_message or "",
+    )
 
 
 def job_message(job: Job) -> job_pb2.Job:
-    return job_pb2.Job(
+    message = job_pb2.Job(
         job_id=job.job_id,
         user_id=job.user_id,
         model_id=job.model_id,
         style_id=job.style_id,
-        input_asset_id=job.input_asset_id,
+        input_asset_id=job.input_asset_id or "",
         prompt=job.prompt,
         negative_prompt=job.negative_prompt,
         width=job.width,
         height=job.height,
-        generation_parameters=parameters_message(job.parameters),
         status=STATUS_TO_PROTO[job.status],
         progress_percent=job.progress,
         step=STEP_TO_PROTO[job.step] if job.step else job_pb2.JOB_STEP_UNSPECIFIED,
@@ -156,12 +175,30 @@ def job_message(job: Job) -> job_pb2.Job:
         start_time=to_timestamp_or_none(job.started_at),
         complete_time=to_timestamp_or_none(job.completed_at),
         update_time=to_timestamp(job.updated_at),
+        done=job.status.terminal,
+        next_attempt_time=to_timestamp(job.next_attempt_at)
+        if job.status is Status.QUEUED
+        else None,
+        deleted=job.deleted_at is not None,
     )
+    fill_parameters(message.parameters, job.parameters)
+    return message
+
+
+def fill_standing(message: job_pb2.Job, standings: Mapping[str, Standing]) -> job_pb2.Job:
+    """Sets a queued job's queue_position and estimated_start_time from ``standings``
+    (by job id); the message, for use in expressions."""
+    standing = standings.get(message.job_id)
+    if standing is not None:
+        message.queue_position = standing.position
+        if standing.estimated_start is not None:
+            set_timestamp(message.estimated_start_time, standing.estimated_start)
+    return message
 
 
 def fill_output_urls(message: job_pb2.Job, urls: Mapping[str, OutputUrls]) -> job_pb2.Job:
-    """Sets each output's url, thumbnail_url and size that ``urls`` has (by asset id);
-    the message, for use in expressions."""
+    """Sets each output's url, thumbnail_url, dimensions, type and length that ``urls``
+    has (by asset id); the message, for use in expressions."""
     for output in message.outputs:
         signed = urls.get(output.asset_id)
         if signed is None:
@@ -169,41 +206,27 @@ def fill_output_urls(message: job_pb2.Job, urls: Mapping[str, OutputUrls]) -> jo
         output.url = signed.image.url
         set_timestamp(output.url_expire_time, signed.image.expires_at)
         output.width, output.height = signed.width, signed.height
+        output.content_type, output.size_bytes = signed.content_type, signed.size_bytes
         if signed.thumbnail is not None:
             output.thumbnail_url = signed.thumbnail.url
             set_timestamp(output.thumbnail_url_expire_time, signed.thumbnail.expires_at)
     return message
 
 
-def job_state(job: Job) -> job_state_pb2.JobState:
-    """What notify projects and streams for this version of the job."""
-    if job.deleted_at is not None:
-        # A tombstone: the job is gone for its owner, nothing else of it is told.
-        return job_state_pb2.JobState(
-            job_id=job.job_id,
-            user_id=job.user_id,
-            version=job.version,
-            status=STATUS_TO_PROTO[job.status],
-            update_time=to_timestamp(job.updated_at),
-            done=True,
-            deleted=True,
-        )
-    return job_state_pb2.JobState(
+def outbox_job(job: Job) -> job_pb2.Job:
+    """The job as its outbox row carries it to notify (what creation.job_message builds
+    in SQL, held equal by tests): the job_message, or a deleted job's tombstone, of which
+    nothing else is told."""
+    if job.deleted_at is None:
+        return job_message(job)
+    return job_pb2.Job(
         job_id=job.job_id,
         user_id=job.user_id,
         version=job.version,
         status=STATUS_TO_PROTO[job.status],
-        step=STEP_TO_PROTO[job.step] if job.step else job_pb2.JOB_STEP_UNSPECIFIED,
-        progress_percent=job.progress,
-        cancel_requested=job.cancel_requested,
-        outputs=[job_pb2.JobOutput(asset_id=asset_id) for asset_id in job.outputs],
-        error=_error(job),
         update_time=to_timestamp(job.updated_at),
-        done=job.status.terminal,
-        attempt=job.attempt,
-        next_attempt_time=to_timestamp(job.next_attempt_at)
-        if job.status is Status.QUEUED
-        else None,
+        done=True,
+        deleted=True,
     )
 
 
@@ -223,6 +246,7 @@ def event_message(event: Event) -> job_pb2.JobEvent:
         if event.requester
         else job_pb2.ACTOR_KIND_UNSPECIFIED,
         requester_id=event.requester_id,
+        via=event.via,
     )
 
 

@@ -167,7 +167,8 @@ class Job:
     provider_code: str
     provider_model: str
     price_points: int
-    input_asset_id: str
+    # None: made from the prompt alone (a text-to-image model).
+    input_asset_id: str | None
     prompt: str
     negative_prompt: str
     width: int
@@ -184,6 +185,8 @@ class Job:
     lease_epoch: int
     lease_expires_at: datetime | None
     provider_request_id: str | None
+    # The error's internal code (a provider's, or atelier's own: job_errors.py); what the
+    # owner is told of it is error_reason and error_retryable, set with it.
     error_code: str | None
     error_message: str | None
     cancel_requested: bool
@@ -204,6 +207,10 @@ class Job:
     # The version of the adapter that made the submit of its provider request (set as the
     # worker marks SUBMITTING); None before any submit.
     provider_version: str | None = None
+    # What the owner is told of error_code (job_errors.py): a JobErrorReason's name
+    # without its prefix, and whether submitting again may help; None without an error.
+    error_reason: str | None = None
+    error_retryable: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -221,3 +228,5 @@ class Event:
     # CANCELLED that ends it; None on every other event.
     requester: Actor | None = None
     requester_id: str = ""
+    # The service identity that acted for the user (a user's event only); "" otherwise.
+    via: str = ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import grpc
 
-from services.kit.errors import ApiError, DomainError, FieldViolation
+from services.kit.errors import ApiError, DomainError, FieldViolation, invalid_argument
 from services.kit.outages import DependencyUnavailable
 
 
@@ -31,6 +31,10 @@ class Reason:
     INVALID_JOB_FILTER = "INVALID_JOB_FILTER"
     JOB_NOT_FINISHED = "JOB_NOT_FINISHED"
     MEDIA_KIND_NOT_SUPPORTED = "MEDIA_KIND_NOT_SUPPORTED"
+    INVALID_WAIT_TIMEOUT = "INVALID_WAIT_TIMEOUT"
+    INPUT_IMAGE_REQUIRED = "INPUT_IMAGE_REQUIRED"
+    INPUT_IMAGE_REFUSED = "INPUT_IMAGE_REFUSED"
+    INPUT_URL_REFUSED = "INPUT_URL_REFUSED"
 
 
 class CreationError(DomainError):
@@ -43,6 +47,21 @@ class IdempotencyKeyReused(CreationError):
             grpc.StatusCode.ALREADY_EXISTS,
             Reason.IDEMPOTENCY_KEY_REUSED,
             "this idempotency key was already used for a different request",
+        )
+
+
+# Every number of points the API answers is an int32 (a JSON number).
+MAX_POINTS = 2**31 - 1
+
+
+class PointsPastLimit(CreationError):
+    """A grant that would take the user's points (available plus reserved) past
+    MAX_POINTS: refused, nothing granted."""
+
+    def to_api_error(self) -> ApiError:
+        return invalid_argument(
+            Reason.INVALID_ADMIN_REQUEST,
+            [FieldViolation("amount", f"would take the user's points past {MAX_POINTS}")],
         )
 
 
@@ -131,6 +150,24 @@ class InputAssetNotReady(CreationError):
             Reason.INPUT_ASSET_NOT_READY,
             "the input asset's upload is not complete",
             violations=[FieldViolation("input_asset_id", "complete the upload first")],
+        )
+
+
+class InputUrlRefused(CreationError):
+    """media would not import SubmitJob's input_url; ``cause`` is media's word for why."""
+
+    def __init__(self, cause: str, description: str) -> None:
+        super().__init__(cause, description)
+        self.cause = cause
+        self.description = description
+
+    def to_api_error(self) -> ApiError:
+        return ApiError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            Reason.INPUT_URL_REFUSED,
+            f"input_url: {self.description}",
+            violations=[FieldViolation("input_url", self.description)],
+            metadata={"cause": self.cause},
         )
 
 

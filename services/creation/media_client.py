@@ -6,11 +6,13 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import grpc
+from google.rpc import error_details_pb2, status_pb2
 
 from atelier.media.v1 import asset_pb2, media_internal_service_pb2, media_internal_service_pb2_grpc
-from services.creation.errors import MediaUnavailable
+from services.creation.errors import InputUrlRefused, MediaUnavailable
 from services.kit.grpc_client import InternalClient, RemoteFailure
 from services.kit.logging import get_logger
 from services.kit.outages import Throttle
@@ -50,12 +52,14 @@ class DownloadUrl:
 @dataclass(frozen=True)
 class OutputUrls:
     """An output's picture and its thumbnail (None when media made none), both signed,
-    and the picture's size in pixels."""
+    and what a client lays the picture out with: its size in pixels, type and length."""
 
     image: DownloadUrl
     thumbnail: DownloadUrl | None
     width: int = 0
     height: int = 0
+    content_type: str = ""
+    size_bytes: int = 0
 
 
 # GetAssetUrls takes at most this many ids per call.
@@ -134,7 +138,11 @@ _SERVICE = "atelier.media.v1.MediaInternalService"
 
 class MediaClient:
     def __init__(
-        self, address: str, service_token: str, timeout_seconds: float = CALL_TIMEOUT_SECONDS
+        self,
+        address: str,
+        service_token: str,
+        timeout_seconds: float = CALL_TIMEOUT_SECONDS,
+        tls: grpc.ChannelCredentials | None = None,
     ) -> None:
         self._client = InternalClient(
             address,
@@ -142,6 +150,7 @@ class MediaClient:
             service=_SERVICE,
             idempotent_methods=_IDEMPOTENT,
             timeout_seconds=timeout_seconds,
+            tls=tls,
         )
         self._stub_instance: (
             media_internal_service_pb2_grpc.MediaInternalServiceAsyncStub | None
@@ -354,6 +363,30 @@ class MediaClient:
             raise MediaUnavailable(cause="CALL_CANCELLED") from None
         return str(reply.asset.asset_id)
 
+    async def import_asset(
+        self, owner_user_id: str, url: str, idempotency_key: str = "", timeout_seconds: float = 15.0
+    ) -> str:
+        """The id of the READY input asset media made from ``url`` (fetched by media,
+        behind its guard); raises InputUrlRefused when media refused the URL or what it
+        answered, MediaUnavailable when media did not answer. With ``idempotency_key``
+        a repeat answers the asset the first call made."""
+        request = media_internal_service_pb2.ImportAssetRequest(
+            owner_user_id=owner_user_id, url=url, idempotency_key=idempotency_key
+        )
+        try:
+            reply = await self._stub.ImportAsset(
+                request, metadata=self._client.metadata, timeout=timeout_seconds
+            )
+        except grpc.aio.AioRpcError as error:
+            failure = RemoteFailure.of(error)
+            if failure.code is grpc.StatusCode.INVALID_ARGUMENT:
+                cause = _error_metadata(error).get("cause", failure.reason)
+                raise InputUrlRefused(
+                    cause, (error.details() or "").removeprefix("url: ")
+                ) from None
+            raise _unavailable("ImportAsset", failure) from None
+        return str(reply.asset.asset_id)
+
     async def delete_asset(self, asset_id: str) -> None:
         """Deletes an asset; deleting a deleted or unknown one is done already."""
         try:
@@ -388,7 +421,9 @@ def _output_urls(signed: media_internal_service_pb2.AssetUrls) -> OutputUrls:
         thumbnail = DownloadUrl(
             signed.thumbnail_url, from_timestamp(signed.thumbnail_url_expire_time)
         )
-    return OutputUrls(image, thumbnail, signed.width, signed.height)
+    return OutputUrls(
+        image, thumbnail, signed.width, signed.height, signed.content_type, signed.size_bytes
+    )
 
 
 # An outage fails every call: one line per call and reason per window is enough.
@@ -414,6 +449,24 @@ _REFUSALS = frozenset(
         grpc.StatusCode.OUT_OF_RANGE,
     }
 )
+
+
+def _error_metadata(error: grpc.aio.AioRpcError) -> dict[str, str]:
+    """The ErrorInfo metadata of a failed call (empty when it carried none)."""
+    trailers: Any = error.trailing_metadata() or ()
+    for key, value in trailers:
+        if key != "grpc-status-details-bin" or not isinstance(value, bytes):
+            continue
+        status = status_pb2.Status()
+        try:
+            status.ParseFromString(value)
+        except Exception:  # a peer's malformed details must not turn into our bug
+            return {}
+        for detail in status.details:
+            info = error_details_pb2.ErrorInfo()
+            if detail.Unpack(info):
+                return dict(info.metadata)
+    return {}
 
 
 def _cancelled_by_caller() -> bool:

@@ -50,7 +50,9 @@ class Operators:
     ) -> tuple[list[Event], EventCursor | None]:
         return await admin_store.list_events(self._engine, job_id, limit, after)
 
-    async def grant(self, user_id: str, amount: int, request_id: str, reason: str) -> int:
+    async def grant(
+        self, user_id: str, amount: int, request_id: str, reason: str, granted_by: str = ""
+    ) -> int:
         """The user's available points after the grant; the same request_id with the same
         grant again grants nothing more, with another grant is IdempotencyKeyReused."""
         granted = await ledger.grant_points(
@@ -61,6 +63,7 @@ class Operators:
             reason,
             self._welcome_points,
             self._clock(),
+            granted_by=granted_by,
         )
         log.info(
             "points_granted" if granted.new else "points_grant_replayed",
@@ -68,5 +71,7 @@ class Operators:
             amount=amount,
             request_id=request_id,
             available_points=granted.balance.available,
+            # The calling identity; "" for the shared service credential.
+            granted_by=granted_by,
         )
         return granted.balance.available

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from grpc import aio
@@ -16,6 +17,8 @@ from services.creation.list_filter import read_filter
 from services.creation.store import catalog as catalog_store
 from services.creation.store.jobs import Cursor
 from services.creation.store.ledger_entries import EntryCursor
+from services.creation.waits import DEFAULT_WAIT_SECONDS, MAX_WAIT_SECONDS, preferred_wait
+from services.kit import deadlines
 from services.kit.auth import current_principal
 from services.kit.errors import FieldViolation, invalid_argument
 from services.kit.idempotency import header_key
@@ -32,6 +35,42 @@ JOB_PAGES = KeysetCodec("jobs", Cursor, created_at=Timestamp(), job_id=Uuid())
 # ListLedgerEntries pages: newest first by entry_id (the entries' sequence); bound to the
 # caller. A token of the earlier (created_at, entry_id) order has other fields: refused.
 LEDGER_PAGES = KeysetCodec("ledgerEntries", EntryCursor, entry_id=Integer())
+
+
+# What a wait leaves for the work after it (the job's last read, its output URLs) before
+# the client's deadline.
+WAIT_ANSWER_SECONDS = 0.5
+
+
+def _prefer_values(context: Context) -> list[str]:
+    return [
+        value.decode() if isinstance(value, bytes) else value
+        for name, value in context.invocation_metadata() or ()
+        if name == "prefer"
+    ]
+
+
+def _wait_timeout(request: creation_service_pb2.WaitJobRequest) -> float:
+    if not request.HasField("timeout"):
+        return DEFAULT_WAIT_SECONDS
+    timeout = request.timeout
+    seconds = timeout.seconds + timeout.nanos / 1e9
+    if seconds < 0 or timeout.nanos < 0 or seconds > MAX_WAIT_SECONDS:
+        raise invalid_argument(
+            Reason.INVALID_WAIT_TIMEOUT,
+            [FieldViolation("timeout", f"must be 0s to {MAX_WAIT_SECONDS:.0f}s")],
+        )
+    return seconds
+
+
+def _bounded_wait(seconds: float, context: Context) -> tuple[float, float | None]:
+    """How long to wait: ``seconds``, or less when the client's deadline comes sooner;
+    and when the call must answer by (the loop's clock), if the client said."""
+    by = deadlines.answer_by(context.time_remaining())
+    if by is None:
+        return seconds, None
+    left = by - asyncio.get_running_loop().time() - WAIT_ANSWER_SECONDS
+    return max(0.0, min(seconds, left)), by
 
 
 def _job_id(value: str) -> str:
@@ -109,14 +148,41 @@ class CreationServicer(creation_service_pb2_grpc.CreationServiceServicer):
             negative_prompt=request.negative_prompt,
             width=request.width,
             height=request.height,
-            parameters=convert.parameters_from_proto(request.generation_parameters),
+            parameters=convert.parameters_from_proto(request.parameters),
             num_outputs=request.num_outputs,
             model=model,
+            input_url=request.input_url,
         )
         if key_problems or command is None:
             raise invalid_argument(Reason.INVALID_JOB_REQUEST, [*key_problems, *problems])
-        job = await self._jobs.submit(current_principal().user_id, command)
-        return creation_service_pb2.SubmitJobResponse(job=convert.job_message(job))
+        submission.check_input_image(model, command)
+        caller = current_principal()
+        user_id = caller.user_id
+        # A backend acting for the user (atelier-on-behalf-of) is named beside them.
+        job = await self._jobs.submit(user_id, command, via=caller.identity)
+        wait = preferred_wait(_prefer_values(context))
+        if wait is None:
+            # No standing here: a submit's answer costs no read beyond the submit.
+            return creation_service_pb2.SubmitJobResponse(job=convert.job_message(job))
+        # Prefer: wait=N (RFC 7240): answer once the job settled or N seconds passed.
+        seconds, by = _bounded_wait(wait, context)
+        view = await self._jobs.wait(user_id, job.job_id, seconds, by)
+        await context.send_initial_metadata((("preference-applied", f"wait={wait:.0f}"),))
+        message = convert.job_message(view.job)
+        convert.fill_output_urls(message, view.urls)
+        convert.fill_standing(message, view.standings)
+        return creation_service_pb2.SubmitJobResponse(job=message)
+
+    async def WaitJob(
+        self, request: creation_service_pb2.WaitJobRequest, context: Context
+    ) -> creation_service_pb2.WaitJobResponse:
+        job_id = _job_id(request.job_id)
+        seconds, by = _bounded_wait(_wait_timeout(request), context)
+        view = await self._jobs.wait(current_principal().user_id, job_id, seconds, by)
+        message = convert.job_message(view.job)
+        convert.fill_output_urls(message, view.urls)
+        convert.fill_standing(message, view.standings)
+        return creation_service_pb2.WaitJobResponse(job=message)
 
     async def GetJob(
         self, request: creation_service_pb2.GetJobRequest, context: Context
@@ -124,6 +190,7 @@ class CreationServicer(creation_service_pb2_grpc.CreationServiceServicer):
         view = await self._jobs.get(current_principal().user_id, _job_id(request.job_id))
         message = convert.job_message(view.job)
         convert.fill_output_urls(message, view.urls)
+        convert.fill_standing(message, view.standings)
         return creation_service_pb2.GetJobResponse(job=message)
 
     async def ListJobs(
@@ -141,22 +208,30 @@ class CreationServicer(creation_service_pb2_grpc.CreationServiceServicer):
             current_principal().user_id, chosen, limit, after
         )
         urls = await self._jobs.output_urls(found)
+        standings = await self._jobs.standings(found)
         return creation_service_pb2.ListJobsResponse(
-            jobs=[convert.fill_output_urls(convert.job_message(j), urls) for j in found],
+            jobs=[
+                convert.fill_standing(
+                    convert.fill_output_urls(convert.job_message(j), urls), standings
+                )
+                for j in found
+            ],
             next_page_token=JOB_PAGES.encode(cursor, binding) if cursor else "",
         )
 
     async def CancelJob(
         self, request: creation_service_pb2.CancelJobRequest, context: Context
     ) -> creation_service_pb2.CancelJobResponse:
-        job = await self._jobs.cancel(current_principal().user_id, _job_id(request.job_id))
+        caller = current_principal()
+        job = await self._jobs.cancel(caller.user_id, _job_id(request.job_id), caller.identity)
         return creation_service_pb2.CancelJobResponse(job=convert.job_message(job))
 
     async def DeleteJob(
         self, request: creation_service_pb2.DeleteJobRequest, context: Context
     ) -> creation_service_pb2.DeleteJobResponse:
+        caller = current_principal()
         await self._jobs.delete(
-            current_principal().user_id, _job_id(request.job_id), request.delete_assets
+            caller.user_id, _job_id(request.job_id), not request.keep_assets, caller.identity
         )
         return creation_service_pb2.DeleteJobResponse()
 

@@ -7,7 +7,13 @@ from dataclasses import dataclass, field
 
 from services.creation.providers.failures import FAILURES
 from services.creation.remote.settings import RemoteSettings
-from services.kit.settings import DEFAULT_PORTS, CommonSettings, EnvReader, ListenSettings
+from services.kit.settings import (
+    DEFAULT_PORTS,
+    CommonSettings,
+    EnvReader,
+    ListenSettings,
+    require_service_credential,
+)
 
 # Where a test or a demo may kill a worker (see providers/stub/faults.py): the stub owns
 # the first three, the worker the last two.
@@ -351,5 +357,6 @@ class CreationSettings:
             "RELAY_BACKOFF_BASE",
             "must not exceed ATELIER_RELAY_BACKOFF_MAX",
         )
+        require_service_credential(reader, settings.common, "media and notify")
         reader.finish()
         return settings

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,22 +14,24 @@ from services.creation.catalog import CatalogModel
 from services.creation.domain import MAX_OUTPUTS, MIN_OUTPUTS
 from services.creation.errors import InvalidRequest, Reason
 from services.creation.parameters import (
-    GenerationParameters,
+    Parameters,
+    Scalar,
     check_parameters,
+    check_shape,
     check_size,
-    non_finite,
 )
 from services.kit import idempotency
 from services.kit.errors import FieldViolation
 from services.kit.ids import is_uuid
 
 MAX_PROMPT, MAX_NEGATIVE_PROMPT = 2000, 1000
+MAX_INPUT_URL = 2048
 # SubmitJob's request_id / Idempotency-Key rule is every service's.
 choose_idempotency_key = idempotency.choose_key
 
-_CATALOG_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+CATALOG_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 # Control characters other than tab and newlines; PostgreSQL text cannot even hold NUL.
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -36,13 +39,17 @@ class SubmitCommand:
     idempotency_key: str | None
     model_id: str
     style_id: str
-    input_asset_id: str
+    # The input photo (None: made from the prompt alone, or input_url's import).
+    input_asset_id: str | None
     prompt: str
     negative_prompt: str
     width: int
     height: int
-    parameters: GenerationParameters
+    parameters: Parameters
     num_outputs: int = 1
+    # The photo by address: media imports it before the job is made (input_asset_id is
+    # then the imported asset's id, which the request hash leaves out).
+    input_url: str | None = None
 
     def request_hash(self) -> str:
         """SHA-256 of the canonical request: every field but the idempotency key, as JSON
@@ -56,12 +63,16 @@ class SubmitCommand:
             "negative_prompt": self.negative_prompt,
             "width": self.width,
             "height": self.height,
-            # Only the set parameters, by name: {"seed": 7} hashes as it did when
-            # parameters were a free-form object.
-            "parameters": self.parameters.as_dict(),
+            # The values by name: {"seed": 7} hashes as it did when parameters were a
+            # free-form object and then a message.
+            "parameters": dict(self.parameters),
         }
         if self.num_outputs != 1:
             canonical["num_outputs"] = self.num_outputs
+        if self.input_url is not None:
+            # The URL is the request; the asset its import made is not.
+            canonical["input_asset_id"] = None
+            canonical["input_url"] = self.input_url
         encoded = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(encoded.encode()).hexdigest()
 
@@ -81,12 +92,33 @@ def refuse_ungenerated_kind(model: CatalogModel | None) -> None:
         )
 
 
+def check_input_image(model: CatalogModel | None, command: SubmitCommand) -> None:
+    """Raises when the request's photo (or its absence) does not suit ``model``'s
+    input_image; None (no such model) is left to the submit's own verdict."""
+    if model is None:
+        return
+    given = "input_url" if command.input_url is not None else "input_asset_id"
+    has_input = command.input_url is not None or command.input_asset_id is not None
+    if model.input_image == "required" and not has_input:
+        raise InvalidRequest(
+            Reason.INPUT_IMAGE_REQUIRED,
+            "input_asset_id",
+            f"model {model.model_id!r} restyles a photo: send input_asset_id or input_url",
+        )
+    if model.input_image == "refused" and has_input:
+        raise InvalidRequest(
+            Reason.INPUT_IMAGE_REFUSED,
+            given,
+            f"model {model.model_id!r} makes pictures from the prompt alone: send no photo",
+        )
+
+
 def is_catalog_id(value: str) -> bool:
-    return _CATALOG_ID.match(value) is not None
+    return CATALOG_ID.match(value) is not None
 
 
 def has_control_characters(value: str) -> bool:
-    return _CONTROL.search(value) is not None
+    return CONTROL.search(value) is not None
 
 
 def _check_text(name: str, value: str, limit: int, problems: list[FieldViolation]) -> None:
@@ -114,9 +146,10 @@ def validate(
     negative_prompt: str,
     width: int,
     height: int,
-    parameters: GenerationParameters,
+    parameters: Mapping[str, Scalar | None],
     num_outputs: int = 0,
     model: CatalogModel | None = None,
+    input_url: str = "",
 ) -> tuple[SubmitCommand | None, list[FieldViolation]]:
     """The command, or every problem at once. ``model`` is the enabled catalog model
     ``model_id`` names, whose sizes and parameter schema the request must fit; None when
@@ -125,17 +158,30 @@ def validate(
     for name, value in (("model_id", model_id), ("style_id", style_id)):
         if not value:
             problems.append(FieldViolation(name, "is required"))
-        elif not _CATALOG_ID.match(value):
+        elif not CATALOG_ID.match(value):
             problems.append(FieldViolation(name, "is not a catalog id"))
-    if not input_asset_id:
-        problems.append(FieldViolation("input_asset_id", "is required"))
-    elif not is_uuid(input_asset_id):
+    if input_asset_id and not is_uuid(input_asset_id):
         problems.append(FieldViolation("input_asset_id", "must be a UUID"))
+    if input_url:
+        # What the URL may name is media's to judge (ImportAsset's guard); only its shape
+        # is checked here.
+        if input_asset_id:
+            problems.append(
+                FieldViolation("input_url", "give input_asset_id or input_url, not both")
+            )
+        if len(input_url) > MAX_INPUT_URL:
+            problems.append(
+                FieldViolation("input_url", f"must be at most {MAX_INPUT_URL} characters")
+            )
+        if has_control_characters(input_url) or any(c.isspace() for c in input_url):
+            problems.append(
+                FieldViolation("input_url", "must not contain spaces or control characters")
+            )
     _check_text("prompt", prompt, MAX_PROMPT, problems)
     _check_text("negative_prompt", negative_prompt, MAX_NEGATIVE_PROMPT, problems)
     _check_side("width", width, problems)
     _check_side("height", height, problems)
-    problems.extend(non_finite(parameters))
+    problems.extend(check_shape(parameters))
     if model is not None:
         if width > 0 and height > 0:
             problems.extend(check_size(model.size_range, width, height, model.model_id))
@@ -152,13 +198,15 @@ def validate(
             idempotency_key=idempotency_key,
             model_id=model_id,
             style_id=style_id,
-            input_asset_id=input_asset_id.lower(),
+            input_asset_id=input_asset_id.lower() or None,
             prompt=prompt,
             negative_prompt=negative_prompt,
             width=width,
             height=height,
-            parameters=parameters,
+            # check_shape refused a value with nothing set.
+            parameters={name: value for name, value in parameters.items() if value is not None},
             num_outputs=outputs,
+            input_url=input_url or None,
         ),
         [],
     )

@@ -32,6 +32,9 @@ SCHEMA = "creation"
 metadata = MetaData(schema=SCHEMA, naming_convention=NAMING_CONVENTION)
 
 MEDIA_KINDS = ("image", "video")
+# What a model does with an input image (catalog_pb2.InputImage).
+INPUT_IMAGES = ("required", "optional", "refused")
+_input_image_check = "input_image IN ('required', 'optional', 'refused')"
 _media_kind_check = "media_kind IN ('image', 'video')"
 _catalog_id_check = "~ '^[a-z0-9][a-z0-9-]{0,62}$'"
 
@@ -58,8 +61,12 @@ models = Table(
     Column("max_height", Integer, nullable=False, server_default=text("2048")),
     Column("size_multiple", Integer, nullable=False, server_default=text("8")),
     Column("parameter_specs", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+    # Whether SubmitJob takes (optional), needs (required) or refuses an input image.
+    Column("input_image", Text, nullable=False, server_default=text("'required'")),
     CheckConstraint(_media_kind_check, name="media_kind"),
     CheckConstraint("price_points >= 0", name="price_not_negative"),
+    # int32 in the API: four outputs' price must fit (migration 0020).
+    CheckConstraint("price_points <= 536870911", name="price_fits_int32"),
     CheckConstraint(f"model_id {_catalog_id_check}", name="model_id_format"),
     CheckConstraint(
         "0 < min_width AND min_width <= max_width AND 0 < min_height"
@@ -67,6 +74,7 @@ models = Table(
         name="size_range",
     ),
     CheckConstraint("jsonb_typeof(parameter_specs) = 'array'", name="parameter_specs_array"),
+    CheckConstraint(_input_image_check, name="input_image_known"),
 )
 
 styles = Table(
@@ -143,6 +151,12 @@ JOB_STATE_RULES = {
     "key_has_hash": "idempotency_key IS NULL OR length(request_hash) = 64",
     "num_outputs_range": "num_outputs BETWEEN 1 AND 4",
     "outputs_have_no_null": "array_position(outputs, NULL) IS NULL",
+    # The owner's view of an error is stored with its code, so a job that failed or waits
+    # for an operator (which the shapes above hold to having a code) always says why.
+    "error_answered": (
+        "(error_reason IS NULL) = (error_code IS NULL)"
+        " AND (error_retryable IS NULL) = (error_code IS NULL)"
+    ),
     # Only a finished job is deleted (DeleteJob), and a deleted job holds none of the
     # user's words: its prompt, parameters, error message and idempotency key are gone.
     "deleted_shape": (
@@ -164,7 +178,8 @@ jobs = Table(
     Column("provider_code", Text, nullable=False),
     Column("provider_model", Text, nullable=False),
     Column("price_points", BigInteger, nullable=False),
-    Column("input_asset_id", UUID(as_uuid=False), nullable=False),
+    # The photo the job starts from; NULL for a job made from the prompt alone.
+    Column("input_asset_id", UUID(as_uuid=False)),
     Column("prompt", Text, nullable=False),
     Column("negative_prompt", Text, nullable=False),
     Column("width", Integer, nullable=False),
@@ -212,6 +227,14 @@ jobs = Table(
     Column("change_reason", Text),
     Column("cancel_requester_kind", Text),
     Column("cancel_requester_id", Text),
+    # What the owner is told of error_code (services/creation/job_errors.py): a
+    # JobErrorReason's name without its prefix, and whether submitting again may help
+    # (migration 0022).
+    Column("error_reason", Text),
+    Column("error_retryable", Boolean),
+    # The service identity that made the change for the owner (atelier-on-behalf-of);
+    # the triggers copy it to a user's event (migration 0025). NULL: the user themself.
+    Column("change_via", Text),
     CheckConstraint(f"status IN ({_quoted(STATUSES)})", name="status_known"),
     CheckConstraint(f"step IS NULL OR step IN ({_quoted(STEPS)})", name="step_known"),
     CheckConstraint("progress BETWEEN 0 AND 100", name="progress_percent"),
@@ -308,6 +331,8 @@ job_events = Table(
     # CANCELLED that ends the job.
     Column("requester_kind", Text),
     Column("requester_id", Text),
+    # The service identity that acted for the user (actor_kind 'user'); NULL otherwise.
+    Column("via", Text),
     CheckConstraint(f"actor_kind IN ({_quoted(ACTORS)})", name="actor_known"),
     CheckConstraint(f"to_status IN ({_quoted(STATUSES)})", name="to_status_known"),
     CheckConstraint(
@@ -354,6 +379,10 @@ points_ledger = Table(
     Column("grant_key", Text),
     Column("reason", Text, nullable=False, server_default=""),
     Column("created_at", DateTime(timezone=True), nullable=False),
+    # The operator identity that made a grant (ATELIER_SERVICE_IDENTITIES, migration
+    # 0026); NULL for the welcome, job entries (their job's events name who) and grants
+    # made with the shared service credential.
+    Column("granted_by", Text),
     CheckConstraint(f"kind IN ({_quoted(LEDGER_KINDS)})", name="kind_known"),
     CheckConstraint("amount >= 0", name="amount_not_negative"),
     # Grants belong to no job and carry a key; job entries belong to a job.

@@ -3,16 +3,16 @@ and commands that paste into bash as they are (absolute tool paths, this run's p
 
 from __future__ import annotations
 
+from services.dev.credentials import DEV_BACKEND, DEV_OPERATOR, StackCredentials
 from services.dev.processes import venv_binary
 from services.dev.stack import StackPorts
 
 
-def banner(ports: StackPorts, token: str) -> str:
+def banner(ports: StackPorts, token: str, credentials: StackCredentials) -> str:
     edge = f"127.0.0.1:{ports.envoy}"
     creation = f"127.0.0.1:{ports.public['creation']}"
     admin = f"127.0.0.1:{ports.internal['creation']}"
     grpcurl = venv_binary("grpcurl")
-    atelier = venv_binary("atelier")
     return f"""
 atelier is running.
   edge (HTTP/JSON and gRPC)  http://{edge}
@@ -24,6 +24,9 @@ atelier is running.
 
 development token (user dev-user, 24 h):
   export TOKEN={token}
+this run's service identities (docs/operations.md, "Service identities"):
+  {DEV_OPERATOR} (AdminService)       {credentials.operator}
+  {DEV_BACKEND} (acts for users)      {credentials.backend}
 
 try (each command pastes into bash as is, after the export above):
   curl -s -H "authorization: Bearer $TOKEN" http://{edge}/v1/catalog
@@ -34,9 +37,11 @@ try (each command pastes into bash as is, after the export above):
     {creation} atelier.creation.v1.CreationService/ListCatalog
   {grpcurl} -plaintext {creation} list
   {grpcurl} -plaintext {creation} describe atelier.creation.v1.CreationService.SubmitJob
-  {grpcurl} -plaintext -H "authorization: Bearer $({atelier} token --service)" \\
+  {grpcurl} -plaintext -H "authorization: Bearer {credentials.operator}" \\
     -d '{{"user_id": "dev-user", "amount": 50, "request_id": "dev-bonus"}}' \\
     {admin} atelier.creation.v1.AdminService/GrantPoints
+  curl -s -H "authorization: Bearer {credentials.backend}" -H "atelier-on-behalf-of: dev-user" \\
+    http://{edge}/v1/balance
 
 Ctrl-C stops everything.
 """

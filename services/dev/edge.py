@@ -1,10 +1,14 @@
-"""Renders deploy/envoy/envoy.yaml for a local run: same routes and filters, local
-addresses, ports, descriptor path, the settings of :class:`EdgeOptions` (body limit
-aside, which has its own parameter), and the static files' routes (services/edge_static.py)
-serving the repository's files."""
+"""Renders deploy/envoy/envoy.yaml for a local run: the API listener's routes and filters
+served in plain HTTP (and over TLS too when a certificate is set), with local addresses,
+ports, descriptor path, the settings of :class:`EdgeOptions` (body limit aside, which has
+its own parameter), and the static files' routes (services/edge_static.py) serving the
+repository's files. The production-only listeners (the plaintext one that redirects to
+HTTPS, the monitoring one in front of the admin interface) are left out: a local run
+reads the admin interface directly."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +18,7 @@ import yaml
 
 from services import edge_static
 from services.dev.processes import venv_binary
+from services.edge_config import ADMIN_CLUSTER
 from services.kit.settings import EnvReader, port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,6 +29,9 @@ BUFFER = "envoy.filters.http.buffer"
 RATE_LIMIT = "envoy.filters.http.local_ratelimit"
 HTTP_MANAGER = "envoy.filters.network.http_connection_manager"
 TLS_LISTENER = "edge_tls"
+PLAINTEXT_LISTENER = "edge"
+HSTS = "strict-transport-security"
+HEADER_MUTATION = "envoy.filters.http.header_mutation"
 CONNECTIONS_MONITOR = "envoy.resource_monitors.global_downstream_max_connections"
 # Clusters that reach the same service as another (its client streams, own limits).
 STREAM_CLUSTERS = {"notify_streams": "notify"}
@@ -62,18 +70,25 @@ class EdgeOptions:
     tls_port: int = DEFAULT_TLS_PORT
     # Open client connections over every listener (the overload manager's limit).
     max_connections: int = 50_000
+    # Origins a browser page may call the API from (("*",): any); none: same origin only.
+    cors_origins: tuple[str, ...] = ()
 
     @classmethod
     def read(cls, reader: EnvReader) -> EdgeOptions:
         """ATELIER_EDGE_XFF_TRUSTED_HOPS, ATELIER_EDGE_RATE_LIMIT_BURST,
         ATELIER_EDGE_RATE_LIMIT_PER_SECOND, ATELIER_EDGE_ACCESS_LOG,
         ATELIER_EDGE_TLS_CERT and ATELIER_EDGE_TLS_KEY (together or not at all),
-        ATELIER_EDGE_TLS_PORT, ATELIER_EDGE_MAX_CONNECTIONS."""
+        ATELIER_EDGE_TLS_PORT, ATELIER_EDGE_MAX_CONNECTIONS, ATELIER_EDGE_CORS_ORIGINS."""
         cert = reader.string("EDGE_TLS_CERT", "")
         key = reader.string("EDGE_TLS_KEY", "")
         reader.require(bool(cert) == bool(key), "EDGE_TLS_KEY", "set both TLS_CERT and TLS_KEY")
         for name, value in (("EDGE_TLS_CERT", cert), ("EDGE_TLS_KEY", key)):
             reader.require(not value or Path(value).is_file(), name, f"no such file: {value}")
+        try:
+            origins = edge_static.cors_origins(reader.string("EDGE_CORS_ORIGINS", ""))
+        except ValueError as error:
+            reader.require(False, "EDGE_CORS_ORIGINS", str(error))
+            origins = ()
         return cls(
             xff_num_trusted_hops=reader.integer("EDGE_XFF_TRUSTED_HOPS", 0, minimum=0, maximum=5),
             rate_limit_burst=reader.integer(
@@ -92,6 +107,7 @@ class EdgeOptions:
             max_connections=reader.integer(
                 "EDGE_MAX_CONNECTIONS", 50_000, minimum=1, maximum=10_000_000
             ),
+            cors_origins=origins,
         )
 
     @property
@@ -113,18 +129,25 @@ def render(
     options = options or EdgeOptions()
     config: dict[str, Any] = yaml.safe_load(ENVOY_TEMPLATE.read_text())
     edge_static.add_routes(config, static_root)
+    edge_static.set_cors_origins(config, options.cors_origins)
     config["admin"]["address"]["socket_address"] = {"address": host, "port_value": admin_port}
     listeners = config["static_resources"]["listeners"]
-    listener = listeners[0]
-    listener["address"]["socket_address"] = {"address": host, "port_value": listen_port}
-    for chain_filter in listener["filter_chains"][0]["filters"]:
-        _render_manager(chain_filter["typed_config"], options)
-        for http_filter in chain_filter["typed_config"]["http_filters"]:
-            if http_filter["name"] == TRANSCODER:
-                http_filter["typed_config"]["proto_descriptor"] = str(descriptor)
-            if http_filter["name"] == BUFFER:
-                http_filter["typed_config"]["max_request_bytes"] = max_json_body
-    _render_tls(listeners, host, options)
+    api = next(x for x in listeners if x["name"] == TLS_LISTENER)
+    manager = api["filter_chains"][0]["filters"][0]["typed_config"]
+    _render_manager(manager, options)
+    for http_filter in manager["http_filters"]:
+        if http_filter["name"] == TRANSCODER:
+            http_filter["typed_config"]["proto_descriptor"] = str(descriptor)
+        if http_filter["name"] == BUFFER:
+            http_filter["typed_config"]["max_request_bytes"] = max_json_body
+    # A local run serves the API in plain HTTP (the production plaintext listener only
+    # redirects) and reads Envoy's admin interface directly (no monitoring listener).
+    listeners[:] = [_plaintext_api(api, manager, host, listen_port)]
+    if options.tls:
+        listeners.append(_render_tls(api, host, options))
+    config["static_resources"]["clusters"] = [
+        c for c in config["static_resources"]["clusters"] if c["name"] != ADMIN_CLUSTER
+    ]
     for monitor in config["overload_manager"]["resource_monitors"]:
         if monitor["name"] == CONNECTIONS_MONITOR:
             monitor["typed_config"]["max_active_downstream_connections"] = options.max_connections
@@ -148,7 +171,7 @@ def render(
 
 
 def _render_manager(manager: dict[str, Any], options: EdgeOptions) -> None:
-    """The HTTP connection manager both listeners share (one object in the template)."""
+    """The API's HTTP connection manager (the plaintext listener gets a copy)."""
     manager["xff_num_trusted_hops"] = options.xff_num_trusted_hops
     for access_log in manager["access_log"]:
         access_log["typed_config"]["path"] = options.access_log_path
@@ -165,21 +188,42 @@ def _render_manager(manager: dict[str, Any], options: EdgeOptions) -> None:
                 descriptor["token_bucket"] = dict(bucket)
 
 
-def _render_tls(listeners: list[dict[str, Any]], host: str, options: EdgeOptions) -> None:
-    """The TLS listener on the local port with the given certificate, or none."""
-    tls = next(x for x in listeners if x["name"] == TLS_LISTENER)
-    if not options.tls:
-        listeners.remove(tls)
-        return
+def _plaintext_api(
+    api: dict[str, Any], manager: dict[str, Any], host: str, port: int
+) -> dict[str, Any]:
+    """The API listener's manager on a plaintext listener ("edge"), without HSTS (a
+    header only HTTPS answers may carry)."""
+    plain = copy.deepcopy(manager)
+    for http_filter in plain["http_filters"]:
+        if http_filter["name"] == HEADER_MUTATION:
+            mutations = http_filter["typed_config"]["mutations"]
+            mutations["response_mutations"] = [
+                mutation
+                for mutation in mutations["response_mutations"]
+                if mutation.get("append", {}).get("header", {}).get("key") != HSTS
+            ]
+    return {
+        "name": PLAINTEXT_LISTENER,
+        "address": {"socket_address": {"address": host, "port_value": port}},
+        "per_connection_buffer_limit_bytes": api["per_connection_buffer_limit_bytes"],
+        "filter_chains": [{"filters": [{"name": HTTP_MANAGER, "typed_config": plain}]}],
+    }
+
+
+def _render_tls(tls: dict[str, Any], host: str, options: EdgeOptions) -> dict[str, Any]:
+    """The TLS listener on the local port with the given certificate, read once (the
+    production config reloads it through SDS from the pod's Secret mount)."""
     tls["address"]["socket_address"] = {"address": host, "port_value": options.tls_port}
     for chain in tls["filter_chains"]:
         context = chain["transport_socket"]["typed_config"]["common_tls_context"]
+        context.pop("tls_certificate_sds_secret_configs", None)
         context["tls_certificates"] = [
             {
                 "certificate_chain": {"filename": str(options.tls_cert)},
                 "private_key": {"filename": str(options.tls_key)},
             }
         ]
+    return tls
 
 
 def argv(config: Path) -> list[str]:

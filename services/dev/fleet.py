@@ -149,6 +149,7 @@ class Fleet:
             f"ATELIER_{key}_METRICS_PORT": str(ports.metrics),
             "ATELIER_MEDIA_INTERNAL_ADDRESS": self.internal_target("media"),
             "ATELIER_NOTIFY_INTERNAL_ADDRESS": self.internal_target("notify"),
+            "ATELIER_CREATION_INTERNAL_ADDRESS": self.internal_target("creation-api"),
             "ATELIER_REDIS_URL": self.redis_url,
             # One object store and one stub provider state for all replicas, as a bucket
             # and a vendor would be.

@@ -70,7 +70,7 @@ def run_dev() -> int:
     token = issue_token(
         common.jwt_secret, common.jwt_issuer, common.jwt_audience, "dev-user", 24 * 3600
     )
-    _say(banner(ports, token))
+    _say(banner(ports, token, stack.credentials))
     if edge_options.tls:
         _say(f"edge over TLS: https://127.0.0.1:{edge_options.tls_port} ({edge_options.tls_cert})")
     if stack.apns_env:

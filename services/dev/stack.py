@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.dev import apns_peer, edge, running
+from services.dev.credentials import StackCredentials
 from services.dev.processes import (
     Child,
     accepting,
@@ -135,6 +136,8 @@ class Stack:
     apns_peer_port: int = 0
     children: list[Child] = field(default_factory=list)
     apns_env: dict[str, str] = field(default_factory=dict)
+    # One credential per calling identity (creation, notify, an operator, an app backend).
+    credentials: StackCredentials = field(default_factory=StackCredentials)
 
     def migrate(self) -> None:
         for name in SERVICES:
@@ -223,11 +226,12 @@ class Stack:
             "ATELIER_APNS_CA_FILE": str(state / "apns-peer-cert.pem"),
         }
 
-    def _service_env(self) -> dict[str, str]:
+    def _service_env(self, name: str) -> dict[str, str]:
         return {
             # Said explicitly: a process without ATELIER_ENV is a production one.
             "ATELIER_ENV": "dev",
             "ATELIER_DATABASE_URL": self.database_url,
+            **self.credentials.env(name),
             **self.ports.service_env(),
             **self.state_env(),
             **self.apns_env,
@@ -237,7 +241,7 @@ class Stack:
     def _spawn_service(self, name: str) -> Child:
         role = ["--role", self.creation_role] if name == "creation" else []
         argv = [sys.executable, "-m", f"services.{name}", *role]
-        return spawn(name, argv, self._service_env(), self.log_dir)
+        return spawn(name, argv, self._service_env(name), self.log_dir)
 
     def _wait_ready(self, child: Child, timeout: float) -> None:
         if child.name not in SERVICES:
@@ -275,7 +279,7 @@ class Stack:
         key = name.upper()
         listeners = {kind: free_port() for kind in ("PUBLIC", "INTERNAL", "METRICS")}
         env = {
-            **self._service_env(),
+            **self._service_env(name),
             **{f"ATELIER_{key}_{kind}_PORT": str(number) for kind, number in listeners.items()},
             **(extra_env or {}),
         }

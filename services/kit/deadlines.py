@@ -32,9 +32,10 @@ from types import TracebackType
 from services.kit.outages import DatabaseFailure, Outage
 
 # A client's deadline less this share of its time left (at most the cap) is ours: the
-# answer must travel back and be read before the client's own timer fires.
+# answer must travel back and be read before the client's own timer fires, and a loaded
+# host can hold it a few hundred milliseconds on the way.
 CLIENT_RESERVE_SHARE = 0.2
-CLIENT_RESERVE_MAX_SECONDS = 0.25
+CLIENT_RESERVE_MAX_SECONDS = 0.5
 # How often the calls past their deadline are looked for: a deadline ends a call this
 # much late at most (the client's reserve covers it).
 SWEEP_SECONDS = 0.025
@@ -165,6 +166,11 @@ class CallDeadline:
         self._paused_left = None
         self._sweeper.add(self)
 
+    def no_later_than(self, when: float) -> None:
+        """The deadline at ``when`` (the loop's clock) if that is sooner."""
+        if self._when is not None and when < self._when:
+            self._when = when
+
     async def __aenter__(self) -> CallDeadline:
         task = asyncio.current_task()
         if task is None:
@@ -196,10 +202,22 @@ def current() -> CallDeadline | None:
     return _current.get()
 
 
+def answer_by(client_remaining: float | None) -> float | None:
+    """When (the loop's clock) an answer must leave to reach a client that has
+    ``client_remaining`` seconds left, its reserve kept; None: the client set no deadline."""
+    if client_remaining is None:
+        return None
+    left = max(0.0, client_remaining)
+    return asyncio.get_running_loop().time() + max(0.0, left - _reserve(left))
+
+
 @contextmanager
-def paused() -> Iterator[None]:
+def paused(until: float | None = None) -> Iterator[None]:
     """Stops the running call's clock for a wait that is what the caller asked for, not
-    work of the service's (a stream waiting for the first state of a job just made)."""
+    work of the service's (a stream waiting for the first state of a job just made; a
+    WaitJob). The wait itself must end by the client's deadline; ``until`` (the loop's
+    clock, see :func:`answer_by`) is then the latest the rest of the call may end: the
+    service's time left, paused meanwhile, does not outlast the client's."""
     deadline = _current.get()
     if deadline is None:
         yield
@@ -209,6 +227,8 @@ def paused() -> Iterator[None]:
         yield
     finally:
         deadline.resume()
+        if until is not None:
+            deadline.no_later_than(until)
 
 
 @contextmanager

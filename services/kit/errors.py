@@ -48,6 +48,11 @@ class ApiError(Exception):
 
     def __post_init__(self) -> None:
         self.message = clip(self.message, MAX_MESSAGE_BYTES)
+        if self.code == grpc.StatusCode.ABORTED and self.retry_after_seconds is None:
+            # ABORTED means "send the same request again": it always says when (0: at
+            # once), so an HTTP client tells it from ALREADY_EXISTS (both 409, never
+            # retried) by `retry-after` alone (docs/edge.md).
+            self.retry_after_seconds = 0.0
         super().__init__(f"{self.code.name} {self.reason}: {self.message}")
 
     def to_status(self) -> status_pb2.Status:
@@ -155,8 +160,19 @@ class Reason:
     TOKEN_MALFORMED = "TOKEN_MALFORMED"
     TOKEN_EXPIRED = "TOKEN_EXPIRED"
     TOKEN_INVALID = "TOKEN_INVALID"
+    # UNAVAILABLE: the token's issuer is trusted but its keys cannot be had now (its JWKS
+    # endpoint failed for longer than ATELIER_JWKS_MAX_STALE, or never answered yet).
+    IDENTITY_PROVIDER_UNAVAILABLE = "IDENTITY_PROVIDER_UNAVAILABLE"
     SERVICE_CREDENTIAL_MISSING = "SERVICE_CREDENTIAL_MISSING"
     SERVICE_CREDENTIAL_INVALID = "SERVICE_CREDENTIAL_INVALID"
+    # PERMISSION_DENIED: a known internal caller asked for an RPC its identity's policy
+    # (ATELIER_SERVICE_IDENTITIES) does not grant; metadata names the identity and method.
+    RPC_NOT_PERMITTED = "RPC_NOT_PERMITTED"
+    # PERMISSION_DENIED: atelier-on-behalf-of from a caller that may not act for users
+    # (a user token, or an identity without act_for_users).
+    ON_BEHALF_OF_NOT_PERMITTED = "ON_BEHALF_OF_NOT_PERMITTED"
+    # INVALID_ARGUMENT: atelier-on-behalf-of does not name a user id by the id rule.
+    ON_BEHALF_OF_INVALID = "ON_BEHALF_OF_INVALID"
     INVALID_PAGE_SIZE = "INVALID_PAGE_SIZE"
     INVALID_PAGE_TOKEN = "INVALID_PAGE_TOKEN"
     # The request's bytes do not parse as the method's request message.

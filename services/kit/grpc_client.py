@@ -119,8 +119,11 @@ class InternalClient:
         service: str,
         idempotent_methods: Sequence[str] = (),
         timeout_seconds: float = 2.0,
+        tls: grpc.ChannelCredentials | None = None,
     ) -> None:
         self._address = address
+        # None: plaintext; else mutual TLS to the peer (services.kit.internal_tls).
+        self._tls = tls
         self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {service_token}"),)
         self.timeout_seconds = timeout_seconds
         self._options = [
@@ -136,9 +139,14 @@ class InternalClient:
             # No interceptor at all while tracing is off: grpc.aio runs an intercepted
             # call in a task of its own.
             interceptors = None if tracer is None else tracing_interceptors(tracer)
-            self._channel = grpc.aio.insecure_channel(
-                self._address, options=self._options, interceptors=interceptors
-            )
+            if self._tls is None:
+                self._channel = grpc.aio.insecure_channel(
+                    self._address, options=self._options, interceptors=interceptors
+                )
+            else:
+                self._channel = grpc.aio.secure_channel(
+                    self._address, self._tls, options=self._options, interceptors=interceptors
+                )
         return self._channel
 
     def call_options(self) -> dict[str, Any]:

@@ -20,7 +20,13 @@ from grpc import aio
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 
 from services.kit import deadlines, metrics
-from services.kit.auth import Authenticator, RoutedAuthenticator, reset_principal, set_principal
+from services.kit.auth import (
+    Authenticator,
+    KeysPending,
+    authenticator_for,
+    reset_principal,
+    set_principal,
+)
 from services.kit.deadlines import CallDeadline, budget_seconds
 from services.kit.errors import ApiError, DomainError, Reason, internal, unimplemented
 from services.kit.logging import get_logger
@@ -246,10 +252,7 @@ class ServerStack:
         self._call_deadline = call_deadline_seconds
 
     def wrap(self, method: str, handler: Handler) -> Handler:
-        authenticator = self._authenticator
-        if isinstance(authenticator, RoutedAuthenticator):
-            authenticator = authenticator.for_method(method)
-        authenticate = authenticator.authenticate
+        authenticate = authenticator_for(self._authenticator, method).authenticate
         public = method.startswith(UNAUTHENTICATED_PREFIXES)
         service = self._service
         call_deadline = self._call_deadline
@@ -263,7 +266,16 @@ class ServerStack:
                 if public:
                     await call()
                 else:
-                    principal = authenticate(metadata)
+                    try:
+                        principal = authenticate(metadata)
+                    except KeysPending as pending:
+                        # Rare (a new signing key, the first fetch): the hot path stays
+                        # synchronous, this call waits for the one refresh under way.
+                        await pending.wait()
+                        try:
+                            principal = authenticate(metadata)
+                        except KeysPending as again:
+                            raise again.otherwise from None
                     token = set_principal(principal)
                     try:
                         if call_deadline is None:
@@ -448,6 +460,12 @@ def _api_form(failure: DomainError, method: str, throttle: Throttle) -> ApiError
 
 async def _abort(context: Context, error: ApiError) -> None:
     headers = error.initial_metadata()
+    trailers = error.trailing_metadata()
     if headers:
-        await context.send_initial_metadata(headers)
-    await context.abort(error.code, error.message, trailing_metadata=error.trailing_metadata())
+        try:
+            await context.send_initial_metadata(headers)
+        except Exception:
+            # A stream that already sent messages has sent its headers too (grpc raises
+            # its private UsageError); the hint then rides in the trailers.
+            trailers = (*trailers, *headers)
+    await context.abort(error.code, error.message, trailing_metadata=trailers)

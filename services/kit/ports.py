@@ -60,3 +60,11 @@ def bind_grpc(server: Any, host: str, port: int, variable: str) -> int:
         return int(server.add_insecure_port(f"{host}:{port}"))
     except RuntimeError:
         raise PortUnavailable(host, port, variable) from None
+
+
+def bind_grpc_tls(server: Any, host: str, port: int, variable: str, credentials: Any) -> int:
+    """``server.add_secure_port``, failing as :func:`bind_grpc` does."""
+    try:
+        return int(server.add_secure_port(f"{host}:{port}", credentials))
+    except RuntimeError:
+        raise PortUnavailable(host, port, variable) from None

@@ -2,7 +2,9 @@
 
 A service process has two gRPC listeners: the public one (end users, JWT bearer; the only
 one the edge routes to) and the internal one (our own services, service credential).
-Each has reflection and the standard health service. Health follows a readiness probe
+Each has reflection and the standard health service. A service may add a third, over
+TLS, for callers outside the cluster (creation's remote workers): only the services it
+names and health, no reflection. Health follows a readiness probe
 (it is not SERVING while the database is unreachable or too slow to answer).
 
 Stop order: health NOT_SERVING → keep serving for the drain window (balancers notice and
@@ -25,16 +27,20 @@ from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.kit import event_loop, tracing
-from services.kit.auth import Authenticator, JwtAuthenticator, ServiceAuthenticator
+from services.kit.auth import Authenticator, JwtAuthenticator, Principal, ServiceAuthenticator
 from services.kit.components import Component, Supervisor
+from services.kit.delegation import PublicAuthenticator
 from services.kit.interceptors import ServerStack, StackedServer
+from services.kit.jwks import IssuerKeys
 from services.kit.logging import configure as configure_logging
 from services.kit.logging import get_logger
 from services.kit.metrics import MetricsEndpoint, serve_metrics
 from services.kit.outages import Throttle, classify, log_unavailable
-from services.kit.ports import bind_grpc, listen_variable
+from services.kit.ports import bind_grpc, bind_grpc_tls, listen_variable
 from services.kit.reflection import enable_documented_reflection
 from services.kit.settings import CommonSettings, ListenSettings
+from services.kit.tls import ReloadingCertificate, ServerCertificateFiles
+from services.kit.token_cache import VerifiedTokens
 
 log = get_logger(__name__)
 
@@ -43,6 +49,10 @@ log = get_logger(__name__)
 # database is down, which cures nothing; this one fails only when the process no longer
 # answers at all (a wedged event loop, a dead server).
 LIVENESS_SERVICE = "atelier.liveness"
+# SERVING while every trusted issuer (ATELIER_JWT_ISSUERS) has usable signing keys. Kept
+# apart from readiness: one identity provider's outage must not take the listeners out
+# of the balancer (HS256 users, internal callers and cached keys still work).
+IDENTITY_SERVICE = "atelier.identity"
 
 # Sized for many long-lived streams and reconnect storms: grpc.aio cancels calls beyond
 # its pending-call limit, so raise it; keepalives detect dead clients behind NATs.
@@ -81,6 +91,20 @@ class Binding:
         return str(self.descriptor.full_name)
 
 
+@dataclass(frozen=True)
+class TlsListener:
+    """A listener for callers outside the cluster: TLS with a certificate that is re-read
+    when its files change (services.kit.tls), ``bindings`` and health only (anything
+    else is UNIMPLEMENTED), no reflection. ``kind`` names its port's variable
+    (``CREATION_<KIND>_PORT``)."""
+
+    kind: str
+    port: int
+    certificate: ServerCertificateFiles
+    bindings: Sequence[Binding]
+    authenticator: Authenticator
+
+
 @dataclass
 class ServiceApp:
     """What a service contributes to the bootstrap."""
@@ -99,6 +123,8 @@ class ServiceApp:
     serve_public: bool = True
     # Who may call the internal listener; None: the service credential alone.
     internal_authenticator: Authenticator | None = None
+    # The TLS listener for outside callers; None: there is none.
+    tls: TlsListener | None = None
 
 
 def build_stack(
@@ -124,6 +150,7 @@ class _Listener:
         call_deadline_seconds: float,
         *,
         public: bool,
+        reflection: bool = True,
     ):
         self.server = aio.server(options=SERVER_OPTIONS)
         # Everything registers through the stack: each handler is wrapped once, here.
@@ -135,10 +162,11 @@ class _Listener:
         for binding in bindings:
             binding.add_to_server(binding.servicer, stacked)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, stacked)
-        # The edge routes reflection to public listeners only (for the whole public API).
-        enable_documented_reflection(
-            [*self.names, health.SERVICE_NAME], stacked, through_edge=public
-        )
+        if reflection:
+            # The edge routes reflection to public listeners only (the whole public API).
+            enable_documented_reflection(
+                [*self.names, health.SERVICE_NAME], stacked, through_edge=public
+            )
 
     async def set_serving(self, serving: bool) -> None:
         status = (
@@ -157,16 +185,12 @@ class RunningService:
         self.app = app
         self._common = common
         self._listen = listen
+        self.user_authenticator = public_authenticator(common)
         self._public = (
             _Listener(
                 app.name,
                 app.public,
-                JwtAuthenticator(
-                    common.jwt_secret,
-                    common.jwt_issuer,
-                    common.jwt_audience,
-                    common.jwt_max_lifetime_seconds,
-                ),
+                PublicAuthenticator(self.user_authenticator, common.service_identities),
                 common.call_deadline_seconds,
                 public=True,
             )
@@ -176,13 +200,35 @@ class RunningService:
         self._internal = _Listener(
             app.name,
             app.internal,
-            app.internal_authenticator or ServiceAuthenticator(common.service_token),
+            app.internal_authenticator
+            or ServiceAuthenticator(common.service_token, common.service_identities),
             common.call_deadline_seconds,
             public=False,
         )
-        self._listeners = [x for x in (self._public, self._internal) if x is not None]
+        # Mutual TLS on the internal listener, when ATELIER_INTERNAL_TLS_* say so.
+        self.internal_certificate = (
+            ReloadingCertificate(common.internal_tls, "internal")
+            if common.internal_tls is not None
+            else None
+        )
+        self.tls_certificate: ReloadingCertificate | None = None
+        self._tls: _Listener | None = None
+        if app.tls is not None:
+            # Loaded now: a certificate that went bad since the settings were read stops
+            # the start (CertificateError is a SettingsError).
+            self.tls_certificate = ReloadingCertificate(app.tls.certificate, app.tls.kind)
+            self._tls = _Listener(
+                app.name,
+                app.tls.bindings,
+                app.tls.authenticator,
+                common.call_deadline_seconds,
+                public=False,
+                reflection=False,
+            )
+        self._listeners = [x for x in (self._public, self._internal, self._tls) if x is not None]
         self.public_port = 0
         self.internal_port = 0
+        self.tls_port = 0
         self._readiness_task: asyncio.Task[None] | None = None
         self._probe: asyncio.Task[bool] | None = None
         self._probe_log = Throttle()
@@ -205,18 +251,37 @@ class RunningService:
             self.public_port = bind_grpc(
                 self._public.server, host, self._listen.public_port, listen_variable(name, "public")
             )
-        self.internal_port = bind_grpc(
-            self._internal.server,
-            host,
-            self._listen.internal_port,
-            listen_variable(name, "internal"),
-        )
+        if self.internal_certificate is None:
+            self.internal_port = bind_grpc(
+                self._internal.server,
+                host,
+                self._listen.internal_port,
+                listen_variable(name, "internal"),
+            )
+        else:
+            self.internal_port = bind_grpc_tls(
+                self._internal.server,
+                host,
+                self._listen.internal_port,
+                listen_variable(name, "internal"),
+                self.internal_certificate.credentials(),
+            )
+        if self._tls is not None and self.app.tls is not None and self.tls_certificate:
+            self.tls_port = bind_grpc_tls(
+                self._tls.server,
+                host,
+                self.app.tls.port,
+                listen_variable(name, self.app.tls.kind),
+                self.tls_certificate.credentials(),
+            )
         if self._listen.metrics_port:
             self._metrics = serve_metrics(
                 host, self._listen.metrics_port, listen_variable(name, "metrics")
             )
         for listener in self._listeners:
             await listener.server.start()
+        if self._public is not None and self.user_authenticator.keys is not None:
+            self.user_authenticator.keys.start()
         await self._refresh_health()
         for listener in self._listeners:
             await listener.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
@@ -227,6 +292,10 @@ class RunningService:
             service=self.app.name,
             public_port=self.public_port,
             internal_port=self.internal_port,
+            tls_port=self.tls_port or None,
+            tls_not_after=(
+                self.tls_certificate.current.not_after.isoformat() if self.tls_certificate else None
+            ),
             metrics_port=self._listen.metrics_port,
             components=[c.name for c in self.app.components],
             event_loop=event_loop.running_loop_name(),
@@ -263,8 +332,16 @@ class RunningService:
 
     async def _refresh_health(self) -> None:
         ready = await self._ready()
+        # Without a public listener (creation --role worker) no user token is checked.
+        keys = self.user_authenticator.keys if self._public is not None else None
+        identity = (
+            health_pb2.HealthCheckResponse.SERVING
+            if keys is None or keys.ready
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
         for listener in self._listeners:
             await listener.set_serving(ready)
+            await listener.health.set(IDENTITY_SERVICE, identity)
 
     async def _watch_readiness(self) -> None:
         while True:
@@ -296,12 +373,32 @@ class RunningService:
         await asyncio.gather(
             *(listener.server.stop(common.drain_grace_seconds) for listener in self._listeners)
         )
+        if self.user_authenticator.keys is not None:
+            await self.user_authenticator.keys.stop()
         for cleanup in self.app.cleanup:
             await cleanup()
         if self._metrics is not None:
             # Last: a scrape during the drain still sees the final figures.
             await asyncio.to_thread(self._metrics.close)
         log.info("service_stopped", service=self.app.name)
+
+
+def public_authenticator(common: CommonSettings) -> JwtAuthenticator:
+    """Users: tokens of the trusted issuers, and HS256 self-minted ones unless off."""
+    verified: VerifiedTokens[Principal] = VerifiedTokens()
+    keys = (
+        IssuerKeys(common.jwt_issuers, common.jwks, on_keys_dropped=verified.clear)
+        if common.jwt_issuers
+        else None
+    )
+    return JwtAuthenticator(
+        common.jwt_secret,
+        common.jwt_issuer,
+        common.jwt_audience,
+        common.jwt_max_lifetime_seconds,
+        verified=verified,
+        keys=keys,
+    )
 
 
 async def _probe(readiness: Callable[[], Awaitable[bool]]) -> bool:

@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from services.kit.event_loop import DEFAULT_EVENT_LOOP, EVENT_LOOPS
+from services.kit.identities import ServiceIdentity, holder, read_identities
+from services.kit.issuers import JwksBounds, TrustedIssuer, read_issuers
 from services.kit.sizes import byte_size
+
+if TYPE_CHECKING:
+    from services.kit.tls import ServerCertificateFiles
 
 PREFIX = "ATELIER_"
 
@@ -227,11 +233,15 @@ class CommonSettings:
     env: str
     host: str
     database_url: str
+    # The HS256 key of self-minted tokens (`make dev`, deployments that mint their own);
+    # "" when HS256 is off (prod with trusted issuers and no ATELIER_JWT_SECRET).
     jwt_secret: str
     jwt_issuer: str
     jwt_audience: str
     # The longest a user token may be valid (exp - iat); longer ones are refused.
     jwt_max_lifetime_seconds: float
+    # The shared internal credential that may call every internal RPC (backward
+    # compatible, `make dev`); "" when it is off (prod with ATELIER_SERVICE_IDENTITIES).
     service_token: str
     log_level: str
     drain_grace_seconds: float
@@ -249,21 +259,42 @@ class CommonSettings:
     call_deadline_seconds: float = 3.0
     database: DatabaseSettings = DatabaseSettings()
     tracing: TracingSettings = TracingSettings()
+    # The app's identity providers (ATELIER_JWT_ISSUERS) and how their keys are kept.
+    jwt_issuers: tuple[TrustedIssuer, ...] = ()
+    jwks: JwksBounds = field(default_factory=JwksBounds)
+    # Who may call the internal listeners, each with its own credential and policy.
+    service_identities: tuple[ServiceIdentity, ...] = ()
+    # What this process sends to its peers' internal listeners (its own identity's
+    # credential; the shared token when unset).
+    service_credential: str = ""
+    # Mutual TLS on the internal listeners and their clients (ATELIER_INTERNAL_TLS_*);
+    # None: plaintext.
+    internal_tls: ServerCertificateFiles | None = None
 
     @classmethod
     def read(cls, reader: EnvReader) -> CommonSettings:
         env = reader.string("ENV", "dev", choices=("dev", "test", "prod"))
+        jwt_issuer = reader.string("JWT_ISSUER", "atelier")
+        jwt_issuers = read_issuers(reader, jwt_issuer)
+        # In prod an identity provider alone is enough: without a secret, HS256 is off
+        # and nobody holds a key that signs users.
+        hs256_default = "" if env == "prod" and jwt_issuers else DEV_JWT_SECRET
+        identities = read_identities(reader)
+        # With per-service identities the shared all-powerful token is off unless set
+        # explicitly (the dev stack sets the development one, for tools and old tests).
+        shared_default = "" if identities else DEV_SERVICE_TOKEN
+        service_token = reader.secret("SERVICE_TOKEN", shared_default, min_length=32)
         settings = cls(
             env=env,
             host=reader.string("HOST", "127.0.0.1"),
             database_url=database_url(reader),
-            jwt_secret=reader.secret("JWT_SECRET", DEV_JWT_SECRET, min_length=32),
-            jwt_issuer=reader.string("JWT_ISSUER", "atelier"),
+            jwt_secret=reader.secret("JWT_SECRET", hs256_default, min_length=32),
+            jwt_issuer=jwt_issuer,
             jwt_audience=reader.string("JWT_AUDIENCE", "atelier-app"),
             jwt_max_lifetime_seconds=reader.seconds(
                 "JWT_MAX_LIFETIME", 24 * 3600, minimum=60, maximum=30 * 24 * 3600
             ),
-            service_token=reader.secret("SERVICE_TOKEN", DEV_SERVICE_TOKEN, min_length=32),
+            service_token=service_token,
             log_level=reader.string(
                 "LOG_LEVEL", "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR")
             ),
@@ -281,15 +312,59 @@ class CommonSettings:
             call_deadline_seconds=reader.seconds("CALL_DEADLINE", 3.0, minimum=0.1, maximum=120),
             database=DatabaseSettings.read(reader),
             tracing=TracingSettings.read(reader),
+            jwt_issuers=jwt_issuers,
+            jwks=JwksBounds.read(reader),
+            service_identities=identities,
+            service_credential=reader.secret("SERVICE_CREDENTIAL", service_token, min_length=32),
+            internal_tls=_internal_tls(reader),
         )
+        _check_own_credential(reader, settings)
         if env == "prod":
             reader.require(
-                settings.jwt_secret != DEV_JWT_SECRET, "JWT_SECRET", "must be set in prod"
+                settings.jwt_secret != DEV_JWT_SECRET,
+                "JWT_SECRET",
+                "must be set in prod (or left unset with ATELIER_JWT_ISSUERS: HS256 off)",
             )
             reader.require(
-                settings.service_token != DEV_SERVICE_TOKEN, "SERVICE_TOKEN", "must be set in prod"
+                settings.service_token != DEV_SERVICE_TOKEN,
+                "SERVICE_TOKEN",
+                "must be set in prod (or left unset with ATELIER_SERVICE_IDENTITIES)",
+            )
+            reader.require(
+                settings.service_credential != DEV_SERVICE_TOKEN,
+                "SERVICE_CREDENTIAL",
+                "must not be the development credential in prod",
             )
         return settings
+
+
+def _internal_tls(reader: EnvReader) -> ServerCertificateFiles | None:
+    # Imported here: services.kit.tls reads its settings through this module.
+    from services.kit.internal_tls import read_internal_tls
+
+    return read_internal_tls(reader)
+
+
+def _check_own_credential(reader: EnvReader, settings: CommonSettings) -> None:
+    """A process whose own credential no peer would accept is refused at start, not at its
+    first call (the identities are the same setting in every service)."""
+    own = settings.service_credential
+    if not settings.service_identities or not own or own == settings.service_token:
+        return
+    reader.require(
+        holder(settings.service_identities, own) is not None,
+        "SERVICE_CREDENTIAL",
+        "matches no identity of ATELIER_SERVICE_IDENTITIES (its SHA-256 is not listed)",
+    )
+
+
+def require_service_credential(reader: EnvReader, common: CommonSettings, calls: str) -> None:
+    """For a service that calls its peers' internal listeners."""
+    reader.require(
+        bool(common.service_credential),
+        "SERVICE_CREDENTIAL",
+        f"must be set: this service calls {calls} (or set ATELIER_SERVICE_TOKEN)",
+    )
 
 
 @dataclass(frozen=True)

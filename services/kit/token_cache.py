@@ -48,6 +48,10 @@ class VerifiedTokens(Generic[T]):
             return None
         return value
 
+    def clear(self) -> None:
+        """Forgets every token (a key that signed some of them is no longer trusted)."""
+        self._entries.clear()
+
     def put(self, token: str, value: T, expires_at: float) -> None:
         if self._clock() >= expires_at:
             return

@@ -18,10 +18,11 @@ from services.media.assets import Assets, Clock, Limits, utc_now
 from services.media.housekeeping import Housekeeper
 from services.media.http import ObjectHttpServer
 from services.media.images import ImageInspector
+from services.media.imports import AddressPolicy, FetchLimits, Importer, UrlFetcher, import_tls
 from services.media.internal_servicer import MediaInternalServicer
 from services.media.servicer import MediaServicer
 from services.media.settings import MediaSettings
-from services.media.storage import ObjectStorage
+from services.media.storage import DownloadWindows, ObjectStorage
 from services.media.storage.local import LocalStorage
 from services.media.storage.s3 import S3Storage
 from services.media.storage.signing import UrlSigner
@@ -30,11 +31,18 @@ from services.media.thumbnail_backfill import ThumbnailBackfill
 from services.media.thumbnails import Thumbnailer
 
 
+def download_windows(settings: MediaSettings) -> DownloadWindows:
+    return DownloadWindows(settings.download_url_window_seconds, settings.download_url_ttl_seconds)
+
+
 def open_storage(settings: MediaSettings) -> ObjectStorage:
+    cache_control = download_windows(settings).cache_control
     if settings.storage_backend == "s3":
-        return S3Storage(settings.s3)
+        return S3Storage(settings.s3, cache_control=cache_control)
     return LocalStorage(
-        settings.local_dir, UrlSigner(settings.url_secret, settings.public_base_url)
+        settings.local_dir,
+        UrlSigner(settings.url_secret, settings.public_base_url),
+        cache_control,
     )
 
 
@@ -56,6 +64,7 @@ def build(
         Limits(
             upload_url_ttl_seconds=settings.upload_url_ttl_seconds,
             download_url_ttl_seconds=settings.download_url_ttl_seconds,
+            download_url_window_seconds=settings.download_url_window_seconds,
             max_upload_bytes=settings.max_upload_bytes,
             chunk_bytes=settings.chunk_bytes,
         ),
@@ -77,6 +86,19 @@ def build(
             chunk_bytes=settings.chunk_bytes,
         ),
     )
+    importer = Importer(
+        assets,
+        store,
+        UrlFetcher(
+            AddressPolicy.allowing(settings.import_allowed_networks),
+            FetchLimits(
+                max_bytes=settings.max_upload_bytes,
+                timeout_seconds=settings.import_timeout_seconds,
+            ),
+            import_tls(settings.import_ca_file),
+        ),
+        settings.chunk_bytes,
+    )
     components: list[Component] = [TaskComponent("housekeeping", housekeeper.housekeeping_loop)]
     if isinstance(storage, LocalStorage):
         objects = ObjectHttpServer(storage, settings.common.host, settings.http_port, rows=store)
@@ -94,7 +116,7 @@ def build(
             Binding(
                 media_internal_service_pb2.DESCRIPTOR.services_by_name["MediaInternalService"],
                 media_internal_service_pb2_grpc.add_MediaInternalServiceServicer_to_server,
-                MediaInternalServicer(assets, settings.max_upload_bytes),
+                MediaInternalServicer(assets, settings.max_upload_bytes, importer),
             )
         ],
         readiness=database.answers,

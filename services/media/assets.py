@@ -50,11 +50,13 @@ from services.media.errors import (
 from services.media.images import ImageInspector
 from services.media.spool import Spooled, SpoolLimitExceeded, read_chunks, spool
 from services.media.storage import (
+    DownloadWindows,
     ObjectExists,
     ObjectNotFound,
     ObjectStat,
     ObjectStorage,
     SignedRequest,
+    Validity,
     WholeObject,
 )
 from services.media.store.assets import AssetStore, Signable
@@ -77,9 +79,16 @@ def utc_now() -> datetime:
 @dataclass(frozen=True)
 class Limits:
     upload_url_ttl_seconds: int
+    # A download URL works at least this long after the read that handed it out...
     download_url_ttl_seconds: int
     max_upload_bytes: int
     chunk_bytes: int
+    # ...and is the same for every read within one window of this many seconds.
+    download_url_window_seconds: int = 3600
+
+    @property
+    def download_windows(self) -> DownloadWindows:
+        return DownloadWindows(self.download_url_window_seconds, self.download_url_ttl_seconds)
 
 
 @dataclass(frozen=True)
@@ -110,7 +119,8 @@ class Download:
 
 @dataclass(frozen=True)
 class SignedUrls:
-    """A ready asset's download URLs, as GetAssetUrls hands them out."""
+    """A ready asset's download URLs, as GetAssetUrls hands them out, and what a client
+    lays the picture out with before it downloads it."""
 
     asset_id: uuid.UUID
     request: SignedRequest
@@ -118,6 +128,10 @@ class SignedUrls:
     expires_at: datetime
     width: int = 0
     height: int = 0
+    content_type: str = ""
+    size_bytes: int = 0
+    # When the window the URLs were signed for ends (a later call signs new ones).
+    window_ends_at: datetime | None = None
 
 
 class Assets:
@@ -537,12 +551,12 @@ class Assets:
             raise ObjectLost() from None
 
     async def _download(self, asset: Asset) -> Download:
-        expires_at = self._download_expiry()
-        request = await self._storage.presign_get(asset.object_key, asset.content_type, expires_at)
+        validity = self._download_validity()
+        request = await self._presign(asset.object_key, asset.content_type, validity)
         thumbnail = await self._presign_thumbnail(
-            asset.object_key, asset.thumbnail_content_type, expires_at
+            asset.object_key, asset.thumbnail_content_type, validity
         )
-        return Download(asset, request, expires_at, thumbnail)
+        return Download(asset, request, validity.expires_at, thumbnail)
 
     async def download_urls(self, asset_ids: list[str]) -> list[SignedUrls]:
         """Download (and thumbnail) URLs of those of the assets that are ready, read in
@@ -552,27 +566,41 @@ class Assets:
         if not parsed:
             return []
         ready = await self._store.ready_for_urls(sorted(parsed))
-        expires_at = self._download_expiry()
-        return [await self._sign(asset, expires_at) for asset in ready]
+        validity = self._download_validity()
+        return [await self._sign(asset, validity) for asset in ready]
 
-    async def _sign(self, asset: Signable, expires_at: datetime) -> SignedUrls:
-        request = await self._storage.presign_get(asset.object_key, asset.content_type, expires_at)
+    async def _sign(self, asset: Signable, validity: Validity) -> SignedUrls:
+        request = await self._presign(asset.object_key, asset.content_type, validity)
         thumbnail = await self._presign_thumbnail(
-            asset.object_key, asset.thumbnail_content_type, expires_at
+            asset.object_key, asset.thumbnail_content_type, validity
         )
-        return SignedUrls(asset.asset_id, request, thumbnail, expires_at, asset.width, asset.height)
+        return SignedUrls(
+            asset.asset_id,
+            request,
+            thumbnail,
+            validity.expires_at,
+            asset.width,
+            asset.height,
+            asset.content_type,
+            asset.size_bytes,
+            validity.window_ends_at,
+        )
+
+    async def _presign(self, key: str, content_type: str, validity: Validity) -> SignedRequest:
+        return await self._storage.presign_get(
+            key, content_type, validity.expires_at, validity.signed_at
+        )
 
     async def _presign_thumbnail(
-        self, asset_object_key: str, content_type: str | None, expires_at: datetime
+        self, asset_object_key: str, content_type: str | None, validity: Validity
     ) -> SignedRequest | None:
         if content_type is None:
             return None
-        return await self._storage.presign_get(
-            thumbnail_key(asset_object_key), content_type, expires_at
-        )
+        return await self._presign(thumbnail_key(asset_object_key), content_type, validity)
 
-    def _download_expiry(self) -> datetime:
-        return self._clock() + timedelta(seconds=self._limits.download_url_ttl_seconds)
+    def _download_validity(self) -> Validity:
+        """This moment's window: the same URLs for every read in it (see DownloadWindows)."""
+        return self._limits.download_windows.at(self._clock())
 
     # -- deleting ------------------------------------------------------------------------
 

@@ -45,7 +45,11 @@ def asset_urls_message(signed: SignedUrls) -> media_internal_service_pb2.AssetUr
         url_expire_time=expire_time,
         width=signed.width,
         height=signed.height,
+        content_type=signed.content_type,
+        size_bytes=signed.size_bytes,
     )
+    if signed.window_ends_at is not None:
+        set_timestamp(message.window_end_time, signed.window_ends_at)
     if signed.thumbnail is not None:
         message.thumbnail_url = signed.thumbnail.url
         message.thumbnail_url_expire_time.CopyFrom(expire_time)

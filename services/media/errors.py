@@ -58,6 +58,8 @@ class Reason:
     OBJECT_EXISTS = "OBJECT_EXISTS"
     INCOMPLETE_BODY = "INCOMPLETE_BODY"
     MALFORMED_REQUEST = "MALFORMED_REQUEST"
+    # ImportAsset would not fetch the URL, or what it answered failed a check.
+    IMPORT_REFUSED = "IMPORT_REFUSED"
 
 
 # Seconds a client should wait before retrying after a dependency failed to answer.
@@ -207,6 +209,26 @@ class ContentRejected(MediaError):
 
     def to_api_error(self) -> ApiError:
         return ApiError(grpc.StatusCode.INVALID_ARGUMENT, self.reason, self.message)
+
+
+class ImportRefused(MediaError):
+    """ImportAsset refused a URL or what it answered; ``cause`` says why (a word of the
+    fetch's, such as ADDRESS_NOT_ALLOWED, or the upload check's reason, such as
+    NOT_AN_IMAGE)."""
+
+    def __init__(self, cause: str, message: str) -> None:
+        super().__init__(cause, message)
+        self.cause = cause
+        self.message = message
+
+    def to_api_error(self) -> ApiError:
+        return ApiError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            Reason.IMPORT_REFUSED,
+            f"url: {self.message}",
+            violations=[FieldViolation("url", self.message)],
+            metadata={"cause": self.cause},
+        )
 
 
 class DatabaseFailed(DatabaseFailure, MediaError):

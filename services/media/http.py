@@ -45,8 +45,7 @@ from services.media.storage.signing import OBJECTS_PATH, Verdict
 log = get_logger(__name__)
 
 READ_BYTES = 256 * 1024
-# How long a browser or proxy may keep a downloaded object: it never changes.
-_SECURITY_HEADERS = {"X-Content-Type-Options": "nosniff", "Cache-Control": "private, max-age=300"}
+_SECURITY_HEADERS = {"X-Content-Type-Options": "nosniff"}
 # What we sign: an expiry in epoch seconds, a size in bytes. Nothing longer is ours.
 _SIGNED_NUMBER = re.compile(r"[0-9]{1,15}")
 
@@ -211,7 +210,14 @@ class ObjectHttpServer:
         path = self._storage.path_of(key)
         if not await asyncio.to_thread(path.is_file):
             raise Refused(404, Reason.NO_SUCH_OBJECT, "no such object")
-        return web.FileResponse(path, headers={"Content-Type": content_type, **_SECURITY_HEADERS})
+        # How long a browser may keep it: the storage's Cache-Control (an object never
+        # changes under its key, so as long as its URL can work, and immutable).
+        headers = {
+            "Content-Type": content_type,
+            "Cache-Control": self._storage.cache_control,
+            **_SECURITY_HEADERS,
+        }
+        return web.FileResponse(path, headers=headers)
 
 
 def _mismatch(method: str, content_type: str) -> str:

@@ -14,12 +14,17 @@ from services.kit.timestamps import set_timestamp
 from services.media import fields
 from services.media.assets import MAX_URL_BATCH, Assets
 from services.media.convert import asset_message, asset_urls_message
+from services.media.errors import ImportRefused
+from services.media.imports import Importer
 
 
 class MediaInternalServicer(media_internal_service_pb2_grpc.MediaInternalServiceServicer):
-    def __init__(self, assets: Assets, max_upload_bytes: int) -> None:
+    def __init__(
+        self, assets: Assets, max_upload_bytes: int, importer: Importer | None = None
+    ) -> None:
         self._assets = assets
         self._max_upload_bytes = max_upload_bytes
+        self._importer = importer
 
     async def PutAsset(
         self,
@@ -99,6 +104,16 @@ class MediaInternalServicer(media_internal_service_pb2_grpc.MediaInternalService
         key = fields.required_idempotency_key(request.idempotency_key, "idempotency_key")
         asset = await self._assets.complete_output(owner, asset_id, key)
         return pb.CompleteOutputUploadResponse(asset=asset_message(asset))
+
+    async def ImportAsset(
+        self, request: pb.ImportAssetRequest, context: aio.ServicerContext[Any, Any]
+    ) -> pb.ImportAssetResponse:
+        owner = fields.owner_user_id(request.owner_user_id, "owner_user_id")
+        key = fields.idempotency_key(request.idempotency_key, "idempotency_key")
+        if self._importer is None:
+            raise ImportRefused("IMPORTS_OFF", "this server imports no URLs")
+        asset = await self._importer.import_url(owner, request.url, key)
+        return pb.ImportAssetResponse(asset=asset_message(asset))
 
     async def DeleteAsset(
         self, request: pb.DeleteAssetRequest, context: aio.ServicerContext[Any, Any]

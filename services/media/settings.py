@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,15 @@ MIB = 1024 * 1024
 PRESIGN_MAX_SECONDS = 7 * 24 * 3600
 
 STORAGE_BACKENDS = ("local", "s3")
+
+
+def _networks_valid(networks: tuple[str, ...]) -> bool:
+    try:
+        for network in networks:
+            ipaddress.ip_network(network, strict=False)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,7 @@ class MediaSettings:
     s3: S3Settings
     upload_url_ttl_seconds: int
     download_url_ttl_seconds: int
+    download_url_window_seconds: int
     max_upload_bytes: int
     max_image_pixels: int
     chunk_bytes: int
@@ -54,6 +65,11 @@ class MediaSettings:
     housekeeping_batch: int
     abandoned_write_age_seconds: int
     thumbnail_backfill_batch: int
+    # ImportAsset: the fetch's time limit, the networks a test allows beside public
+    # addresses (never in prod), and a CA file trusted beside the system's (tests).
+    import_timeout_seconds: float = 10.0
+    import_allowed_networks: tuple[str, ...] = ()
+    import_ca_file: str = ""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> MediaSettings:
@@ -84,8 +100,15 @@ class MediaSettings:
             upload_url_ttl_seconds=reader.integer(
                 "MEDIA_UPLOAD_URL_TTL", 900, minimum=10, maximum=PRESIGN_MAX_SECONDS
             ),
+            # A download URL works at least this long after any read that handed it out.
             download_url_ttl_seconds=reader.integer(
                 "MEDIA_DOWNLOAD_URL_TTL", 300, minimum=10, maximum=PRESIGN_MAX_SECONDS
+            ),
+            # Download URLs are signed per epoch-aligned window of this length: every read
+            # within one window gets the same URL (a client's image cache hits), which
+            # expires the TTL after the window ends. 1 signs a URL per second.
+            download_url_window_seconds=reader.integer(
+                "MEDIA_DOWNLOAD_URL_WINDOW", 3600, minimum=1, maximum=PRESIGN_MAX_SECONDS
             ),
             max_upload_bytes=reader.byte_count(
                 "MAX_UPLOAD_BYTES", 20 * MIB, minimum=1024, maximum=512 * MIB
@@ -117,11 +140,42 @@ class MediaSettings:
             thumbnail_backfill_batch=reader.integer(
                 "MEDIA_THUMBNAIL_BACKFILL_BATCH", 20, minimum=0, maximum=1000
             ),
+            import_timeout_seconds=reader.seconds(
+                "MEDIA_IMPORT_TIMEOUT", 10, minimum=0.5, maximum=60
+            ),
+            import_allowed_networks=tuple(
+                n.strip()
+                for n in reader.string("MEDIA_IMPORT_ALLOWED_NETWORKS", "").split(",")
+                if n.strip()
+            ),
+            import_ca_file=reader.string("MEDIA_IMPORT_CA_FILE", ""),
+        )
+        reader.require(
+            _networks_valid(settings.import_allowed_networks),
+            "MEDIA_IMPORT_ALLOWED_NETWORKS",
+            "must be a comma-separated list of networks (CIDR)",
+        )
+        reader.require(
+            not (common.env == "prod" and settings.import_allowed_networks),
+            "MEDIA_IMPORT_ALLOWED_NETWORKS",
+            "is a test setting: prod fetches from public addresses only",
+        )
+        reader.require(
+            not settings.import_ca_file or Path(settings.import_ca_file).is_file(),
+            "MEDIA_IMPORT_CA_FILE",
+            "must name a readable PEM file",
         )
         reader.require(
             settings.public_base_url.startswith(("http://", "https://")),
             "MEDIA_PUBLIC_BASE_URL",
             "must start with http:// or https://",
+        )
+        reader.require(
+            settings.download_url_window_seconds + settings.download_url_ttl_seconds
+            <= PRESIGN_MAX_SECONDS,
+            "MEDIA_DOWNLOAD_URL_WINDOW",
+            f"plus ATELIER_MEDIA_DOWNLOAD_URL_TTL must be at most {PRESIGN_MAX_SECONDS} s"
+            " (a signed URL's longest life)",
         )
         if backend == "s3":
             reader.require(bool(settings.s3.bucket), "MEDIA_S3_BUCKET", "must be set for s3")

@@ -20,6 +20,7 @@ from atelier.notify.v1 import (
 )
 from services.kit.components import Component
 from services.kit.db import Database
+from services.kit.internal_tls import client_credentials
 from services.kit.server import Binding, ServiceApp, run_service
 from services.notify.apns.assemble import build_sender
 from services.notify.delivery import Delivery, Publisher
@@ -28,6 +29,7 @@ from services.notify.ingest_servicer import NotifyIngestServicer
 from services.notify.output_urls import MediaSigner, OutputUrls
 from services.notify.pushes.planner import PushPlanner
 from services.notify.pushes.planning import Rules
+from services.notify.queue_standings import CreationStandings
 from services.notify.servicer import NotifyServicer
 from services.notify.settings import NotifySettings
 from services.notify.store import ProjectionStore, StreamReads, TokenStore
@@ -38,6 +40,7 @@ from services.notify.streams.drain import StreamDrain
 from services.notify.streams.fanout import LocalFanout, RedisFanout
 from services.notify.streams.first_states import FirstStates
 from services.notify.streams.registry import StreamRegistry, Watched
+from services.notify.streams.standings import Fetch, Standings
 
 
 @dataclass
@@ -49,9 +52,11 @@ class Streams:
     components: list[Component]
     redis: RedisFanout | None
     backstop: Backstop
+    standings: Standings
 
 
-def build_streams(settings: NotifySettings, database: Database) -> Streams:
+def build_streams(settings: NotifySettings, database: Database, fetch: Fetch) -> Streams:
+    """``fetch``: where the queued jobs the streams watch stand (creation's answer)."""
     registry = StreamRegistry()
     reads = StreamReads(database.engine)
 
@@ -60,7 +65,8 @@ def build_streams(settings: NotifySettings, database: Database) -> Streams:
 
     backstop = Backstop(registry, read_missed, settings.poll_period_seconds)
     clock = StreamClock(registry, settings.streams.keep_alive_seconds)
-    components: list[Component] = [StreamDrain(registry), clock, backstop]
+    standings = Standings(registry, fetch, settings.streams.standing_period_seconds)
+    components: list[Component] = [StreamDrain(registry), clock, backstop, standings]
     redis: RedisFanout | None = None
     publisher: Publisher
     if settings.redis_url:
@@ -75,6 +81,7 @@ def build_streams(settings: NotifySettings, database: Database) -> Streams:
         components=components,
         redis=redis,
         backstop=backstop,
+        standings=standings,
     )
 
 
@@ -100,7 +107,11 @@ def assemble(
     database = Database(
         settings.common.database_url, "atelier-notify", limits=settings.common.database
     )
-    streams = build_streams(settings, database)
+    tls = client_credentials(settings.common.internal_tls)
+    creation = CreationStandings(
+        settings.creation_internal_address, settings.common.service_credential, tls
+    )
+    streams = build_streams(settings, database, creation)
     engine = database.engine
     reads = StreamReads(engine)
 
@@ -110,8 +121,8 @@ def assemble(
     async def user_snapshot(user_id: str, after_seq: int | None, limit: int) -> Snapshot:
         return await reads.user_snapshot(user_id, after_seq, limit)
 
-    signer = MediaSigner(settings.media_internal_address, settings.common.service_token)
-    cleanup = [signer.close, database.close]
+    signer = MediaSigner(settings.media_internal_address, settings.common.service_credential, tls)
+    cleanup = [signer.close, creation.close, database.close]
     if streams.redis is not None:
         cleanup.insert(0, streams.redis.close)
     planner = push_planner(settings)
@@ -134,6 +145,7 @@ def assemble(
                     FirstStates(latest_of_jobs).get,
                     user_snapshot,
                     OutputUrls(signer),
+                    streams.standings,
                 ),
             )
         ],

@@ -11,7 +11,7 @@ from typing import Protocol
 
 from services.kit.logging import get_logger
 from services.kit.outages import Throttle
-from services.notify.projection import AppliedState, JobState
+from services.notify.projection import AppliedState, Job
 from services.notify.pushes.planner import PushPlanner
 from services.notify.store import ProjectionStore
 
@@ -35,7 +35,7 @@ class Delivery:
         self._planner = planner
         self._log = Throttle()
 
-    async def deliver(self, states: Sequence[JobState]) -> list[AppliedState]:
+    async def deliver(self, states: Sequence[Job]) -> list[AppliedState]:
         """Applies ``states`` and announces what moved; returns it, in ``seq`` order.
         Returns only after the commit, so a caller that got an answer may forget them."""
         applied = await self._projection.apply(states, self._planner)

@@ -14,7 +14,7 @@ from services.kit.errors import FieldViolation, invalid_argument
 from services.kit.ids import canonical_uuid, is_uuid
 from services.notify.domain import ActivityRegistration, DeviceRegistration
 from services.notify.errors import Reason
-from services.notify.projection import JobState
+from services.notify.projection import Job
 from services.notify.pushes import tokens
 
 # Far above the relay's largest batch; a request past it is a bug, not load.
@@ -31,12 +31,12 @@ _CURSOR_PREFIX = "s"
 # -- Deliver ---------------------------------------------------------------------------
 
 
-def delivered_states(messages: Sequence[ingest_pb.OutboxMessage]) -> list[JobState]:
-    """The states of a Deliver batch, as creation's outbox rows hold them."""
+def delivered_states(messages: Sequence[ingest_pb.OutboxMessage]) -> list[Job]:
+    """The jobs of a Deliver batch, as creation's outbox rows hold them."""
     problems = _delivery_problems(messages)
     if problems:
         raise invalid_argument(Reason.INVALID_DELIVERY, problems)
-    return [m.state for m in messages]
+    return [m.job for m in messages]
 
 
 def _delivery_problems(messages: Sequence[ingest_pb.OutboxMessage]) -> list[FieldViolation]:
@@ -46,11 +46,11 @@ def _delivery_problems(messages: Sequence[ingest_pb.OutboxMessage]) -> list[Fiel
         return [FieldViolation("messages", f"must hold at most {MAX_MESSAGES} messages")]
     problems: list[FieldViolation] = []
     for index, message in enumerate(messages):
-        where = f"messages[{index}].state"
-        if not message.HasField("state"):
+        where = f"messages[{index}].job"
+        if not message.HasField("job"):
             problems.append(FieldViolation(where, "is required"))
             continue
-        state = message.state
+        state = message.job
         if not is_uuid(state.job_id):
             problems.append(FieldViolation(f"{where}.job_id", "must be a job id (a UUID)"))
         user_problem = principal_id_problem(state.user_id)

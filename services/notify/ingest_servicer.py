@@ -56,7 +56,7 @@ def _message_spans(
         parent = tracing.context_from_traceparent(message.traceparent)
         if parent is None:
             continue
-        state = message.state
+        state = message.job
         span = tracer.start_span(
             "job state ingest",
             context=parent,
@@ -81,6 +81,6 @@ def _end_message_spans(
             span.set_status(Status(StatusCode.ERROR, "the batch was not applied"))
         else:
             # False for a duplicate or a stale version: nothing moved, as designed.
-            key = (message.state.job_id, message.state.version)
+            key = (message.job.job_id, message.job.version)
             span.set_attribute("atelier.applied", key in moved)
         span.end()

@@ -1,7 +1,8 @@
 """Download URLs (picture and thumbnail) for a succeeded job's outputs, filled in when a
 stream sends the state, so a client never needs a second call. The projection stores
 asset ids only (a URL expires); media signs, all of a state's outputs in one call. The
-URLs of an asset are reused until shortly before they expire, so a state sent to
+URLs of an asset are reused until their window ends (media then signs the next
+window's, which GetJob hands out) or shortly before they expire, so a state sent to
 thousands of streams costs one call to media."""
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from google.protobuf import timestamp_pb2
 
 from atelier.creation.v1 import job_pb2
 from atelier.media.v1 import media_internal_service_pb2, media_internal_service_pb2_grpc
-from atelier.notify.v1 import job_state_pb2
 from services.kit.grpc_client import InternalClient, RemoteFailure
 from services.kit.logging import get_logger
 from services.kit.outages import Throttle
@@ -35,7 +35,7 @@ CACHE_SIZE = 10_000
 @dataclass(frozen=True)
 class SignedUrl:
     """An asset's signed URLs: the picture, and its thumbnail when media made one; and
-    the picture's size in pixels."""
+    the picture's size in pixels, type and length."""
 
     url: str
     expire_time: timestamp_pb2.Timestamp
@@ -43,6 +43,21 @@ class SignedUrl:
     thumbnail_expire_time: timestamp_pb2.Timestamp | None = None
     width: int = 0
     height: int = 0
+    content_type: str = ""
+    size_bytes: int = 0
+    # When media starts signing the next window's URLs (None: media did not say).
+    window_end_time: timestamp_pb2.Timestamp | None = None
+
+    @property
+    def fresh(self) -> bool:
+        """Worth handing out from the cache: media would still answer these very URLs
+        (their window has not ended), and they have time left to live."""
+        if (
+            self.window_end_time is not None
+            and time.time() >= self.window_end_time.ToMicroseconds() / 1e6
+        ):
+            return False
+        return self.seconds_left > FRESH_FOR_SECONDS
 
     @property
     def seconds_left(self) -> float:
@@ -59,9 +74,15 @@ Sign = Callable[[Sequence[str]], Awaitable[dict[str, SignedUrl]]]
 class MediaSigner:
     """GetAssetUrls on media's internal listener, with the service credential."""
 
-    def __init__(self, address: str, service_token: str) -> None:
+    def __init__(
+        self, address: str, service_token: str, tls: grpc.ChannelCredentials | None = None
+    ) -> None:
         self._client = InternalClient(
-            address, service_token, service=_SERVICE, idempotent_methods=("GetAssetUrls",)
+            address,
+            service_token,
+            service=_SERVICE,
+            idempotent_methods=("GetAssetUrls",),
+            tls=tls,
         )
         self._stub: Any = None
         self._throttle = Throttle()
@@ -96,6 +117,9 @@ def _signed(signed: media_internal_service_pb2.AssetUrls) -> SignedUrl:
         thumbnail,
         width=signed.width,
         height=signed.height,
+        content_type=signed.content_type,
+        size_bytes=signed.size_bytes,
+        window_end_time=signed.window_end_time if signed.HasField("window_end_time") else None,
     )
 
 
@@ -109,16 +133,16 @@ class OutputUrls:
         self._in_flight: dict[str, asyncio.Future[SignedUrl | None]] = {}
 
     @staticmethod
-    def needed(state: job_state_pb2.JobState) -> bool:
+    def needed(state: job_pb2.Job) -> bool:
         """Whether :meth:`fill` would add anything (a succeeded job with outputs): the
         streams send every other state as it is, serialized once for all of them."""
         outputs: Any = getattr(state, "outputs", None)
         return state.status == job_pb2.JOB_STATUS_SUCCEEDED and bool(outputs)
 
-    async def fill(self, state: job_state_pb2.JobState) -> job_state_pb2.JobState:
+    async def fill(self, state: job_pb2.Job) -> job_pb2.Job:
         if not self.needed(state):
             return state
-        filled = job_state_pb2.JobState()
+        filled = job_pb2.Job()
         filled.CopyFrom(state)
         signed = await self.urls([o.asset_id for o in filled.outputs if o.asset_id])
         for output in filled.outputs:
@@ -128,6 +152,7 @@ class OutputUrls:
             output.url = found.url
             output.url_expire_time.CopyFrom(found.expire_time)
             output.width, output.height = found.width, found.height
+            output.content_type, output.size_bytes = found.content_type, found.size_bytes
             if found.thumbnail_expire_time is not None:
                 output.thumbnail_url = found.thumbnail_url
                 output.thumbnail_url_expire_time.CopyFrom(found.thumbnail_expire_time)
@@ -142,7 +167,7 @@ class OutputUrls:
         to_sign: list[str] = []
         for asset_id in dict.fromkeys(asset_ids):
             cached = self._cache.get(asset_id)
-            if cached is not None and cached.seconds_left > FRESH_FOR_SECONDS:
+            if cached is not None and cached.fresh:
                 self._cache.move_to_end(asset_id)
                 found[asset_id] = cached
             elif asset_id in self._in_flight:

@@ -16,9 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from atelier.creation.v1 import job_pb2
-from atelier.notify.v1 import job_state_pb2
 
-JobState = job_state_pb2.JobState
+Job = job_pb2.Job
 
 _TERMINAL = frozenset(
     {
@@ -34,7 +33,7 @@ _STATUS_PREFIX = "JOB_STATUS_"
 class AppliedState:
     """A job's state as the projection holds it, with the ``seq`` its last move drew."""
 
-    state: job_state_pb2.JobState
+    state: job_pb2.Job
     seq: int
 
     @property
@@ -50,19 +49,19 @@ class AppliedState:
         return self.state.version
 
 
-def status_name(state: job_state_pb2.JobState) -> str:
+def status_name(state: job_pb2.Job) -> str:
     """creation's name for the state's status (``queued``, ``running``, ...)."""
     return job_pb2.JobStatus.Name(state.status).removeprefix(_STATUS_PREFIX).lower()
 
 
-def is_terminal(state: job_state_pb2.JobState) -> bool:
+def is_terminal(state: job_pb2.Job) -> bool:
     return state.status in _TERMINAL
 
 
-def newest_per_job(states: Sequence[job_state_pb2.JobState]) -> list[job_state_pb2.JobState]:
+def newest_per_job(states: Sequence[job_pb2.Job]) -> list[job_pb2.Job]:
     """The highest version of each job among ``states``, ordered by job id (one upsert may
     touch a row only once; a fixed order keeps lock order the same everywhere)."""
-    newest: dict[str, job_state_pb2.JobState] = {}
+    newest: dict[str, job_pb2.Job] = {}
     for state in states:
         held = newest.get(state.job_id)
         if held is None or state.version > held.version:
@@ -71,10 +70,10 @@ def newest_per_job(states: Sequence[job_state_pb2.JobState]) -> list[job_state_p
 
 
 def versions_per_job(
-    states: Sequence[job_state_pb2.JobState],
-) -> dict[str, dict[int, job_state_pb2.JobState]]:
+    states: Sequence[job_pb2.Job],
+) -> dict[str, dict[int, job_pb2.Job]]:
     """Each job's states in ``states``, one per version (a duplicate is the same state)."""
-    per_job: dict[str, dict[int, job_state_pb2.JobState]] = {}
+    per_job: dict[str, dict[int, job_pb2.Job]] = {}
     for state in states:
         per_job.setdefault(state.job_id, {})[state.version] = state
     return per_job
@@ -90,9 +89,9 @@ class Moved:
 
     applied: AppliedState
     previous_status: str | None
-    passed: tuple[job_state_pb2.JobState, ...] = ()
+    passed: tuple[job_pb2.Job, ...] = ()
 
-    def steps(self) -> list[tuple[job_state_pb2.JobState, str | None]]:
+    def steps(self) -> list[tuple[job_pb2.Job, str | None]]:
         """Every state this move went through, oldest first, each with the status the
         job held just before it."""
         steps = []
@@ -107,7 +106,7 @@ def moved(
     seq: int,
     previous_status: str | None,
     previous_version: int | None,
-    versions: dict[int, job_state_pb2.JobState],
+    versions: dict[int, job_pb2.Job],
 ) -> Moved:
     """The move of one row to its job's newest state in ``versions`` (drawing ``seq``),
     past the batch's states between the version the row held (None: a new job) and that

@@ -8,7 +8,12 @@ from services.notify.devices_servicer import DevicesServicer
 from services.notify.output_urls import OutputUrls
 from services.notify.settings import StreamSettings
 from services.notify.streams.registry import StreamRegistry
-from services.notify.watch_servicer import LatestOfJob, UserSnapshot, WatchServicer
+from services.notify.watch_servicer import (
+    LatestOfJob,
+    StandingsHeld,
+    UserSnapshot,
+    WatchServicer,
+)
 
 
 class NotifyServicer(DevicesServicer, WatchServicer):
@@ -20,6 +25,9 @@ class NotifyServicer(DevicesServicer, WatchServicer):
         latest_of_job: LatestOfJob,
         user_snapshot: UserSnapshot,
         output_urls: OutputUrls,
+        standings: StandingsHeld | None = None,
     ) -> None:
         DevicesServicer.__init__(self, devices)
-        WatchServicer.__init__(self, registry, settings, latest_of_job, user_snapshot, output_urls)
+        WatchServicer.__init__(
+            self, registry, settings, latest_of_job, user_snapshot, output_urls, standings
+        )

@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from services.kit.settings import DEFAULT_PORTS, CommonSettings, EnvReader, ListenSettings
+from services.kit.settings import (
+    DEFAULT_PORTS,
+    CommonSettings,
+    EnvReader,
+    ListenSettings,
+    require_service_credential,
+)
 from services.notify.apns.settings import APNS_OFF, ApnsSettings
 
 
@@ -24,6 +30,8 @@ class StreamSettings:
     pending_limit: int = 1000
     # How long WatchJob waits for a job the projection does not hold yet (just submitted).
     first_state_wait_seconds: float = 3.0
+    # How often the standing of the queued jobs the streams watch is asked of creation.
+    standing_period_seconds: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,8 @@ class NotifySettings:
     streams: StreamSettings
     # Signs the download URLs of a succeeded job's outputs as streams send it.
     media_internal_address: str = f"127.0.0.1:{DEFAULT_PORTS['media'].internal_port}"
+    # Places the queued jobs the streams watch in the queue (QueueStandingService).
+    creation_internal_address: str = f"127.0.0.1:{DEFAULT_PORTS['creation'].internal_port}"
     pushes: PushSettings = PushSettings()
     # The APNs sender (off unless ATELIER_APNS_ENABLED=true).
     apns: ApnsSettings = APNS_OFF
@@ -77,10 +87,17 @@ class NotifySettings:
                 first_state_wait_seconds=reader.seconds(
                     "STREAM_FIRST_STATE_WAIT", 3.0, minimum=0, maximum=60
                 ),
+                standing_period_seconds=reader.seconds(
+                    "STREAM_STANDING_PERIOD", 5.0, minimum=0.1, maximum=300
+                ),
             ),
             media_internal_address=reader.string(
                 "MEDIA_INTERNAL_ADDRESS",
                 f"127.0.0.1:{DEFAULT_PORTS['media'].internal_port}",
+            ),
+            creation_internal_address=reader.string(
+                "CREATION_INTERNAL_ADDRESS",
+                f"127.0.0.1:{DEFAULT_PORTS['creation'].internal_port}",
             ),
             pushes=PushSettings(
                 update_interval_seconds=reader.seconds(
@@ -92,5 +109,6 @@ class NotifySettings:
             ),
             apns=ApnsSettings.read(reader),
         )
+        require_service_credential(reader, settings.common, "media and creation")
         reader.finish()
         return settings

@@ -33,7 +33,7 @@ metadata = MetaData(schema=SCHEMA, naming_convention=NAMING_CONVENTION)
 change_seq = Sequence("change_seq", metadata=metadata)
 
 # The latest state of every job, as creation's outbox delivered it. A row moves only to a
-# higher version (see projection.py); ``state`` is the serialized atelier.notify.v1.JobState
+# higher version (see projection.py); ``state`` is the serialized atelier.creation.v1.Job
 # that streams send as they are.
 job_states = Table(
     "job_states",

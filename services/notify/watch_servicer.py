@@ -1,5 +1,7 @@
 """NotifyService's streams: WatchJob and WatchJobs (the contract's rules are in
-notify_service.proto). The token RPCs live in devices_servicer.py."""
+notify_service.proto). A queued job's standing in the queue (streams/standings.py) rides
+on the Job messages and KeepAlives the streams send. The token RPCs live in
+devices_servicer.py."""
 
 from __future__ import annotations
 
@@ -7,11 +9,12 @@ import asyncio
 import contextlib
 import random
 from collections.abc import Awaitable, Callable
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 from google.protobuf import duration_pb2, timestamp_pb2
 from grpc import aio
 
+from atelier.creation.v1 import job_pb2
 from atelier.notify.v1 import notify_service_pb2 as pb
 from atelier.notify.v1 import notify_service_pb2_grpc
 from services.kit import deadlines
@@ -31,6 +34,17 @@ log = get_logger(__name__)
 Context = aio.ServicerContext[Any, Any]
 LatestOfJob = Callable[[str], Awaitable[Change | None]]
 UserSnapshot = Callable[[str, int | None, int], Awaitable[Snapshot]]
+
+
+class StandingsHeld(Protocol):
+    def of(self, job_id: str, version: int) -> pb.JobStanding | None: ...
+
+
+class NoStandings:
+    """No standing is ever held (a notify without creation to ask)."""
+
+    def of(self, job_id: str, version: int) -> pb.JobStanding | None:
+        return None
 
 
 _END_REASONS = {
@@ -53,10 +67,23 @@ def stream_end(reason: EndReason) -> pb.StreamEnd:
     return pb.StreamEnd(reason=_END_REASONS[reason], retry_delay=delay)
 
 
-def _keep_alive() -> pb.KeepAlive:
+def _keep_alive(standings: StandingsHeld, inbox: Inbox) -> pb.KeepAlive:
+    """A KeepAlive with the standing of each job the stream last sent QUEUED (the
+    streams send what is pending before a keep-alive: what they took is what they sent)."""
     now = timestamp_pb2.Timestamp()
     now.GetCurrentTime()
-    return pb.KeepAlive(send_time=now)
+    held = (standings.of(j, inbox.seen_version(j)) for j in sorted(inbox.queued_jobs))
+    return pb.KeepAlive(send_time=now, standings=[s for s in held if s is not None])
+
+
+def _with_standing(state: job_pb2.Job, standing: pb.JobStanding) -> job_pb2.Job:
+    """A copy of the shared ``state`` carrying ``standing``."""
+    copy = job_pb2.Job()
+    copy.CopyFrom(state)
+    copy.queue_position = standing.queue_position
+    if standing.HasField("estimated_start_time"):
+        copy.estimated_start_time.CopyFrom(standing.estimated_start_time)
+    return copy
 
 
 async def _write_error(
@@ -90,8 +117,10 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
         latest_of_job: LatestOfJob,
         user_snapshot: UserSnapshot,
         output_urls: OutputUrls,
+        standings: StandingsHeld | None = None,
     ) -> None:
         self._output_urls = output_urls
+        self._standings: StandingsHeld = standings or NoStandings()
         self._registry = registry
         self._settings = settings
         self._latest_of_job = latest_of_job
@@ -130,6 +159,13 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
                         if self._output_urls.needed(change.state):
                             state = await self._output_urls.fill(change.state)
                             await write(pb.WatchJobResponse(job=state))
+                        elif (
+                            change.queued
+                            and (standing := self._standings.of(change.job_id, change.version))
+                            is not None
+                        ):
+                            state = _with_standing(change.state, standing)
+                            await write(pb.WatchJobResponse(job=state))
                         else:
                             # Serialized once for every stream (see kit.interceptors).
                             await write(change.job_response())
@@ -141,7 +177,8 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
                         return
                     if inbox.keep_alive_due:
                         inbox.keep_alive_due = False
-                        await write(pb.WatchJobResponse(keep_alive=_keep_alive()))
+                        keep_alive = _keep_alive(self._standings, inbox)
+                        await write(pb.WatchJobResponse(keep_alive=keep_alive))
                         inbox.last_sent = loop.time()
                     if (woken := inbox.wake_up()) is not None:
                         await woken
@@ -208,6 +245,13 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
                     if self._output_urls.needed(change.state):
                         state = await self._output_urls.fill(change.state)
                         await write(pb.WatchJobsResponse(job=state, cursor=encode_cursor(cursor)))
+                    elif (
+                        change.queued
+                        and (standing := self._standings.of(change.job_id, change.version))
+                        is not None
+                    ):
+                        state = _with_standing(change.state, standing)
+                        await write(pb.WatchJobsResponse(job=state, cursor=encode_cursor(cursor)))
                     else:
                         await write(change.jobs_response(encode_cursor(cursor)))
                     inbox.last_sent = loop.time()
@@ -225,7 +269,8 @@ class WatchServicer(notify_service_pb2_grpc.NotifyServiceServicer):
                     return
                 if inbox.keep_alive_due:
                     inbox.keep_alive_due = False
-                    await write(pb.WatchJobsResponse(keep_alive=_keep_alive()))
+                    keep_alive = _keep_alive(self._standings, inbox)
+                    await write(pb.WatchJobsResponse(keep_alive=keep_alive))
                     inbox.last_sent = loop.time()
                 if (woken := inbox.wake_up()) is not None:
                     await woken

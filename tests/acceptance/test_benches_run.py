@@ -24,17 +24,26 @@ ROOT = Path(__file__).resolve().parents[2]
 # bench script, its tiny arguments, a line its output must hold.
 BENCHES = {
     "submit_throughput": (["--requests", "20"], "SubmitJob gRPC"),
+    "submit_issuers": (["--requests", "20"], "ratios: ES256 / HS256"),
     "outbox_relay": (["--rows", "20"], "burst of"),
     "engine_drain": (["--jobs", "300", "--processes", "1"], "ratio per job   1 proc"),
     "pickup_latency": (["--jobs", "20", "--rate", "40"], "worker  p50"),
     "end_to_end": (["--jobs", "40"], "end to end:"),
-    "media_job_path": (["--ops", "20"], "PutAsset"),
+    # Two in flight: eight 1 MB images decoding at once on a loaded machine outlast the
+    # call deadline (this run checks the script, not the service's pace).
+    "media_job_path": (["--ops", "20", "--concurrency", "2"], "PutAsset"),
     "media_throughput": (["--rounds", "1", "--size-mb", "1"], "PutAsset"),
     "notify_streams": (["--streams", "1", "10", "--updates", "5", "--storm", "0"], "streams"),
     "push_planning": (["--jobs", "5", "--versions", "2"], "apply"),
     # The sender's warm-up takes the first batch: more pushes than one batch.
     "apns_push": (["--pushes", "600", "--batch", "100"], "sender (claim"),
     "remote_worker": (["--jobs", "20", "--concurrency", "4"], "remote worker:"),
+    "queue_standing": (["--depths", "50", "--reads", "5"], "claim rate"),
+    "jwks_flood": (["--calls", "50"], "JWKS fetches caused"),
+    "wait_job": (
+        ["--jobs", "300", "--rounds", "1", "--held", "5", "--tracked", "5"],
+        "ratio waits / alone",
+    ),
     "scale_out": (
         [
             "--replicas=2",
@@ -51,6 +60,7 @@ BENCHES = {
 # The benches that take the admin URL as a flag; the others read ATELIER_TEST_POSTGRES_URL.
 TAKES_DATABASE_URL = {
     "submit_throughput",
+    "submit_issuers",
     "outbox_relay",
     "engine_drain",
     "pickup_latency",
@@ -59,6 +69,8 @@ TAKES_DATABASE_URL = {
     "apns_push",
     "remote_worker",
     "scale_out",
+    "wait_job",
+    "queue_standing",
 }
 
 

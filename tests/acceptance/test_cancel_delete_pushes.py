@@ -10,7 +10,7 @@ import asyncio
 import json
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -43,6 +43,20 @@ def peer_log(stack: Stack) -> list[dict[str, Any]]:
 def tail(token: str) -> str:
     """How the peer names a device in its log."""
     return "…" + token[-8:]
+
+
+async def as_a_client_would(
+    send: Callable[[], Awaitable[httpx.Response]], attempts: int = 5
+) -> httpx.Response:
+    """The answer to a request sent again, as docs/edge.md tells a client to, while it is a
+    409 or 503 with `retry-after` (a loaded machine can leave the database that slow;
+    cancel and delete are safe to repeat); anything else at once."""
+    for _ in range(attempts - 1):
+        answer = await send()
+        if answer.status_code not in (409, 503) or "retry-after" not in answer.headers:
+            return answer
+        await asyncio.sleep(float(answer.headers["retry-after"]))
+    return await send()
 
 
 class Owner:
@@ -84,9 +98,11 @@ class Owner:
 
     async def cancel_and_delete(self, http: httpx.AsyncClient) -> None:
         job = f"/v1/jobs/{self.job_id}"
-        cancelled = await http.post(f"{job}:cancel", headers=self.headers, json={})
+        cancelled = await as_a_client_would(
+            lambda: http.post(f"{job}:cancel", headers=self.headers, json={})
+        )
         assert cancelled.status_code == 200, cancelled.text
-        deleted = await http.delete(job, headers=self.user.headers)
+        deleted = await as_a_client_would(lambda: http.delete(job, headers=self.user.headers))
         assert deleted.status_code == 200, deleted.text
 
     def alerts(self, received: list[dict[str, Any]]) -> list[dict[str, Any]]:

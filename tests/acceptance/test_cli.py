@@ -86,7 +86,7 @@ def banner_commands(banner: str) -> list[str]:
     """The commands under the banner's "try" heading, continuations joined."""
     section = banner.split("\ntry", 1)[1].split("\n", 1)[1].split("\n\n", 1)[0]
     commands = section.replace("\\\n", " ").splitlines()
-    assert len(commands) == 6, section
+    assert len(commands) == 7, section
     return [command.strip() for command in commands]
 
 
@@ -147,6 +147,7 @@ def test_dev_runs_everything_on_embedded_defaults(tmp_path: Path) -> None:
             "stub-fast",
             "stub-detail",
             "stub-portrait",
+            "stub-text",
         ]
 
         process.send_signal(signal.SIGINT)

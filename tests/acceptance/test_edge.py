@@ -28,7 +28,7 @@ from services.kit.auth import issue_token
 from services.kit.settings import DEV_JWT_SECRET, DEV_SERVICE_TOKEN
 from tests.support.rpc import bearer, error_info
 
-SEEDED_MODELS = ["stub-fast", "stub-detail", "stub-portrait"]
+SEEDED_MODELS = ["stub-fast", "stub-detail", "stub-portrait", "stub-text"]
 
 
 def grpcurl(*args: str) -> subprocess.CompletedProcess[str]:
@@ -53,7 +53,7 @@ def test_list_catalog_as_json_through_envoy(edge_url: str, token: str) -> None:
     body = response.json()
     assert [m["modelId"] for m in body["models"]] == SEEDED_MODELS
     assert body["models"][0]["mediaKind"] == "MEDIA_KIND_IMAGE"
-    assert body["models"][0]["pricePoints"] == "5"
+    assert body["models"][0]["pricePoints"] == 5
     # The model says what SubmitJob enforces; an int64 bound stays exact (a JSON string).
     assert body["models"][0]["sizeRange"] == {
         "minWidth": 64,

@@ -1,25 +1,29 @@
-"""The edge pod's preStop hook (deploy/k8s/base/edge.yaml), run against a real Envoy with
-the config its init container renders: after it, Envoy's /ready (the pod's readiness
-probe) answers 503, while /server_info (the liveness probe) still answers."""
+"""The edge pod's probes and preStop hook (deploy/k8s/base/edge.yaml), run against a real
+Envoy with the config its init container renders: before the hook, the readiness and
+liveness probes' paths and the load balancer's /healthz answer 200; after it, /ready (the
+readiness probe) and /healthz answer 503 while the liveness probe's path still answers,
+on the monitoring listener the kubelet reaches (the admin interface is on the loopback)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import yaml
 
-from services.dev.processes import free_port, spawn, venv_binary, wait_until
-from services.edge_config import point
+from services.dev import edge
+from services.dev.processes import spawn, venv_binary, wait_until
+from tests.support.production_edge import production_config, tls_secret
 
 pytestmark = pytest.mark.acceptance
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def edge_pod() -> dict[str, object]:
+def edge_pod() -> dict[str, Any]:
     for doc in yaml.safe_load_all((ROOT / "deploy/k8s/base/edge.yaml").read_text()):
         if doc["kind"] == "Deployment":
             return dict(doc["spec"]["template"]["spec"])
@@ -33,34 +37,15 @@ def status(url: str) -> int:
         return 0
 
 
-def test_the_prestop_hook_takes_envoy_out_of_readiness(tmp_path: Path) -> None:
+def test_the_prestop_hook_takes_envoy_out_of_readiness_but_not_liveness(tmp_path: Path) -> None:
     pod = edge_pod()
-    [envoy] = pod["containers"]  # type: ignore[index]
+    [envoy] = pod["containers"]
     hook: str = envoy["lifecycle"]["preStop"]["exec"]["command"][-1]
-    # The init container's rendering, with local ports: this test must not take 8080.
-    config = yaml.safe_load((ROOT / "deploy/envoy/envoy.yaml").read_text())
-    upstream = ("127.0.0.1", free_port())
-    names = [c["name"] for c in config["static_resources"]["clusters"]]
-    admin = free_port()
-    point(
-        config,
-        dict.fromkeys(names, upstream),
-        str(ROOT / "gen/atelier.binpb"),
-        ("127.0.0.1", admin),
-        # The files the edge serves itself: the repository's, where the image has them.
-        str(ROOT),
-    )
-    listeners = config["static_resources"]["listeners"]
-    # A TLS listener needs a certificate this test does not make: the hook is the same.
-    config["static_resources"]["listeners"] = [
-        listener
-        for listener in listeners
-        if not any("transport_socket" in chain for chain in listener["filter_chains"])
-    ]
-    for listener in config["static_resources"]["listeners"]:
-        listener["address"]["socket_address"] = {"address": "127.0.0.1", "port_value": free_port()}
-    path = tmp_path / "envoy.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    ready_path = envoy["readinessProbe"]["httpGet"]["path"]
+    alive_path = envoy["livenessProbe"]["httpGet"]["path"]
+    mount, _ = tls_secret(tmp_path)
+    config, ports = production_config(tmp_path, mount.directory, upstream_port=1)
+    path = edge.write(tmp_path / "envoy.yaml", config)
     child = spawn(
         "edge",
         [venv_binary("envoy"), "-c", str(path), "--disable-hot-restart", "--drain-time-s", "1"],
@@ -68,14 +53,21 @@ def test_the_prestop_hook_takes_envoy_out_of_readiness(tmp_path: Path) -> None:
         tmp_path,
     )
     try:
-        base = f"http://127.0.0.1:{admin}"
-        wait_until(child, lambda: status(f"{base}/ready") == 200, timeout=30)
+        monitoring = f"http://127.0.0.1:{ports.monitoring}"
+        healthz = f"http://127.0.0.1:{ports.plaintext}/healthz"
+        wait_until(child, lambda: status(f"{monitoring}{ready_path}") == 200, timeout=30)
+        assert status(f"{monitoring}{alive_path}") == 200
+        assert status(healthz) == 200
         # The hook as the kubelet runs it, on this admin port and without its wait.
-        local = hook.replace("http://127.0.0.1:9901", base)
+        local = hook.replace("http://127.0.0.1:9901", f"http://127.0.0.1:{ports.admin}")
         local = re.sub(r"time\.sleep\(\d+\)", "None", local)
         assert local != hook
         exec(compile(local, "preStop", "exec"), {})  # noqa: S102 - our own manifest's hook
-        assert status(f"{base}/ready") == 503
-        assert status(f"{base}/server_info") == 200
+        assert status(f"{monitoring}{ready_path}") == 503
+        assert status(healthz) == 503
+        # Past the drain time the public listeners close; monitoring still answers.
+        wait_until(child, lambda: status(healthz) == 0, timeout=30)
+        assert status(f"{monitoring}{alive_path}") == 200
+        assert status(f"{monitoring}{ready_path}") == 503
     finally:
         child.stop()

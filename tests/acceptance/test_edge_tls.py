@@ -5,14 +5,18 @@ grpcurl (native gRPC); plus every rendered form of the config passes
 
 from __future__ import annotations
 
+import copy
 import json
+import ssl
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from services.creation.waits import MAX_WAIT_SECONDS
 from services.dev import edge
 from services.dev.processes import free_port, venv_binary
 from services.dev.stack import Stack
@@ -22,6 +26,7 @@ from tests.support.certificates import self_signed
 from tests.support.edges import RunningEdge, manager, routes, running_edge, validate
 
 DESCRIPTOR = Path(__file__).resolve().parents[2] / "gen" / "atelier.binpb"
+HSTS = "max-age=31536000; includeSubDomains"
 
 
 @pytest.fixture(scope="module")
@@ -141,9 +146,32 @@ def test_every_rendered_config_is_valid(certificate: tuple[Path, Path], tmp_path
     assert [x["name"] for x in listeners] == ["edge", "edge_tls"]
     assert manager(config)["xff_num_trusted_hops"] == 2
     assert manager(config)["access_log"][0]["typed_config"]["path"] == str(tmp_path / "access.log")
-    # Both listeners run the same connection manager.
-    assert listeners[1]["filter_chains"][0]["filters"][0]["typed_config"] is manager(config)
+    # Both listeners run the same connection manager, but for HSTS: only HTTPS answers
+    # carry it.
+    tls_manager = listeners[1]["filter_chains"][0]["filters"][0]["typed_config"]
+    assert without_hsts(tls_manager) == manager(config) != tls_manager
     validate(config, tmp_path)
+
+
+def without_hsts(manager: dict[str, Any]) -> dict[str, Any]:
+    plain = copy.deepcopy(manager)
+    for http_filter in plain["http_filters"]:
+        if http_filter["name"] == edge.HEADER_MUTATION:
+            mutations = http_filter["typed_config"]["mutations"]["response_mutations"]
+            mutations[:] = [m for m in mutations if "append" not in m]
+    return plain
+
+
+def test_hsts_is_on_https_answers_only(
+    tls_edge: tuple[RunningEdge, int], certificate: tuple[Path, Path]
+) -> None:
+    running, port = tls_edge
+    # A route of the API and a path with no route: the edge's own answer carries it too.
+    for path in ("/openapi.json", "/no-such-route"):
+        trust = ssl.create_default_context(cafile=certificate[0])
+        secure = httpx.get(f"https://127.0.0.1:{port}{path}", verify=trust)
+        assert secure.headers["strict-transport-security"] == HSTS
+        assert "strict-transport-security" not in httpx.get(f"{running.url}{path}").headers
 
 
 def test_tls_needs_both_a_certificate_and_a_key(certificate: tuple[Path, Path]) -> None:
@@ -151,6 +179,12 @@ def test_tls_needs_both_a_certificate_and_a_key(certificate: tuple[Path, Path]) 
     edge.EdgeOptions.read(reader)
     with pytest.raises(SettingsError, match="EDGE_TLS_KEY"):
         reader.finish()
+
+
+WAITING_PATHS = {
+    "/atelier.creation.v1.CreationService/WaitJob",
+    "/atelier.creation.v1.CreationService/SubmitJob",
+}
 
 
 def test_watch_streams_outlive_notifys_own_end_and_other_routes_are_bounded() -> None:
@@ -173,6 +207,10 @@ def test_watch_streams_outlive_notifys_own_end_and_other_routes_are_bounded() ->
             assert action["timeout"] == "0s"
             longest = float(duration["max_stream_duration"].removesuffix("s"))
             assert longest > streams.max_duration_seconds
+        elif route["match"].get("path") in WAITING_PATHS:
+            # A call may wait up to the longest wait, then read the job: a longer bound.
+            assert action["timeout"] == duration["max_stream_duration"]
+            assert float(action["timeout"].removesuffix("s")) > MAX_WAIT_SECONDS
         else:
             assert action["timeout"] == duration["max_stream_duration"] == "30s"
         # Every route sends a request that never reached a replica to another one; only
@@ -183,6 +221,7 @@ def test_watch_streams_outlive_notifys_own_end_and_other_routes_are_bounded() ->
             retried.append(route["match"].get("path") or route["match"]["safe_regex"]["regex"])
     assert retried == [
         r"/atelier\.creation\.v1\.CreationService/(ListCatalog|GetJob|ListJobs|GetBalance|ListLedgerEntries)",
+        "/atelier.creation.v1.CreationService/WaitJob",
         "/atelier.media.v1.MediaService/GetAsset",
         "/atelier.notify.v1.NotifyService/ListDevices",
     ]

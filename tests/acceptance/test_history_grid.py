@@ -100,6 +100,13 @@ async def test_a_history_grid_is_one_call_with_pictures_and_thumbnails(
     assert picture.size == (640, 480)
     assert (thumbnail.format, thumbnail.size) == ("WEBP", (256, 192))
     assert thumbnail_bytes == streamed_bytes < picture_bytes // 10
+    # Laid out before downloading: the output says what the picture is.
+    assert (output["width"], output["height"]) == (640, 480)
+    assert (output["contentType"], output["sizeBytes"]) == ("image/png", picture_bytes)
+    # The stream and the list hand out the same URLs within a window (3600 s), so the
+    # grid's image cache hits for a picture first seen on the stream.
+    if streamed["urlExpireTime"] == output["urlExpireTime"]:  # not across a window's end
+        assert streamed == output
 
 
 async def a_succeeded_job(running: Stack, http: httpx.AsyncClient) -> tuple[User, str]:

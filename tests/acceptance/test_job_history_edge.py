@@ -33,7 +33,7 @@ from tests.support.fenced import claim_this, fenced_write
 from tests.support.rpc import bearer
 
 ACTIVE = [("statuses", "JOB_STATUS_QUEUED"), ("statuses", "JOB_STATUS_RUNNING")]
-WITH_ASSETS = {"deleteAssets": "true"}
+KEEP_ASSETS = {"keepAssets": "true"}
 
 
 # The module's own stack stands in for the session's under the usual names.
@@ -161,7 +161,7 @@ async def test_lists_filter_by_statuses_and_creation_time(
     assert violations(unspecified) == ["statuses[0]"]
 
 
-async def test_delete_a_finished_job_keeps_a_tombstone_and_deletes_photos_when_asked(
+async def test_delete_a_finished_job_keeps_a_tombstone_and_deletes_photos_unless_kept(
     stack: Stack, engine: AsyncEngine, edge_url: str, http: httpx.AsyncClient
 ) -> None:
     user = User()
@@ -170,7 +170,9 @@ async def test_delete_a_finished_job_keeps_a_tombstone_and_deletes_photos_when_a
     kept_output = await succeed(stack, engine, user, kept["jobId"])
     balance = (await http.get(f"{edge_url}/v1/balance", headers=user.headers)).json()
 
-    deleted = await http.delete(f"{edge_url}/v1/jobs/{kept['jobId']}", headers=user.headers)
+    deleted = await http.delete(
+        f"{edge_url}/v1/jobs/{kept['jobId']}", headers=user.headers, params=KEEP_ASSETS
+    )
     assert (deleted.status_code, deleted.json()) == (200, {})
     gone = await http.get(f"{edge_url}/v1/jobs/{kept['jobId']}", headers=user.headers)
     assert (gone.status_code, reason(gone)) == (404, "JOB_NOT_FOUND")
@@ -195,10 +197,8 @@ async def test_delete_a_finished_job_keeps_a_tombstone_and_deletes_photos_when_a
     assert (row.prompt, row.parameters, row.status) == ("", {}, "succeeded")
     assert row.deleted_at is not None and entries == 2  # reserve, capture
 
-    # Again, now with the photos: the replay succeeds and deletes what the first left.
-    again = await http.delete(
-        f"{edge_url}/v1/jobs/{kept['jobId']}", headers=user.headers, params=WITH_ASSETS
-    )
+    # Again, by default: the replay succeeds and deletes the photos the first one kept.
+    again = await http.delete(f"{edge_url}/v1/jobs/{kept['jobId']}", headers=user.headers)
     assert again.status_code == 200
     assert not stored(stack, kept_output) and not stored(stack, photo)
 
@@ -210,7 +210,6 @@ async def test_delete_a_finished_job_keeps_a_tombstone_and_deletes_photos_when_a
         response = await http.delete(
             f"{edge_url}/v1/jobs/{job['jobId']}",
             headers=user.headers,
-            params=WITH_ASSETS,
         )
         assert response.status_code == 200, response.text
         assert stored(stack, shared_photo) is photo_left
@@ -234,9 +233,7 @@ async def test_only_the_owners_finished_jobs_can_be_deleted(
         (stranger.headers, queued["jobId"]),  # finished, but someone else's
         (owner.headers, str(uuid.uuid4())),
     ):
-        missing = await http.delete(
-            f"{edge_url}/v1/jobs/{job_id}", headers=headers, params=WITH_ASSETS
-        )
+        missing = await http.delete(f"{edge_url}/v1/jobs/{job_id}", headers=headers)
         assert (missing.status_code, reason(missing)) == (404, "JOB_NOT_FOUND")
     malformed = await http.delete(f"{edge_url}/v1/jobs/not-a-job", headers=owner.headers)
     assert (malformed.status_code, reason(malformed)) == (400, "INVALID_JOB_ID")
@@ -291,7 +288,11 @@ async def test_a_deleted_job_leaves_the_watch_streams(
         live.cancel()
         tombstone = seen[-1]
         assert tombstone.version == last + 1
-        assert (tombstone.done, len(tombstone.outputs), tombstone.error.code) == (True, 0, "")
+        assert (tombstone.done, len(tombstone.outputs), tombstone.HasField("error")) == (
+            True,
+            0,
+            False,
+        )
         assert all(not s.deleted and s.version <= last for s in seen[:-1])
 
         # A stream resuming from before sees the tombstone only; a fresh one, nothing.
@@ -318,7 +319,7 @@ async def test_media_down_is_unavailable_and_a_retry_after_its_restart_finishes(
 
     stack.stop_service("media")
     try:
-        refused = await http.delete(url, headers=user.headers, params=WITH_ASSETS)
+        refused = await http.delete(url, headers=user.headers)
         assert refused.status_code == 503
         assert reason(refused) == "MEDIA_UNAVAILABLE"
         assert retry_delay(refused) > 0
@@ -332,7 +333,7 @@ async def test_media_down_is_unavailable_and_a_retry_after_its_restart_finishes(
     # A client honouring RetryInfo: creation's channel to media reconnects within ~2 s.
     deadline = time.monotonic() + 10
     while True:
-        response = await http.delete(url, headers=user.headers, params=WITH_ASSETS)
+        response = await http.delete(url, headers=user.headers)
         if response.status_code != 503:
             break
         assert time.monotonic() < deadline, "media never came back for creation"

@@ -74,7 +74,7 @@ def job_body(asset_id: str, **changes: object) -> dict[str, object]:
         "prompt": "a fox in the snow",
         "width": 512,
         "height": 512,
-        "generationParameters": {"seed": "3"},
+        "parameters": {"seed": {"intValue": "3"}},
     }
     body.update(changes)
     return body
@@ -94,7 +94,7 @@ async def test_submit_replay_and_key_reuse_over_json(
         "1",
         user.user_id,
     )
-    assert job["pricePoints"] == "5"
+    assert job["pricePoints"] == 5
 
     replay = await http.post(f"{edge_url}/v1/jobs", headers=headers, json=job_body(asset))
     assert replay.status_code == 200
@@ -107,9 +107,9 @@ async def test_submit_replay_and_key_reuse_over_json(
     assert reused.json()["details"][0]["reason"] == "IDEMPOTENCY_KEY_REUSED"
 
     balance = (await http.get(f"{edge_url}/v1/balance", headers=user.headers)).json()
-    assert (balance["availablePoints"], balance["reservedPoints"]) == ("95", "5")
-    assert (balance["dailyJobQuota"], balance["dailyJobsRemaining"]) == ("50", "49")
-    assert (balance["inFlightLimit"], balance["inFlightRemaining"]) == ("3", "2")
+    assert (balance["availablePoints"], balance["reservedPoints"]) == (95, 5)
+    assert (balance["dailyJobQuota"], balance["dailyJobsRemaining"]) == (50, 49)
+    assert (balance["inFlightLimit"], balance["inFlightRemaining"]) == (3, 2)
     assert balance["dailyQuotaResetTime"].endswith("T00:00:00Z")
 
     # The welcome grant and the reservation, a page each (the submit wrote both at once,
@@ -127,8 +127,8 @@ async def test_submit_replay_and_key_reuse_over_json(
         (e["kind"], e["amount"], e.get("jobId", ""), e["reason"])
         for e in (first_entry, second_entry)
     ) == [
-        ("LEDGER_ENTRY_KIND_GRANT", "100", "", "welcome"),
-        ("LEDGER_ENTRY_KIND_RESERVE", "5", job["jobId"], "submitted"),
+        ("LEDGER_ENTRY_KIND_GRANT", 100, "", "welcome"),
+        ("LEDGER_ENTRY_KIND_RESERVE", 5, job["jobId"], "submitted"),
     ]
 
 
@@ -185,8 +185,13 @@ async def test_someone_elses_job_and_asset_are_404(
         ({"height": 7}, "height"),
         ({"modelId": ""}, "model_id"),
         ({"inputAssetId": "not-a-uuid"}, "input_asset_id"),
-        ({"generationParameters": {"steps": 30}}, "generation_parameters.steps"),
-        ({"generationParameters": {"seed": "-1"}}, "generation_parameters.seed"),
+        # Not one of stub-fast's parameter specs; of another type; below its minimum;
+        # holding no value.
+        ({"parameters": {"steps": {"intValue": "30"}}}, "parameters.steps"),
+        ({"parameters": {"seed": {"floatValue": 3.5}}}, "parameters.seed"),
+        ({"parameters": {"seed": {"intValue": "-1"}}}, "parameters.seed"),
+        ({"parameters": {"seed": {}}}, "parameters.seed"),
+        ({"parameters": {"Seed!": {"intValue": "1"}}}, "parameters"),
         ({"numOutputs": 5}, "num_outputs"),
         ({"numOutputs": -1}, "num_outputs"),
     ],
@@ -355,7 +360,7 @@ async def test_a_succeeded_job_links_its_output(
     assert download.status_code == 200
     assert download.content == picture
     balance = (await http.get(f"{edge_url}/v1/balance", headers=user.headers)).json()
-    assert (balance["availablePoints"], balance["reservedPoints"]) == ("95", "0")
+    assert (balance["availablePoints"], balance["reservedPoints"]) == (95, 0)
 
 
 # A stack of its own for the daily quota, small so that jobs left queued reach it, under
@@ -424,4 +429,4 @@ async def test_daily_quota_is_429_with_retry_after_until_midnight(
     day_start = midnight - timedelta(days=1)
     assert sum(1 for when in created if when >= day_start) == DAILY_QUOTA
     balance = (await http.get(f"{edge_url}/v1/balance", headers=user.headers)).json()
-    assert balance["dailyJobsRemaining"] == "0"
+    assert balance["dailyJobsRemaining"] == 0

@@ -55,7 +55,7 @@ def create_upload(
         json={
             "purpose": "ASSET_PURPOSE_AI_INPUT",
             "contentType": content_type,
-            "sizeBytes": str(len(PHOTO)),
+            "sizeBytes": len(PHOTO),
             "sha256": hashlib.sha256(PHOTO).hexdigest(),
         },
     )
@@ -84,7 +84,7 @@ def test_upload_round_trip_as_json_through_the_edge(
     assert asset["status"] == "ASSET_STATUS_READY"
     assert (asset["width"], asset["height"]) == (320, 240)
     assert asset["sha256"] == hashlib.sha256(PHOTO).hexdigest()
-    assert asset["sizeBytes"] == str(len(PHOTO))
+    assert asset["sizeBytes"] == len(PHOTO)  # int32: a JSON number
 
     got = client.get(f"{edge_url}/v1/assets/{asset_id}", headers=auth(token))
     assert got.status_code == 200
@@ -250,7 +250,7 @@ async def test_hostile_and_stale_object_urls_through_the_edge(
             json={
                 "purpose": "ASSET_PURPOSE_AI_INPUT",
                 "contentType": "image/jpeg",
-                "sizeBytes": str(len(PHOTO)),
+                "sizeBytes": len(PHOTO),
             },
         )
         upload = created.json()
@@ -287,7 +287,7 @@ def test_create_upload_replays_by_idempotency_key_header_through_the_edge(
     body = {
         "purpose": "ASSET_PURPOSE_AI_INPUT",
         "contentType": "image/jpeg",
-        "sizeBytes": str(len(PHOTO)),
+        "sizeBytes": len(PHOTO),
     }
     first = client.post(f"{edge_url}/v1/uploads", headers={**auth(token), **key}, json=body)
     again = client.post(f"{edge_url}/v1/uploads", headers={**auth(token), **key}, json=body)
@@ -297,7 +297,7 @@ def test_create_upload_replays_by_idempotency_key_header_through_the_edge(
     other = client.post(
         f"{edge_url}/v1/uploads",
         headers={**auth(token), **key},
-        json={**body, "sizeBytes": str(len(PHOTO) + 1)},
+        json={**body, "sizeBytes": len(PHOTO) + 1},
     )
     assert other.status_code == 409
     assert other.json()["details"][0]["reason"] == "IDEMPOTENCY_KEY_REUSED"

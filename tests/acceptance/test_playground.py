@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 from pathlib import Path
 
+import httpx
 import pytest
 from PIL import Image
 from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright, expect
@@ -24,24 +25,39 @@ from services.dev.stack import Stack
 from services.kit.auth import issue_token
 from services.kit.settings import DEV_JWT_SECRET
 from tests.acceptance.test_jobs_edge import User
+from tests.support.https_origin import Origin, https_origin
 from tests.support.pictures import encode, scene
 from tests.support.stacks import stack_of_its_own
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[2] / "var" / "artifacts"
+# ATELIER_WORKER_CONCURRENCY's default: the stack's one worker runs this many jobs at once.
+WORKER_SLOTS = 8
 
 
 @pytest.fixture(scope="module")
-def running(postgres_admin_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+async def origin(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Origin]:
+    """A local HTTPS server whose photos the page names by address."""
+    async with https_origin(tmp_path_factory.mktemp("origin")) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def running(
+    postgres_admin_url: str, tmp_path_factory: pytest.TempPathFactory, origin: Origin
+) -> Iterator[Stack]:
     """The whole stack with the job engine: the stub takes 3 s, beating progress twice a
     second, so the page sees a job running and has time to cancel another; one job in
-    flight at a time, so a second submit meanwhile is refused (429)."""
+    flight at a time, so a second submit meanwhile is refused (429). media may fetch from
+    the local HTTPS server (a test setting)."""
     work = tmp_path_factory.mktemp("playground")
     engine = {
         "ATELIER_STUB_DURATION": "3",
         "ATELIER_WORKER_PROVIDER_POLL": "0.2",
         "ATELIER_HEARTBEAT": "0.5",
         "ATELIER_IN_FLIGHT_LIMIT": "1",
+        "ATELIER_MEDIA_IMPORT_ALLOWED_NETWORKS": "127.0.0.1/32",
+        "ATELIER_MEDIA_IMPORT_CA_FILE": str(origin.ca_file),
     }
     with stack_of_its_own(postgres_admin_url, work, "all", engine) as stack:
         yield stack
@@ -212,6 +228,57 @@ async def test_a_photo_becomes_a_picture_on_screen_and_a_second_job_is_cancelled
     assert problems == []
 
 
+async def test_a_text_model_needs_no_photo_and_a_photo_may_be_an_address(
+    running: Stack, browser: Browser, origin: Origin
+) -> None:
+    edge = f"http://127.0.0.1:{running.ports.envoy}"
+    user = User()
+    page = await browser.new_page()
+    problems: list[str] = []
+    page.on("console", lambda m: _keep_errors(m, problems))
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    await page.goto(f"{edge}/")
+    await page.fill("#token", user.token)
+    await page.click("#token-form button[type=submit]")
+    await expect(page.locator("#balance")).to_have_text("100 points")
+    submit, status = page.locator("#submit"), page.locator("#job-status")
+
+    # A model that restyles a photo: Generate waits for one.
+    await page.select_option("#model", "stub-fast")
+    await expect(page.locator("#model-photo")).to_contain_text("upload one")
+    await expect(submit).to_be_disabled()
+
+    # A text-to-image model: no photo, and the picture comes from the prompt alone.
+    await page.select_option("#model", "stub-text")
+    await expect(page.locator("#model-photo")).to_contain_text("no photo needed")
+    await expect(submit).to_be_enabled()
+    await page.fill("#prompt", "a lighthouse at dusk")
+    await submit.click()
+    await expect(status).to_have_attribute("data-status", "JOB_STATUS_SUCCEEDED", timeout=20_000)
+    await page.wait_for_function(
+        "() => { const img = document.getElementById('result');"
+        " return !img.hidden && img.complete && img.naturalWidth > 0; }"
+    )
+    first_job = (await page.locator("#job-id").text_content() or "").split()[1]
+
+    # A photo by its address: refused addresses are said beside the field.
+    await page.select_option("#model", "stub-fast")
+    await page.fill("#photo-url", "https://169.254.169.254/latest/meta-data/")
+    await expect(submit).to_be_enabled()
+    await submit.click()
+    await expect(page.locator("[data-error-for=input_url]")).to_contain_text("169.254.169.254")
+    # An address media may fetch: the job runs from the photo it imported.
+    url = origin.image("/playground.jpg", encode(scene(200, 150), "JPEG"), "image/jpeg")
+    await page.fill("#photo-url", url)
+    await submit.click()
+    await expect(page.locator("#job-id")).not_to_contain_text(first_job)
+    await expect(status).to_have_attribute("data-status", "JOB_STATUS_SUCCEEDED", timeout=20_000)
+    assert origin.hits.count("/playground.jpg") == 1
+    await expect(page.locator("[data-error-for=input_url]")).to_be_empty()
+    await page.screenshot(path=str(ARTIFACTS / "playground-inputs.png"), full_page=True)
+    assert problems == []
+
+
 async def test_a_refused_token_is_explained(running: Stack, browser: Browser) -> None:
     an_hour_ago = time.time() - 3600
     expired = issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", "someone", 60, an_hour_ago)
@@ -303,3 +370,64 @@ async def test_stream_lines_split_anywhere_and_errors_read_as_sentences(
     assert found["fields"] == [{"field": "width", "description": "must be a multiple of 64"}]
     uuid4 = r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
     assert re.fullmatch(uuid4, found["id"])
+
+
+async def test_a_models_settings_are_fields_and_a_queued_job_says_where_it_stands(
+    running: Stack, browser: Browser
+) -> None:
+    """The chosen model's parameter specs become fields (empty: the model's default); a
+    value the service refuses is said beside its field, one it takes reaches the job. With
+    the workers busy, a queued job says how many jobs are ahead of it, then runs."""
+    edge = f"http://127.0.0.1:{running.ports.envoy}"
+    user = User()
+    page = await browser.new_page()
+    problems: list[str] = []
+    page.on("console", lambda m: _keep_errors(m, problems))
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    await page.goto(f"{edge}/")
+    await page.fill("#token", user.token)
+    await page.click("#token-form button[type=submit]")
+    await expect(page.locator("#balance")).to_have_text("100 points")
+    await page.select_option("#model", "stub-text")
+    seed = page.locator("#parameter-seed")
+    await expect(page.locator("#parameters")).to_be_visible()
+    await expect(seed).to_have_attribute("placeholder", "model's choice")
+
+    # Out of the spec's range: the service's field violation, beside the field.
+    await page.fill("#prompt", "a lighthouse at dusk")
+    await seed.fill("-1")
+    await page.click("#submit")
+    await expect(page.locator("[data-error-for='parameters.seed']")).not_to_be_empty()
+
+    # The workers' eight slots taken by other users' jobs (3 s each), so this one queues.
+    await seed.fill("42")
+    async with httpx.AsyncClient(base_url=edge, timeout=15) as http:
+        for _ in range(WORKER_SLOTS + 4):
+            other = User()
+            answer = await http.post(
+                "/v1/jobs",
+                headers={**other.headers, "content-type": "application/json"},
+                json={
+                    "modelId": "stub-text",
+                    "styleId": "watercolor",
+                    "prompt": "busy",
+                    "width": 512,
+                    "height": 512,
+                },
+            )
+            assert answer.status_code == 200, answer.text
+        await page.click("#submit")
+        queue = page.locator("#job-queue")
+        await expect(queue).to_contain_text("ahead")
+        assert int(await queue.get_attribute("data-position") or "0") > 0
+        await page.screenshot(path=str(ARTIFACTS / "playground-queued.png"), full_page=True)
+        status = page.locator("#job-status")
+        await expect(status).to_have_attribute(
+            "data-status", "JOB_STATUS_SUCCEEDED", timeout=30_000
+        )
+        await expect(queue).to_be_hidden()
+        job_id = (await page.locator("#job-id").text_content() or "").split()[1]
+        job = (await http.get(f"/v1/jobs/{job_id}", headers=user.headers)).json()["job"]
+    assert job["parameters"] == {"seed": {"intValue": "42"}}
+    await expect(page.locator("[data-error-for='parameters.seed']")).to_be_empty()
+    assert problems == []

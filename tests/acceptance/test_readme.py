@@ -130,7 +130,7 @@ def test_readme_commands_run_against_a_running_stack(dev_stack: Stack, session_d
     # The second job ends cancelled; both show in the list.
     assert "CANCELLED" in seen[first_end:], out
     # Captured once for the first job, released for the second: 95 of 100 left, none held.
-    assert out.count('{"availablePoints":"95","reservedPoints":"0",') >= 2, out
+    assert out.count('{"availablePoints":95,"reservedPoints":0,') >= 2, out
     # Where the points went: the welcome grant, two reserves, a capture and a release.
     kinds = re.findall(r'\{"kind":"LEDGER_ENTRY_KIND_(\w+)"', out)
     assert sorted(kinds) == ["CAPTURE", "GRANT", "RELEASE", "RESERVE", "RESERVE"], out

@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from atelier.creation.v1 import worker_service_pb2 as pb
 from atelier.creation.v1 import worker_service_pb2_grpc
+from atelier.creation.v1.parameters_pb2 import ParameterValue
 from services.creation.domain import Status
 from services.creation.store import jobs as jobs_store
 from services.dev.stack import Stack
@@ -100,6 +101,8 @@ async def test_keyed_answers_carry_the_version_generation_server_time_and_lease_
 
         # Released once, so the second claim's generation (2) differs from the first's.
         job, lease = await claim(stub, claim_request(seconds=LEASE_SECONDS))
+        # The job's parameters reach the worker as SubmitJob typed them.
+        assert dict(job.parameters) == {"seed": ParameterValue(int_value=3)}
         release = pb.ReleaseJobRequest(
             lease=lease,
             worker_id="probe",

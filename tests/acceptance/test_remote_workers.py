@@ -541,6 +541,10 @@ async def test_remote_and_in_process_workers_run_each_of_a_thousand_jobs_once(
         **ENGINE_ENV,
         "ATELIER_STUB_LEDGER": str(ledger),
         "ATELIER_WORKER_CONCURRENCY": "16",
+        # One lease per job is asserted: on a loaded machine a 5 s lease can lapse between
+        # beats and be taken over (a takeover the crash tests cover), as remote leases
+        # (30 s here) do not.
+        "ATELIER_LEASE_TTL": "30",
     }
     remote_env = {
         **REMOTE_ENV,

@@ -38,10 +38,10 @@ async def test_a_64_bit_seed_reaches_the_prediction_exactly(
     """JSON (a string, as int64 is in JSON) through Envoy, gRPC, the job row and the
     worker to the vendor's input: 2^63-1 is not rounded to a double on the way."""
     seed = 2**63 - 1
-    job = await scenario.submit(replicate, http, generationParameters={"seed": str(seed)})
+    job = await scenario.submit(replicate, http, parameters={"seed": {"intValue": str(seed)}})
     done = await scenario.final(replicate, http, job)
     assert done["status"] == "JOB_STATUS_SUCCEEDED", done
-    assert done["generationParameters"] == {"seed": str(seed)}
+    assert done["parameters"] == {"seed": {"intValue": str(seed)}}
     [submitted] = replicate.submits_for(job.marker)
     sent = submitted.body["input"]["seed"]
     assert type(sent) is int and sent == seed

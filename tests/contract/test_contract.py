@@ -15,7 +15,7 @@ from google.protobuf import descriptor_pb2
 
 from services.dev import edge
 from services.dev.processes import venv_binary
-from tests.support.certificates import self_signed
+from tests.support.production_edge import POD_SDS_FILE, POD_TLS_DIR, local_sds_file, tls_secret
 
 ROOT = Path(__file__).resolve().parents[2]
 PUBLIC = {
@@ -25,6 +25,7 @@ PUBLIC = {
 }
 INTERNAL = {
     "atelier.creation.v1.AdminService",
+    "atelier.creation.v1.QueueStandingService",
     "atelier.creation.v1.WorkerService",
     "atelier.media.v1.MediaInternalService",
     "atelier.notify.v1.NotifyIngestService",
@@ -166,13 +167,14 @@ def test_envoy_accepts_the_config(tmp_path: Path, rendered: bool) -> None:
         )
     else:
         # The deployable file as it is, with the descriptor where it expects it.
-        # The certificate and key a deployment mounts, made here.
-        cert, key = self_signed(tmp_path)
+        # The TLS Secret a deployment mounts, made here, and the SDS file reading it.
+        mount, _ = tls_secret(tmp_path)
         text = (
             edge.ENVOY_TEMPLATE.read_text()
             .replace("/etc/envoy/atelier.binpb", str(edge.DESCRIPTOR))
-            .replace("/etc/envoy/tls/tls.crt", str(cert))
-            .replace("/etc/envoy/tls/tls.key", str(key))
+            .replace(POD_SDS_FILE, str(local_sds_file(tmp_path, mount.directory)))
+            .replace(POD_TLS_DIR, str(mount.directory))
+            .replace("/opt/atelier/share/gen/", str(edge.ROOT / "gen") + "/")
         )
         config_path = tmp_path / "envoy.yaml"
         config_path.write_text(text)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import re
 import shutil
 import subprocess
@@ -20,9 +21,11 @@ import yaml
 from scripts import deploy_check
 from services.cli import main as atelier_main
 from services.cli import parser as atelier_parser
+from services.creation.remote.settings import DEFAULT_TLS_PORT
 from services.creation.settings import CreationSettings, WorkerSettings
 from services.creation.tables import STATUSES
 from services.creation.tables import jobs as jobs_table
+from services.kit.identities import entry
 from services.kit.server import LIVENESS_SERVICE
 from services.kit.settings import DEFAULT_PORTS, CommonSettings, EnvReader
 from services.media.settings import DEFAULT_HTTP_PORT, MediaSettings
@@ -31,6 +34,10 @@ from services.notify.settings import NotifySettings
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "deploy" / "image" / "Dockerfile"
 IMAGE_UID = 10001
+# Envoy's admin interface (the pod's loopback only) and the edge's monitoring listener
+# in front of it (deploy/envoy/envoy.yaml).
+ENVOY_ADMIN_PORT = 9901
+EDGE_MONITORING_PORT = 9902
 
 Manifest = dict[str, Any]
 
@@ -71,7 +78,9 @@ def settings_env(docs: list[Manifest]) -> dict[str, str]:
 PLACEHOLDER_SECRETS = {
     "ATELIER_DATABASE_URL": "postgresql://atelier@db.invalid:5432/atelier",
     "ATELIER_JWT_SECRET": "x" * 40,
-    "ATELIER_SERVICE_TOKEN": "y" * 40,
+    # A ConfigMap made by hand (the identities' hashes) and each service's own credential.
+    "ATELIER_SERVICE_IDENTITIES": json.dumps([entry("creation", "creation", ("y" * 40,))]),
+    "ATELIER_SERVICE_CREDENTIAL": "y" * 40,
     "ATELIER_MEDIA_URL_SECRET": "z" * 40,
     "ATELIER_MEDIA_S3_ACCESS_KEY_ID": "placeholder-id",
     "ATELIER_MEDIA_S3_SECRET_ACCESS_KEY": "placeholder-secret",
@@ -133,6 +142,9 @@ def test_the_edge_init_container_names_every_cluster_of_the_envoy_config(
     _, docs = rendered
     pod = named(docs, "Deployment", "edge")["spec"]["template"]["spec"]
     [init] = pod["initContainers"]
+    # The trusted issuers the services read are the ones the edge checks (edge_jwt).
+    [settings] = init["envFrom"]
+    assert settings["configMapRef"]["name"].startswith("atelier-settings")
     args = [
         a.replace("/etc/envoy-template/envoy.yaml", str(ROOT / "deploy" / "envoy" / "envoy.yaml"))
         .replace("/etc/envoy/envoy.yaml", str(tmp_path / "envoy.yaml"))
@@ -166,9 +178,13 @@ def test_every_service_container_has_grpc_probes_on_its_internal_listener(
         for container in deployment["spec"]["template"]["spec"]["containers"]:
             ready, alive = container["readinessProbe"], container["livenessProbe"]
             if container["args"][0] != "serve":
-                # The edge: Envoy's admin /ready (fails while it drains) and liveness.
+                # The edge: Envoy's admin /ready (fails while it drains) and liveness, both
+                # through the monitoring listener (the admin interface is on the loopback).
                 assert ready["httpGet"]["path"] == "/ready"
-                assert alive["httpGet"]["port"] == ready["httpGet"]["port"]
+                assert alive["httpGet"]["port"] == ready["httpGet"]["port"] == "monitoring"
+                named_ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+                assert named_ports["monitoring"] == EDGE_MONITORING_PORT
+                assert ENVOY_ADMIN_PORT not in named_ports.values()
                 continue
             internal = DEFAULT_PORTS[container["args"][1]].internal_port
             # Readiness: the standard health service's overall status ("").
@@ -368,8 +384,15 @@ def test_public_listeners_only_from_the_edge_internal_only_from_the_services(
     impostors: list[Source] = [(ELSEWHERE, edge[1]), (ELSEWHERE, worker[1])]
     assert reachable(docs, None, "edge", 8080)
     assert reachable(docs, None, "edge", 8443)
-    assert not reachable(docs, None, "edge", 9901)
-    assert not reachable(docs, edge, "edge", 9901)
+    # Envoy's admin interface listens on the pod's loopback: no policy names its port.
+    # Its two exposed paths (the monitoring listener) only from the monitoring namespace.
+    for source in (None, edge, (MONITORING, debug)):
+        assert not reachable(docs, source, "edge", ENVOY_ADMIN_PORT)
+    assert not reachable(docs, None, "edge", EDGE_MONITORING_PORT)
+    assert not reachable(docs, edge, "edge", EDGE_MONITORING_PORT)
+    # The monitoring namespace reaches the edge on that port only.
+    for port in (8080, 8443, 9461, 9462, 9463):
+        assert reachable(docs, (MONITORING, debug), "edge", port) == (port in (8080, 8443))
     targets = {"creation-api": "creation", "media": "media", "notify": "notify"}
     for target, service in targets.items():
         public = DEFAULT_PORTS[service].public_port
@@ -396,9 +419,62 @@ def test_public_listeners_only_from_the_edge_internal_only_from_the_services(
         assert not reachable(
             docs, source, "creation-worker", DEFAULT_PORTS["creation"].internal_port
         )
-        # Envoy's admin (its stats for Prometheus) only from the monitoring namespace.
-        assert not reachable(docs, source, "edge", 9901) or source == (MONITORING, debug)
-    assert reachable(docs, (MONITORING, debug), "edge", 9901)
+        # Envoy's stats for Prometheus (and /ready) only from the monitoring namespace.
+        assert not reachable(docs, source, "edge", EDGE_MONITORING_PORT) or source == (
+            MONITORING,
+            debug,
+        )
+    assert reachable(docs, (MONITORING, debug), "edge", EDGE_MONITORING_PORT)
+
+
+def test_remote_workers_reach_only_the_tls_listener_and_only_from_their_networks(
+    rendered: tuple[str, list[Manifest]],
+) -> None:
+    """prod: the Service creation-remote (a LoadBalancer keeping client addresses, limited
+    to the workers' networks) on creation-api's TLS listener, which a NetworkPolicy opens
+    to those networks alone; its certificate from a mounted Secret, re-read on change.
+    dev: none of it."""
+    overlay, docs = rendered
+    services = {s["metadata"]["name"]: s for s in of_kind(docs, "Service")}
+    if overlay == "dev":
+        assert "creation-remote" not in services
+        assert not reachable(docs, None, "creation-api", DEFAULT_TLS_PORT)
+        return
+    remote = services["creation-remote"]["spec"]
+    assert remote["type"] == "LoadBalancer" and remote["externalTrafficPolicy"] == "Local"
+    assert remote["selector"] == {"app.kubernetes.io/name": "creation-api"}
+    [port] = remote["ports"]
+    assert (port["port"], port["targetPort"]) == (443, "remote")
+    [container] = named(docs, "Deployment", "creation-api")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert {"name": "remote", "containerPort": DEFAULT_TLS_PORT} in container["ports"]
+    # Open to the workers' networks (the outside), closed to every pod in the cluster;
+    # nothing else of creation-api opens to the outside.
+    assert reachable(docs, None, "creation-api", DEFAULT_TLS_PORT)
+    for source in (pod_of(docs, "edge"), pod_of(docs, "notify"), (ELSEWHERE, {})):
+        assert not reachable(docs, source, "creation-api", DEFAULT_TLS_PORT)
+    for other in (50051, 50061, 9461):
+        assert not reachable(docs, None, "creation-api", other)
+    policies = [
+        peer["ipBlock"]["cidr"]
+        for p in of_kind(docs, "NetworkPolicy")
+        for rule in p["spec"].get("ingress", [])
+        for peer in rule.get("from", [])
+        if "ipBlock" in peer
+    ]
+    assert sorted(policies) == sorted(remote["loadBalancerSourceRanges"])
+    # The settings point into the mounted Secret (a directory: its files are swapped on
+    # change, which subPath mounts never see).
+    env = {e["name"]: e for e in container["env"]}
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == "remote-tls"]
+    assert "subPath" not in mount
+    for name in ("ATELIER_REMOTE_TLS_CERT", "ATELIER_REMOTE_TLS_KEY"):
+        assert env[name]["value"].startswith(mount["mountPath"] + "/")
+    assert env["ATELIER_REMOTE_POOLS"]["valueFrom"]["secretKeyRef"] == {
+        "name": "atelier-remote-workers",
+        "key": "pools",
+    }
 
 
 def test_workers_scale_on_the_queue_of_the_jobs_table(

@@ -27,6 +27,7 @@ import services.notify.app  # noqa: F401
 from scripts import deploy_check
 from services.creation.domain import ReapDecision
 from services.creation.gauges import READING as BACKLOG_READING
+from services.kit.jwks import FETCH_OUTCOMES
 from services.notify.apns.rules import APPLE_REASONS, SENDER_REASONS
 from services.notify.apns.sender import OUTCOMES
 
@@ -43,7 +44,7 @@ SEVERITIES = {"page", "ticket"}
 LABEL_VALUES: dict[str, set[str]] = {
     "decision": {d.value for d in ReapDecision},
     "reason": set(APPLE_REASONS) | set(SENDER_REASONS) | {"none", "other"},
-    "outcome": set(OUTCOMES),
+    "outcome": set(OUTCOMES) | set(FETCH_OUTCOMES),
     "reading": {BACKLOG_READING},
     "why": {"taken_over", "abandoned"},
 }

@@ -20,7 +20,13 @@ INSERT_MODEL = (
 
 async def test_lists_enabled_entries_in_picker_order(engine: AsyncEngine) -> None:
     found = await catalog.list_enabled(engine, media_kind=None)
-    assert [m.model_id for m in found.models] == ["stub-fast", "stub-detail", "stub-portrait"]
+    assert [m.model_id for m in found.models] == [
+        "stub-fast",
+        "stub-detail",
+        "stub-portrait",
+        "stub-text",
+    ]
+    assert [m.input_image for m in found.models] == ["required"] * 3 + ["refused"]
     assert [s.style_id for s in found.styles] == ["natural", "watercolor", "anime", "noir"]
     assert found.models[0].price_points == 5
     assert all(m.media_kind == "image" for m in found.models)

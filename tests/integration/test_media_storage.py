@@ -12,14 +12,17 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
+import botocore.auth
 import httpx
 import pytest
+from aiobotocore.session import AioSession
 
 from services.dev.processes import free_port
 from services.media.domain import Purpose, object_key
 from services.media.http import ObjectHttpServer
 from services.media.settings import S3Settings
 from services.media.storage import (
+    DownloadWindows,
     ObjectExists,
     ObjectNotFound,
     ObjectStorage,
@@ -31,6 +34,8 @@ from services.media.storage.s3 import PART_BYTES, S3Storage
 from services.media.storage.signing import UrlSigner
 
 SECRET = "local-test-url-secret-0123456789abcdef"
+# The defaults: the storages below serve objects with this Cache-Control.
+WINDOWS = DownloadWindows(window_seconds=3600, ttl_seconds=300)
 
 
 def new_key(purpose: Purpose = Purpose.AI_INPUT) -> str:
@@ -53,12 +58,16 @@ def in_minutes(minutes: float) -> datetime:
 
 
 class Clock:
-    """The HTTP listener's idea of now, in seconds since the epoch."""
+    """The HTTP listener's idea of now, in seconds since the epoch: the real time moved by
+    ``offset``, or the moment ``at`` while one is set."""
 
     def __init__(self) -> None:
         self.offset = 0.0
+        self.at: float | None = None
 
     def __call__(self) -> float:
+        if self.at is not None:
+            return self.at
         return datetime.now(UTC).timestamp() + self.offset
 
 
@@ -354,3 +363,114 @@ async def test_a_whole_local_object_leaves_no_part_behind(local_objects: LocalOb
         await storage.put(key, WholeObject(b"second", 4096), "image/png")
     assert list((storage.root / INCOMING).iterdir()) == []
     assert storage.path_of(key).read_bytes() == b"first"
+
+
+# -- download URLs per window: the same within one, a new one after, the old one still good
+
+
+async def test_reads_within_a_window_get_the_same_url(storage: ObjectStorage) -> None:
+    key = new_key(Purpose.AI_OUTPUT)
+    data = b"\x89PNG an output" * 100
+    await storage.put(key, chunks(data), "image/png")
+    start = WINDOWS.at(datetime.now(UTC)).signed_at
+    early = WINDOWS.at(start + timedelta(seconds=1))
+    late = WINDOWS.at(start + timedelta(seconds=3599))
+    first = await storage.presign_get(key, "image/png", early.expires_at, early.signed_at)
+    # S3 signs to the second: a URL signed now, a second later, would differ.
+    await asyncio.sleep(1.1)
+    second = await storage.presign_get(key, "image/png", late.expires_at, late.signed_at)
+    assert second == first
+
+    following = WINDOWS.at(start + timedelta(seconds=3600))
+    other = await storage.presign_get(key, "image/png", following.expires_at, following.signed_at)
+    assert other.url != first.url
+
+    for signed in (first, other):
+        response = await send(signed)
+        assert response.status_code == 200, response.text
+        assert response.content == data
+        assert response.headers["content-type"] == "image/png"
+        assert response.headers["cache-control"] == "private, max-age=3900, immutable"
+
+
+async def test_without_a_window_s3_signs_anew_every_second(s3_storage: S3Storage) -> None:
+    """What the windows are for: botocore's own presigns differ from one second to the next."""
+    key = new_key()
+    first = await s3_storage.presign_get(key, "image/png", in_minutes(5))
+    await asyncio.sleep(1.1)
+    assert (await s3_storage.presign_get(key, "image/png", in_minutes(5))).url != first.url
+
+
+async def test_a_local_url_works_until_its_expiry(local_objects: LocalObjects) -> None:
+    storage = local_objects.storage
+    key = new_key(Purpose.AI_OUTPUT)
+    await storage.put(key, chunks(b"bytes"), "image/webp")
+    now = datetime.now(UTC)
+    validity = WINDOWS.at(now)
+    old = await storage.presign_get(key, "image/webp", validity.expires_at, validity.signed_at)
+    following = WINDOWS.at(validity.signed_at + timedelta(seconds=3600))
+    new = await storage.presign_get(key, "image/webp", following.expires_at, following.signed_at)
+
+    # Into the next window, the TTL less a second after it began: both URLs work...
+    local_objects.clock.at = validity.expires_at.timestamp() - 1
+    assert (await send(old)).status_code == 200
+    assert (await send(new)).status_code == 200
+    # ...and at the old one's expiry only the new one does.
+    local_objects.clock.at = validity.expires_at.timestamp()
+    expired = await send(old)
+    assert (expired.status_code, expired.json()["error"]) == (403, "URL_EXPIRED")
+    assert (await send(new)).status_code == 200
+
+
+async def test_an_s3_url_is_botocores_own_signed_at_the_window_start(
+    s3_storage: S3Storage, s3_bucket: S3Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """S3 accepts a presigned URL from its X-Amz-Date for X-Amz-Expires seconds: ours is
+    byte for byte the URL botocore makes at the window's start, valid until the expiry."""
+    key = new_key(Purpose.AI_OUTPUT)
+    validity = WINDOWS.at(datetime.now(UTC))
+    ours = await s3_storage.presign_get(key, "image/jpeg", validity.expires_at, validity.signed_at)
+    query = parse_qs(urlsplit(ours.url).query)
+    assert query["X-Amz-Date"] == [validity.signed_at.strftime("%Y%m%dT%H%M%SZ")]
+    assert query["X-Amz-Expires"] == ["3900"]
+    assert query["response-cache-control"] == ["private, max-age=3900, immutable"]
+
+    at_start = validity.signed_at.replace(tzinfo=None)
+    monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda *_, **__: at_start)
+    async with AioSession().create_client(
+        "s3",
+        endpoint_url=s3_bucket.endpoint_url,
+        region_name=s3_bucket.region,
+        aws_access_key_id=s3_bucket.access_key_id,
+        aws_secret_access_key=s3_bucket.secret_access_key,
+        config=s3_storage._client_args("")["config"],
+    ) as plain:
+        botocores = await plain.generate_presigned_url(
+            "get_object",
+            Params={
+                "Bucket": s3_bucket.bucket,
+                "Key": key,
+                "ResponseContentType": "image/jpeg",
+                "ResponseCacheControl": "private, max-age=3900, immutable",
+            },
+            ExpiresIn=3900,
+        )
+    assert ours.url == botocores
+
+
+async def test_s3_objects_are_stored_with_cache_control(
+    s3_storage: S3Storage, s3_bucket: S3Settings
+) -> None:
+    small, large = new_key(Purpose.AI_OUTPUT), new_key(Purpose.AI_OUTPUT)
+    await s3_storage.put(small, chunks(b"small"), "image/png")
+    await s3_storage.put(large, chunks(bytes(PART_BYTES + 10), 256 * 1024), "image/png")
+    async with AioSession().create_client(
+        "s3",
+        endpoint_url=s3_bucket.endpoint_url,
+        region_name=s3_bucket.region,
+        aws_access_key_id=s3_bucket.access_key_id,
+        aws_secret_access_key=s3_bucket.secret_access_key,
+    ) as plain:
+        for key in (small, large):  # one PUT, and a multipart upload
+            head = await plain.head_object(Bucket=s3_bucket.bucket, Key=key)
+            assert head["CacheControl"] == "private, max-age=3900, immutable"

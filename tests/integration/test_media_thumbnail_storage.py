@@ -6,9 +6,11 @@ the thumbnail too; deleting the asset removes both objects."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import uuid
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 
 import grpc
@@ -27,6 +29,7 @@ from atelier.media.v1 import media_internal_service_pb2 as pb
 from services.kit.auth import issue_token
 from services.kit.settings import DEV_JWT_SECRET, DEV_SERVICE_TOKEN
 from services.media.domain import thumbnail_key
+from services.media.storage import DownloadWindows
 from tests.support.media import MediaHarness, media_settings, noisy_png, running_media
 from tests.support.rpc import bearer, error_info
 
@@ -115,6 +118,63 @@ async def test_an_output_gets_a_thumbnail_that_every_url_call_hands_out(
             pb.GetAssetUrlsRequest(asset_ids=[output.asset_id]), metadata=SERVICE
         )
         assert list(again.assets) == []
+
+
+async def test_urls_stay_the_same_within_a_window_and_say_what_the_image_is(
+    any_media: MediaHarness,
+) -> None:
+    """Every URL call within one window (3600 s, epoch-aligned) hands out the same picture
+    and thumbnail URLs, byte for byte, with the image's type, length and size; the next
+    window's differ. Both download with Cache-Control."""
+    media = any_media
+    picture = noisy_png(300, 200)
+    windows = DownloadWindows(3600, 300)
+    start = windows.at(media.clock.now).signed_at
+    token = issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", "alice", 600)
+    async with media.internal_channel() as internal, media.public_channel() as public:
+        stub = Stub(internal)
+        output = await put(stub, picture, asset_pb2.ASSET_PURPOSE_AI_OUTPUT)
+        ask = pb.GetAssetUrlsRequest(asset_ids=[output.asset_id])
+
+        media.clock.now = start + timedelta(seconds=2)
+        (first,) = (await stub.GetAssetUrls(ask, metadata=SERVICE)).assets
+        assert (first.content_type, first.size_bytes) == ("image/png", len(picture))
+        assert (first.width, first.height) == (300, 200)
+        assert first.url_expire_time.ToDatetime() == (start + timedelta(seconds=3900)).replace(
+            tzinfo=None
+        )
+        assert first.window_end_time.ToDatetime() == (start + timedelta(seconds=3600)).replace(
+            tzinfo=None
+        )
+        await asyncio.sleep(1.1)  # S3 would sign another URL in another second
+        media.clock.now = start + timedelta(seconds=3599)
+        (again,) = (await stub.GetAssetUrls(ask, metadata=SERVICE)).assets
+        assert again == first
+        single = await stub.GetAssetUrl(
+            pb.GetAssetUrlRequest(asset_id=output.asset_id), metadata=SERVICE
+        )
+        owned = await media_service_pb2_grpc.MediaServiceStub(public).GetAsset(
+            media_service_pb2.GetAssetRequest(asset_id=output.asset_id), metadata=bearer(token)
+        )
+        assert single.download_url == owned.download_url == first.url
+        assert single.thumbnail_url == owned.thumbnail_url == first.thumbnail_url
+
+        media.clock.now = start + timedelta(seconds=3600)
+        (following,) = (await stub.GetAssetUrls(ask, metadata=SERVICE)).assets
+        assert following.url != first.url and following.thumbnail_url != first.thumbnail_url
+        assert following.url_expire_time.seconds == first.url_expire_time.seconds + 3600
+
+    async with httpx.AsyncClient() as client:
+        for url, content_type in (
+            (first.url, "image/png"),
+            (first.thumbnail_url, "image/webp"),
+            (following.url, "image/png"),
+        ):
+            response = await client.get(url)
+            assert response.status_code == 200, response.text
+            assert response.headers["content-type"] == content_type
+            assert response.headers["cache-control"] == "private, max-age=3900, immutable"
+        assert len((await client.get(first.url)).content) == first.size_bytes
 
 
 async def test_get_asset_urls_takes_at_most_100_ids(media_url: str, tmp_path: Path) -> None:

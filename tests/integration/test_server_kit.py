@@ -20,8 +20,9 @@ from atelier.creation.v1 import (
     catalog_pb2,
     creation_service_pb2,
     creation_service_pb2_grpc,
+    job_pb2,
 )
-from atelier.notify.v1 import job_state_pb2, notify_service_pb2, notify_service_pb2_grpc
+from atelier.notify.v1 import notify_service_pb2, notify_service_pb2_grpc
 from services.dev.processes import free_port
 from services.kit.auth import current_principal, issue_token
 from services.kit.components import ComponentFailed, Supervisor, TaskComponent
@@ -83,7 +84,7 @@ class FakeNotify(notify_service_pb2_grpc.NotifyServiceServicer):
     async def WatchJob(self, request: Any, context: Any) -> AsyncIterator[Any]:
         for version in (1, 2):
             yield notify_service_pb2.WatchJobResponse(
-                job=job_state_pb2.JobState(job_id=request.job_id, version=version)
+                job=job_pb2.Job(job_id=request.job_id, version=version)
             )
         raise ApiError(grpc.StatusCode.ABORTED, "STREAM_TEST_FAILURE", "failed after two")
 

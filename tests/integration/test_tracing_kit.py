@@ -13,9 +13,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
-from atelier.creation.v1 import catalog_pb2, creation_service_pb2, creation_service_pb2_grpc
+from atelier.creation.v1 import (
+    catalog_pb2,
+    creation_service_pb2,
+    creation_service_pb2_grpc,
+    job_pb2,
+)
 from atelier.notify.v1 import (
-    job_state_pb2,
     notify_ingest_service_pb2,
     notify_ingest_service_pb2_grpc,
     notify_service_pb2,
@@ -74,7 +78,7 @@ class Watch(notify_service_pb2_grpc.NotifyServiceServicer):
     async def WatchJob(self, request: Any, context: Any) -> AsyncIterator[Any]:
         for version in (1, 2):
             yield notify_service_pb2.WatchJobResponse(
-                job=job_state_pb2.JobState(job_id=request.job_id, version=version)
+                job=job_pb2.Job(job_id=request.job_id, version=version)
             )
 
 

@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from services.dev import postgres
 from services.kit import migrations
 from services.kit.db import asyncpg_url
+from tests.support.job_errors import AN_ERROR
 from tests.support.ledger_sums import LEDGER_SUMS, LEDGER_TOTALS
 
 SERVICES = ("creation", "media", "notify")
@@ -107,8 +108,9 @@ def test_upgrading_twice_changes_nothing(scratch_database: str) -> None:
     def count(connection: Connection) -> int:
         return int(connection.execute(text("SELECT count(*) FROM creation.models")).scalar_one())
 
-    # The stub's four (0002) and the hosted adapters' four, disabled (0009).
-    assert run(scratch_database, count) == 8
+    # The stub's four (0002), the hosted adapters' four, disabled (0009), and the stub's
+    # text-to-image model (0021).
+    assert run(scratch_database, count) == 9
 
 
 CONSTRAINTS = """
@@ -230,7 +232,10 @@ def test_an_attempt_ending_without_success_lists_its_outputs_for_purging(
     released = "lease_owner = NULL, lease_expires_at = NULL"
     handed_back = f"status = 'queued', {released}"
     cases = {
-        "failed": ([f"status = 'failed', error_code = 'X', completed_at = now(), {released}"], 1),
+        "failed": (
+            [f"status = 'failed', {AN_ERROR}, completed_at = now(), {released}"],
+            1,
+        ),
         "cancelled": ([f"status = 'cancelled', completed_at = now(), {released}"], 1),
         "retried afresh": ([f"{handed_back}, provider_request_id = NULL, step = NULL"], 1),
         "handed back": ([handed_back], 0),
@@ -316,7 +321,8 @@ def test_0008_replaces_the_submit_function_and_its_downgrade_restores_0007s(
     signatures, stored = run(scratch_database, submit_traced)  # type: ignore[misc]
     assert stored == traceparent
     assert len(signatures) == 1
-    assert signatures[0].endswith("p_num_outputs integer, p_trace_parent text")
+    # Head has more arguments after it (p_via, migration 0025).
+    assert "p_num_outputs integer, p_trace_parent text" in signatures[0]
 
     migrations.downgrade("creation", scratch_database, "0007")
 

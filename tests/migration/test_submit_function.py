@@ -96,7 +96,9 @@ def test_each_frozen_text_is_its_revisions_own() -> None:
     """Every frozen submit_job is loaded by the revision that made it (and by the next
     one's downgrade); the rules file by one revision, newer than every frozen text."""
     sources = {path.name[:4]: path.read_text() for path in VERSIONS.glob("[0-9]*.py")}
-    frozen = sorted(path.stem.removeprefix("submit_job_") for path in FROZEN.glob("*.sql"))
+    frozen = sorted(
+        path.stem.removeprefix("submit_job_") for path in FROZEN.glob("submit_job_*.sql")
+    )
     for revision in frozen:
         assert f'frozen_submit_function("{revision}")' in sources[revision]
     (loader,) = [r for r, source in sources.items() if '"sql" / "submit_job.sql"' in source]

@@ -27,16 +27,16 @@ from tests.support.workers import WorkerProcess, exited
 # (point, final status, points still reserved afterwards)
 KILL_POINTS = [
     # Nothing reached the provider: the next worker runs a new attempt.
-    ("before_submit", "JOB_STATUS_SUCCEEDED", "0"),
+    ("before_submit", "JOB_STATUS_SUCCEEDED", 0),
     # The provider has the request, but its id was never stored: the outcome is
     # unknown, so an operator decides; no second submit, the points stay held.
-    ("after_submit", "JOB_STATUS_NEEDS_ATTENTION", "10"),
+    ("after_submit", "JOB_STATUS_NEEDS_ATTENTION", 10),
     # The id was stored: the next worker resumes polling it.
-    ("polling", "JOB_STATUS_SUCCEEDED", "0"),
+    ("polling", "JOB_STATUS_SUCCEEDED", 0),
     # One output (after_output) or both (before_complete) landed: the next worker
     # resumes the attempt and lands onto the same assets.
-    ("after_output", "JOB_STATUS_SUCCEEDED", "0"),
-    ("before_complete", "JOB_STATUS_SUCCEEDED", "0"),
+    ("after_output", "JOB_STATUS_SUCCEEDED", 0),
+    ("before_complete", "JOB_STATUS_SUCCEEDED", 0),
 ]
 # The points where outputs have landed: a cancel then must delete them.
 LANDED_POINTS = ["after_output", "before_complete"]
@@ -87,7 +87,7 @@ async def killed_at_a_point(
     start: StartWorker,
     point: str,
     final: str,
-    reserved: str,
+    reserved: int,
 ) -> str:
     """One row of KILL_POINTS: a worker ``start`` makes dies at ``point``; a second one
     (also ``start``'s, without a crash point) finishes what the reaper hands it. The
@@ -106,7 +106,7 @@ async def killed_at_a_point(
     assert len(read_ledger(ledger).get(job_id, [])) == 1  # the provider saw one submit
     # 100 welcome points, a price of 2 x 5: captured once on success, held for the operator.
     balance = (await http.get(f"{url}/v1/balance", headers=user.headers)).json()
-    assert (balance["availablePoints"], balance["reservedPoints"]) == ("90", reserved)
+    assert (balance["availablePoints"], balance["reservedPoints"]) == (90, reserved)
     outputs = [output["assetId"] for output in job.get("outputs", [])]
     if final == "JOB_STATUS_SUCCEEDED":
         assert len(outputs) == OUTPUTS
@@ -153,4 +153,4 @@ async def cancelled_after_landed_outputs(
         assert survivor.stop() == 0
     assert set(await ai_outputs(api, user.user_id)) == set(landed)  # nothing new landed
     balance = (await http.get(f"{url}/v1/balance", headers=user.headers)).json()
-    assert (balance["availablePoints"], balance["reservedPoints"]) == ("100", "0")
+    assert (balance["availablePoints"], balance["reservedPoints"]) == (100, 0)

@@ -21,6 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ROOT / "services"
 ENVOY = ROOT / "deploy" / "envoy" / "envoy.yaml"
+# The edge's routes filter (its Lua source, appended to gen/edge_routes.lua).
+EDGE_ROUTES = SERVICES / "dev" / "openapi" / "edge_routes_filter.lua"
 PACKAGES = {
     "creation": "atelier.creation.v1",
     "media": "atelier.media.v1",
@@ -42,6 +44,7 @@ REASON_SHAPE = re.compile(r"[A-Z][A-Z0-9_]*")
 # A module that matches none of these names no reason (and is not parsed).
 _MAY_NAME_A_REASON = re.compile(r"\bReason\.|\b(?:" + "|".join(REASON_ARGUMENT) + r")\(")
 _EDGE_REASON = re.compile(r"google\.rpc\.ErrorInfo, reason: ([A-Z][A-Z0-9_]*)")
+_LUA_REASON = re.compile(r'status\(request, "\d+", \d+, "([A-Z][A-Z0-9_]*)"')
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,9 @@ def edge_reasons() -> list[Use]:
     uses = []
     for number, line in enumerate(ENVOY.read_text().splitlines(), start=1):
         uses.extend(Use(m, f"deploy/envoy/envoy.yaml:{number}") for m in _EDGE_REASON.findall(line))
+    where = EDGE_ROUTES.relative_to(ROOT)
+    for number, line in enumerate(EDGE_ROUTES.read_text().splitlines(), start=1):
+        uses.extend(Use(m, f"{where}:{number}") for m in _LUA_REASON.findall(line))
     return uses
 
 

@@ -227,7 +227,7 @@ async def final(
     return await job_in(http, hosted.url, job.user.headers, job.job_id, FINAL, within)
 
 
-async def balance(hosted: Hosted, http: httpx.AsyncClient, user: User) -> tuple[str, str]:
+async def balance(hosted: Hosted, http: httpx.AsyncClient, user: User) -> tuple[int, int]:
     answer = (await http.get(f"{hosted.url}/v1/balance", headers=user.headers)).json()
     return answer["availablePoints"], answer["reservedPoints"]
 
@@ -253,7 +253,7 @@ async def a_job_runs_to_the_vendors_picture(hosted: Hosted, http: httpx.AsyncCli
     assert pictures.mean_difference(pictures.decode(download.content), styled(job.photo)) < 2
     stored = await hosted.job(job.job_id)
     assert hosted.fake.generations[submitted.generation_id].id in str(stored.provider_request_id)
-    assert await balance(hosted, http, job.user) == (str(100 - hosted.vendor.price), "0")
+    assert await balance(hosted, http, job.user) == (100 - hosted.vendor.price, 0)
 
 
 async def progress_reaches_the_job(hosted: Hosted, http: httpx.AsyncClient) -> None:
@@ -294,7 +294,7 @@ async def a_provider_failure_fails_the_job(
     assert done["status"] == "JOB_STATUS_FAILED", done
     assert (await hosted.job(job.job_id)).error_code == code
     assert len(hosted.submits_for(job.marker)) == 1
-    assert await balance(hosted, http, job.user) == ("100", "0")
+    assert await balance(hosted, http, job.user) == (100, 0)
 
 
 async def a_retryable_failure_runs_a_second_attempt(
@@ -369,7 +369,7 @@ async def cancel_mid_run_reaches_the_vendor(hosted: Hosted, http: httpx.AsyncCli
     assert done["status"] == "JOB_STATUS_CANCELLED", done
     assert generation.id in hosted.fake.cancels
     assert hosted.fake.phase_of(generation.id) == "canceled"
-    assert await balance(hosted, http, job.user) == ("100", "0")
+    assert await balance(hosted, http, job.user) == (100, 0)
 
 
 async def an_expired_output_fails_the_job(hosted: Hosted, http: httpx.AsyncClient) -> None:
@@ -406,7 +406,7 @@ async def a_refused_key_fails_the_job_without_showing_it(
     assert hosted.vendor.key not in str(stored.error_message)
     assert hosted.vendor.key not in str(done)
     assert hosted.submits_for(job.marker) == []
-    assert await balance(hosted, http, job.user) == ("100", "0")
+    assert await balance(hosted, http, job.user) == (100, 0)
 
 
 def the_key_is_in_no_log(hosted: Hosted) -> None:
@@ -434,6 +434,6 @@ async def a_lost_submit_needs_attention(
     )
     assert len(hosted.submits_for(job.marker)) == 1
     assert await balance(hosted, http, job.user) == (
-        str(100 - hosted.vendor.price),
-        str(hosted.vendor.price),
+        100 - hosted.vendor.price,
+        hosted.vendor.price,
     )

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 import grpc
 
 from atelier.creation.v1 import job_pb2
-from atelier.notify.v1 import job_state_pb2
 from services.kit.server import RunningService
 from services.kit.settings import ListenSettings
 from services.notify.app import build
@@ -99,8 +98,8 @@ def job_state(
     status: job_pb2.JobStatus.ValueType = job_pb2.JOB_STATUS_RUNNING,
     progress: int = 0,
     step: job_pb2.JobStep.ValueType = job_pb2.JOB_STEP_UNSPECIFIED,
-) -> job_state_pb2.JobState:
-    return job_state_pb2.JobState(
+) -> job_pb2.Job:
+    return job_pb2.Job(
         job_id=job_id,
         user_id=user_id,
         version=version,

@@ -92,6 +92,9 @@ def settings(
         redis_url=redis_url,
         poll_period_seconds=poll_period,
         streams=replace(StreamSettings(), **streams),
+        # No creation to place queued jobs: a port where nothing listens, never a default
+        # one some stack may hold.
+        creation_internal_address=f"127.0.0.1:{free_port()}",
     )
 
 

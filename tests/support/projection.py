@@ -13,7 +13,6 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from atelier.creation.v1 import job_pb2
-from atelier.notify.v1 import job_state_pb2
 
 DDL = [
     "CREATE SCHEMA IF NOT EXISTS notify",
@@ -49,7 +48,7 @@ APPLY = text(
 class Applied:
     """What the projection's apply returns (AppliedState: the state and its seq)."""
 
-    state: job_state_pb2.JobState
+    state: job_pb2.Job
     seq: int
 
 
@@ -61,8 +60,8 @@ async def ensure_table(engine: AsyncEngine) -> None:
 
 def job_state(
     job_id: str, user_id: str, version: int, status: int, progress: int = 0
-) -> job_state_pb2.JobState:
-    return job_state_pb2.JobState(
+) -> job_pb2.Job:
+    return job_pb2.Job(
         job_id=job_id,
         user_id=user_id,
         version=version,
@@ -71,7 +70,7 @@ def job_state(
     )
 
 
-async def apply(engine: AsyncEngine, states: list[job_state_pb2.JobState]) -> list[Applied]:
+async def apply(engine: AsyncEngine, states: list[job_pb2.Job]) -> list[Applied]:
     """Applies each state whose version is newer, in one transaction; returns those."""
     applied = []
     async with engine.begin() as connection:

@@ -33,26 +33,35 @@ def internal_address(api: Stack) -> str:
 
 
 def start_remote_worker(
-    api: Stack, name: str, env: Mapping[str, str], pool: str = "gpu"
+    api: Stack,
+    name: str,
+    env: Mapping[str, str],
+    pool: str = "gpu",
+    *,
+    address: str | None = None,
 ) -> WorkerProcess:
     """`atelier worker --remote` on ``api``'s creation, sharing the stub's state directory
-    (so an in-process worker can resume what it submitted)."""
+    (so an in-process worker can resume what it submitted). By default it dials the
+    internal listener in plaintext (a loopback address); ``address`` and ``env`` point it
+    elsewhere (the TLS listener: ATELIER_REMOTE_WORKER_PLAINTEXT=off and a CA)."""
     full = {
         "ATELIER_REMOTE_WORKER_CREDENTIAL": POOL_CREDENTIALS[pool],
         "ATELIER_REMOTE_WORKER_ID": name,
+        "ATELIER_REMOTE_WORKER_PLAINTEXT": "loopback",
         "ATELIER_STUB_STATE_DIR": str(api.work_dir / "stub"),
         **env,
     }
+    target = address or internal_address(api)
     argv = [
         sys.executable,
         "-c",
         "import sys; from services.cli import main; sys.exit(main())",
         "worker",
         "--remote",
-        internal_address(api),
+        target,
     ]
     child = spawn(name, argv, full, api.work_dir / "logs")
-    return WorkerProcess(child, internal_address(api))
+    return WorkerProcess(child, target)
 
 
 def pool_metadata(pool: str) -> tuple[tuple[str, str], ...]:

@@ -19,7 +19,6 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.domain import Job, Status
-from services.creation.parameters import GenerationParameters
 from services.creation.store import jobs as store
 from services.creation.store.jobs import SubmitLimits
 from services.creation.store.rows import job_from_row
@@ -176,7 +175,7 @@ async def queue_jobs(
                 negative_prompt="",
                 width=512,
                 height=512,
-                parameters=GenerationParameters(seed=3),
+                parameters={"seed": 3},
             )
             assert command is not None, problems
             submitted = await store.submit(db, user_id, command, limits, system_clock())

@@ -10,7 +10,6 @@ from typing import Any
 
 import httpx
 
-from services.creation.parameters import GenerationParameters
 from services.creation.providers.base import GenerationRequest, InputImage
 from services.creation.settings import ProviderSettings, VendorSettings
 from tests.support.pictures import encode, scene
@@ -42,7 +41,7 @@ def request(provider_model: str, **changes: Any) -> GenerationRequest:
         "width": 512,
         "height": 384,
         "input_image": InputImage(PHOTO, "image/png"),
-        "parameters": GenerationParameters(),
+        "parameters": {},
         "num_outputs": 1,
     }
     values.update(changes)

@@ -12,6 +12,7 @@ from services.kit.auth import (
     principal_id_problem,
 )
 from services.kit.errors import ApiError
+from tests.support.identity import hmac_token
 
 SECRET = "s" * 40
 AUTH = JwtAuthenticator(SECRET, issuer="atelier", audience="atelier-app")
@@ -172,3 +173,15 @@ def test_lifetime_problem_matches_what_the_authenticator_accepts() -> None:
     assert lifetime_problem(3601, 3600) is not None
     assert lifetime_problem(0, 3600) is not None
     assert lifetime_problem(-5, 3600) is not None
+
+
+def test_with_hs256_off_no_token_verifies_not_even_one_signed_with_an_empty_key() -> None:
+    off = JwtAuthenticator("", issuer="atelier", audience="atelier-app")
+    now = int(time.time())
+    claims = {"sub": "u", "iss": "atelier", "aud": "atelier-app", "iat": now, "exp": now + 60}
+    # PyJWT refuses to sign with an empty key; an attacker does not need it to.
+    token = hmac_token({"alg": "HS256", "typ": "JWT"}, claims, b"")
+    with pytest.raises(ApiError) as caught:
+        off.authenticate(bearer(token))
+    assert reason_of(caught) == "TOKEN_INVALID"
+    assert caught.value.message == "the token is from an untrusted issuer"

@@ -24,7 +24,7 @@ from services.kit.deadlines import (
     [
         (None, 3.0),  # no client deadline: the service's
         (30.0, 3.0),  # a patient client: the service's
-        (3.1, 2.825),  # just over: the client's less the reserve (at most 0.25 s + 25 ms)
+        (3.1, 2.575),  # just over: the client's less the reserve (at most 0.5 s + 25 ms)
         (1.0, 0.775),  # a short one: less a fifth of it, and 25 ms
         (0.05, 0.015),
         (0.0, 0.0),  # already past: answer at once

@@ -63,3 +63,20 @@ def test_the_help_says_how_long_past_exp_a_token_is_accepted(
             with pytest.raises(ApiError) as refused:
                 authenticator.authenticate(metadata)
             assert refused.value.reason == "TOKEN_EXPIRED"
+
+
+def test_no_token_is_minted_while_hs256_is_off(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In prod with only an identity provider there is no secret to sign with."""
+    monkeypatch.setenv("ATELIER_ENV", "prod")
+    monkeypatch.setenv("ATELIER_SERVICE_TOKEN", "s" * 40)
+    monkeypatch.delenv("ATELIER_JWT_SECRET", raising=False)
+    monkeypatch.setenv(
+        "ATELIER_JWT_ISSUERS",
+        '[{"issuer": "https://appleid.apple.com", "audience": "com.example.app"}]',
+    )
+    assert main(["token"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "HS256 is off" in captured.err

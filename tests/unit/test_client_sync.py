@@ -25,7 +25,7 @@ from google.rpc import error_details_pb2, status_pb2
 import atelier_client
 from atelier.creation.v1 import creation_service_pb2, job_pb2
 from atelier.media.v1 import media_service_pb2
-from atelier.notify.v1 import job_state_pb2, notify_service_pb2
+from atelier.notify.v1 import notify_service_pb2
 from atelier_client import (
     AtelierError,
     Client,
@@ -37,6 +37,7 @@ from atelier_client import (
     RetryPolicy,
     Unauthenticated,
     Unavailable,
+    calls,
 )
 from atelier_client.errors import FieldViolation, from_status
 
@@ -46,8 +47,12 @@ NOTIFY = notify_service_pb2.DESCRIPTOR.services_by_name["NotifyService"]
 SUBMIT = CREATION.methods_by_name["SubmitJob"]
 GET_JOB = CREATION.methods_by_name["GetJob"]
 CANCEL = CREATION.methods_by_name["CancelJob"]
+WAIT_JOB = CREATION.methods_by_name["WaitJob"]
 COMPLETE_UPLOAD = MEDIA.methods_by_name["CompleteUpload"]
 WATCH = NOTIFY.methods_by_name["WatchJob"]
+WATCH_JOBS = NOTIFY.methods_by_name["WatchJobs"]
+DELETE_JOB = CREATION.methods_by_name["DeleteJob"]
+DELETE_DEVICE = NOTIFY.methods_by_name["DeleteDevice"]
 # Long enough for a loaded machine; a client that never makes the call fails the test.
 TAKE_WITHIN = 10.0
 
@@ -216,6 +221,22 @@ def test_a_request_id_given_is_sent_and_a_request_message_passes_through(
     assert sent == request
 
 
+def test_wait_job_sends_its_timeout_and_allows_the_call_that_long_beyond_the_attempts(
+    server: Server, client: Client
+) -> None:
+    server.run(lambda: client.wait_job("j-1", 20))
+    _, sent, rpc = server.take(WAIT_JOB)
+    assert sent == creation_service_pb2.WaitJobRequest(
+        job_id="j-1", timeout=duration_pb2.Duration(seconds=20)
+    )
+    # Each attempt's gRPC deadline is its own 10 s on top of the 20 s the server holds it.
+    assert calls.wait_job("j-1", 20).holds == 20
+    rpc.terminate(creation_service_pb2.WaitJobResponse(job=job(3)), (), grpc.StatusCode.OK, "")
+    assert server.result() == job(3)
+    with pytest.raises(ValueError, match="0 to 60"):
+        client.wait_job("j-1", 61)
+
+
 def test_retries_stop_after_max_attempts_with_the_typed_error(
     server: Server, client: Client, time_: FakeTime
 ) -> None:
@@ -246,24 +267,86 @@ def test_a_retry_info_delay_past_the_deadline_fails_at_once(
     assert time_.sleeps == []
 
 
-@pytest.mark.parametrize(
-    ("call", "method"),
-    [
-        (lambda c: c.cancel_job("j-1"), CANCEL),
-        # A replay of a completion that landed is refused (UPLOAD_ALREADY_COMPLETED).
-        (lambda c: c.complete_upload("a-1"), COMPLETE_UPLOAD),
-    ],
-    ids=["cancel_job", "complete_upload"],
-)
-def test_a_call_without_a_request_id_that_is_not_a_read_is_never_retried(
-    server: Server, client: Client, time_: FakeTime, call: Callable[[Client], Any], method: Any
+def test_an_aborted_conflict_is_retried_and_already_exists_is_not(
+    server: Server, client: Client, time_: FakeTime
 ) -> None:
-    server.run(lambda: call(client))
-    _, _, rpc = server.take(method)
+    server.run(lambda: client.submit(**submit_fields()))
+    _, first, rpc = server.take(SUBMIT)
+    busy = details("USER_BUSY", retry_after=0, code=grpc.StatusCode.ABORTED)
+    rpc.terminate(None, trailers(busy), grpc.StatusCode.ABORTED, "busy")
+    _, second, rpc = server.take(SUBMIT)
+    reused = details("IDEMPOTENCY_KEY_REUSED", code=grpc.StatusCode.ALREADY_EXISTS)
+    rpc.terminate(None, trailers(reused), grpc.StatusCode.ALREADY_EXISTS, "key reused")
+    with pytest.raises(AtelierError) as raised:
+        server.result()
+    assert raised.value.reason == "IDEMPOTENCY_KEY_REUSED"
+    assert first == second
+    assert time_.sleeps == [0.0]  # the RetryInfo's 0 s: at once
+
+
+def test_complete_upload_carries_no_key_and_is_never_retried(
+    server: Server, client: Client, time_: FakeTime
+) -> None:
+    # A replay of a completion that landed is refused (UPLOAD_ALREADY_COMPLETED).
+    server.run(lambda: client.complete_upload("a-1"))
+    _, _, rpc = server.take(COMPLETE_UPLOAD)
     rpc.terminate(None, (), grpc.StatusCode.UNAVAILABLE, "reset")
     with pytest.raises(Unavailable):
         server.result()
     assert time_.sleeps == []
+
+
+def test_a_cancel_is_retried_and_the_replay_answers_the_job(
+    server: Server, client: Client, time_: FakeTime
+) -> None:
+    """The server answers a repeated cancel with the job as it is, so a cancel whose
+    answer was lost is tried again."""
+    server.run(lambda: client.cancel_job("j-1"))
+    _, first, rpc = server.take(CANCEL)
+    rpc.terminate(None, (), grpc.StatusCode.UNAVAILABLE, "reset")
+    _, second, rpc = server.take(CANCEL)
+    cancelled = job_pb2.Job(job_id="j-1", version=2, status=job_pb2.JOB_STATUS_CANCELLED)
+    rpc.terminate(creation_service_pb2.CancelJobResponse(job=cancelled), (), grpc.StatusCode.OK, "")
+    assert server.result() == cancelled
+    assert first == second == creation_service_pb2.CancelJobRequest(job_id="j-1")
+    assert len(time_.sleeps) == 1
+
+
+def test_delete_job_deletes_photos_unless_kept_and_is_retried(
+    server: Server, client: Client
+) -> None:
+    server.run(lambda: client.delete_job("j-1"))
+    _, first, rpc = server.take(DELETE_JOB)
+    rpc.terminate(None, (), grpc.StatusCode.UNAVAILABLE, "reset")
+    _, second, rpc = server.take(DELETE_JOB)
+    rpc.terminate(creation_service_pb2.DeleteJobResponse(), (), grpc.StatusCode.OK, "")
+    assert server.result() is None
+    assert first == second == creation_service_pb2.DeleteJobRequest(job_id="j-1")
+
+    server.run(lambda: client.delete_job("j-2", keep_assets=True))
+    _, kept, rpc = server.take(DELETE_JOB)
+    rpc.terminate(creation_service_pb2.DeleteJobResponse(), (), grpc.StatusCode.OK, "")
+    server.result()
+    assert kept == creation_service_pb2.DeleteJobRequest(job_id="j-2", keep_assets=True)
+
+
+def test_a_device_missing_after_a_retry_is_deleted_but_missing_at_first_is_not_found(
+    server: Server, client: Client
+) -> None:
+    missing = trailers(details("DEVICE_NOT_FOUND", code=grpc.StatusCode.NOT_FOUND))
+    server.run(lambda: client.delete_device("d-1"))
+    _, _, rpc = server.take(DELETE_DEVICE)
+    rpc.terminate(None, (), grpc.StatusCode.UNAVAILABLE, "reset")  # it may have landed
+    _, _, rpc = server.take(DELETE_DEVICE)
+    rpc.terminate(None, missing, grpc.StatusCode.NOT_FOUND, "no such device")
+    assert server.result() is None
+
+    server.run(lambda: client.delete_device("d-2"))
+    _, _, rpc = server.take(DELETE_DEVICE)
+    rpc.terminate(None, missing, grpc.StatusCode.NOT_FOUND, "no such device")
+    with pytest.raises(NotFound) as raised:
+        server.result()
+    assert raised.value.reason == "DEVICE_NOT_FOUND"
 
 
 def test_errors_are_typed_with_reason_violations_and_metadata(
@@ -328,7 +411,7 @@ def test_a_token_callable_is_asked_before_each_call_and_with_token_calls_as_anot
 
 def state(version: int, status: int, done: bool = False) -> notify_service_pb2.WatchJobResponse:
     return notify_service_pb2.WatchJobResponse(
-        job=job_state_pb2.JobState(job_id="j-1", version=version, status=status, done=done)
+        job=job_pb2.Job(job_id="j-1", version=version, status=status, done=done)
     )
 
 
@@ -417,3 +500,72 @@ def test_the_client_imports_only_gen_grpc_and_the_standard_library() -> None:
                 if top not in allowed and top not in sys.stdlib_module_names:
                     foreign.add(f"{module.name}: {name}")
     assert foreign == set()
+
+
+def jobs_message(version: int, cursor: str) -> notify_service_pb2.WatchJobsResponse:
+    return notify_service_pb2.WatchJobsResponse(
+        job=job_pb2.Job(job_id="j-1", version=version), cursor=cursor
+    )
+
+
+def test_watch_jobs_resumes_from_the_last_cursor_across_ends_and_failures(
+    server: Server, client: Client, time_: FakeTime
+) -> None:
+    got: queue.Queue[notify_service_pb2.WatchJobsResponse] = queue.Queue()
+    watching = client.watch_jobs("saved")
+
+    def read() -> None:
+        for message in watching:
+            got.put(message)
+
+    server.run(read)
+    asked = []
+    _, request, rpc = server.take(WATCH_JOBS, "unary_stream")
+    asked.append(request.cursor)
+    rpc.send_response(jobs_message(1, "c1"))
+    rpc.send_response(notify_service_pb2.WatchJobsResponse(snapshot_end={}, cursor="c2"))
+    rpc.send_response(notify_service_pb2.WatchJobsResponse(keep_alive={}))  # not handed on
+    rpc.send_response(jobs_message(2, "c3"))
+    end = notify_service_pb2.StreamEnd(
+        reason=notify_service_pb2.STREAM_END_REASON_MAX_DURATION,
+        retry_delay=duration_pb2.Duration(seconds=2),
+    )
+    rpc.send_response(notify_service_pb2.WatchJobsResponse(end=end))
+    server.cancelled(rpc)
+
+    _, request, rpc = server.take(WATCH_JOBS, "unary_stream")
+    asked.append(request.cursor)
+    rpc.send_response(jobs_message(3, "c4"))
+    handed = [got.get(timeout=TAKE_WITHIN) for _ in range(4)]  # read before the reset
+    rpc.terminate((), grpc.StatusCode.INTERNAL, "Received RST_STREAM with error code 2")
+
+    _, request, rpc = server.take(WATCH_JOBS, "unary_stream")
+    asked.append(request.cursor)
+    expired = details("CURSOR_EXPIRED", code=grpc.StatusCode.FAILED_PRECONDITION)
+    rpc.terminate(trailers(expired), grpc.StatusCode.FAILED_PRECONDITION, "cursor expired")
+
+    with pytest.raises(FailedPrecondition) as raised:
+        server.result()
+    assert raised.value.reason == "CURSOR_EXPIRED"
+    assert asked == ["saved", "c3", "c4"]
+    assert got.empty()
+    assert [(m.WhichOneof("event"), m.cursor) for m in handed] == [
+        ("job", "c1"),
+        ("snapshot_end", "c2"),
+        ("job", "c3"),
+        ("job", "c4"),
+    ]
+    assert time_.sleeps[0] == 2.0  # the end's retry_delay
+    assert 0.05 <= time_.sleeps[1] <= 0.1  # a backoff after the reset
+
+
+def test_closing_watch_jobs_closes_its_stream(server: Server, client: Client) -> None:
+    watching = client.watch_jobs()
+    server.run(lambda: next(watching))
+    _, request, rpc = server.take(WATCH_JOBS, "unary_stream")
+    assert request.cursor == ""
+    rpc.send_response(jobs_message(1, "c1"))
+    assert server.result().cursor == "c1"
+    server.run(watching.close)
+    server.cancelled(rpc)
+    server.result()

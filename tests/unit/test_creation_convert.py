@@ -1,6 +1,6 @@
 """creation's conversions: typed parameters keep presence and precision, a model's
 schema keeps exact bounds, and the outbox payload the store writes without
-protobuf is exactly the JobState's protobuf JSON."""
+protobuf is exactly the Job's protobuf JSON."""
 
 from __future__ import annotations
 
@@ -10,12 +10,11 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 from google.protobuf import json_format
 
-from atelier.creation.v1 import parameters_pb2
-from atelier.notify.v1 import job_state_pb2
+from atelier.creation.v1 import creation_service_pb2, job_pb2, parameters_pb2
 from services.creation import convert, submission
 from services.creation.catalog import CatalogModel
 from services.creation.domain import Job, Status, Step
-from services.creation.parameters import GenerationParameters, ParameterSpec, SizeRange
+from services.creation.parameters import ParameterSpec, SizeRange, to_stored
 
 BASE = Job(
     job_id="3f2504e0-4f89-41d3-9a0c-0305e82c3301",
@@ -30,7 +29,7 @@ BASE = Job(
     negative_prompt="",
     width=512,
     height=512,
-    parameters={"seed": 7},
+    parameters=to_stored({"seed": 7}),
     status=Status.QUEUED,
     progress=0,
     step=None,
@@ -82,10 +81,28 @@ VARIANTS = {
         ),
     ),
     "failed with message": dataclasses.replace(
-        BASE, status=Status.FAILED, error_code="PROVIDER_BUSY", error_message="busy"
+        BASE,
+        status=Status.FAILED,
+        error_code="UNAVAILABLE",
+        error_message="busy",
+        error_reason="PROVIDER_UNAVAILABLE",
+        error_retryable=True,
+    ),
+    "failed for good": dataclasses.replace(
+        BASE,
+        status=Status.FAILED,
+        error_code="INPUT_UNREADABLE",
+        error_message="too many pixels",
+        error_reason="PROVIDER_REJECTED_INPUT",
+        error_retryable=False,
     ),
     "needs attention, no message": dataclasses.replace(
-        BASE, status=Status.NEEDS_ATTENTION, error_code="OUTCOME_UNKNOWN", error_message=""
+        BASE,
+        status=Status.NEEDS_ATTENTION,
+        error_code="OUTCOME_UNKNOWN",
+        error_message="",
+        error_reason="OUTCOME_UNKNOWN",
+        error_retryable=False,
     ),
     "milliseconds": dataclasses.replace(
         BASE, updated_at=datetime(2026, 11, 30, 12, 0, 1, 250000, tzinfo=UTC)
@@ -104,12 +121,37 @@ VARIANTS = {
     "second attempt running": dataclasses.replace(
         BASE, status=Status.RUNNING, attempt=2, step=Step.GENERATING, progress=10
     ),
-    "cancelled": dataclasses.replace(BASE, status=Status.CANCELLED, attempt=1),
+    "cancelled": dataclasses.replace(
+        BASE,
+        status=Status.CANCELLED,
+        attempt=1,
+        started_at=datetime(2026, 11, 30, 12, 0, 2, tzinfo=UTC),
+        completed_at=datetime(2026, 11, 30, 12, 0, 3, 1000, tzinfo=UTC),
+    ),
+    "a parameter of each type, a negative prompt, no price": dataclasses.replace(
+        BASE,
+        negative_prompt="blur",
+        price_points=0,
+        parameters=to_stored(
+            {
+                "seed": -(2**63),
+                "steps": 0,
+                "guidance_scale": 7.5,
+                "strength": 0.0,
+                "hdr": False,
+                "sampler": "ddim",
+                "caption": "",
+            }
+        ),
+    ),
+    "no parameters": dataclasses.replace(BASE, parameters={}),
     "deleted": dataclasses.replace(
         BASE,
         status=Status.FAILED,
         attempt=1,
-        error_code="PROVIDER_BUSY",
+        error_code="UNAVAILABLE",
+        error_reason="PROVIDER_UNAVAILABLE",
+        error_retryable=True,
         version=5,
         deleted_at=datetime(2026, 11, 30, 13, tzinfo=UTC),
     ),
@@ -117,19 +159,27 @@ VARIANTS = {
 
 
 @pytest.mark.parametrize("job", VARIANTS.values(), ids=VARIANTS.keys())
-def test_the_job_state_json_reads_back_as_the_same_state(job: Job) -> None:
-    """The outbox's form (creation.job_state, held equal to this JSON by
-    tests/integration/creation/test_fenced_batches.py) loses nothing of the state."""
-    payload = json_format.MessageToDict(convert.job_state(job))
-    assert json_format.ParseDict(payload, job_state_pb2.JobState()) == convert.job_state(job)
+def test_the_outbox_json_reads_back_as_the_same_job(job: Job) -> None:
+    """The outbox's form (creation.job_message, held equal to this JSON by
+    tests/integration/creation/test_fenced_batches.py) loses nothing of the job."""
+    payload = json_format.MessageToDict(convert.outbox_job(job))
+    assert json_format.ParseDict(payload, job_pb2.Job()) == convert.outbox_job(job)
 
 
-def test_a_deleted_jobs_state_is_a_tombstone() -> None:
+@pytest.mark.parametrize("name", [name for name, job in VARIANTS.items() if job.deleted_at is None])
+def test_the_outbox_job_is_the_job_get_job_answers(name: str) -> None:
+    """One job shape: what notify streams is what GetJob and ListJobs answer."""
+    job = VARIANTS[name]
+    assert convert.outbox_job(job) == convert.job_message(job)
+    assert convert.job_message(job).model_id == "stub-fast"
+
+
+def test_a_deleted_jobs_outbox_job_is_a_tombstone() -> None:
     """Its identity, version, last status and the flags; nothing a client would show."""
     deleted = dataclasses.replace(
         VARIANTS["succeeded"], version=6, deleted_at=datetime(2026, 11, 30, 13, tzinfo=UTC)
     )
-    assert json_format.MessageToDict(convert.job_state(deleted)) == {
+    assert json_format.MessageToDict(convert.outbox_job(deleted)) == {
         "jobId": BASE.job_id,
         "userId": BASE.user_id,
         "version": "6",
@@ -140,28 +190,47 @@ def test_a_deleted_jobs_state_is_a_tombstone() -> None:
     }
 
 
-def test_a_job_state_says_done_attempt_and_next_attempt_time() -> None:
-    retry = convert.job_state(VARIANTS["queued for a retry"])
+def test_a_job_says_done_attempt_and_next_attempt_time() -> None:
+    retry = convert.outbox_job(VARIANTS["queued for a retry"])
     assert (retry.done, retry.attempt) == (False, 2)
     assert retry.next_attempt_time.ToDatetime(tzinfo=UTC) == datetime(
         2026, 11, 30, 12, 0, 30, 500000, tzinfo=UTC
     )
-    running = convert.job_state(VARIANTS["second attempt running"])
+    running = convert.outbox_job(VARIANTS["second attempt running"])
     assert not running.HasField("next_attempt_time") and not running.done
-    assert convert.job_state(VARIANTS["succeeded"]).done
-    assert convert.job_state(VARIANTS["cancelled"]).done
-    assert not convert.job_state(VARIANTS["needs attention, no message"]).done
+    assert convert.outbox_job(VARIANTS["succeeded"]).done
+    assert convert.outbox_job(VARIANTS["cancelled"]).done
+    assert not convert.outbox_job(VARIANTS["needs attention, no message"]).done
 
 
-def test_unset_parameters_stay_unset_and_a_seed_stays_exact() -> None:
-    """Presence is explicit: an unset seed is not seed 0, and 2^63-1 is not rounded."""
-    message = parameters_pb2.GenerationParameters(seed=2**63 - 1, guidance_scale=0.0)
-    parameters = convert.parameters_from_proto(message)
-    assert parameters == GenerationParameters(seed=2**63 - 1, guidance_scale=0.0)
-    assert parameters.as_dict() == {"seed": 2**63 - 1, "guidance_scale": 0.0}
-    back = convert.parameters_message(parameters.as_dict())
-    assert back == message
-    assert json_format.MessageToDict(back)["seed"] == "9223372036854775807"
+def test_parameters_keep_their_types_and_a_seed_stays_exact() -> None:
+    """Each value keeps the field it came in (0.0 is a float, not absent; False a bool),
+    2^63-1 is not rounded, and a value with nothing set is None for the check to name."""
+    request = creation_service_pb2.SubmitJobRequest(
+        parameters={
+            "seed": parameters_pb2.ParameterValue(int_value=2**63 - 1),
+            "guidance_scale": parameters_pb2.ParameterValue(float_value=0.0),
+            "hdr": parameters_pb2.ParameterValue(bool_value=False),
+            "sampler": parameters_pb2.ParameterValue(string_value="ddim"),
+            "empty": parameters_pb2.ParameterValue(),
+        }
+    )
+    parameters = convert.parameters_from_proto(request.parameters)
+    assert parameters == {
+        "seed": 2**63 - 1,
+        "guidance_scale": 0.0,
+        "hdr": False,
+        "sampler": "ddim",
+        "empty": None,
+    }
+    assert type(parameters["guidance_scale"]) is float and type(parameters["hdr"]) is bool
+    del parameters["empty"]
+    job = job_pb2.Job()
+    convert.fill_parameters(job.parameters, to_stored(parameters))  # type: ignore[arg-type]
+    assert dict(job.parameters) == {k: v for k, v in request.parameters.items() if k != "empty"}
+    assert json_format.MessageToDict(job)["parameters"]["seed"] == {
+        "intValue": "9223372036854775807"
+    }
 
 
 def test_a_model_shows_its_sizes_and_exact_bounds() -> None:
@@ -221,5 +290,5 @@ VALID: dict[str, object] = {
     "negative_prompt": "",
     "width": 512,
     "height": 512,
-    "parameters": GenerationParameters(),
+    "parameters": {},
 }

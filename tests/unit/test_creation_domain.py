@@ -22,7 +22,6 @@ from services.creation.domain import (
     may_change,
     reap_decision,
 )
-from services.creation.parameters import GenerationParameters as Params
 
 VALID = {
     "idempotency_key": None,
@@ -33,7 +32,7 @@ VALID = {
     "negative_prompt": "",
     "width": 512,
     "height": 768,
-    "parameters": Params(seed=42, guidance_scale=7.5),
+    "parameters": dict(seed=42, guidance_scale=7.5),
 }
 
 
@@ -55,18 +54,19 @@ def test_a_valid_request_passes() -> None:
         ({"model_id": ""}, "model_id"),
         ({"model_id": "Not A Model"}, "model_id"),
         ({"style_id": "x" * 80}, "style_id"),
-        ({"input_asset_id": ""}, "input_asset_id"),
+        ({"input_asset_id": "not-a-uuid"}, "input_asset_id"),
+        ({"input_url": "https://x/" + "a" * 2048}, "input_url"),
+        ({"input_url": "https://a b/"}, "input_url"),
         ({"input_asset_id": "../../etc/passwd"}, "input_asset_id"),
         ({"prompt": "x" * 2001}, "prompt"),
         ({"prompt": "nul\x00byte"}, "prompt"),
         ({"negative_prompt": "y" * 1001}, "negative_prompt"),
         ({"width": 0}, "width"),
         ({"height": -8}, "height"),
-        (
-            {"parameters": Params(guidance_scale=float("inf"))},
-            "generation_parameters.guidance_scale",
-        ),
-        ({"parameters": Params(strength=float("nan"))}, "generation_parameters.strength"),
+        ({"parameters": {"guidance_scale": float("inf")}}, "parameters.guidance_scale"),
+        ({"parameters": {"strength": float("nan")}}, "parameters.strength"),
+        ({"parameters": {"steps": None}}, "parameters.steps"),
+        ({"parameters": {"Steps": 3}}, "parameters"),
     ],
 )
 def test_each_bad_field_is_named(changes: dict[str, object], field: str) -> None:
@@ -80,7 +80,7 @@ def test_every_problem_is_reported_at_once() -> None:
 def test_the_parameters_hash_as_the_free_form_object_did() -> None:
     """{"seed": 7} hashed the same before parameters were typed: a replay of a request made
     before the upgrade finds its job."""
-    command, _ = submission.validate(**{**VALID, "parameters": Params(seed=7)})  # type: ignore[arg-type]
+    command, _ = submission.validate(**{**VALID, "parameters": dict(seed=7)})  # type: ignore[arg-type]
     assert command is not None
     canonical = {
         "model_id": "stub-fast",
@@ -101,21 +101,21 @@ def test_multiline_prompts_are_fine() -> None:
 
 
 def test_hash_ignores_spelling_but_not_content() -> None:
-    a, _ = submission.validate(**{**VALID, "parameters": Params(seed=42, steps=20)})  # type: ignore[arg-type]
+    a, _ = submission.validate(**{**VALID, "parameters": dict(seed=42, steps=20)})  # type: ignore[arg-type]
     b, _ = submission.validate(
-        **{**VALID, "parameters": Params(steps=20, seed=42), "idempotency_key": "k"}
+        **{**VALID, "parameters": dict(steps=20, seed=42), "idempotency_key": "k"}
     )  # type: ignore[arg-type]
-    c, _ = submission.validate(**{**VALID, "parameters": Params(seed=42, steps=21)})  # type: ignore[arg-type]
+    c, _ = submission.validate(**{**VALID, "parameters": dict(seed=42, steps=21)})  # type: ignore[arg-type]
     # Seeds that one double cannot tell apart are different requests.
-    d, _ = submission.validate(**{**VALID, "parameters": Params(seed=2**63 - 1, steps=20)})  # type: ignore[arg-type]
-    e, _ = submission.validate(**{**VALID, "parameters": Params(seed=2**63 - 2, steps=20)})  # type: ignore[arg-type]
+    d, _ = submission.validate(**{**VALID, "parameters": dict(seed=2**63 - 1, steps=20)})  # type: ignore[arg-type]
+    e, _ = submission.validate(**{**VALID, "parameters": dict(seed=2**63 - 2, steps=20)})  # type: ignore[arg-type]
     assert a is not None and b is not None and c is not None and d is not None and e is not None
     assert a.request_hash() == b.request_hash()
     assert len({a.request_hash(), c.request_hash(), d.request_hash(), e.request_hash()}) == 4
     # A UUID in upper case is the same asset, so the same request.
     upper_id = str(VALID["input_asset_id"]).upper()
     upper, _ = submission.validate(
-        **{**VALID, "input_asset_id": upper_id, "parameters": Params(seed=42, steps=20)}
+        **{**VALID, "input_asset_id": upper_id, "parameters": dict(seed=42, steps=20)}
     )  # type: ignore[arg-type]
     assert upper is not None
     assert upper.request_hash() == a.request_hash()

@@ -50,7 +50,7 @@ def lua_message() -> str:
 def mappers_for_431() -> list[dict[str, Any]]:
     found = []
     for mapper in manager()["local_reply_config"]["mappers"]:
-        for part in mapper["filter"]["and_filter"]["filters"]:
+        for part in mapper["filter"].get("and_filter", {}).get("filters", []):
             comparison = part.get("status_code_filter", {}).get("comparison", {})
             if comparison.get("value", {}).get("default_value") == 431:
                 found.append(mapper)

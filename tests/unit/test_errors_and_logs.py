@@ -138,3 +138,15 @@ def test_any_error_stays_well_under_the_metadata_limit() -> None:
 )
 def test_the_in_flight_limit_is_said_in_good_english(limit: int, said: str) -> None:
     assert said in InFlightLimitReached(limit).to_api_error().message
+
+
+def test_aborted_always_says_when_to_retry_and_already_exists_never() -> None:
+    """Both are HTTP 409 through the edge: `retry-after` alone tells "send it again" (ABORTED:
+    USER_BUSY, LOCK_TIMEOUT, UPLOAD_CHANGED) from "never" (ALREADY_EXISTS)."""
+    changed = ApiError(grpc.StatusCode.ABORTED, "UPLOAD_CHANGED", "complete it again")
+    assert changed.initial_metadata() == (("retry-after", "0"),)
+    busy = ApiError(grpc.StatusCode.ABORTED, "USER_BUSY", "busy", retry_after_seconds=1.0)
+    assert busy.initial_metadata() == (("retry-after", "1"),)
+    reused = ApiError(grpc.StatusCode.ALREADY_EXISTS, "IDEMPOTENCY_KEY_REUSED", "used")
+    assert reused.initial_metadata() == ()
+    assert not any(d.Is(error_details_pb2.RetryInfo.DESCRIPTOR) for d in reused.to_status().details)

@@ -110,6 +110,11 @@ SEEN = [
         outages.Reason.LOCK_TIMEOUT,
     ),
     (errors.StorageUnavailable(), grpc.StatusCode.UNAVAILABLE, Reason.STORAGE_UNAVAILABLE),
+    (
+        errors.ImportRefused("ADDRESS_NOT_ALLOWED", "no"),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        Reason.IMPORT_REFUSED,
+    ),
 ]
 
 
@@ -119,8 +124,9 @@ def test_each_domain_failure_keeps_its_status(
 ) -> None:
     api = failure.to_api_error()
     assert (api.code, api.reason) == (code, reason)
-    # "Try again later" (or, after contention, "now") says when.
-    retried = code == grpc.StatusCode.UNAVAILABLE or reason == outages.Reason.LOCK_TIMEOUT
+    # "Try again later" (or, after contention or a changed upload: ABORTED, "now") says
+    # when: an HTTP client tells a retry-me 409 from a don't-retry one by retry-after.
+    retried = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED)
     assert (api.retry_after_seconds is not None) == retried
 
 

@@ -22,6 +22,20 @@ def test_defaults_run_locally() -> None:
     assert settings.chunk_bytes == 256 * 1024
     assert settings.upload_url_ttl_seconds == 900
     assert settings.download_url_ttl_seconds == 300
+    assert settings.download_url_window_seconds == 3600
+
+
+def test_a_download_url_window_and_ttl_fit_in_a_signed_urls_life() -> None:
+    week = 7 * 24 * 3600
+    fits = MediaSettings.from_env(
+        {
+            "ATELIER_MEDIA_DOWNLOAD_URL_WINDOW": str(week - 300),
+            "ATELIER_MEDIA_DOWNLOAD_URL_TTL": "300",
+        }
+    )
+    assert fits.download_url_window_seconds == week - 300
+    with pytest.raises(SettingsError, match="ATELIER_MEDIA_DOWNLOAD_URL_WINDOW plus"):
+        MediaSettings.from_env({"ATELIER_MEDIA_DOWNLOAD_URL_WINDOW": str(week - 299)})
 
 
 def test_s3_settings_are_read() -> None:
@@ -64,6 +78,7 @@ def test_a_relative_local_dir_becomes_absolute(
         ("ATELIER_MEDIA_MAX_IMAGE_PIXELS", "100000000", "ATELIER_MEDIA_MAX_IMAGE_PIXELS must be"),
         ("ATELIER_MEDIA_UPLOAD_URL_TTL", "1", "ATELIER_MEDIA_UPLOAD_URL_TTL must be between"),
         ("ATELIER_MEDIA_DOWNLOAD_URL_TTL", "999999999", "ATELIER_MEDIA_DOWNLOAD_URL_TTL must be"),
+        ("ATELIER_MEDIA_DOWNLOAD_URL_WINDOW", "0", "ATELIER_MEDIA_DOWNLOAD_URL_WINDOW must be"),
         ("ATELIER_MEDIA_HTTP_PORT", "0", "ATELIER_MEDIA_HTTP_PORT must be between"),
         ("ATELIER_MEDIA_HOUSEKEEPING_PERIOD", "0", "ATELIER_MEDIA_HOUSEKEEPING_PERIOD must be"),
         ("ATELIER_MEDIA_PUBLIC_BASE_URL", "edge:8080", "must start with http:// or https://"),
@@ -126,3 +141,19 @@ def test_abandoned_writes_age_an_hour_by_default_and_never_less_than_a_minute() 
     # Shorter would risk removing a write still in progress.
     with pytest.raises(SettingsError, match="ATELIER_MEDIA_ABANDONED_WRITE_AGE must be between"):
         MediaSettings.from_env({"ATELIER_MEDIA_ABANDONED_WRITE_AGE": "5"})
+
+
+def test_imports_fetch_public_addresses_only_unless_a_test_says_otherwise() -> None:
+    settings = MediaSettings.from_env({})
+    assert (settings.import_timeout_seconds, settings.import_allowed_networks) == (10, ())
+    allowed = MediaSettings.from_env(
+        {"ATELIER_MEDIA_IMPORT_ALLOWED_NETWORKS": "127.0.0.1/32, ::1/128"}
+    )
+    assert allowed.import_allowed_networks == ("127.0.0.1/32", "::1/128")
+    with pytest.raises(SettingsError, match="ATELIER_MEDIA_IMPORT_ALLOWED_NETWORKS"):
+        MediaSettings.from_env({"ATELIER_MEDIA_IMPORT_ALLOWED_NETWORKS": "not-a-network"})
+    prod = {**PROD, "ATELIER_MEDIA_URL_SECRET": "u" * 40}
+    with pytest.raises(SettingsError, match="is a test setting"):
+        MediaSettings.from_env({**prod, "ATELIER_MEDIA_IMPORT_ALLOWED_NETWORKS": "10.0.0.0/8"})
+    with pytest.raises(SettingsError, match="ATELIER_MEDIA_IMPORT_CA_FILE"):
+        MediaSettings.from_env({"ATELIER_MEDIA_IMPORT_CA_FILE": "/no/such/ca.pem"})

@@ -10,7 +10,6 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from atelier.creation.v1 import job_pb2
-from atelier.notify.v1 import job_state_pb2
 from services.notify.projection import AppliedState, Moved
 from services.notify.pushes import payloads, texts, tokens
 from services.notify.pushes.planning import Plan, Prior, Rules, Token, at_registration, plan
@@ -30,7 +29,7 @@ def moved(
     previous: str | None,
     progress: int = 0,
 ) -> Moved:
-    state = job_state_pb2.JobState(
+    state = job_pb2.Job(
         job_id=JOB, user_id="u", version=version, status=status, progress_percent=progress
     )
     return Moved(AppliedState(state, version), previous)
@@ -192,10 +191,8 @@ def test_an_end_drops_the_update_still_waiting() -> None:
 
 def state_at(
     version: int, status: job_pb2.JobStatus.ValueType, *, deleted: bool = False
-) -> job_state_pb2.JobState:
-    return job_state_pb2.JobState(
-        job_id=JOB, user_id="u", version=version, status=status, deleted=deleted
-    )
+) -> job_pb2.Job:
+    return job_pb2.Job(job_id=JOB, user_id="u", version=version, status=status, deleted=deleted)
 
 
 def test_an_end_followed_in_its_batch_by_the_deletion_still_alerts_and_ends() -> None:

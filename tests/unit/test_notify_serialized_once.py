@@ -8,12 +8,11 @@ from typing import Any
 import grpc
 
 from atelier.creation.v1 import job_pb2
-from atelier.notify.v1 import job_state_pb2
 from atelier.notify.v1 import notify_service_pb2 as pb
 from services.kit.interceptors import wrap_handler
 from services.notify.streams.change import Change
 
-STATE = job_state_pb2.JobState(
+STATE = job_pb2.Job(
     job_id="3f2504e0-4f89-41d3-9a0c-0305e82c3301",
     user_id="user-1",
     version=4,

@@ -16,7 +16,7 @@ from services.kit.errors import DomainError
 from services.kit.outages import Outage
 from services.notify import errors
 from services.notify.delivery import Delivery
-from services.notify.projection import AppliedState, JobState
+from services.notify.projection import AppliedState, Job
 from tests.support.notify import job_state, new_job_id
 
 NOTIFY = Path(__file__).resolve().parents[2] / "services" / "notify"
@@ -101,7 +101,7 @@ def test_an_expired_cursor_says_why_and_what_to_do() -> None:
 class _Projection:
     """Moves every state it is given (a fake of store.ProjectionStore.apply)."""
 
-    async def apply(self, states: Sequence[JobState], planner: Any = None) -> list[AppliedState]:
+    async def apply(self, states: Sequence[Job], planner: Any = None) -> list[AppliedState]:
         return [AppliedState(state, seq) for seq, state in enumerate(states, start=1)]
 
 

@@ -4,11 +4,11 @@ Redis payload: no network."""
 import asyncio
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from atelier.creation.v1 import job_pb2
-from atelier.notify.v1 import job_state_pb2
 from services.notify.output_urls import OutputUrls, SignedUrl
 from services.notify.streams.change import Change, from_applied
 from services.notify.streams.clock import StreamClock
@@ -24,7 +24,7 @@ def change(
     job_id: str, version: int, seq: int, *, user: str = "u1", terminal: bool = False
 ) -> Change:
     status = job_pb2.JOB_STATUS_SUCCEEDED if terminal else job_pb2.JOB_STATUS_RUNNING
-    state = job_state_pb2.JobState(
+    state = job_pb2.Job(
         job_id=job_id, user_id=user, version=version, status=status, progress_percent=version
     )
     return Change.of(state, seq=seq, terminal=terminal)
@@ -246,6 +246,8 @@ class CountingSigner:
                 expire,
                 width=512,
                 height=384,
+                content_type="image/webp",
+                size_bytes=4321,
             )
             for a in asset_ids
             if a != "gone"  # media leaves out what it cannot sign
@@ -282,6 +284,7 @@ async def test_output_urls_sign_all_outputs_of_a_state_in_one_call_with_thumbnai
     assert by_id["asset-2"].thumbnail_url == "https://t/asset-2"
     assert by_id["asset-2"].HasField("thumbnail_url_expire_time")
     assert (by_id["asset-2"].width, by_id["asset-2"].height) == (512, 384)
+    assert (by_id["asset-2"].content_type, by_id["asset-2"].size_bytes) == ("image/webp", 4321)
     assert by_id["gone"].url == "" and by_id["gone"].thumbnail_url == ""
     assert (by_id["gone"].width, by_id["gone"].height) == (0, 0)
     assert not state.outputs[0].url  # the shared state is left as it was
@@ -294,6 +297,33 @@ async def test_output_urls_sign_again_when_the_cached_one_is_about_to_expire() -
     await urls.urls(["asset-1"])
     await urls.urls(["asset-1"])
     assert len(signer.calls) == 2
+
+
+async def test_output_urls_sign_again_once_their_window_ended() -> None:
+    """media answers new URLs from its window's end on (GetJob hands those out): notify's
+    cache follows at once, though the old ones would still work for a while."""
+
+    class WindowedSigner(CountingSigner):
+        def __init__(self) -> None:
+            super().__init__(seconds_to_live=3600)
+            self.window_ends_in = 1000.0
+
+        async def __call__(self, asset_ids: Sequence[str]) -> dict[str, SignedUrl]:
+            signed = await super().__call__(asset_ids)
+            ends = Timestamp()
+            ends.FromMicroseconds(int((time.time() + self.window_ends_in) * 1e6))
+            return {a: replace(u, window_end_time=ends) for a, u in signed.items()}
+
+    signer = WindowedSigner()
+    signer.release.set()
+    urls = OutputUrls(signer)
+    await urls.urls(["asset-1"])
+    await urls.urls(["asset-1"])
+    assert len(signer.calls) == 1  # within the window: cached
+    signer.window_ends_in = -1.0  # the next URLs come from a window that already ended
+    await urls.urls(["asset-2"])
+    await urls.urls(["asset-2"])
+    assert signer.calls[1:] == [["asset-2"], ["asset-2"]]
 
 
 async def test_output_urls_leave_states_other_than_succeeded_alone() -> None:

@@ -115,7 +115,8 @@ def test_path_variables_are_required_path_parameters_named_in_json(doc: dict[str
             "in": "path",
             "required": True,
             "description": "Which thing.",
-            "schema": {"type": "string"},
+            # REQUIRED: not empty (the services refuse an empty one).
+            "schema": {"type": "string", "minLength": 1},
         },
     }
     assert "requestBody" not in get
@@ -219,7 +220,9 @@ def test_a_server_stream_is_marked_and_described_as_json_lines(doc: dict[str, An
     assert watch["x-server-streaming"] is True
     ok = watch["responses"]["200"]
     assert "one JSON object per line" in ok["description"]
-    assert ok["content"]["application/json"]["schema"] == {"$ref": SCHEMAS + "WatchThingsResponse"}
+    assert ok["content"]["application/x-ndjson"]["schema"] == {
+        "$ref": SCHEMAS + "WatchThingsResponse"
+    }
     unary = op(doc, "/v1/things", "get")
     assert "x-server-streaming" not in unary
 
@@ -286,3 +289,23 @@ def test_the_services_are_the_ones_the_edge_transcodes() -> None:
     assert edge_services(config) == ["a.B", "c.D"]
     with pytest.raises(ValueError, match="one list of services"):
         edge_services({"static_resources": {"listeners": []}})
+
+
+def test_answers_only_have_their_always_printed_fields_required(doc: dict[str, Any]) -> None:
+    """The edge prints every scalar, enum, repeated field and map (always_print_primitive_
+    fields): in a message only answers carry, those are required; messages and oneof
+    members are not, and a message requests use too (Thing: PutThing's body) keeps only
+    its REQUIRED fields."""
+    assert schema(doc, "ListThingsResponse")["required"] == ["things"]
+    assert schema(doc, "tiny.v1.Note")["required"] == ["text"]
+    assert "required" not in schema(doc, "WatchThingsResponse")
+    assert schema(doc, "Thing").get("required", []) == [
+        f for f, p in schema(doc, "Thing")["properties"].items() if p.get("minLength")
+    ] or "required" not in schema(doc, "Thing")
+
+
+def test_a_stream_answer_is_exactly_one_of_its_events(doc: dict[str, Any]) -> None:
+    assert schema(doc, "WatchThingsResponse")["oneOf"] == [
+        {"required": ["thing"]},
+        {"required": ["keepAlive"]},
+    ]

@@ -10,7 +10,6 @@ from typing import Any
 import httpx
 import pytest
 
-from services.creation.parameters import GenerationParameters
 from services.creation.providers.base import Done, Failed, ProviderError, Running
 from services.creation.providers.fal import FalProvider
 from tests.unit.hosted_kit import (
@@ -64,7 +63,7 @@ async def test_the_seeded_flux_row_sends_each_parameter_under_fals_name() -> Non
     adapter = provider(vendor)
     passed = "seed,steps:num_inference_steps,guidance_scale,strength"
     row = f"{MODEL}?image=image_url&size=none&pass={passed}"
-    parameters = GenerationParameters(seed=2**63 - 1, steps=28, guidance_scale=3.5, strength=0.9)
+    parameters = dict(seed=2**63 - 1, steps=28, guidance_scale=3.5, strength=0.9)
     await adapter.submit(request(row, parameters=parameters), "job-1:1")
     body = vendor.body()
     assert {k: body[k] for k in ("seed", "num_inference_steps", "guidance_scale", "strength")} == {

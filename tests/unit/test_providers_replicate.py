@@ -11,7 +11,6 @@ from typing import Any
 import httpx
 import pytest
 
-from services.creation.parameters import GenerationParameters
 from services.creation.providers.base import Done, Failed, ProviderError, Running
 from services.creation.providers.replicate import ReplicateProvider, create_route
 from services.creation.settings import ProviderSettings, VendorSettings
@@ -84,7 +83,7 @@ async def test_a_version_route_sends_the_version_and_a_signed_url_replaces_the_b
         request(
             f"stability-ai/sdxl:{VERSION}?size=none&pass=seed",
             input_url="https://media.test/signed?sig=abc",
-            parameters=GenerationParameters(seed=7, steps=500),
+            parameters={"seed": 7, "steps": 500},
             num_outputs=2,
             negative_prompt="blurry",
         ),
@@ -108,7 +107,7 @@ async def test_parameters_go_under_the_vendors_names_and_a_seed_stays_exact() ->
     model = (
         f"stability-ai/sdxl:{VERSION}?pass=seed,steps:num_inference_steps,strength:prompt_strength"
     )
-    parameters = GenerationParameters(seed=2**63 - 1, steps=30, strength=0.25, guidance_scale=9)
+    parameters = dict(seed=2**63 - 1, steps=30, strength=0.25, guidance_scale=9)
     await adapter.submit(request(model, parameters=parameters), "job-1:1")
     sent = vendor.body()["input"]
     assert (sent["seed"], sent["num_inference_steps"], sent["prompt_strength"]) == (

@@ -74,6 +74,24 @@ async def test_the_outputs_are_the_size_the_request_asks(tmp_path: Path) -> None
     assert [(o.width, o.height) for o in done.outputs] == [(512, 512)] * 2
 
 
+async def test_a_request_without_a_photo_paints_its_prompt(tmp_path: Path) -> None:
+    stub = StubProvider(settings(tmp_path, duration_seconds=0), Clock())
+    text_only = replace(request(outputs=2), input_image=None, width=320, height=200)
+    done = await stub.poll(await stub.submit(text_only, "k"))
+    assert isinstance(done, Done)
+    assert [(o.content_type, o.width, o.height) for o in done.outputs] == [
+        ("image/png", 320, 200)
+    ] * 2
+    # Another instance (a resumed worker) paints the same bytes from the stored prompt;
+    # another prompt paints another picture.
+    again = await StubProvider(settings(tmp_path, duration_seconds=0), Clock()).poll(
+        await stub.submit(text_only, "k2")
+    )
+    assert isinstance(again, Done) and again.outputs[0].data == done.outputs[0].data
+    other = await stub.poll(await stub.submit(replace(text_only, prompt="a harbour"), "k3"))
+    assert isinstance(other, Done) and other.outputs[0].data != done.outputs[0].data
+
+
 def settings(tmp_path: Path, **changes: object) -> StubSettings:
     base = StubSettings(
         duration_seconds=10,

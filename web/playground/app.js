@@ -1,5 +1,6 @@
-// The atelier playground: sign in with a development token, upload a photo, pick a model
-// and a style, submit, watch the job live, see the result, the history and the balance.
+// The atelier playground: sign in with a development token, upload a photo (or name one by
+// its https address, or pick a model that makes pictures from the prompt alone), pick a
+// model and a style, submit, watch the job live, see the result, the history and the balance.
 // Plain ES modules, no build step; served by the edge at / (services/edge_static.py).
 
 import { EdgeError, Unreachable, call, callJson, jsonLines, newRequestId, sleep, tokenSubject } from "./edge.js";
@@ -36,6 +37,12 @@ const state = {
   pendingJob: "",
   // The catalog's display names by model and style id, for the history tiles.
   names: new Map(),
+  // What each model does with a photo (Model.inputImage), by model id.
+  inputImage: new Map(),
+  // Each model's parameters (Model.parameterSpecs), by model id.
+  specs: new Map(),
+  // The job on screen as last drawn (a queue standing arrives without a new version).
+  shown: null,
   // A limit the notice says was reached (an ErrorInfo reason), and its retry timer.
   limitReason: "",
   limitTimer: 0,
@@ -48,6 +55,14 @@ const LIMIT_LEFT = {
 };
 
 // --- what the user sees -----------------------------------------------------------------
+
+// A job's error as the user reads it: the message, what went wrong (the reason, without
+// its enum prefix) and whether submitting again may help (JobError.retryable).
+function errorText(error) {
+  const reason = (error.reason ?? "JOB_ERROR_REASON_UNSPECIFIED").replace(/^JOB_ERROR_REASON_/, "");
+  const advice = error.retryable ? "submitting again may work" : "submitting again will not help";
+  return [error.message, `${reason.toLowerCase().replaceAll("_", " ")}; ${advice}`].filter(Boolean).join(" — ");
+}
 
 function notify(text, kind = "error") {
   clearTimeout(state.limitTimer);
@@ -65,11 +80,12 @@ function clearFieldErrors() {
 /** Each BadRequest field violation next to its field; the rest in the notice. */
 function showFieldErrors(violations) {
   const unplaced = [];
+  const slots = [...document.querySelectorAll(".field-error")];
   for (const { field = "", description = "" } of violations) {
+    // A parameter's own slot (parameters.seed), else its field's (prompt, width…).
     const name = field.split(/[.[]/)[0];
-    const slot = [...document.querySelectorAll(".field-error")].find((s) =>
-      s.dataset.errorFor.split(" ").includes(name),
-    );
+    const names = (s) => s.dataset.errorFor.split(" ");
+    const slot = slots.find((s) => names(s).includes(field)) ?? slots.find((s) => names(s).includes(name));
     if (slot) slot.textContent = description;
     else unplaced.push(`${field}: ${description}`);
   }
@@ -129,8 +145,114 @@ async function action(button, work) {
   }
 }
 
+/** What the chosen model does with a photo: INPUT_IMAGE_REQUIRED, _OPTIONAL or _REFUSED. */
+function chosenInputImage() {
+  return state.inputImage.get($("model").value) ?? "INPUT_IMAGE_REQUIRED";
+}
+
+/** The photo the request sends: an uploaded asset, an https address, or none. */
+function chosenPhoto() {
+  if (chosenInputImage() === "INPUT_IMAGE_REFUSED") return {};
+  const url = $("photo-url").value.trim();
+  if (url) return { inputUrl: url };
+  return state.assetId ? { inputAssetId: state.assetId } : {};
+}
+
+// --- model parameters (the catalog's specs) ---------------------------------------------
+
+/** A ParameterValue as text: whichever of its one value is set. */
+function valueText(value) {
+  if (!value) return "";
+  for (const key of ["intValue", "floatValue", "boolValue", "stringValue"]) {
+    if (value[key] !== undefined) return String(value[key]);
+  }
+  return "";
+}
+
+/** One field per parameter of the chosen model, empty meaning "the model's default". */
+function showParameters() {
+  const specs = state.specs.get($("model").value) ?? [];
+  const fields = $("parameter-fields");
+  fields.replaceChildren(...specs.map(parameterField));
+  $("parameters").hidden = specs.length === 0;
+}
+
+function parameterField(spec) {
+  const row = document.createElement("div");
+  row.className = "parameter";
+  const id = `parameter-${spec.name}`;
+  const title = document.createElement("label");
+  title.htmlFor = id;
+  title.textContent = spec.name.replaceAll("_", " ");
+  title.title = spec.description ?? "";
+  const fallback = valueText(spec.defaultValue);
+  let input;
+  if (spec.type === "PARAMETER_TYPE_BOOL" || spec.type === "PARAMETER_TYPE_ENUM") {
+    input = document.createElement("select");
+    const choices = spec.type === "PARAMETER_TYPE_BOOL" ? ["true", "false"] : spec.choices ?? [];
+    const unset = new Option(fallback ? `default (${fallback})` : "model's choice", "");
+    input.replaceChildren(unset, ...choices.map((c) => new Option(c, c)));
+  } else {
+    input = document.createElement("input");
+    const numeric = spec.type === "PARAMETER_TYPE_INT" || spec.type === "PARAMETER_TYPE_FLOAT";
+    input.type = numeric ? "number" : "text";
+    if (numeric) {
+      input.step = spec.type === "PARAMETER_TYPE_INT" ? "1" : "any";
+      // No min/max attributes: the browser would keep an out-of-range value from the
+      // service, whose answer (a field violation) is what the page shows.
+    }
+    input.placeholder = fallback ? `default ${fallback}` : "model's choice";
+  }
+  input.id = id;
+  input.dataset.parameter = spec.name;
+  input.dataset.type = spec.type;
+  const error = document.createElement("span");
+  error.className = "field-error";
+  error.dataset.errorFor = `parameters.${spec.name}`;
+  const hint = document.createElement("p");
+  hint.className = "hint";
+  hint.textContent = spec.description ?? "";
+  row.append(title, input, hint, error);
+  return row;
+}
+
+/** SubmitJobRequest.parameters: each field given, in its type's JSON form (an int64 is a
+ * string of digits, as the contract's JSON has it). */
+function chosenParameters() {
+  const parameters = {};
+  for (const input of document.querySelectorAll("[data-parameter]")) {
+    const text = input.value.trim();
+    if (!text) continue;
+    const name = input.dataset.parameter;
+    switch (input.dataset.type) {
+      case "PARAMETER_TYPE_INT":
+        parameters[name] = { intValue: text };
+        break;
+      case "PARAMETER_TYPE_FLOAT":
+        parameters[name] = { floatValue: Number(text) };
+        break;
+      case "PARAMETER_TYPE_BOOL":
+        parameters[name] = { boolValue: text === "true" };
+        break;
+      default:
+        parameters[name] = { stringValue: text };
+    }
+  }
+  return parameters;
+}
+
+const PHOTO_HINTS = {
+  INPUT_IMAGE_REQUIRED: "This model restyles your photo: upload one or give its address.",
+  INPUT_IMAGE_OPTIONAL: "This model uses a photo when you give one.",
+  INPUT_IMAGE_REFUSED: "This model paints from the prompt alone: no photo needed.",
+};
+
 function updateSubmit() {
-  $("submit").disabled = !(state.token && state.assetId && state.catalogLoaded);
+  const needed = chosenInputImage() === "INPUT_IMAGE_REQUIRED";
+  const photo = chosenPhoto();
+  const ready = !needed || Boolean(photo.inputUrl || photo.inputAssetId);
+  $("model-photo").textContent = state.catalogLoaded ? PHOTO_HINTS[chosenInputImage()] ?? "" : "";
+  $("submit").disabled = !(state.token && state.catalogLoaded && ready);
 }
 
 const label = (status) => (status ?? "").replace(/^JOB_STATUS_/, "").replace(/_/g, " ").toLowerCase();
@@ -210,6 +332,11 @@ async function loadCatalog() {
   const byOrder = (a, b) => (a.sortOrder ?? 0) - (b.sortOrder ?? 0);
   fill($("model"), [...(catalog.models ?? [])].sort(byOrder), "modelId");
   fill($("style"), [...(catalog.styles ?? [])].sort(byOrder), "styleId");
+  state.inputImage = new Map(
+    (catalog.models ?? []).map((m) => [m.modelId, m.inputImage ?? "INPUT_IMAGE_REQUIRED"]),
+  );
+  state.specs = new Map((catalog.models ?? []).map((m) => [m.modelId, m.parameterSpecs ?? []]));
+  showParameters();
   state.names = new Map([
     ...(catalog.models ?? []).map((m) => [`model:${m.modelId}`, m.displayName]),
     ...(catalog.styles ?? []).map((s) => [`style:${s.styleId}`, s.displayName]),
@@ -368,8 +495,10 @@ function showJob(job) {
   if (!finished && job.step && job.step !== "JOB_STEP_UNSPECIFIED") details.push(job.step.replace(/^JOB_STEP_/, "").toLowerCase());
   if (job.status === "JOB_STATUS_RUNNING") details.push(`${progress} %`);
   if (job.cancelRequested && !TERMINAL.has(job.status)) details.push("cancelling…");
-  if (job.error?.message) details.push(`${job.error.message} (${job.error.code})`);
+  if (job.error) details.push(errorText(job.error));
   $("job-detail").textContent = details.join(" · ");
+  state.shown = job;
+  showStanding(job);
   $("cancel").disabled = finished || Boolean(job.cancelRequested);
   const result = $("result");
   const url = job.outputs?.[0]?.url;
@@ -392,6 +521,39 @@ function showJob(job) {
   }
 }
 
+/** Where a queued job stands: how many jobs a worker takes first, and when it should start
+ * (Job.queuePosition, estimatedStartTime). The edge prints a position of 0 even when none
+ * was read, so "next" is said only with an estimate. */
+function showStanding(job) {
+  const line = $("job-queue");
+  const position = Number(job.queuePosition ?? 0);
+  const parts = [];
+  if (job.status === "JOB_STATUS_QUEUED") {
+    if (position > 0) parts.push(position >= 1000 ? "1000 or more jobs ahead" : `${position} ${position === 1 ? "job" : "jobs"} ahead`);
+    else if (job.estimatedStartTime) parts.push("next in line");
+    if (job.estimatedStartTime) {
+      const seconds = Math.max(0, Math.round((Date.parse(job.estimatedStartTime) - Date.now()) / 1000));
+      parts.push(seconds < 2 ? "starting now" : `starts in about ${seconds} s`);
+    }
+  }
+  line.textContent = parts.join(" · ");
+  line.hidden = parts.length === 0;
+  line.dataset.position = job.status === "JOB_STATUS_QUEUED" ? String(position) : "";
+}
+
+/** A KeepAlive's standings: the job on screen moved in the queue without a new version. */
+function applyStandings(standings) {
+  const job = state.shown;
+  if (!job) return;
+  for (const standing of standings ?? []) {
+    if (standing.jobId === job.jobId && BigInt(standing.version ?? "0") === BigInt(job.version ?? "0")) {
+      job.queuePosition = standing.queuePosition;
+      job.estimatedStartTime = standing.estimatedStartTime;
+      showStanding(job);
+    }
+  }
+}
+
 const EXTENSIONS = { "image/png": ".png", "image/jpeg": ".jpg", "image/webp": ".webp" };
 
 /** The file name's extension for a signed URL: local storage's URLs carry their type. */
@@ -404,9 +566,11 @@ function extension(url) {
 }
 
 /** Follows a job's states on the watch stream until it is done, reconnecting after the
- * last version it saw when the stream ends early (a notify replica went away, draining). */
+ * last version it saw when the stream ends early (a notify replica went away, draining).
+ * A version is an int64, a JSON string: compared as a BigInt, never as text ("10" < "9"),
+ * and an older or repeated one is ignored. */
 async function watch(jobId, signal) {
-  let afterVersion = 0;
+  let afterVersion = 0n;
   let failures = 0;
   while (!signal.aborted) {
     try {
@@ -419,12 +583,16 @@ async function watch(jobId, signal) {
         if (signal.aborted) return;
         if (message.job) {
           failures = 0;
-          afterVersion = Number(message.job.version);
+          const version = BigInt(message.job.version ?? "0");
+          if (version <= afterVersion) continue;
+          afterVersion = version;
           showJob(message.job);
           if (message.job.done) {
             await finished();
             return;
           }
+        } else if (message.keepAlive) {
+          applyStandings(message.keepAlive.standings);
         } else if (message.error) {
           throw new EdgeError(200, message.error, null);
         } else if (message.end) {
@@ -466,10 +634,11 @@ async function submit() {
       requestId: newRequestId(), // the same on every retry: one job however often sent
       modelId: $("model").value,
       styleId: $("style").value,
-      inputAssetId: state.assetId,
+      ...chosenPhoto(), // inputAssetId, inputUrl, or nothing for a prompt-only model
       prompt: $("prompt").value,
       width,
       height,
+      parameters: chosenParameters(),
     },
   });
   notify("");
@@ -505,6 +674,13 @@ function start() {
         }),
       );
     }
+  });
+  $("photo-url").addEventListener("input", updateSubmit);
+  // Enter in the address field must not reload the page: the address goes with Generate.
+  $("upload-form").addEventListener("submit", (event) => event.preventDefault());
+  $("model").addEventListener("change", () => {
+    showParameters();
+    updateSubmit();
   });
   $("job-form").addEventListener("submit", (event) => {
     event.preventDefault();

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from services.creation.parameters import GenerationParameters
+from services.creation.parameters import Parameters
 
 
 @dataclass(frozen=True)
@@ -35,8 +35,9 @@ class GenerationRequest:
     negative_prompt: str
     width: int
     height: int
-    input_image: InputImage
-    parameters: GenerationParameters = field(default_factory=GenerationParameters)
+    # None: the job has no input image (a text-to-image model); generate from the prompt.
+    input_image: InputImage | None
+    parameters: Parameters = field(default_factory=dict)
     num_outputs: int = 1
     # A short-lived signed GET URL of the input (media's), given when the settings say the
     # vendors can reach our storage (ATELIER_PROVIDER_INPUT=url); otherwise None and a

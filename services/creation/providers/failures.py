@@ -33,33 +33,146 @@ class FailureKind:
     # worker must not submit again (DESIGN.md: the outcome is unknown).
     ambiguous_on_submit: bool
     description: str
+    # What the job's error tells its owner when this code ends the job: a JobErrorReason
+    # (its name without JOB_ERROR_REASON_; one value per row), and whether submitting the
+    # same request again, as a new job, may succeed (JobError.retryable). ``retryable``
+    # above is the worker's: whether another attempt of this job may.
+    reason: str
+    resubmit: bool
+
+
+def _row(
+    code: str,
+    retryable: bool,
+    kind: Kind,
+    description: str,
+    *,
+    reason: str,
+    resubmit: bool,
+    ambiguous_on_submit: bool = False,
+) -> FailureKind:
+    return FailureKind(code, retryable, kind, ambiguous_on_submit, description, reason, resubmit)
 
 
 FAILURES: dict[str, FailureKind] = {
     f.code: f
     for f in (
-        FailureKind("TIMEOUT", True, Kind.CALL, True, "no answer in time"),
-        FailureKind("UNAVAILABLE", True, Kind.CALL, False, "refused, reset or a 5xx"),
-        FailureKind("RATE_LIMITED", True, Kind.CALL, False, "the provider asked us to slow down"),
+        _row(
+            "TIMEOUT",
+            True,
+            Kind.CALL,
+            "no answer in time",
+            ambiguous_on_submit=True,
+            reason="PROVIDER_TIMEOUT",
+            resubmit=True,
+        ),
+        _row(
+            "UNAVAILABLE",
+            True,
+            Kind.CALL,
+            "refused, reset or a 5xx",
+            reason="PROVIDER_UNAVAILABLE",
+            resubmit=True,
+        ),
+        _row(
+            "RATE_LIMITED",
+            True,
+            Kind.CALL,
+            "the provider asked us to slow down",
+            reason="PROVIDER_RATE_LIMITED",
+            resubmit=True,
+        ),
         # Our key or account was refused (401, 402, 403): every attempt would be refused
         # alike until an operator fixes the key or the account.
-        FailureKind("AUTH_REJECTED", False, Kind.CALL, False, "our credentials were refused"),
-        FailureKind("TRANSIENT", True, Kind.GENERATION, False, "the generation failed; may pass"),
+        _row(
+            "AUTH_REJECTED",
+            False,
+            Kind.CALL,
+            "our credentials were refused",
+            reason="PROVIDER_AUTH_REJECTED",
+            resubmit=False,
+        ),
+        _row(
+            "TRANSIENT",
+            True,
+            Kind.GENERATION,
+            "the generation failed; may pass",
+            reason="PROVIDER_TRANSIENT_FAILURE",
+            resubmit=True,
+        ),
         # The provider says it has no such request, so nothing runs or is charged for it:
         # a fresh submit is safe (unlike a submit whose outcome is unknown).
-        FailureKind("REQUEST_UNKNOWN", True, Kind.GENERATION, False, "no such request"),
-        FailureKind("CONTENT_REJECTED", False, Kind.GENERATION, False, "refused by policy"),
-        FailureKind("INPUT_UNREADABLE", False, Kind.GENERATION, False, "the input is unusable"),
-        FailureKind("INVALID_INPUT", False, Kind.GENERATION, False, "the request is invalid"),
-        FailureKind("CANCELLED", False, Kind.GENERATION, False, "cancelled on our request"),
-        FailureKind("INTERNAL", False, Kind.GENERATION, False, "the provider failed"),
+        _row(
+            "REQUEST_UNKNOWN",
+            True,
+            Kind.GENERATION,
+            "no such request",
+            reason="PROVIDER_REQUEST_LOST",
+            resubmit=True,
+        ),
+        _row(
+            "CONTENT_REJECTED",
+            False,
+            Kind.GENERATION,
+            "refused by policy",
+            reason="PROVIDER_REJECTED_CONTENT",
+            resubmit=False,
+        ),
+        # Not a readable image, or more pixels than the model takes (the stub's limit).
+        _row(
+            "INPUT_UNREADABLE",
+            False,
+            Kind.GENERATION,
+            "the input is unusable",
+            reason="PROVIDER_REJECTED_INPUT",
+            resubmit=False,
+        ),
+        _row(
+            "INVALID_INPUT",
+            False,
+            Kind.GENERATION,
+            "the request is invalid",
+            reason="PROVIDER_INVALID_REQUEST",
+            resubmit=False,
+        ),
+        _row(
+            "CANCELLED",
+            False,
+            Kind.GENERATION,
+            "cancelled on our request",
+            reason="PROVIDER_CANCELLED",
+            resubmit=True,
+        ),
+        _row(
+            "INTERNAL",
+            False,
+            Kind.GENERATION,
+            "the provider failed",
+            reason="PROVIDER_INTERNAL",
+            resubmit=True,
+        ),
         # The generation succeeded (and was paid for) but its output is gone from the
         # provider's storage before we fetched it. Terminal: a new attempt would pay for
         # a second generation, and whatever delayed us (an outage, a backlog) delays every
         # job alike, so retrying would multiply the spend blindly (docs/providers.md).
-        FailureKind("OUTPUT_EXPIRED", False, Kind.GENERATION, False, "the output expired"),
+        # Its owner, whose points are given back, may choose to submit again.
+        _row(
+            "OUTPUT_EXPIRED",
+            False,
+            Kind.GENERATION,
+            "the output expired",
+            reason="PROVIDER_OUTPUT_EXPIRED",
+            resubmit=True,
+        ),
         # The provider's output is not an image we accept (type, size, or undecodable).
-        FailureKind("OUTPUT_INVALID", False, Kind.GENERATION, False, "the output is unusable"),
+        _row(
+            "OUTPUT_INVALID",
+            False,
+            Kind.GENERATION,
+            "the output is unusable",
+            reason="PROVIDER_OUTPUT_INVALID",
+            resubmit=False,
+        ),
     )
 }
 

@@ -24,13 +24,20 @@ class DeliveryFailed(Exception):
 
 
 class NotifyClient:
-    def __init__(self, address: str, service_token: str, timeout_seconds: float) -> None:
+    def __init__(
+        self,
+        address: str,
+        service_token: str,
+        timeout_seconds: float,
+        tls: grpc.ChannelCredentials | None = None,
+    ) -> None:
         self._client = InternalClient(
             address,
             service_token,
             service=_SERVICE,
             idempotent_methods=_IDEMPOTENT,
             timeout_seconds=timeout_seconds,
+            tls=tls,
         )
         self._stub_instance: notify_ingest_service_pb2_grpc.NotifyIngestServiceAsyncStub | None = (
             None

@@ -7,7 +7,7 @@ delivered only once notify has committed it, and a relay that dies mid-batch lea
 rows for the next. Delivery is therefore at least once; notify's version gate makes
 duplicates harmless. The round runs on the pool's asyncpg connection directly (no
 SQLAlchemy per statement), and payloads are read without ``json_format.ParseDict``
-(``states.py``): the relay runs in every creation process, beside SubmitJob.
+(``jobs.py``): the relay runs in every creation process, beside SubmitJob.
 
 A NOTIFY on ``creation_outbox`` (a trigger sends it at the commit of every outbox insert)
 wakes the relay; a poll is the fallback. While notify (or the database) is away the relay
@@ -36,9 +36,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from atelier.notify.v1 import notify_ingest_service_pb2 as pb
 from services.creation.domain import backoff
+from services.creation.relay.jobs import read_job
 from services.creation.relay.notify_client import DeliveryFailed
 from services.creation.relay.pruning import Pruning
-from services.creation.relay.states import read_state
 from services.creation.settings import RelaySettings
 from services.creation.store import outbox
 from services.creation.store.outbox import OUTBOX_CHANNEL
@@ -276,11 +276,11 @@ class OutboxRelay:
 
 
 def _message(row: outbox.OutboxRow) -> pb.OutboxMessage | None:
-    """The row as notify takes it; None (logged) for a payload that is no JobState: it
+    """The row as notify takes it; None (logged) for a payload that is no Job: it
     can never be delivered, so it is marked delivered rather than block the queue."""
     message = pb.OutboxMessage(outbox_id=row.outbox_id, traceparent=row.trace_parent or "")
     try:
-        read_state(row.payload, message.state)
+        read_job(row.payload, message.job)
     except json_format.ParseError:
         log.error("outbox_row_unreadable", outbox_id=row.outbox_id)
         return None

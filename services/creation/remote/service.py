@@ -255,6 +255,8 @@ class RemoteJobs:
         """The input's bytes from media, for the current claim only: checked when the
         worker asks, so nothing outlives the lease (there is no URL to pass on)."""
         job = await self._held(claim)
+        if job.input_asset_id is None:
+            raise InputAssetNotFound()  # made from the prompt alone: nothing to read
         try:
             return await self._media.open_asset(job.input_asset_id)
         except AssetUnreadable:

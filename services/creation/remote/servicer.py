@@ -149,8 +149,9 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             cancel_requested=job.cancel_requested,
             heartbeat_interval=_duration(self._jobs.heartbeat_seconds(job)),
             submit_key=f"{job.job_id}:{job.attempt}",
+            no_input_image=job.input_asset_id is None,
         )
-        claimed.parameters.CopyFrom(convert.parameters_message(job.parameters))
+        convert.fill_parameters(claimed.parameters, job.parameters)
         if job.lease_expires_at is not None:
             set_timestamp(claimed.lease_expire_time, job.lease_expires_at)
         return claimed

@@ -1,16 +1,21 @@
-"""The remote worker protocol's settings (ATELIER_REMOTE_*): the worker pools, the
-leases they get and how long their replays are answered. The server keeps each pool's
-credential only as its SHA-256."""
+"""The remote worker protocol's settings (ATELIER_REMOTE_*): the worker pools, the TLS
+listener they reach from outside the cluster, the leases they get and how long their
+replays are answered. The server keeps each pool's credential only as its SHA-256; a pool
+may hold two at once while its credential is rotated."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 
-from services.kit.settings import EnvReader
+from services.kit.settings import EnvReader, port
+from services.kit.tls import ServerCertificateFiles, read_server_files
 
 _POOL_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+# The old credential and the new one while a pool's workers move to the new.
+MAX_CREDENTIALS_PER_POOL = 2
+DEFAULT_TLS_PORT = 50071
 
 
 @dataclass(frozen=True)
@@ -22,6 +27,10 @@ class RemoteSettings:
     lease_max_seconds: float = 600.0
     heartbeat_seconds: float = 10.0
     retention_seconds: float = 7 * 86400.0
+    # The TLS listener for workers outside the cluster (WorkerService and health only);
+    # None: off.
+    tls: ServerCertificateFiles | None = None
+    tls_port: int = DEFAULT_TLS_PORT
 
     def granted(self, asked_seconds: float) -> float:
         """The lease a claim gets: the worker's ask (0: the default) within the bounds."""
@@ -35,20 +44,7 @@ class RemoteSettings:
 
     @classmethod
     def read(cls, reader: EnvReader) -> RemoteSettings:
-        pools: dict[str, str] = {}
-        for spec in reader.string("REMOTE_POOLS", "").split(","):
-            if not spec.strip():
-                continue
-            name, _, digest = (part.strip() for part in spec.partition("="))
-            good = bool(_POOL_NAME.fullmatch(name) and _SHA256_HEX.fullmatch(digest.lower()))
-            reader.require(
-                good and name not in pools.values() and digest.lower() not in pools,
-                "REMOTE_POOLS",
-                "must be name=sha256-hex pairs separated by commas, each name (a-z, 0-9, -) "
-                "and each credential once",
-            )
-            if good:
-                pools[digest.lower()] = name
+        pools = read_pools(reader)
         settings = cls(
             pools_by_hash=pools,
             # How long a remote worker's claim lasts without a heartbeat (server clock),
@@ -63,6 +59,10 @@ class RemoteSettings:
             retention_seconds=reader.seconds(
                 "REMOTE_RETENTION", 7 * 86400, minimum=3600, maximum=90 * 86400
             ),
+            # The certificate chain and key (PEM) of the TLS listener; re-read when the
+            # files change.
+            tls=read_server_files(reader, "REMOTE_TLS_CERT", "REMOTE_TLS_KEY"),
+            tls_port=port(reader, "CREATION_REMOTE_PORT", DEFAULT_TLS_PORT),
         )
         reader.require(
             settings.lease_min_seconds <= settings.lease_ttl_seconds <= settings.lease_max_seconds,
@@ -70,8 +70,63 @@ class RemoteSettings:
             "must be between ATELIER_REMOTE_LEASE_MIN and ATELIER_REMOTE_LEASE_MAX",
         )
         reader.require(
+            settings.tls is None or bool(pools),
+            "REMOTE_TLS_CERT",
+            "turns the remote workers' TLS listener on, but ATELIER_REMOTE_POOLS names no "
+            "pool: no worker could call it",
+        )
+        reader.require(
             settings.heartbeat_seconds * 2 <= settings.lease_ttl_seconds,
             "REMOTE_HEARTBEAT",
             f"must be at most half of ATELIER_REMOTE_LEASE_TTL ({settings.lease_ttl_seconds:g}s)",
         )
         return settings
+
+
+def read_pools(reader: EnvReader) -> dict[str, str]:
+    """ATELIER_REMOTE_POOLS: ``name=sha256hex`` entries separated by commas; a name given
+    twice holds both credentials (a rotation). Each problem names the entry by its
+    position and, when it has one, its pool name, never the text given as a hash (it may
+    be the credential itself, pasted by mistake)."""
+    pools: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    entries = [spec.strip() for spec in reader.string("REMOTE_POOLS", "").split(",")]
+    for number, spec in enumerate((e for e in entries if e), start=1):
+        name, equals, digest = (part.strip() for part in spec.partition("="))
+        digest = digest.lower()
+        if not equals or not _POOL_NAME.fullmatch(name):
+            reader.require(
+                False,
+                "REMOTE_POOLS",
+                f"entry {number} must be name=sha256-hex with a name of a-z, 0-9 and - "
+                "(at most 40 characters)",
+            )
+            continue
+        if not _SHA256_HEX.fullmatch(digest):
+            reader.require(
+                False,
+                "REMOTE_POOLS",
+                f"entry {number} ({name}) must give the SHA-256 of the pool's credential "
+                'in hex (64 characters 0-9, a-f: printf %s "$CREDENTIAL" | sha256sum), '
+                "never the credential itself",
+            )
+            continue
+        if digest in pools:
+            reader.require(
+                False,
+                "REMOTE_POOLS",
+                f"entry {number} ({name}) repeats a credential hash already given "
+                f"(to {pools[digest]}): each credential belongs to one pool, once",
+            )
+            continue
+        counts[name] = counts.get(name, 0) + 1
+        if counts[name] > MAX_CREDENTIALS_PER_POOL:
+            reader.require(
+                False,
+                "REMOTE_POOLS",
+                f"entry {number} gives {name} a credential hash beyond its "
+                f"{MAX_CREDENTIALS_PER_POOL} (the old and the new one while rotating)",
+            )
+            continue
+        pools[digest] = name
+    return pools

@@ -121,8 +121,15 @@ class RemoteAttempt:
 
 
 def attempt_job(job: pb.ClaimedJob) -> AttemptJob:
-    parameters = parameters_from_proto(job.parameters)
-    return AttemptJob(job, job.submit_key, parameters, job.provider_request_id or None)
+    sent = parameters_from_proto(job.parameters)
+    parameters = {name: value for name, value in sent.items() if value is not None}
+    return AttemptJob(
+        job,
+        job.submit_key,
+        parameters,
+        job.provider_request_id or None,
+        has_input=not job.no_input_image,
+    )
 
 
 class WorkerServicePort:

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import timestamp_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from atelier.creation.v1 import worker_service_pb2 as pb
 from atelier.creation.v1 import worker_service_pb2_grpc
@@ -103,10 +104,18 @@ class WorkerClient:
         worker_id: str,
         fault: str = "",
         lease_seconds: float = 0.0,
+        tls: grpc.ChannelCredentials | None = None,
     ) -> None:
+        """``tls``: dial TLS with these credentials; None: plaintext (the settings allow
+        it only where they were told to)."""
         self.worker_id = worker_id
+        self.address = address
         self._lease_seconds = lease_seconds
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = (
+            grpc.aio.secure_channel(address, tls)
+            if tls is not None
+            else grpc.aio.insecure_channel(address)
+        )
         self._stub = worker_service_pb2_grpc.WorkerServiceStub(self._channel)
         self._metadata = (("authorization", f"Bearer {credential}"),)
         self._fault = fault
@@ -115,6 +124,17 @@ class WorkerClient:
 
     async def close(self) -> None:
         await self._channel.close(None)
+
+    async def reach(self, within_seconds: float) -> str | None:
+        """Asks the server's health once (no credential needed): None when it answered,
+        else grpc's account of what failed (a TLS handshake, a refused connection)."""
+        try:
+            await health_pb2_grpc.HealthStub(self._channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=within_seconds
+            )
+        except grpc.aio.AioRpcError as error:
+            return f"{error.code().name}: {error.details() or ''}"
+        return None
 
     async def _send(self, call: Callable[..., Awaitable[T]], request: object) -> T:
         for attempt in range(RESENDS + 1):

@@ -22,10 +22,14 @@ from services.creation.worker.driver import PollPolicy
 from services.kit import event_loop
 from services.kit.event_loop import DEFAULT_EVENT_LOOP, EVENT_LOOPS
 from services.kit.logging import get_logger
+from services.kit.tls import channel_credentials
 
 log = get_logger(__name__)
 
 CLAIM_RETRY_SECONDS = 1.0
+# The first health call, before any claim: a certificate this worker does not trust
+# stops it at once, with its reason, instead of a claim refused again and again.
+REACH_TIMEOUT_SECONDS = 10.0
 
 
 class RemoteWorker:
@@ -111,21 +115,47 @@ class RemoteWorker:
             await asyncio.wait_for(self._drain.asked.wait(), seconds)
 
 
+def _handshake_failed(problem: str) -> bool:
+    # grpc says no more than this (the certificate's fault is in its own log): the
+    # server answered, but not with a certificate this worker trusts (or not in TLS).
+    return "handshake" in problem.lower() or "ssl" in problem.lower()
+
+
 async def serve(
-    address: str,
     settings: RemoteWorkerSettings,
     providers: Mapping[str, Provider],
     on_point: PointHook = no_point,
 ) -> int:
-    """Runs the worker until SIGTERM or SIGINT, then drains; the exit code."""
+    """Runs the worker until SIGTERM or SIGINT, then drains; the exit code (2 when the
+    server's certificate is not trusted: no retry fixes that)."""
+    tls = channel_credentials(settings.ca) if settings.uses_tls else None
     client = WorkerClient(
-        address, settings.credential, settings.worker_id, settings.fault, settings.lease_seconds
+        settings.address,
+        settings.credential,
+        settings.worker_id,
+        settings.fault,
+        settings.lease_seconds,
+        tls=tls,
     )
     worker = RemoteWorker(client, providers, settings, on_point)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stop)
     try:
+        problem = await client.reach(REACH_TIMEOUT_SECONDS)
+        if problem is not None and tls is not None and _handshake_failed(problem):
+            log.error(
+                "remote_tls_refused",
+                address=settings.address,
+                ca=str(settings.ca) if settings.ca else "system roots",
+                problem=problem,
+                hint="the server's certificate does not chain to ATELIER_REMOTE_WORKER_CA "
+                "(or names another host), or the address is not a TLS listener",
+            )
+            return 2
+        if problem is not None:
+            # Down or unreachable for now: the claims retry until it answers.
+            log.warning("remote_unreachable", address=settings.address, problem=problem)
         await worker.run()
     finally:
         await client.close()
@@ -134,8 +164,8 @@ async def serve(
     return 0
 
 
-def main(address: str) -> int:
-    """`atelier worker --remote ADDRESS`: the stub provider (settings ATELIER_STUB_*)
+def main(address: str = "") -> int:
+    """`atelier worker [--remote ADDRESS]`: the stub provider (settings ATELIER_STUB_*)
     through the protocol. Any adapter with the Provider interface can be added here."""
     import functools
 
@@ -145,7 +175,7 @@ def main(address: str) -> int:
     from services.kit.settings import EnvReader
 
     reader = EnvReader()
-    settings = RemoteWorkerSettings.read(reader)
+    settings = RemoteWorkerSettings.read(reader, address)
     stub = StubSettings.read(reader)
     level = reader.string("LOG_LEVEL", "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     loop = reader.string("EVENT_LOOP", DEFAULT_EVENT_LOOP, choices=EVENT_LOOPS)
@@ -159,4 +189,10 @@ def main(address: str) -> int:
     on_point: PointHook = no_point
     if stub.crash_at:
         on_point = functools.partial(crash_point, crash_at=stub.crash_at)
-    return event_loop.run(serve(address, settings, providers, on_point), loop)
+    log.info(
+        "remote_worker_dialing",
+        address=settings.address,
+        tls=settings.uses_tls,
+        ca=str(settings.ca) if settings.ca else None,
+    )
+    return event_loop.run(serve(settings, providers, on_point), loop)

@@ -9,17 +9,19 @@
 --     an operator asked to cancel (the event names who asked; so does the CANCELLED one);
 --   * the ledger entry the change calls for: a reservation for a new job, a capture at
 --     success, a release at failure or cancellation (once each: uq_points_ledger_job_id_kind);
---   * exactly one outbox row per new version, its payload built by creation.job_state.
+--   * exactly one outbox row per new version, its payload built by creation.job_message.
 --
 -- A change written by hand in SQL that names no one (no change_* columns set, on a new
--- row) is the database role's, as an operator's. Migration 0018 loads this file;
+-- row) is the database role's, as an operator's. A user's event names the service
+-- identity that acted for the user (change_via, atelier-on-behalf-of) in `via`; other
+-- actors' events never do. Migration 0025 loads this file;
 -- tests/migration checks the installed functions against it. To change it: copy this
 -- file to migrations/frozen/job_changes_<the revision that loads it now>.sql and point
 -- that revision at the copy, edit this file, and load it from a new revision.
 
 -- RFC 3339 in UTC with 0, 3 or 6 fractional digits, as protobuf's JSON writes a Timestamp
 -- (a test holds it equal to protobuf's own JSON of the Timestamp). This function and
--- job_state are single expressions, so PostgreSQL inlines them into the triggers' query:
+-- job_message are single expressions, so PostgreSQL inlines them into the triggers' query:
 -- a call per row each would cost more than the rest of the change.
 CREATE OR REPLACE FUNCTION creation.rfc3339(t timestamptz) RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
@@ -27,10 +29,11 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
     to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'), '(\.000000|000)$', '') || 'Z'
 $$;
 
--- The job's atelier.notify.v1.JobState in protobuf's JSON form, default values left out
--- (readable in psql; relay/states.py reads it without ParseDict). The one builder of an
+-- The job's atelier.creation.v1.Job in protobuf's JSON form, default values left out
+-- (readable in psql; relay/jobs.py reads it without ParseDict): the message GetJob
+-- answers, without the output URLs (notify signs them as it sends). The one builder of an
 -- outbox payload. A deleted job is a tombstone: nothing else of it is told.
-CREATE OR REPLACE FUNCTION creation.job_state(r creation.jobs) RETURNS jsonb
+CREATE OR REPLACE FUNCTION creation.job_message(r creation.jobs) RETURNS jsonb
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
   SELECT CASE WHEN r.deleted_at IS NOT NULL THEN jsonb_build_object(
       'jobId', r.job_id,
@@ -43,21 +46,40 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
   ELSE jsonb_strip_nulls(jsonb_build_object(
       'jobId', r.job_id,
       'userId', r.user_id,
-      'version', r.version::text,  -- int64 is a string in protobuf's JSON
+      'modelId', nullif(r.model_id, ''),
+      'styleId', nullif(r.style_id, ''),
+      'inputAssetId', r.input_asset_id,
+      'prompt', nullif(r.prompt, ''),
+      'negativePrompt', nullif(r.negative_prompt, ''),
+      'width', nullif(r.width, 0),
+      'height', nullif(r.height, 0),
+      -- Stored as protobuf's JSON of each ParameterValue ({"seed": {"intValue": "42"}}):
+      -- copied as it is; an empty map is left out, as protobuf leaves it.
+      'parameters', nullif(r.parameters, '{}'::jsonb),
       'status', 'JOB_STATUS_' || upper(r.status),
-      'updateTime', creation.rfc3339(r.updated_at),
-      'step', 'JOB_STEP_' || upper(r.step),
       'progressPercent', nullif(r.progress, 0),
+      'step', 'JOB_STEP_' || upper(r.step),
+      'attempt', nullif(r.attempt, 0),
+      'maxAttempts', nullif(r.max_attempts, 0),
       'cancelRequested', nullif(r.cancel_requested, false),
+      'pricePoints', nullif(r.price_points, 0),
+      -- The owner's view of the error: its reason and flag, never the internal code.
+      'error', CASE WHEN r.error_code IS NOT NULL THEN jsonb_build_object(
+          'reason', 'JOB_ERROR_REASON_' || coalesce(r.error_reason, 'UNSPECIFIED'),
+          'retryable', nullif(r.error_retryable, false),
+          'message', nullif(r.error_message, '')) END,
+      'version', r.version::text,
+      'createTime', creation.rfc3339(r.created_at),
+      'startTime', creation.rfc3339(r.started_at),
+      'completeTime', creation.rfc3339(r.completed_at),
+      'updateTime', creation.rfc3339(r.updated_at),
+      'numOutputs', nullif(r.num_outputs, 0),
       -- Built as text, not by a subquery (which would keep the function from being
       -- inlined): the outputs are media asset ids, UUIDs, with nothing to escape.
       'outputs', CASE WHEN cardinality(r.outputs) > 0 THEN
           ('[{"assetId": "' || array_to_string(r.outputs, '"}, {"assetId": "') || '"}]')::jsonb
           END,
-      'error', CASE WHEN r.error_code IS NOT NULL THEN jsonb_build_object(
-          'code', r.error_code, 'message', nullif(r.error_message, '')) END,
       'done', CASE WHEN r.status IN ('succeeded', 'failed', 'cancelled') THEN true END,
-      'attempt', nullif(r.attempt, 0),
       'nextAttemptTime', CASE WHEN r.status = 'queued' THEN
           creation.rfc3339(r.next_attempt_at) END)) END
 $$;
@@ -75,10 +97,10 @@ CREATE OR REPLACE FUNCTION creation.write_job_inserts() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
   INSERT INTO creation.job_events (
-    job_id, version, from_status, to_status, actor_kind, actor_id, reason, created_at)
+    job_id, version, from_status, to_status, actor_kind, actor_id, reason, created_at, via)
   SELECT n.job_id, n.version, NULL, n.status, coalesce(n.change_actor_kind, 'operator'),
          coalesce(n.change_actor_id, current_user), coalesce(n.change_reason, ''),
-         n.updated_at
+         n.updated_at, CASE WHEN n.change_actor_kind = 'user' THEN n.change_via END
   FROM inserted_jobs AS n;
   -- In user order: the ledger's trigger locks each user's totals row, and every writer
   -- takes those locks in this order (migration 0013).
@@ -89,7 +111,7 @@ BEGIN
   ORDER BY n.user_id COLLATE "C", n.job_id;
   -- The outbox's statement trigger sends NOTIFY at commit.
   INSERT INTO creation.outbox (job_id, user_id, version, payload, created_at)
-  SELECT n.job_id, n.user_id, n.version, creation.job_state(n), n.updated_at
+  SELECT n.job_id, n.user_id, n.version, creation.job_message(n), n.updated_at
   FROM inserted_jobs AS n;
   RETURN NULL;
 END
@@ -103,12 +125,12 @@ LANGUAGE plpgsql AS $$
 BEGIN
   WITH changed AS MATERIALIZED (
     SELECT n.job_id, n.user_id, n.version, n.status, n.price_points, n.updated_at,
-           n.change_actor_kind, n.change_actor_id, n.change_reason,
+           n.change_actor_kind, n.change_actor_id, n.change_reason, n.change_via,
            o.status AS from_status,
            n.status <> o.status AS status_changed,
            n.cancel_requested AND NOT o.cancel_requested AS cancel_asked,
            n.cancel_requester_kind, n.cancel_requester_id,
-           creation.job_state(n) AS payload
+           creation.job_message(n) AS payload
     FROM updated_jobs AS n
     JOIN previous_jobs AS o ON o.job_id = n.job_id
     WHERE n.version <> o.version
@@ -116,13 +138,15 @@ BEGIN
   event AS (
     INSERT INTO creation.job_events (
       job_id, version, from_status, to_status, actor_kind, actor_id, reason, created_at,
-      requester_kind, requester_id)
+      requester_kind, requester_id, via)
     SELECT c.job_id, c.version, c.from_status, c.status,
            coalesce(c.change_actor_kind, 'operator'), coalesce(c.change_actor_id, current_user),
            coalesce(c.change_reason, ''), c.updated_at,
            -- Who asked to cancel: on the request, and on the CANCELLED that ends it.
            CASE WHEN c.cancel_asked OR c.status = 'cancelled' THEN c.cancel_requester_kind END,
-           CASE WHEN c.cancel_asked OR c.status = 'cancelled' THEN c.cancel_requester_id END
+           CASE WHEN c.cancel_asked OR c.status = 'cancelled' THEN c.cancel_requester_id END,
+           -- Only a user's change: writers that are not the user leave change_via as is.
+           CASE WHEN c.change_actor_kind = 'user' THEN c.change_via END
     FROM changed AS c
     WHERE c.status_changed OR c.cancel_asked
   ),

@@ -1,4 +1,4 @@
--- creation.submit_job: SubmitJob's rules, as the database runs them (migration 0017 loads
+-- creation.submit_job: SubmitJob's rules, as the database runs them (migration 0025 loads
 -- this file; tests/migration checks the installed function against it).
 --
 -- One call is one submit: the call runs in its own implicit transaction, which holds the
@@ -23,7 +23,7 @@ CREATE OR REPLACE FUNCTION creation.submit_job(
   p_height integer, p_parameters jsonb, p_max_attempts integer, p_request_hash text,
   p_day_start timestamptz, p_daily_quota bigint, p_in_flight_limit bigint,
   p_welcome_points bigint, p_now timestamptz, p_num_outputs integer,
-  p_trace_parent text)
+  p_trace_parent text, p_via text DEFAULT NULL)
 RETURNS TABLE (submit_outcome text, model_kind text, model_price bigint,
                available_points bigint, job creation.jobs)
 LANGUAGE plpgsql VOLATILE AS $$
@@ -110,12 +110,13 @@ BEGIN
       job_id, user_id, model_id, style_id, provider_code, provider_model, price_points,
       input_asset_id, prompt, negative_prompt, width, height, parameters, status,
       max_attempts, next_attempt_at, idempotency_key, request_hash, created_at, updated_at,
-      num_outputs, trace_parent, change_actor_kind, change_actor_id, change_reason)
+      num_outputs, trace_parent, change_actor_kind, change_actor_id, change_reason,
+      change_via)
     SELECT
       p_job_id, p_user_id, p_model_id, p_style_id, provider_code, provider_model, price_points,
       p_input_asset_id, p_prompt, p_negative_prompt, p_width, p_height, p_parameters, 'queued',
       p_max_attempts, p_now, p_idempotency_key, p_request_hash, p_now, p_now,
-      p_num_outputs, p_trace_parent, 'user', p_user_id, 'submitted'
+      p_num_outputs, p_trace_parent, 'user', p_user_id, 'submitted', p_via
     FROM verdict
     WHERE outcome = 'ok'
     RETURNING *

@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.domain import Actor, Event, Job, Status
 from services.creation.errors import JobNotAwaitingOperator, JobNotFound
+from services.creation.job_errors import error_columns
 from services.creation.store.predicates import status_is
 from services.creation.store.rows import job_from_row
 from services.creation.store.writes import cancel_asked_by, lock_job, write
@@ -82,7 +83,7 @@ def _resolution_values(
         return {
             "status": Status.FAILED.value,
             "completed_at": now,
-            "error_code": "OPERATOR_FAILED",
+            **error_columns("OPERATOR_FAILED"),
             "error_message": reason,
         }
     cancelled = {"status": Status.CANCELLED.value, "completed_at": now}
@@ -147,6 +148,7 @@ async def list_events(
             created_at=r.created_at,
             requester=Actor(r.requester_kind) if r.requester_kind else None,
             requester_id=r.requester_id or "",
+            via=r.via or "",
         )
         for r in rows[:limit]
     ]

@@ -33,6 +33,7 @@ ENABLED_MODELS = (
         models.c.max_height,
         models.c.size_multiple,
         models.c.parameter_specs,
+        models.c.input_image,
     )
     .where(models.c.enabled)
     .order_by(models.c.sort_order, models.c.model_id)
@@ -78,6 +79,7 @@ def model_from_row(row: Any) -> CatalogModel:
             multiple_of=row.size_multiple,
         ),
         parameter_specs=_specs(row.model_id, row.parameter_specs),
+        input_image=row.input_image,
     )
 
 

@@ -68,9 +68,11 @@ async def input_in_use(engine: AsyncEngine, job: Job) -> bool:
     return bool(rows[0][0])
 
 
-async def mark_deleted(engine: AsyncEngine, user_id: str, job_id: str, now: datetime) -> Job:
+async def mark_deleted(
+    engine: AsyncEngine, user_id: str, job_id: str, now: datetime, via: str = ""
+) -> Job:
     """Turns the finished job into a tombstone, as one new version whose outbox row tells
-    notify (a deleted state, see creation.job_state); a job already deleted is returned
+    notify (a tombstone, see creation.job_message); a job already deleted is returned
     as it is."""
     async with engine.begin() as connection:
         job = await lock_job(connection, jobs.c.job_id == job_id, jobs.c.user_id == user_id)
@@ -84,5 +86,12 @@ async def mark_deleted(engine: AsyncEngine, user_id: str, job_id: str, now: date
         deleted_at = max(now, job.completed_at) if job.completed_at is not None else now
         values = {**SCRUBBED, "deleted_at": deleted_at}
         return await write(
-            connection, job, values, actor=Actor.USER, actor_id=user_id, reason="delete", now=now
+            connection,
+            job,
+            values,
+            actor=Actor.USER,
+            actor_id=user_id,
+            reason="delete",
+            now=now,
+            via=via,
         )

@@ -24,8 +24,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from services.creation.domain import Status, Step
+from services.creation.job_errors import job_error
 
 _RELEASE_LEASE = "lease_owner = NULL, lease_expires_at = NULL"
+_NO_ERROR = "error_code = NULL, error_message = NULL, error_reason = NULL, error_retryable = NULL"
+
+
+def _error_literal(code: str) -> str:
+    """The assignments of an error of atelier's own ``code``, with what its owner is told."""
+    answer = job_error(code)
+    return (
+        f"error_code = '{code}', error_reason = '{answer.reason}',"
+        f" error_retryable = {str(answer.retryable).lower()}"
+    )
+
+
 # A COMPLETE's value is the output asset ids as a JSON array (``outputs_value``), in order.
 _SET_OUTPUTS = (
     "outputs = ARRAY(SELECT o.asset_id FROM jsonb_array_elements_text(h.value::jsonb)"
@@ -90,7 +103,7 @@ class FencedWrite(enum.Enum):
     # never attached (the worker acknowledges the cancel and purges what it landed).
     COMPLETE = _fenced_sql(
         f"status = '{Status.SUCCEEDED.value}', step = '{Step.DONE.value}', progress = 100,"
-        f" {_SET_OUTPUTS}, error_code = NULL, error_message = NULL,"
+        f" {_SET_OUTPUTS}, {_NO_ERROR},"
         f" completed_at = $1, {_RELEASE_LEASE}",
         "completed",
         cancel_requested=False,
@@ -104,7 +117,7 @@ class FencedWrite(enum.Enum):
     # A submit that may have reached the provider without telling us its request id:
     # never submitted again; an operator decides (the points stay reserved).
     OUTCOME_UNKNOWN = _fenced_sql(
-        f"status = '{Status.NEEDS_ATTENTION.value}', error_code = 'OUTCOME_UNKNOWN',"
+        f"status = '{Status.NEEDS_ATTENTION.value}', {_error_literal('OUTCOME_UNKNOWN')},"
         f" error_message = h.value, {_RELEASE_LEASE}",
         "OUTCOME_UNKNOWN",
         cancel_requested=None,
@@ -188,8 +201,8 @@ SELECT * FROM claimed ORDER BY priority DESC, next_attempt_at, created_at, job_i
 
 # A failed attempt, fenced like the rest ($2 job id, $3 lease epoch): a retryable failure
 # ($6) with attempts left and no cancel request queues a fresh attempt at $7; anything
-# else fails the job. The error ($4 code, $5 message) is kept either way; the event's
-# reason is the code.
+# else fails the job. The error ($4 code, $5 message, $8 reason and $9 retryable, as
+# job_errors.job_error maps the code) is kept either way; the event's reason is the code.
 FAIL_SQL = f"""
 WITH
   held AS (
@@ -206,7 +219,8 @@ WITH
         provider_request_id = CASE WHEN h.again THEN NULL ELSE j.provider_request_id END,
         next_attempt_at = CASE WHEN h.again THEN $7 ELSE j.next_attempt_at END,
         completed_at = CASE WHEN h.again THEN j.completed_at ELSE $1 END,
-        error_code = $4::text, error_message = $5::text, {_RELEASE_LEASE},
+        error_code = $4::text, error_message = $5::text, error_reason = $8::text,
+        error_retryable = $9::boolean, {_RELEASE_LEASE},
         version = j.version + 1, updated_at = $1, {_named("h.held_by", "$4::text")}
     FROM held AS h
     WHERE j.job_id = h.job_id

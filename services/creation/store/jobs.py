@@ -24,6 +24,7 @@ from services.creation.errors import (
     UserBusy,
 )
 from services.creation.list_filter import JobFilter
+from services.creation.parameters import to_stored
 from services.creation.store.rows import job_from_row
 from services.creation.store.submit_statement import (
     SUBMIT_CALL,
@@ -123,6 +124,7 @@ async def submit(
     limits: SubmitLimits,
     now: datetime,
     trace_parent: str | None = None,
+    via: str = "",
 ) -> Submitted:
     """Creates the job (its triggers add its submit event, its points reservation and its
     first outbox row) in one transaction, serialised per user so limits and idempotency
@@ -142,7 +144,7 @@ async def submit(
         negative_prompt=command.negative_prompt,
         width=command.width,
         height=command.height,
-        parameters=json.dumps(command.parameters.as_dict()),
+        parameters=json.dumps(to_stored(command.parameters)),
         max_attempts=limits.max_attempts,
         request_hash=command.request_hash(),
         day_start=quota_day_start(now),
@@ -152,6 +154,7 @@ async def submit(
         now=now,
         num_outputs=command.num_outputs,
         trace_parent=trace_parent,
+        via=via or None,
     )
     try:
         async with user_turn(user_id), driver_connection(engine) as connection:
@@ -238,7 +241,9 @@ async def list_for_user(
     return found, Cursor(found[-1].created_at, found[-1].job_id) if more and found else None
 
 
-async def cancel(engine: AsyncEngine, user_id: str, job_id: str, now: datetime) -> Cancelled:
+async def cancel(
+    engine: AsyncEngine, user_id: str, job_id: str, now: datetime, via: str = ""
+) -> Cancelled:
     """QUEUED: cancelled at once, points released. RUNNING or NEEDS_ATTENTION: marked
     cancel_requested (the worker or an operator finishes it). Already cancelled or already
     requested: unchanged. SUCCEEDED or FAILED: JobAlreadyFinished."""
@@ -264,6 +269,13 @@ async def cancel(engine: AsyncEngine, user_id: str, job_id: str, now: datetime) 
             values.update(cancel_requested=True)
             reason = "cancel requested"
         after = await write(
-            connection, job, values, actor=Actor.USER, actor_id=user_id, reason=reason, now=now
+            connection,
+            job,
+            values,
+            actor=Actor.USER,
+            actor_id=user_id,
+            reason=reason,
+            now=now,
+            via=via,
         )
         return Cancelled(after, changed=True)

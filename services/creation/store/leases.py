@@ -13,6 +13,7 @@ from sqlalchemy import Boolean, column, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.creation.domain import Actor, Job, ReapDecision, Status, reap_decision
+from services.creation.job_errors import error_columns, job_error
 from services.creation.store.fenced import (
     CLAIM_SQL,
     FAIL_SQL,
@@ -179,7 +180,9 @@ async def fail_on(
     retry_delay: timedelta,
     now: datetime,
 ) -> Job | None:
-    """``fail`` on an asyncpg connection the caller holds."""
+    """``fail`` on an asyncpg connection the caller holds. ``retryable`` is whether another
+    attempt may cure ``code``; what the owner is told of it is job_errors' to say."""
+    answer = job_error(code, retryable)
     row = await connection.fetchrow(
         FAIL_SQL,
         now,
@@ -189,6 +192,8 @@ async def fail_on(
         message,
         retryable,
         now + retry_delay,
+        answer.reason,
+        answer.retryable,
     )
     return job_from_row(row) if row is not None else None
 
@@ -214,7 +219,7 @@ async def hand_back_on(
 _OUTCOME_UNKNOWN = {
     **_RELEASE_LEASE,
     "status": Status.NEEDS_ATTENTION.value,
-    "error_code": "OUTCOME_UNKNOWN",
+    **error_columns("OUTCOME_UNKNOWN"),
 }
 
 
@@ -232,7 +237,7 @@ def _reap_values(decision: ReapDecision, job: Job, now: datetime) -> dict[str, A
             **_RELEASE_LEASE,
             "status": Status.FAILED.value,
             "completed_at": now,
-            "error_code": "LEASE_EXPIRED",
+            **error_columns("LEASE_EXPIRED"),
             "error_message": "the worker stopped and no attempts are left",
         }
     queued = {**_RELEASE_LEASE, "status": Status.QUEUED.value, "next_attempt_at": now}

@@ -9,7 +9,7 @@ from sqlalchemy import bindparam, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.creation.domain import quota_day_start
-from services.creation.errors import IdempotencyKeyReused
+from services.creation.errors import MAX_POINTS, IdempotencyKeyReused, PointsPastLimit
 from services.creation.store.users import user_transaction
 from services.creation.tables import ledger_totals, points_ledger
 from services.kit.db import DriverStatement, driver_fetch
@@ -73,11 +73,13 @@ async def balance(connection: AsyncConnection, user_id: str) -> Balance:
 # outside the user's lock; the answer lists the keys inserted.
 GRANT_WITH_WELCOME = text(
     """
-INSERT INTO creation.points_ledger (user_id, kind, amount, grant_key, reason, created_at)
-SELECT :user_id, 'grant', g.amount, g.grant_key, g.reason, :now
-FROM (VALUES (1, CAST(:amount AS bigint), CAST(:key AS text), CAST(:reason AS text)),
-             (2, CAST(:welcome_points AS bigint), 'welcome', 'welcome'))
-  AS g(n, amount, grant_key, reason)
+INSERT INTO creation.points_ledger (
+  user_id, kind, amount, grant_key, reason, created_at, granted_by)
+SELECT :user_id, 'grant', g.amount, g.grant_key, g.reason, :now, g.granted_by
+FROM (VALUES (1, CAST(:amount AS bigint), CAST(:key AS text), CAST(:reason AS text),
+              CAST(:granted_by AS text)),
+             (2, CAST(:welcome_points AS bigint), 'welcome', 'welcome', NULL))
+  AS g(n, amount, grant_key, reason, granted_by)
 WHERE g.n = 1 OR (g.amount > 0 AND NOT EXISTS (
   SELECT 1 FROM creation.ledger_totals WHERE user_id = :user_id AND welcomed))
 ORDER BY g.n
@@ -95,11 +97,14 @@ async def grant_points(
     reason: str,
     welcome_points: int,
     now: datetime,
+    granted_by: str = "",
 ) -> Granted:
     """An operator's grant, idempotent by ``key``: the same key with the same amount and
-    reason grants nothing more; with another, IdempotencyKeyReused. The user's welcome
-    points come with it if they never had them, whether their first entry is this grant
-    or not."""
+    reason grants nothing more; with another, IdempotencyKeyReused. ``granted_by`` (the
+    operator identity, "" for the shared service credential) is kept on the entry. The
+    user's welcome points come with it if they never had them, whether their first entry
+    is this grant or not. A grant that would take the user's points (available plus reserved) past
+    MAX_POINTS is PointsPastLimit, and nothing is granted."""
     async with user_transaction(engine, user_id) as connection:
         inserted = await connection.execute(
             GRANT_WITH_WELCOME,
@@ -110,6 +115,7 @@ async def grant_points(
                 "reason": reason,
                 "welcome_points": welcome_points,
                 "now": now,
+                "granted_by": granted_by or None,
             },
         )
         new = key in inserted.scalars().all()
@@ -120,7 +126,10 @@ async def grant_points(
             if (earlier.amount, earlier.reason) != (amount, reason):
                 raise IdempotencyKeyReused()
         # A statement of its own: it sees what the trigger added.
-        return Granted(await balance(connection, user_id), new)
+        after = await balance(connection, user_id)
+        if new and after.available + after.reserved > MAX_POINTS:
+            raise PointsPastLimit()  # rolls the grant back
+        return Granted(after, new)
 
 
 # The balance, granting the welcome points first if this user never had them; one

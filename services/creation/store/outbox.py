@@ -21,7 +21,7 @@ OUTBOX_CHANNEL = "creation_outbox"
 @dataclass(frozen=True)
 class OutboxRow:
     outbox_id: int
-    # A JobState in protobuf's JSON form (creation.job_state, sql/job_changes.sql).
+    # A Job in protobuf's JSON form (creation.job_message, sql/job_changes.sql).
     payload: dict[str, Any]
     # The job's submit trace context (read only while tracing is on).
     trace_parent: str | None = None

@@ -25,7 +25,7 @@ FROM creation.submit_job(
   p_width => $9, p_height => $10, p_parameters => $11, p_max_attempts => $12,
   p_request_hash => $13, p_day_start => $14, p_daily_quota => $15,
   p_in_flight_limit => $16, p_welcome_points => $17, p_now => $18,
-  p_num_outputs => $19, p_trace_parent => $20)
+  p_num_outputs => $19, p_trace_parent => $20, p_via => $21)
 """
 
 # The arguments of SUBMIT_CALL, in order.
@@ -50,6 +50,7 @@ SUBMIT_ARGUMENTS = (
     "now",
     "num_outputs",
     "trace_parent",
+    "via",
 )
 
 # The DETAIL of the lock_not_available the function raises when the user's own lock was

@@ -35,9 +35,11 @@ async def write(
     actor_id: str,
     reason: str,
     now: datetime,
+    via: str = "",
 ) -> Job:
     """Applies ``values`` to a locked job as one new version, its change named by
-    ``actor``, ``actor_id`` and ``reason``."""
+    ``actor``, ``actor_id`` and ``reason`` (and ``via``, the service identity that acted
+    for the user, if one did)."""
     target = Status(values.get("status", before.status))
     if target is not before.status and not may_change(before.status, target):
         # A bug in the caller, never input: the database would refuse most of these too.
@@ -48,7 +50,7 @@ async def write(
             .where(jobs.c.job_id == before.job_id, jobs.c.version == before.version)
             .values(
                 **values,
-                **change_named(actor, actor_id, reason),
+                **change_named(actor, actor_id, reason, via),
                 version=jobs.c.version + 1,
                 updated_at=now,
             )
@@ -58,9 +60,15 @@ async def write(
     return job_from_row(row._mapping)
 
 
-def change_named(actor: Actor, actor_id: str, reason: str) -> dict[str, str]:
+def change_named(actor: Actor, actor_id: str, reason: str, via: str = "") -> dict[str, str | None]:
     """The columns that name a change, for the triggers to copy to its event."""
-    return {"change_actor_kind": actor.value, "change_actor_id": actor_id, "change_reason": reason}
+    return {
+        "change_actor_kind": actor.value,
+        "change_actor_id": actor_id,
+        "change_reason": reason,
+        # Always written: a user's own change must not inherit an earlier one's identity.
+        "change_via": via or None,
+    }
 
 
 def cancel_asked_by(actor: Actor, actor_id: str) -> dict[str, str]:

@@ -31,7 +31,7 @@ from prometheus_client import Counter
 from services.creation.domain import Job, Status, output_key, retry_delay
 from services.creation.errors import MediaUnavailable
 from services.creation.media_client import AssetRefused, AssetUnreadable
-from services.creation.parameters import GenerationParameters
+from services.creation.parameters import from_stored
 from services.creation.providers.base import InputImage, OutputImage, ProviderError
 from services.creation.store import leases
 from services.creation.store.fenced import FencedWrite, Written, outputs_value
@@ -133,8 +133,14 @@ class Attempt:
 
 
 def attempt_job(job: Job) -> AttemptJob:
-    parameters = GenerationParameters.from_stored(job.parameters)
-    return AttemptJob(job, f"{job.job_id}:{job.attempt}", parameters, job.provider_request_id)
+    parameters = from_stored(job.parameters)
+    return AttemptJob(
+        job,
+        f"{job.job_id}:{job.attempt}",
+        parameters,
+        job.provider_request_id,
+        has_input=job.input_asset_id is not None,
+    )
 
 
 class FencedPort:
@@ -158,6 +164,8 @@ class FencedPort:
 
     async def read_input(self) -> InputImage:
         job = self._job
+        if job.input_asset_id is None:
+            raise AttemptFailed("INPUT_UNREADABLE", "the job has no input", retryable=False)
         try:
             read = await self._context.media.read_asset(
                 job.input_asset_id, self._settings.worker.max_input_bytes
@@ -171,7 +179,7 @@ class FencedPort:
         return InputImage(read.data, read.content_type)
 
     async def input_url(self) -> str | None:
-        if self._settings.providers.input_mode != "url":
+        if self._settings.providers.input_mode != "url" or self._job.input_asset_id is None:
             return None
         # A signed URL the provider fetches itself; media unable to give one leaves the
         # bytes inline (logged by the client).

@@ -25,7 +25,7 @@ from datetime import timedelta
 from typing import Protocol, TypeVar
 
 from services.creation.domain import retry_delay
-from services.creation.parameters import GenerationParameters
+from services.creation.parameters import Parameters
 from services.creation.providers.base import (
     Done,
     Failed,
@@ -87,8 +87,10 @@ class AttemptJob:
     fields: JobFields
     # The provider's idempotency key for this attempt's submit.
     submit_key: str
-    parameters: GenerationParameters
+    parameters: Parameters
     provider_request_id: str | None
+    # False for a job made from the prompt alone: there is no input to read.
+    has_input: bool = True
 
 
 @dataclass(frozen=True)
@@ -217,7 +219,7 @@ class AttemptDriver:
             if not held:
                 return await self._stopped_waiting()
             if self._request_id is None:
-                image = await self._port.read_input()
+                image = await self._port.read_input() if self._attempt.has_input else None
                 # Reading took a while: the owner or a drain may have spoken meanwhile.
                 stopped = await self._stop_before_submit()
                 if stopped is not None:
@@ -258,7 +260,7 @@ class AttemptDriver:
             return await self._hand_back(timedelta(0))
         return None
 
-    async def _request(self, image: InputImage) -> GenerationRequest:
+    async def _request(self, image: InputImage | None) -> GenerationRequest:
         job = self._job
         return GenerationRequest(
             job_id=job.job_id,
@@ -272,7 +274,7 @@ class AttemptDriver:
             input_image=image,
             parameters=self._attempt.parameters,
             num_outputs=job.num_outputs,
-            input_url=await self._port.input_url(),
+            input_url=await self._port.input_url() if image is not None else None,
         )
 
     async def _submit(self, provider: Provider, request: GenerationRequest) -> str | None:

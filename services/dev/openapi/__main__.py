@@ -1,6 +1,8 @@
 """`python -m services.dev.openapi --descriptor gen/atelier.binpb --edge
-deploy/envoy/envoy.yaml --out gen/openapi.json`: the document of the services the edge's
-transcoder serves (its `services` list), from the descriptor set it transcodes with."""
+deploy/envoy/envoy.yaml --out gen/openapi.json --routes-out gen/edge_routes.lua
+--fuzzing-out gen/schemathesis.toml`: the document of the services the edge's transcoder
+serves (its `services` list), from the descriptor set it transcodes with, the edge's route
+table for its routes filter, and schemathesis's configuration for the document."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from services.dev.openapi import edge_routes, fuzzing
 from services.dev.openapi.descriptors import Index
 from services.dev.openapi.document import Info, build
 
@@ -49,13 +52,25 @@ def render(descriptor: Path, edge_config: Path) -> str:
     return json.dumps(build(index, services, INFO), indent=2, ensure_ascii=False) + "\n"
 
 
+def render_routes(descriptor: Path, edge_config: Path) -> str:
+    index = Index.read(descriptor.read_bytes())
+    return edge_routes.render(index, edge_services(yaml.safe_load(edge_config.read_text())))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m services.dev.openapi", description=__doc__)
     parser.add_argument("--descriptor", type=Path, required=True, help="gen/atelier.binpb")
     parser.add_argument("--edge", type=Path, required=True, help="deploy/envoy/envoy.yaml")
     parser.add_argument("--out", type=Path, required=True, help="gen/openapi.json")
+    parser.add_argument("--routes-out", type=Path, help="gen/edge_routes.lua")
+    parser.add_argument("--fuzzing-out", type=Path, help="gen/schemathesis.toml")
     args = parser.parse_args(argv)
-    args.out.write_text(render(args.descriptor, args.edge))
+    document = render(args.descriptor, args.edge)
+    args.out.write_text(document)
+    if args.fuzzing_out:
+        args.fuzzing_out.write_text(fuzzing.render(json.loads(document)))
+    if args.routes_out:
+        args.routes_out.write_text(render_routes(args.descriptor, args.edge))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from google.api import annotations_pb2, field_behavior_pb2, http_pb2
 from google.protobuf import descriptor_pb2
 
 from services.dev.openapi.descriptors import Index, behaviors
+from services.dev.openapi.rules import REFUSALS, Refusal
 from services.dev.openapi.schemas import (
     PROTO_REF,
     SCALAR_WELL_KNOWN,
@@ -22,16 +23,62 @@ from services.dev.openapi.schemas import (
     Schema,
     is_required,
     message_schema,
+    ruled,
     value_schema,
 )
 
 HTTP_METHODS = ("get", "put", "post", "delete", "patch")
 ERROR_RESPONSE = "#/components/responses/Error"
+STATUS_REF = PROTO_REF + "google.rpc.Status"
+# On an operation's 400: the refusals of requests its schema allows (rules.REFUSALS).
+REFUSALS_EXTENSION = "x-schema-valid-refusals"
 # How the edge answers a server-streaming RPC (deploy/envoy/envoy.yaml,
 # print_options.stream_newline_delimited): one JSON object per line.
-STREAM_CONTENT_TYPE = "application/json"
+STREAM_CONTENT_TYPE = "application/x-ndjson"
 STREAM_EXTENSION = "x-server-streaming"
 _VARIABLE = re.compile(r"\{[^}]*\}")
+# Request headers some operations read (services/kit/idempotency.py; RFC 7240 Prefer).
+IDEMPOTENCY_KEY: Schema = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "description": (
+        "The request's idempotency key, instead of (or equal to) `requestId` in the body: "
+        "the same key with the same request answers what the first one made, for good; "
+        "with another request, 409 `IDEMPOTENCY_KEY_REUSED` (never retried). Empty: no key."
+    ),
+    "schema": {"type": "string", "pattern": "^(?:[A-Za-z0-9._:\\-]{1,128})?$"},
+}
+PREFER: Schema = {
+    "name": "Prefer",
+    "in": "header",
+    "required": False,
+    "description": (
+        "RFC 7240 preferences. `wait=N` (seconds, at most 60) asks for the answer once the "
+        "job is finished or N seconds have passed; `Preference-Applied` in the answer says "
+        "whether it was applied. Preferences the server does not apply are ignored."
+    ),
+    "schema": {"type": "string"},
+}
+REQUEST_HEADERS: dict[str, tuple[Schema, ...]] = {
+    "CreationService_SubmitJob": (IDEMPOTENCY_KEY, PREFER),
+    "MediaService_CreateUpload": (IDEMPOTENCY_KEY,),
+}
+# On every answer (deploy/envoy/envoy.yaml: the rate limit filter), docs/edge.md.
+RATE_LIMIT_HEADERS: Schema = {
+    "x-ratelimit-limit": {
+        "description": "Requests this client may send at once (its token bucket's size).",
+        "schema": {"type": "integer", "minimum": 0},
+    },
+    "x-ratelimit-remaining": {
+        "description": "Requests left in the bucket now.",
+        "schema": {"type": "integer", "minimum": 0},
+    },
+    "x-ratelimit-reset": {
+        "description": "Seconds until the bucket is next refilled.",
+        "schema": {"type": "integer", "minimum": 0},
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -106,7 +153,7 @@ def operation(index: Index, binding: Binding) -> Operation:
         omit = frozenset(fields[0][1].name for fields, _ in bound if len(fields) == 1)
         if omit:
             name = f"{binding.service_name}{method.name}Body"
-            body_component = (name, message_schema(index, request, omit))
+            body_component = (name, message_schema(index, request, omit, closed=True))
             schema: Schema = {"$ref": f"#/components/schemas/{name}"}
             required = "required" in body_component[1]
         else:
@@ -119,6 +166,7 @@ def operation(index: Index, binding: Binding) -> Operation:
             spec["requestBody"] = _json_body(value_schema(index, body), is_required(body))
             bound_paths.add(binding.body)
         parameters.extend(_query_parameters(index, request, bound_paths))
+    parameters.extend(dict(header) for header in REQUEST_HEADERS.get(binding.operation_id, ()))
     if parameters:
         spec["parameters"] = parameters
     spec["responses"] = _responses(index, binding)
@@ -159,7 +207,36 @@ def _responses(index: Index, binding: Binding) -> Schema:
         }
     else:
         ok = {"description": "OK", "content": {"application/json": {"schema": schema}}}
-    return {"200": ok, "4XX": {"$ref": ERROR_RESPONSE}, "5XX": {"$ref": ERROR_RESPONSE}}
+    ok["headers"] = dict(RATE_LIMIT_HEADERS)
+    answers: Schema = {"200": ok}
+    refusals = REFUSALS.get(binding.operation_id, ())
+    if refusals:
+        answers["400"] = _refusals_response(refusals)
+    return {**answers, "4XX": {"$ref": ERROR_RESPONSE}, "5XX": {"$ref": ERROR_RESPONSE}}
+
+
+def _refusals_response(refusals: Sequence[Refusal]) -> Schema:
+    """The operation's 400: a bad request, or one of ``refusals`` of a request that
+    matches its schema, each listed for a reader and in :data:`REFUSALS_EXTENSION`."""
+    lines = [
+        f"- `{refusal.reason}`"
+        + (f" ({', '.join(f'`{f}`' for f in refusal.fields)})" if refusal.fields else "")
+        + f": {refusal.why}"
+        for refusal in refusals
+    ]
+    return {
+        "description": (
+            "INVALID_ARGUMENT or FAILED_PRECONDITION, as google.rpc.Status JSON. Besides "
+            "requests the schema refuses, these refuse requests it allows (the verdict "
+            "rests on data, or compares fields), with the field violations named:\n\n"
+            + "\n".join(lines)
+        ),
+        "headers": dict(RATE_LIMIT_HEADERS),
+        "content": {"application/json": {"schema": {"$ref": STATUS_REF}}},
+        REFUSALS_EXTENSION: [
+            {"reason": refusal.reason, "fields": list(refusal.fields)} for refusal in refusals
+        ],
+    }
 
 
 def _variables(template: str) -> list[str]:
@@ -202,7 +279,7 @@ def _path_parameter(index: Index, fields: Resolved, pattern: str) -> Schema:
     parameter: Schema = {"name": _json_path(fields), "in": "path", "required": True}
     if description.strip():
         parameter["description"] = description.strip()
-    parameter["schema"] = value_schema(index, leaf)
+    parameter["schema"] = ruled(message, leaf, value_schema(index, leaf))
     return parameter
 
 
@@ -251,7 +328,7 @@ def _query_parameters(
         if description:
             parameter["description"] = description
         parameter["required"] = not proto_prefix and is_required(field_)
-        parameter["schema"] = value_schema(index, field_)
+        parameter["schema"] = ruled(message, field_, value_schema(index, field_))
         if field_.options.deprecated:
             parameter["deprecated"] = True
         parameters.append(parameter)

@@ -16,6 +16,7 @@ from google.api import field_behavior_pb2
 from google.protobuf import descriptor_pb2
 
 from services.dev.openapi.descriptors import Index, behaviors
+from services.dev.openapi.rules import FIELD_RULES, MESSAGE_RULES
 
 Schema = dict[str, Any]
 FieldProto = descriptor_pb2.FieldDescriptorProto
@@ -111,9 +112,41 @@ def single_value(index: Index, field_: FieldProto) -> Schema:
     return dict(_SCALARS[field_.type])
 
 
+def ruled(message_name: str, field_: FieldProto, schema: Schema) -> Schema:
+    """``schema`` with the rules the services check: a REQUIRED string is not empty, and
+    what :data:`FIELD_RULES` says of the field (a UUID, a range, a length)."""
+    rules = dict(FIELD_RULES.get(f"{message_name}.{field_.name}", {}))
+    if (
+        is_required(field_)
+        and field_.type == field_.TYPE_STRING
+        and field_.label != field_.LABEL_REPEATED
+    ):
+        rules.setdefault("minLength", 1)
+    if "$ref" in schema and "enum" in rules:
+        return rules
+    if not rules or "$ref" in schema:
+        return schema
+    if schema.get("type") == "array":
+        items = rules if "$ref" in schema["items"] and "enum" in rules else schema["items"]
+        return {**schema, "items": {**items, **rules}}
+    return {**schema, **rules}
+
+
+def always_printed(field_: FieldProto) -> bool:
+    """Whether the edge prints the field in every answer (print_options.
+    always_print_primitive_fields): scalars, enums, repeated fields and maps, unless
+    the field is in a oneof (proto3 `optional` included); messages only when set."""
+    if field_.HasField("oneof_index"):
+        return False
+    return field_.label == field_.LABEL_REPEATED or field_.type not in (
+        field_.TYPE_MESSAGE,
+        field_.TYPE_GROUP,
+    )
+
+
 def field_schema(index: Index, message_name: str, field_: FieldProto) -> Schema:
     """The property a field becomes: its value with its comment and behaviours."""
-    schema = value_schema(index, field_)
+    schema = ruled(message_name, field_, value_schema(index, field_))
     notes: Schema = {}
     description = index.comment(f"{message_name}.{field_.name}")
     if description:
@@ -142,8 +175,18 @@ def is_required(field_: FieldProto) -> bool:
     return field_behavior_pb2.REQUIRED in behaviors(field_)
 
 
-def message_schema(index: Index, name: str, omit: frozenset[str] = frozenset()) -> Schema:
-    """A message as an object schema, without the fields named in ``omit``."""
+def message_schema(
+    index: Index,
+    name: str,
+    omit: frozenset[str] = frozenset(),
+    answer_only: bool = False,
+    closed: bool = False,
+) -> Schema:
+    """A message as an object schema, without the fields named in ``omit``. A message
+    only answers carry (``answer_only``) has every field the edge always prints required,
+    and, for a oneof all of whose members are messages (a stream's events), exactly one
+    of its members (oneOf). A ``closed`` message (one a request carries) holds no other
+    property: the edge answers 400 naming a field its message does not have."""
     message = index.messages[name]
     fields = [f for f in message.field if f.name not in omit]
     schema: Schema = {"type": "object"}
@@ -152,11 +195,35 @@ def message_schema(index: Index, name: str, omit: frozenset[str] = frozenset()) 
         schema["description"] = description
     if message.options.deprecated:
         schema["deprecated"] = True
-    required = [f.json_name for f in fields if is_required(f)]
+    required = [
+        f.json_name for f in fields if is_required(f) or (answer_only and always_printed(f))
+    ]
     if required:
         schema["required"] = required
     schema["properties"] = {f.json_name: field_schema(index, name, f) for f in fields}
+    if closed:
+        schema["additionalProperties"] = False
+    schema.update(MESSAGE_RULES.get(name, {}))
+    if answer_only:
+        events = _event_oneof(message)
+        if events:
+            schema["oneOf"] = [{"required": [member]} for member in events]
     return schema
+
+
+def _event_oneof(message: descriptor_pb2.DescriptorProto) -> list[str]:
+    """The JSON names of the members of the message's one real oneof whose members are all
+    messages (each answer sets exactly one), or none."""
+    found = []
+    for number, _ in enumerate(message.oneof_decl):
+        members = [
+            f
+            for f in message.field
+            if f.HasField("oneof_index") and f.oneof_index == number and not f.proto3_optional
+        ]
+        if members and all(f.type == f.TYPE_MESSAGE for f in members):
+            found.append([f.json_name for f in members])
+    return found[0] if len(found) == 1 else []
 
 
 def _oneof_note(message: descriptor_pb2.DescriptorProto, omit: frozenset[str]) -> str:
@@ -216,12 +283,15 @@ def components(
     *roots: Any,
     overrides: Mapping[str, Schema],
     extra: Mapping[str, Schema],
+    answer_only: frozenset[str] = frozenset(),
+    closed: frozenset[str] = frozenset(),
 ) -> dict[str, Schema]:
     """A component for every message and enum referred to from ``roots`` and ``extra``
     (and from those components in turn), named by its name inside its package, or by its
-    full name where two types would share one. ``overrides`` replace the schemas of the
-    types they name; ``extra`` are components that are no proto type, kept by their
-    names. Every ``proto:`` reference is rewritten in place."""
+    full name where two types would share one. ``closed`` messages take no other property
+    (:func:`message_schema`). ``overrides`` replace the schemas of the types they name;
+    ``extra`` are components that are no proto type, kept by their names. Every
+    ``proto:`` reference is rewritten in place."""
     made: dict[str, Schema] = {}
     pending = sorted({name for root in (*roots, extra) for name in proto_refs(root)})
     while pending:
@@ -233,7 +303,9 @@ def components(
         elif name in index.enums:
             made[name] = enum_schema(index, name)
         else:
-            made[name] = message_schema(index, name)
+            made[name] = message_schema(
+                index, name, answer_only=name in answer_only, closed=name in closed
+            )
         pending.extend(sorted(set(proto_refs(made[name])) - set(made)))
     names = _component_names(index, made, set(extra))
     result = {names[name]: schema for name, schema in made.items()}

@@ -5,8 +5,58 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Protocol
+
+# How long a browser may keep a downloaded object when nothing else is said (the default
+# window plus the default TTL); media passes what its settings make it.
+DEFAULT_OBJECT_MAX_AGE_SECONDS = 3600 + 300
+
+
+def object_cache_control(max_age_seconds: int) -> str:
+    """What an object is served with: it never changes under its key (media never
+    overwrites one), so a browser may keep it as long as its URL can work, for the user
+    who fetched it only (``private``: a URL is the user's, not a shared resource)."""
+    return f"private, max-age={max_age_seconds}, immutable"
+
+
+@dataclass(frozen=True)
+class Validity:
+    """When a download URL is signed (the start of its window) and when it expires."""
+
+    signed_at: datetime
+    expires_at: datetime
+    # When the window ends: reads from then on get the next window's URLs.
+    window_ends_at: datetime
+
+
+@dataclass(frozen=True)
+class DownloadWindows:
+    """Download URLs are signed for epoch-aligned windows, not for each read: every read
+    within one window gets the same expiry and signing time, hence (the signature covering
+    nothing else that changes) the same URL, so a client's image cache hits. A URL read at
+    any moment of its window works at least ``ttl_seconds`` more: it expires ``ttl_seconds``
+    after its window ends (at most ``window_seconds + ttl_seconds`` after it was signed)."""
+
+    window_seconds: int
+    ttl_seconds: int
+
+    def at(self, now: datetime) -> Validity:
+        start = int(now.timestamp()) // self.window_seconds * self.window_seconds
+        return Validity(
+            signed_at=datetime.fromtimestamp(start, UTC),
+            expires_at=datetime.fromtimestamp(start + self.window_seconds + self.ttl_seconds, UTC),
+            window_ends_at=datetime.fromtimestamp(start + self.window_seconds, UTC),
+        )
+
+    @property
+    def longest_seconds(self) -> int:
+        """The longest a URL works: from its window's start to its expiry."""
+        return self.window_seconds + self.ttl_seconds
+
+    @property
+    def cache_control(self) -> str:
+        return object_cache_control(self.longest_seconds)
 
 
 class ObjectNotFound(Exception):
@@ -69,8 +119,17 @@ class ObjectStorage(Protocol):
         exactly) this many bytes, and never replaces an existing object."""
         ...
 
-    async def presign_get(self, key: str, content_type: str, expires_at: datetime) -> SignedRequest:
-        """A GET of the object, answered with ``content_type``."""
+    async def presign_get(
+        self,
+        key: str,
+        content_type: str,
+        expires_at: datetime,
+        signed_at: datetime | None = None,
+    ) -> SignedRequest:
+        """A GET of the object, answered with ``content_type`` and the backend's
+        Cache-Control. With ``signed_at`` (a window's start, in the past), the URL is
+        signed as of that moment: the same arguments give the same URL byte for byte,
+        whenever asked (without, it is signed now)."""
         ...
 
     async def remove_abandoned_writes(self, older_than: datetime, limit: int) -> int:

@@ -18,11 +18,13 @@ from typing import BinaryIO, ParamSpec, TypeVar
 from services.media.domain import KEY_PATTERN
 from services.media.errors import StorageUnavailable
 from services.media.storage.base import (
+    DEFAULT_OBJECT_MAX_AGE_SECONDS,
     ObjectExists,
     ObjectNotFound,
     ObjectStat,
     SignedRequest,
     WholeObject,
+    object_cache_control,
 )
 from services.media.storage.signing import UrlSigner
 
@@ -43,9 +45,16 @@ async def _io(function: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -
 
 
 class LocalStorage:
-    def __init__(self, root: Path, signer: UrlSigner) -> None:
+    def __init__(
+        self,
+        root: Path,
+        signer: UrlSigner,
+        cache_control: str = object_cache_control(DEFAULT_OBJECT_MAX_AGE_SECONDS),
+    ) -> None:
+        """``cache_control``: what the HTTP listener serves objects with."""
         self.root = root
         self.signer = signer
+        self.cache_control = cache_control
         (root / INCOMING).mkdir(parents=True, exist_ok=True)
 
     def path_of(self, key: str) -> Path:
@@ -112,7 +121,15 @@ class LocalStorage:
         url = self.signer.put_url(key, content_type, size_bytes, int(expires_at.timestamp()))
         return SignedRequest("PUT", url, {"Content-Type": content_type})
 
-    async def presign_get(self, key: str, content_type: str, expires_at: datetime) -> SignedRequest:
+    async def presign_get(
+        self,
+        key: str,
+        content_type: str,
+        expires_at: datetime,
+        signed_at: datetime | None = None,
+    ) -> SignedRequest:
+        """The signature covers the key, type and expiry only: the same ones always give
+        the same URL, whenever it was signed (``signed_at`` changes nothing here)."""
         self.path_of(key)
         url = self.signer.get_url(key, content_type, int(expires_at.timestamp()))
         return SignedRequest("GET", url)

@@ -4,26 +4,43 @@ One client per process, opened on first use and closed with the service. Large o
 up as a multipart upload, one part in memory at a time; presigned PUTs bind the content
 type, the exact length and ``If-None-Match: *``, so a client can neither change what it
 declared nor replace an object once it exists.
+
+Download URLs may be signed as of a given moment (the start of their window): SigV4's
+signature covers the signing time, so two reads within one window get the same URL only
+if both sign as of the same second. botocore signs as of now; :class:`_SignedAsOf` is its
+own S3 query signer with the moment given, chosen for the signing client's GetObject
+presigns only while one is asked for (``_SIGNING_TIME``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterable, AsyncIterator, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
 from contextlib import AsyncExitStack, contextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
+import botocore.auth
 from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession
-from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
+from botocore.auth import SIGV4_TIMESTAMP, S3SigV4QueryAuth
+from botocore.awsrequest import AWSRequest
+from botocore.exceptions import ClientError, ConnectionError, HTTPClientError, NoCredentialsError
 
 from services.kit import deadlines
 from services.kit.logging import get_logger
 from services.media.errors import StorageUnavailable
 from services.media.settings import S3Settings
-from services.media.storage.base import ObjectExists, ObjectNotFound, ObjectStat, SignedRequest
+from services.media.storage.base import (
+    DEFAULT_OBJECT_MAX_AGE_SECONDS,
+    ObjectExists,
+    ObjectNotFound,
+    ObjectStat,
+    SignedRequest,
+    object_cache_control,
+)
 
 if TYPE_CHECKING:
     from types_aiobotocore_s3 import S3Client
@@ -35,6 +52,46 @@ log = get_logger(__name__)
 PART_BYTES = 5 * 1024 * 1024
 _MISSING = {"404", "NoSuchKey", "NotFound"}
 _TAKEN = {"412", "PreconditionFailed"}
+
+
+# The moment the presign under way signs as of; None: now (botocore's own signer).
+_SIGNING_TIME: ContextVar[datetime | None] = ContextVar("atelier_s3_signing_time", default=None)
+# Our signer's name among botocore's (the suffix is what botocore wants of a presigner).
+_SIGNED_AS_OF = "s3v4-atelier-signed-as-of-query"
+
+
+class _SignedAsOf(S3SigV4QueryAuth):
+    """botocore's S3 SigV4 query signer, signing as of ``_SIGNING_TIME`` instead of now:
+    the same steps as ``SigV4Auth.add_auth``, with the timestamp given. The URL is byte
+    for byte the one botocore makes at that moment (tests/integration/test_media_storage.py)."""
+
+    def add_auth(self, request: AWSRequest) -> None:
+        moment = _SIGNING_TIME.get()
+        if moment is None:
+            super().add_auth(request)
+            return
+        if self.credentials is None:
+            raise NoCredentialsError()
+        request.context["timestamp"] = moment.astimezone(UTC).strftime(SIGV4_TIMESTAMP)
+        # botocore's own steps (private to it, so untyped in its stubs).
+        steps: Any = self
+        steps._modify_request_before_signing(request)
+        canonical_request = self.canonical_request(request)
+        string_to_sign = self.string_to_sign(request, canonical_request)
+        steps._inject_signature_to_request(request, self.signature(string_to_sign, request))
+
+
+# Known to botocore by name; chosen only by the handler below, on our signing clients.
+botocore.auth.AUTH_TYPE_MAPS[_SIGNED_AS_OF] = _SignedAsOf
+
+
+def _signer_choice(**_: Any) -> str | None:
+    """choose-signer for GetObject: ours while a moment is given, else botocore's choice."""
+    return _SIGNED_AS_OF if _SIGNING_TIME.get() is not None else None
+
+
+# An event handler may answer (choose-signer's do); the stubs say handlers return None.
+_choose_signed_as_of = cast(Callable[..., None], _signer_choice)
 
 
 def _code(error: ClientError) -> str:
@@ -66,9 +123,18 @@ def _answering() -> Iterator[None]:
 
 
 class S3Storage:
-    def __init__(self, settings: S3Settings, part_bytes: int = PART_BYTES) -> None:
+    def __init__(
+        self,
+        settings: S3Settings,
+        part_bytes: int = PART_BYTES,
+        cache_control: str = object_cache_control(DEFAULT_OBJECT_MAX_AGE_SECONDS),
+    ) -> None:
+        """``cache_control``: stored with the objects media puts, and asked of S3 on every
+        signed download (``response-cache-control``), so objects a client or a worker
+        uploaded with a presigned PUT are served with it too."""
         self._settings = settings
         self._part_bytes = part_bytes
+        self.cache_control = cache_control
         self._session = AioSession()
         self._exit = AsyncExitStack()
         self._opened: tuple[S3Client, S3Client] | None = None
@@ -110,6 +176,11 @@ class S3Storage:
                         signer = await self._exit.enter_async_context(
                             self._session.create_client("s3", **self._client_args(public))
                         )
+                    # First, so that botocore's own choice (from the endpoint's auth
+                    # scheme) does not answer before ours.
+                    signer.meta.events.register_first(
+                        "choose-signer.s3.GetObject", _choose_signed_as_of
+                    )
                     self._opened = (data, signer)
         return self._opened
 
@@ -132,7 +203,10 @@ class S3Storage:
                             break
                         if upload_id is None:
                             started = await client.create_multipart_upload(
-                                Bucket=self.bucket, Key=key, ContentType=content_type
+                                Bucket=self.bucket,
+                                Key=key,
+                                ContentType=content_type,
+                                CacheControl=self.cache_control,
                             )
                             upload_id = started["UploadId"]
                         # The full buffer itself is the part (no copy); a new one takes its place.
@@ -144,6 +218,7 @@ class S3Storage:
                         Key=key,
                         Body=_blob(buffer),
                         ContentType=content_type,
+                        CacheControl=self.cache_control,
                         IfNoneMatch="*",
                     )
                     return
@@ -279,13 +354,36 @@ class S3Storage:
         }
         return SignedRequest("PUT", url, headers)
 
-    async def presign_get(self, key: str, content_type: str, expires_at: datetime) -> SignedRequest:
+    async def presign_get(
+        self,
+        key: str,
+        content_type: str,
+        expires_at: datetime,
+        signed_at: datetime | None = None,
+    ) -> SignedRequest:
         _, signer = await self._clients()
-        url = await signer.generate_presigned_url(
-            "get_object",
-            Params={"Bucket": self.bucket, "Key": key, "ResponseContentType": content_type},
-            ExpiresIn=_seconds_until(expires_at),
-        )
+        params = {
+            "Bucket": self.bucket,
+            "Key": key,
+            "ResponseContentType": content_type,
+            "ResponseCacheControl": self.cache_control,
+        }
+        if signed_at is None:
+            url = await signer.generate_presigned_url(
+                "get_object", Params=params, ExpiresIn=_seconds_until(expires_at)
+            )
+            return SignedRequest("GET", url)
+        # X-Amz-Date is the window's start and X-Amz-Expires runs from it to the expiry:
+        # S3 accepts the URL from then until expires_at, and every read in the window
+        # gets these very bytes.
+        lifetime = math.floor((expires_at - signed_at).total_seconds())
+        moment = _SIGNING_TIME.set(signed_at.replace(microsecond=0))
+        try:
+            url = await signer.generate_presigned_url(
+                "get_object", Params=params, ExpiresIn=lifetime
+            )
+        finally:
+            _SIGNING_TIME.reset(moment)
         return SignedRequest("GET", url)
 
     async def close(self) -> None:

@@ -139,6 +139,7 @@ READY_FOR_URLS = DriverStatement.of(
         _c.thumbnail_content_type,
         _c.width,
         _c.height,
+        _c.size_bytes,
     ).where(
         _c.asset_id == func.any(bindparam("asset_ids")),
         _c.status == literal_column(f"'{Status.READY.value}'"),
@@ -200,6 +201,8 @@ class Signable:
     # The image's size, read from the stored object when it became ready.
     width: int = 0
     height: int = 0
+    # The stored object's length.
+    size_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -306,6 +309,18 @@ class AssetStore:
         )
 
     @_database
+    async def keyed(self, owner_user_id: str, idempotency_key: str) -> Asset | None:
+        """The asset the owner's key made, whatever its status (rides
+        uq_assets_owner_idempotency_key)."""
+        rows = await driver_fetch(
+            self._engine,
+            ASSET_BY_IDEMPOTENCY_KEY,
+            owner_user_id=owner_user_id,
+            idempotency_key=idempotency_key,
+        )
+        return _asset(rows[0]) if rows else None
+
+    @_database
     async def insert_requested(self, asset: Asset) -> Asset:
         """A new upload under the client's request id, or the asset that request id
         already made (whatever its status), unchanged (rides
@@ -366,6 +381,7 @@ class AssetStore:
                 row["thumbnail_content_type"],
                 row["width"] or 0,
                 row["height"] or 0,
+                row["size_bytes"] or 0,
             )
             for row in rows
         ]

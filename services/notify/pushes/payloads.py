@@ -19,7 +19,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from atelier.creation.v1 import job_pb2
-from atelier.notify.v1 import job_state_pb2
 from services.notify.projection import status_name
 from services.notify.pushes import texts
 
@@ -71,7 +70,7 @@ def encoded(payload: dict[str, Any]) -> bytes:
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def content_state(state: job_state_pb2.JobState) -> dict[str, Any]:
+def content_state(state: job_pb2.Job) -> dict[str, Any]:
     """What the Live Activity shows (the app's ContentState, camelCase for Codable). The
     version is left out on purpose: a push is only worth sending when this changes."""
     return {
@@ -82,14 +81,14 @@ def content_state(state: job_state_pb2.JobState) -> dict[str, Any]:
     }
 
 
-def _timestamp(state: job_state_pb2.JobState, now: datetime) -> int:
+def _timestamp(state: job_pb2.Job, now: datetime) -> int:
     """When creation wrote the state (seconds); now when it carries no time."""
     if state.HasField("update_time") and state.update_time.seconds > 0:
         return int(state.update_time.seconds)
     return int(now.timestamp())
 
 
-def stale_date(state: job_state_pb2.JobState, now: datetime) -> int:
+def stale_date(state: job_pb2.Job, now: datetime) -> int:
     """When what ``state`` shows on the activity is out of date (seconds)."""
     shown_at = _timestamp(state, now)
     if state.status == job_pb2.JOB_STATUS_NEEDS_ATTENTION:
@@ -112,7 +111,7 @@ def _activity_headers(bundle_id: str, priority: int, expires_at: datetime) -> di
     return _headers("liveactivity", bundle_id + LIVE_ACTIVITY_TOPIC_SUFFIX, priority, expires_at)
 
 
-def alert(state: job_state_pb2.JobState, bundle_id: str, locale: str, now: datetime) -> Push:
+def alert(state: job_pb2.Job, bundle_id: str, locale: str, now: datetime) -> Push:
     """The alert for a terminal or NEEDS_ATTENTION state, in the device's language. Its
     collapse id is the job's, so a later alert for the same job replaces an earlier one."""
     words = texts.alert(locale, state.status)
@@ -139,9 +138,7 @@ def alert(state: job_state_pb2.JobState, bundle_id: str, locale: str, now: datet
     )
 
 
-def live_activity_start(
-    state: job_state_pb2.JobState, bundle_id: str, locale: str, now: datetime
-) -> Push:
+def live_activity_start(state: job_pb2.Job, bundle_id: str, locale: str, now: datetime) -> Push:
     """Starts the job's Live Activity on a device through its push-to-start token."""
     words = texts.alert(locale, texts.STARTED)
     expires_at = now + START_LIFETIME
@@ -166,7 +163,7 @@ def live_activity_start(
 
 
 def live_activity_update(
-    state: job_state_pb2.JobState,
+    state: job_pb2.Job,
     bundle_id: str,
     now: datetime,
     send_at: datetime,
@@ -195,7 +192,7 @@ def live_activity_update(
 
 
 def live_activity_end(
-    state: job_state_pb2.JobState, bundle_id: str, now: datetime, dismiss_after: timedelta
+    state: job_pb2.Job, bundle_id: str, now: datetime, dismiss_after: timedelta
 ) -> Push:
     """The terminal state; the activity leaves the Lock Screen ``dismiss_after`` later.
     A terminal state never changes, so it is never stale before it leaves: its stale

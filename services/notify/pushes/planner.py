@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 from services.kit.logging import get_logger
-from services.notify.projection import JobState, Moved
+from services.notify.projection import Job, Moved
 from services.notify.pushes import planning
 from services.notify.pushes.planning import Plan, Prior, Rules, Token
 
@@ -39,7 +39,7 @@ class PushPlanner:
             log.exception("push_planning_failed", jobs=jobs)
             return Plan()
 
-    def at_registration(self, state: JobState, activity: Token, last: Prior | None) -> Plan:
+    def at_registration(self, state: Job, activity: Token, last: Prior | None) -> Plan:
         """What a Live Activity registered just now needs to show ``state``, its job's
         current state (see planning.at_registration)."""
         return planning.at_registration(state, activity, last, self._rules, self._clock())

@@ -27,7 +27,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from atelier.creation.v1 import job_pb2
-from atelier.notify.v1 import job_state_pb2
 from services.notify.projection import Moved, is_terminal, status_name
 from services.notify.pushes import payloads
 from services.notify.pushes.payloads import Push
@@ -146,7 +145,7 @@ def plan(
 
 
 def at_registration(
-    state: job_state_pb2.JobState,
+    state: job_pb2.Job,
     activity: Token,
     last: Prior | None,
     rules: Rules,
@@ -167,7 +166,7 @@ def at_registration(
     return result
 
 
-def _owed(change: Moved) -> list[tuple[job_state_pb2.JobState, str | None]]:
+def _owed(change: Moved) -> list[tuple[job_pb2.Job, str | None]]:
     """The states of a move that are owed pushes, each with the status before it. A
     deleted job's tombstone (its terminal status again, one version on) is owed nothing
     after its terminal state; when that state never reached notify (the relay delivered
@@ -182,20 +181,18 @@ def _owed(change: Moved) -> list[tuple[job_state_pb2.JobState, str | None]]:
     return owed
 
 
-def _alerts(state: job_state_pb2.JobState, before: str | None) -> bool:
+def _alerts(state: job_pb2.Job, before: str | None) -> bool:
     if state.status not in _ALERTED:
         return False
     # NEEDS_ATTENTION is alerted once on entering it, not again for each later version.
     return not (state.status == job_pb2.JOB_STATUS_NEEDS_ATTENTION and before == _NEEDS_ATTENTION)
 
 
-def _enters(state: job_state_pb2.JobState, before: str | None, status: str) -> bool:
+def _enters(state: job_pb2.Job, before: str | None, status: str) -> bool:
     return status_name(state) == status and before != status
 
 
-def _add(
-    result: Plan, token: Token, state: job_state_pb2.JobState, send_at: datetime, push: Push
-) -> None:
+def _add(result: Plan, token: Token, state: job_pb2.Job, send_at: datetime, push: Push) -> None:
     if push.body_size() > payloads.MAX_PAYLOAD_BYTES:
         # Our payloads are small and bounded; one this large is a bug, not a push to send
         # (APNs would refuse it with PayloadTooLarge).
@@ -212,7 +209,7 @@ def _drop_held(result: Plan, prior: Prior | None) -> None:
 def _plan_update(
     result: Plan,
     activity: Token,
-    state: job_state_pb2.JobState,
+    state: job_pb2.Job,
     last: Prior | None,
     rules: Rules,
     now: datetime,

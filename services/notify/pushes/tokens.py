@@ -11,18 +11,19 @@ MIN_TOKEN_DIGITS = 64
 MAX_TOKEN_DIGITS = 200
 TOKEN_RULE = f"must be hex, an even number of {MIN_TOKEN_DIGITS} to {MAX_TOKEN_DIGITS} digits"
 _HEX = re.compile(r"[0-9a-fA-F]+")
+# Public patterns (used with fullmatch): the OpenAPI document states them too.
 # Reverse-DNS, as Xcode allows: letters, digits, hyphens, at least two parts.
-_BUNDLE_ID = re.compile(r"[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+")
+BUNDLE_ID = re.compile(r"[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+")
 # ".push-type.liveactivity" is appended for Live Activity topics; APNs topics are short.
 MAX_BUNDLE_ID_LENGTH = 155
 BUNDLE_ID_RULE = "must be a bundle id such as com.example.app (letters, digits, - and .)"
 # A BCP 47 tag, loosely: language, then optional subtags (en, fr-FR, zh_Hant_TW).
-_LOCALE = re.compile(r"[A-Za-z]{2,3}([-_][A-Za-z0-9]{1,8})*")
+LOCALE = re.compile(r"[A-Za-z]{2,3}([-_][A-Za-z0-9]{1,8})*")
 MAX_LOCALE_LENGTH = 35
 LOCALE_RULE = "must be a language tag such as en or fr-FR"
 DEFAULT_LOCALE = "en"
 MAX_ACTIVITY_ID_LENGTH = 128
-_ACTIVITY_ID = re.compile(r"[\x21-\x7e]+")
+ACTIVITY_ID = re.compile(r"[\x21-\x7e]+")
 ACTIVITY_ID_RULE = f"must be 1-{MAX_ACTIVITY_ID_LENGTH} printable characters without spaces"
 
 
@@ -49,19 +50,19 @@ def short(token: str) -> str:
 
 
 def bundle_id_problem(bundle_id: str) -> str | None:
-    if len(bundle_id) > MAX_BUNDLE_ID_LENGTH or not _BUNDLE_ID.fullmatch(bundle_id):
+    if len(bundle_id) > MAX_BUNDLE_ID_LENGTH or not BUNDLE_ID.fullmatch(bundle_id):
         return BUNDLE_ID_RULE
     return None
 
 
 def locale_problem(locale: str) -> str | None:
     """Empty is fine (it means English)."""
-    if locale and (len(locale) > MAX_LOCALE_LENGTH or not _LOCALE.fullmatch(locale)):
+    if locale and (len(locale) > MAX_LOCALE_LENGTH or not LOCALE.fullmatch(locale)):
         return LOCALE_RULE
     return None
 
 
 def activity_id_problem(activity_id: str) -> str | None:
-    if len(activity_id) > MAX_ACTIVITY_ID_LENGTH or not _ACTIVITY_ID.fullmatch(activity_id):
+    if len(activity_id) > MAX_ACTIVITY_ID_LENGTH or not ACTIVITY_ID.fullmatch(activity_id):
         return ACTIVITY_ID_RULE
     return None

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from atelier.notify.v1 import job_state_pb2
+from atelier.creation.v1 import job_pb2
 from services.kit.db import fetch
 from services.notify import projection
 from services.notify.projection import AppliedState, is_terminal, status_name
@@ -83,7 +83,7 @@ async def hold_applies(connection: AsyncConnection) -> None:
 
 
 def _stored(state: bytes, seq: int) -> AppliedState:
-    return AppliedState(job_state_pb2.JobState.FromString(state), int(seq))
+    return AppliedState(job_pb2.Job.FromString(state), int(seq))
 
 
 class ProjectionStore:
@@ -92,7 +92,7 @@ class ProjectionStore:
 
     @database
     async def apply(
-        self, states: Sequence[job_state_pb2.JobState], planner: PushPlanner | None = None
+        self, states: Sequence[job_pb2.Job], planner: PushPlanner | None = None
     ) -> list[AppliedState]:
         """Applies ``states`` (any order, duplicates welcome) in one transaction; returns
         the rows that moved, in ``seq`` order, each with the state it moved to. With a

@@ -13,7 +13,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.kit.logging import get_logger
-from services.notify.projection import JobState, Moved
+from services.notify.projection import Job, Moved
 from services.notify.pushes.planner import PushPlanner
 from services.notify.pushes.planning import Plan, Prior, Token
 
@@ -178,7 +178,7 @@ async def record_registration(
     activity: Token,
     device_id: str,
     activity_id: str,
-    state: JobState,
+    state: Job,
     planner: PushPlanner,
 ) -> None:
     """Records what a Live Activity registered just now needs to show ``state``, its job's

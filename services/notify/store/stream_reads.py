@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import Row, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from atelier.notify.v1 import job_state_pb2
+from atelier.creation.v1 import job_pb2
 from services.kit.db import fetch, read
 from services.notify.store.boundary import database
 from services.notify.streams.change import Change, Snapshot
@@ -50,7 +50,7 @@ MISSED = text(
 
 
 def _change(row: Row[Any]) -> Change:
-    state = job_state_pb2.JobState.FromString(row.state)
+    state = job_pb2.Job.FromString(row.state)
     return Change.of(state, seq=row.seq, terminal=row.terminal)
 
 

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from services.kit.db import fetch
 from services.notify.domain import ActivityRegistration, DeviceCursor, DeviceRegistration, DeviceRow
 from services.notify.errors import DeviceNotFound, JobNotFound
-from services.notify.projection import JobState
+from services.notify.projection import Job
 from services.notify.pushes.planner import PushPlanner
 from services.notify.pushes.planning import Token
 from services.notify.store import pushes
@@ -290,7 +290,7 @@ class TokenStore:
             held = (
                 await connection.execute(_JOB_STATE, {"job_id": registration.job_id})
             ).one_or_none()
-            state = JobState.FromString(held.state) if held is not None else None
+            state = Job.FromString(held.state) if held is not None else None
             if state is not None and (state.user_id != registration.user_id or state.deleted):
                 raise JobNotFound(registration.job_id)
             device = (

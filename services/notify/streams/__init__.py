@@ -2,4 +2,14 @@
 routes changes to local streams, the fan-out between replicas and the backstop."""
 
 # What other packages import from here (tests/unit/test_package_surfaces.py).
-__all__ = ["backstop", "change", "clock", "drain", "fanout", "first_states", "inbox", "registry"]
+__all__ = [
+    "backstop",
+    "change",
+    "clock",
+    "drain",
+    "fanout",
+    "first_states",
+    "inbox",
+    "registry",
+    "standings",
+]

@@ -7,13 +7,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atelier.creation.v1 import job_pb2
-from atelier.notify.v1 import job_state_pb2, notify_service_pb2
+from atelier.notify.v1 import notify_service_pb2
 
 _TERMINAL = frozenset(
     {job_pb2.JOB_STATUS_SUCCEEDED, job_pb2.JOB_STATUS_FAILED, job_pb2.JOB_STATUS_CANCELLED}
 )
 
-# The Redis payload: seq and terminal flag, then the serialized JobState.
+# The Redis payload: seq and terminal flag, then the serialized Job.
 _HEADER = struct.Struct(">qB")
 
 
@@ -27,10 +27,14 @@ class Change:
     version: int
     seq: int
     terminal: bool
-    state: job_state_pb2.JobState
+    state: job_pb2.Job
     # The WatchJob and WatchJobs messages for this state, serialized once however many
     # streams send them (a broadcast reaches thousands of streams).
     _serialized: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def queued(self) -> bool:
+        return self.state.status == job_pb2.JOB_STATUS_QUEUED
 
     def job_response(self) -> bytes:
         """``WatchJobResponse(job=state)``, serialized."""
@@ -56,11 +60,11 @@ class Change:
     @classmethod
     def from_bytes(cls, payload: bytes) -> Change:
         seq, terminal = _HEADER.unpack_from(payload)
-        state = job_state_pb2.JobState.FromString(payload[_HEADER.size :])
+        state = job_pb2.Job.FromString(payload[_HEADER.size :])
         return cls.of(state, seq=seq, terminal=bool(terminal))
 
     @classmethod
-    def of(cls, state: job_state_pb2.JobState, *, seq: int, terminal: bool) -> Change:
+    def of(cls, state: job_pb2.Job, *, seq: int, terminal: bool) -> Change:
         return cls(
             job_id=state.job_id,
             user_id=state.user_id,
@@ -71,17 +75,17 @@ class Change:
         )
 
 
-def is_terminal(state: job_state_pb2.JobState) -> bool:
+def is_terminal(state: job_pb2.Job) -> bool:
     return state.status in _TERMINAL
 
 
 def from_applied(applied: Any) -> Change:
     """The projection's AppliedState (services/notify/projection.py) as a Change. Read by
     attribute so that the streams do not depend on the projection's module: it needs
-    ``state`` (a JobState or its serialized bytes) and ``seq``."""
+    ``state`` (a Job or its serialized bytes) and ``seq``."""
     state = applied.state
     if isinstance(state, bytes | bytearray | memoryview):
-        state = job_state_pb2.JobState.FromString(bytes(state))
+        state = job_pb2.Job.FromString(bytes(state))
     return Change.of(state, seq=int(applied.seq), terminal=is_terminal(state))
 
 

@@ -37,6 +37,7 @@ class Inbox:
         "last_sent",
         "max_seq",
         "open_jobs",
+        "queued_jobs",
     )
 
     def __init__(self, limit: int, *, now: float = 0.0, deadline: float = float("inf")) -> None:
@@ -51,6 +52,8 @@ class Inbox:
         self._seen: dict[str, int] = {}
         # Jobs this stream has seen in a non-terminal state: the backstop watches them.
         self.open_jobs: set[str] = set()
+        # Jobs whose latest version taken is QUEUED: their standing is refreshed.
+        self.queued_jobs: set[str] = set()
         # A wake-up is owed (something to send, a keep-alive, an end); a bare future
         # rather than an asyncio.Event: ten thousand streams each hold one.
         self._signalled = False
@@ -100,6 +103,10 @@ class Inbox:
             self.open_jobs.discard(change.job_id)
         else:
             self.open_jobs.add(change.job_id)
+        if change.queued:
+            self.queued_jobs.add(change.job_id)
+        else:
+            self.queued_jobs.discard(change.job_id)
         self._wake()
         return True
 

@@ -160,6 +160,14 @@ class StreamRegistry:
                     jobs[job_id] = min(jobs.get(job_id, seen), seen)
         return Watched(jobs=jobs, users=users)
 
+    def queued_watchers(self) -> dict[str, list[Inbox]]:
+        """The local streams of each job they last took in the QUEUED state."""
+        watchers: dict[str, list[Inbox]] = {}
+        for inbox in self.inboxes():
+            for job_id in inbox.queued_jobs:
+                watchers.setdefault(job_id, []).append(inbox)
+        return watchers
+
     def inboxes(self) -> Iterator[Inbox]:
         for inboxes in self._by_job.values():
             yield from inboxes

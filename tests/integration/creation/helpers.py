@@ -15,7 +15,6 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.app import build
-from services.creation.parameters import GenerationParameters
 from services.creation.settings import CreationSettings
 from services.creation.store.jobs import SubmitLimits
 from services.creation.submission import SubmitCommand, validate
@@ -45,7 +44,7 @@ def command(key: str | None = None, **overrides: Any) -> SubmitCommand:
         "negative_prompt": "",
         "width": 512,
         "height": 512,
-        "parameters": GenerationParameters(seed=7),
+        "parameters": dict(seed=7),
     }
     fields.update(overrides)
     built, problems = validate(**fields)

@@ -71,6 +71,7 @@ async def test_each_media_kind_gets_its_own_answer(engine: AsyncEngine) -> None:
             "stub-fast",
             "stub-detail",
             "stub-portrait",
+            "stub-text",
         ]
         assert images == everything
         assert len(videos.models) == len(videos.styles) == 0

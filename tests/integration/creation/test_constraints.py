@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.store import jobs as store
 from tests.integration.creation.helpers import LIMITS, T0, command, new_user
+from tests.support.job_errors import AN_ERROR, UNKNOWN
 
 # A moment after the job was created (the tests' clock is not the database's).
 LATER = "created_at + interval '1 minute'"
@@ -63,7 +64,7 @@ ILLEGAL_UPDATES = {
         "succeeded_shape",
     ),
     "succeeded with an error": (
-        f"status = 'succeeded', {RELEASED}, {DONE}, {OUTPUT}, progress = 100, error_code = 'X'",
+        f"status = 'succeeded', {RELEASED}, {DONE}, {OUTPUT}, progress = 100, {AN_ERROR}",
         "succeeded_shape",
     ),
     "succeeded short of 100%": (
@@ -76,8 +77,22 @@ ILLEGAL_UPDATES = {
     ),
     "failed without an error": (f"status = 'failed', {RELEASED}, {DONE}", "failed_shape"),
     "failed with an output": (
-        f"status = 'failed', {RELEASED}, {DONE}, error_code = 'X', {OUTPUT}",
+        f"status = 'failed', {RELEASED}, {DONE}, {AN_ERROR}, {OUTPUT}",
         "failed_shape",
+    ),
+    # What the owner is told is stored with the code, or there is neither.
+    "failed with a code but no reason": (
+        f"status = 'failed', {RELEASED}, {DONE}, error_code = 'X'",
+        "error_answered",
+    ),
+    "needs attention with no flag": (
+        f"status = 'needs_attention', {RELEASED}, error_code = 'X',"
+        " error_reason = 'OUTCOME_UNKNOWN'",
+        "error_answered",
+    ),
+    "a reason without a code": (
+        "error_reason = 'PROVIDER_ERROR', error_retryable = true",
+        "error_answered",
     ),
     "cancelled without completion": ("status = 'cancelled'", "cancelled_shape"),
     "needs attention without a reason": (
@@ -85,7 +100,7 @@ ILLEGAL_UPDATES = {
         "attention_shape",
     ),
     "needs attention but completed": (
-        f"status = 'needs_attention', {RELEASED}, error_code = 'X', completed_at = {LATER}",
+        f"status = 'needs_attention', {RELEASED}, {AN_ERROR}, completed_at = {LATER}",
         "attention_shape",
     ),
     "provider request before submitting": (
@@ -165,9 +180,9 @@ LEGAL_UPDATES = {
     "succeeded": (
         f"status = 'succeeded', {RELEASED}, {DONE}, {OUTPUT}, progress = 100, step = 'done'"
     ),
-    "failed": f"status = 'failed', {RELEASED}, {DONE}, error_code = 'X'",
+    "failed": f"status = 'failed', {RELEASED}, {DONE}, {AN_ERROR}",
     "cancelled": f"status = 'cancelled', completed_at = {LATER}",
-    "needs attention": f"status = 'needs_attention', {RELEASED}, error_code = 'OUTCOME_UNKNOWN'",
+    "needs attention": f"status = 'needs_attention', {RELEASED}, {UNKNOWN}",
     "queued resuming a request": "attempt = 1, step = 'generating', provider_request_id = 'req'",
     "deleted": f"{CANCELLED}, {SCRUBBED}",
 }

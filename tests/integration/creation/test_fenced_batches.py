@@ -16,7 +16,7 @@ from google.protobuf import json_format
 from sqlalchemy import select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.creation.convert import job_state
+from services.creation.convert import outbox_job
 from services.creation.domain import Job, Status, Step
 from services.creation.store import jobs as store
 from services.creation.store import leases
@@ -200,7 +200,7 @@ async def test_every_outbox_payload_is_the_written_jobs_state_in_protobufs_json(
         Status.FAILED,
         Status.QUEUED,
     ]
-    payloads = [json_format.MessageToDict(job_state(job)) for job in written if job is not None]
+    payloads = [json_format.MessageToDict(outbox_job(job)) for job in written if job is not None]
     assert len(payloads) == len(written)
     # Every field the payload may carry is met at least once.
     assert {"outputs", "done", "attempt", "nextAttemptTime", "error", "step"} <= {
@@ -209,6 +209,15 @@ async def test_every_outbox_payload_is_the_written_jobs_state_in_protobufs_json(
     for job, payload in zip(written, payloads, strict=True):
         assert job is not None
         assert stored[(job.job_id, job.version)] == payload
+    # The error goes out typed (a code no table knows: PROVIDER_ERROR, as declared), with
+    # its flag and message only when set, and never the internal code.
+    errors = [payload["error"] for payload in payloads if "error" in payload]
+    assert {
+        "reason": "JOB_ERROR_REASON_PROVIDER_ERROR",
+        "retryable": True,
+        "message": "m",
+    } in errors
+    assert {"reason": "JOB_ERROR_REASON_PROVIDER_ERROR"} in errors
 
 
 async def test_concurrent_writes_go_out_as_one_statement(engine: AsyncEngine) -> None:

@@ -58,7 +58,10 @@ def submit_request(**parameters: float) -> creation_service_pb2.SubmitJobRequest
         prompt="a cat",
         width=512,
         height=512,
-        generation_parameters=parameters_pb2.GenerationParameters(**parameters),
+        parameters={
+            name: parameters_pb2.ParameterValue(float_value=value)
+            for name, value in parameters.items()
+        },
     )
 
 
@@ -82,7 +85,7 @@ async def test_a_non_finite_parameter_is_a_field_violation(
         stub = creation_service_pb2_grpc.CreationServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await stub.SubmitJob(submit_request(guidance_scale=scale), metadata=user_token(user))
-        assert_invalid(caught.value, "INVALID_JOB_REQUEST", "generation_parameters.guidance_scale")
+        assert_invalid(caught.value, "INVALID_JOB_REQUEST", "parameters.guidance_scale")
         listed = await stub.ListJobs(
             creation_service_pb2.ListJobsRequest(), metadata=user_token(user)
         )

@@ -19,6 +19,7 @@ from services.creation.tables import job_events
 from tests.integration.creation.helpers import T0, side_rows
 from tests.integration.creation.test_leases import TTL, claimed
 from tests.support.fenced import fenced_write
+from tests.support.job_errors import AN_ERROR
 
 
 async def events(engine: AsyncEngine, job_id: str) -> list[dict[str, Any]]:
@@ -114,7 +115,7 @@ async def test_any_versioned_update_writes_its_side_rows_and_a_heartbeat_none(
     async with engine.begin() as connection:
         await connection.execute(
             text(
-                "UPDATE creation.jobs SET status = 'failed', error_code = 'X',"
+                f"UPDATE creation.jobs SET status = 'failed', {AN_ERROR},"
                 " completed_at = now(), lease_owner = NULL, lease_expires_at = NULL,"
                 " version = version + 1, change_actor_kind = 'operator',"
                 " change_actor_id = 'psql', change_reason = 'by hand'"

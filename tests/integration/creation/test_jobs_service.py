@@ -224,7 +224,13 @@ async def test_operator_actions_log_their_actions(
         }
     ]
     # 100 welcome, the failed job's 5 released, 10 granted.
-    granted = {"user_id": user, "amount": 10, "request_id": "sorry-1", "available_points": 110}
+    granted = {
+        "user_id": user,
+        "amount": 10,
+        "request_id": "sorry-1",
+        "available_points": 110,
+        "granted_by": "",
+    }
     assert logged(caplog, "points_granted") == [granted]
     assert logged(caplog, "points_grant_replayed") == [granted]
 

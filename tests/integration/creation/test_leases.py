@@ -162,6 +162,8 @@ async def test_outcome_unknown_needs_attention_and_holds_the_points(engine: Asyn
         "OUTCOME_UNKNOWN",
         "timed out",
     )
+    # Its owner is told not to submit again: it could be made (and paid for) twice.
+    assert (got.error_reason, got.error_retryable) == ("OUTCOME_UNKNOWN", False)
     assert (await side_rows(engine, job.job_id))["ledger"] == [("reserve", 5)]
 
 

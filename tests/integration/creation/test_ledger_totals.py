@@ -326,6 +326,7 @@ async def test_the_submit_reads_the_totals_row_not_the_ledger(engine: AsyncEngin
         T0,
         1,
         None,
+        None,  # p_via
     ]
     statement = await _submit_statement(engine)
     assert "creation.ledger_totals" in statement

@@ -294,6 +294,14 @@ async def test_operator_decisions(engine: AsyncEngine) -> None:
             engine, job.job_id, decision, "ops@atelier", "checked the provider", T0
         )
         outcomes[decision] = (resolved.status, await balance(engine, job.user_id))
+        if decision == admin.Decision.FAIL:
+            # The operator's words are the message; the reason says an operator decided.
+            assert (resolved.error_code, resolved.error_reason, resolved.error_retryable) == (
+                "OPERATOR_FAILED",
+                "OPERATOR_FAILED",
+                False,
+            )
+            assert resolved.error_message == "checked the provider"
         events, _ = await admin.list_events(engine, job.job_id, 100, None)
         assert events[-1].actor_id == "ops@atelier"
         assert events[-1].reason == "checked the provider"

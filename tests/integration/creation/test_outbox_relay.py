@@ -22,7 +22,7 @@ from google.protobuf import json_format
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from services.creation.convert import job_state
+from services.creation.convert import outbox_job
 from services.creation.domain import Job, Status, Step
 from services.creation.media_client import MediaClient
 from services.creation.relay.notify_client import NotifyClient
@@ -128,7 +128,7 @@ def _row(job: Job) -> dict[str, Any]:
         "job_id": job.job_id,
         "user_id": job.user_id,
         "version": job.version,
-        "payload": json_format.MessageToDict(job_state(job)),
+        "payload": json_format.MessageToDict(outbox_job(job)),
         "created_at": job.updated_at,
     }
 

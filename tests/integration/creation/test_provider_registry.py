@@ -51,7 +51,7 @@ async def add_model(engine: AsyncEngine) -> AsyncIterator[AddModel]:
 async def test_the_seeded_catalogs_enabled_models_by_provider_code(engine: AsyncEngine) -> None:
     # stub-legacy is disabled, so it needs no adapter.
     assert await enabled_provider_codes(engine) == {
-        "stub": ["stub-detail", "stub-fast", "stub-portrait"]
+        "stub": ["stub-detail", "stub-fast", "stub-portrait", "stub-text"]
     }
 
 
@@ -68,7 +68,8 @@ async def test_a_worker_without_adapters_names_every_model(engine: AsyncEngine) 
         await ProviderRegistry([]).check_catalog(engine)
     assert str(raised.value) == (
         "the catalog needs adapters this worker lacks:\n"
-        "  enabled models stub-detail, stub-fast, stub-portrait use provider code 'stub',"
+        "  enabled models stub-detail, stub-fast, stub-portrait, stub-text use provider code"
+        " 'stub',"
         " which has no adapter (adapters: none)"
     )
 

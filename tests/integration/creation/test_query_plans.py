@@ -20,6 +20,7 @@ from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from services.creation.domain import Status
+from services.creation.job_errors import job_error
 from services.creation.list_filter import JobFilter
 from services.creation.store import admin, leases, outbox, remote
 from services.creation.store import jobs as job_store
@@ -108,7 +109,8 @@ async def test_every_fenced_write_rides_the_primary_key(engine: AsyncEngine) -> 
         plan = await generic_plan(engine, write.value, parameters)
         assert "pk_jobs" in plan, (write.name, plan)
     one = (T0, job_id, 1)
-    fail = (*one, "CODE", "message", True, T0)
+    answer = job_error("CODE", True)
+    fail = (*one, "CODE", "message", True, T0, answer.reason, answer.retryable)
     for name, statement, arguments in (
         ("fail", FAIL_SQL, fail),
         ("hand back", HAND_BACK_SQL, (*one, T0)),
@@ -173,6 +175,7 @@ async def test_in_flight_count_rides_the_in_flight_index(
         now=T0,
         num_outputs=1,
         trace_parent=None,
+        via=None,
     )
     statement = await _submit_statement(engine)
     assert "AS in_flight" in statement

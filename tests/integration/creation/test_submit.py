@@ -208,6 +208,6 @@ async def test_the_output_count_is_part_of_the_request(engine: AsyncEngine) -> N
     one = command(num_outputs=1)
     fields = "model_id style_id input_asset_id prompt negative_prompt width height parameters"
     before = {name: getattr(one, name) for name in fields.split()}
-    before["parameters"] = one.parameters.as_dict()
+    before["parameters"] = dict(one.parameters)
     encoded = json.dumps(before, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     assert one.request_hash() == hashlib.sha256(encoded.encode()).hexdigest()

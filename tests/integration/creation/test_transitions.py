@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from services.creation.domain import TRANSITIONS, Status
 from services.creation.store import jobs as store
 from tests.integration.creation.helpers import LIMITS, T0, command, new_user
+from tests.support.job_errors import AN_ERROR, NO_ERROR, UNKNOWN
 
 LATER = "created_at + interval '1 minute'"
 RELEASED = "lease_owner = NULL, lease_expires_at = NULL"
@@ -23,27 +24,26 @@ RELEASED = "lease_owner = NULL, lease_expires_at = NULL"
 ENTER = {
     Status.QUEUED: (
         f"status = 'queued', {RELEASED}, completed_at = NULL, outputs = '{{}}',"
-        " cancel_requested = false, error_code = NULL"
+        f" cancel_requested = false, {NO_ERROR}"
     ),
     Status.RUNNING: (
         "status = 'running', lease_owner = 'w', lease_expires_at = now() + interval '1 hour',"
         f" lease_epoch = lease_epoch + 1, attempt = 1, started_at = {LATER},"
-        " step = 'preparing', completed_at = NULL, outputs = '{}', error_code = NULL"
+        f" step = 'preparing', completed_at = NULL, outputs = '{{}}', {NO_ERROR}"
     ),
     Status.SUCCEEDED: (
         f"status = 'succeeded', {RELEASED}, started_at = {LATER}, completed_at = {LATER},"
         " outputs = array_fill(gen_random_uuid()::text, ARRAY[num_outputs]),"
-        " error_code = NULL, progress = 100, step = 'done'"
+        f" {NO_ERROR}, progress = 100, step = 'done'"
     ),
     Status.FAILED: (
-        f"status = 'failed', {RELEASED}, completed_at = {LATER}, outputs = '{{}}', error_code = 'X'"
+        f"status = 'failed', {RELEASED}, completed_at = {LATER}, outputs = '{{}}', {AN_ERROR}"
     ),
     Status.CANCELLED: (
         f"status = 'cancelled', {RELEASED}, completed_at = {LATER}, outputs = '{{}}'"
     ),
     Status.NEEDS_ATTENTION: (
-        f"status = 'needs_attention', {RELEASED}, completed_at = NULL, outputs = '{{}}',"
-        " error_code = 'OUTCOME_UNKNOWN'"
+        f"status = 'needs_attention', {RELEASED}, completed_at = NULL, outputs = '{{}}', {UNKNOWN}"
     ),
 }
 # How a submitted job reaches each status by legal steps.

@@ -285,6 +285,7 @@ async def test_an_input_deleted_before_the_worker_reads_it_fails_the_job_and_rel
         done = await rig.until_job(job.job_id, lambda j: j.status.terminal)
     # Not retried (reading again will not help), in words the owner can act on.
     assert (done.status, done.error_code, done.attempt) == (Status.FAILED, "INPUT_UNREADABLE", 1)
+    assert (done.error_reason, done.error_retryable) == ("PROVIDER_REJECTED_INPUT", False)
     assert done.error_message == f"input asset {job.input_asset_id}: the asset was deleted"
     assert rig.provider.submits == []
     assert (await side_rows(rig.db, job.job_id))["ledger"] == [("reserve", 5), ("release", 5)]

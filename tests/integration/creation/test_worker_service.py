@@ -40,12 +40,12 @@ def test_roles_worker_and_all_run_the_engine_given_a_registry(creation_url: str)
 
     engine = ["worker", "reaper", "outbox-relay", "backlog-gauges"]
     assert names("worker", providers) == engine
-    assert names("all", providers) == engine
+    assert names("all", providers) == [*engine, "job-waits"]
     # Every role writes job changes, so every role relays them to notify; the roles that
-    # own the queue read its gauges.
-    assert names("api", providers) == ["outbox-relay"]
+    # own the queue read its gauges; the roles that answer calls wake the waiting ones.
+    assert names("api", providers) == ["outbox-relay", "job-waits"]
     # No registry wired in: jobs wait, and the gauges show them waiting.
-    assert names("all", None) == ["outbox-relay", "backlog-gauges"]
+    assert names("all", None) == ["outbox-relay", "backlog-gauges", "job-waits"]
 
 
 async def test_a_job_submitted_over_grpc_runs_to_succeeded(

@@ -13,8 +13,8 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from atelier.creation.v1 import job_pb2
-from atelier.notify.v1 import job_state_pb2, notify_ingest_service_pb2_grpc
 from atelier.notify.v1 import notify_ingest_service_pb2 as pb
+from atelier.notify.v1 import notify_ingest_service_pb2_grpc
 from services.kit.auth import issue_token
 from services.kit.settings import DEV_JWT_SECRET, DEV_SERVICE_TOKEN
 from services.notify.projection import AppliedState
@@ -58,9 +58,9 @@ async def notify(notify_url: str, engine: AsyncEngine) -> AsyncIterator[NotifyHa
         yield harness
 
 
-def messages(*states: job_state_pb2.JobState) -> pb.DeliverRequest:
+def messages(*states: job_pb2.Job) -> pb.DeliverRequest:
     return pb.DeliverRequest(
-        messages=[pb.OutboxMessage(outbox_id=i + 1, state=s) for i, s in enumerate(states)]
+        messages=[pb.OutboxMessage(outbox_id=i + 1, job=s) for i, s in enumerate(states)]
     )
 
 
@@ -113,8 +113,8 @@ async def test_a_batch_no_outbox_could_write_is_refused_field_by_field(
             await Stub(channel).Deliver(
                 pb.DeliverRequest(
                     messages=[
-                        pb.OutboxMessage(outbox_id=1, state=good),
-                        pb.OutboxMessage(outbox_id=2, state=bad),
+                        pb.OutboxMessage(outbox_id=1, job=good),
+                        pb.OutboxMessage(outbox_id=2, job=bad),
                         pb.OutboxMessage(outbox_id=3),
                     ]
                 ),
@@ -127,11 +127,11 @@ async def test_a_batch_no_outbox_could_write_is_refused_field_by_field(
     found = bad_request(refused.value)
     assert found is not None
     assert [v.field for v in found.field_violations] == [
-        "messages[1].state.job_id",
-        "messages[1].state.user_id",
-        "messages[1].state.version",
-        "messages[1].state.status",
-        "messages[2].state",
+        "messages[1].job.job_id",
+        "messages[1].job.user_id",
+        "messages[1].job.version",
+        "messages[1].job.status",
+        "messages[2].job",
     ]
     assert empty.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     # Nothing of a refused batch is applied, not even its good part.
@@ -148,12 +148,12 @@ async def test_a_job_id_no_outbox_writes_is_refused_however_uuid_could_read_it(
     async with notify.internal_channel() as channel:
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await Stub(channel).Deliver(
-                pb.DeliverRequest(messages=[pb.OutboxMessage(outbox_id=1, state=braced)]),
+                pb.DeliverRequest(messages=[pb.OutboxMessage(outbox_id=1, job=braced)]),
                 metadata=SERVICE,
             )
     assert error_info(refused.value).reason == "INVALID_DELIVERY"
     found = bad_request(refused.value)
     assert found is not None
-    assert [v.field for v in found.field_violations] == ["messages[0].state.job_id"]
+    assert [v.field for v in found.field_violations] == ["messages[0].job.job_id"]
     async with engine.connect() as connection:
         assert (await connection.execute(select(job_states))).all() == []

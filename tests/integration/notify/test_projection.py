@@ -11,17 +11,16 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from atelier.creation.v1 import job_pb2
-from atelier.notify.v1 import job_state_pb2
 from services.notify.store import ProjectionStore
 from services.notify.tables import job_states
 from tests.support.notify import job_state, new_job_id
 
 
-async def stored(engine: AsyncEngine) -> dict[str, tuple[int, str, bool, job_state_pb2.JobState]]:
+async def stored(engine: AsyncEngine) -> dict[str, tuple[int, str, bool, job_pb2.Job]]:
     async with engine.connect() as connection:
         rows = (await connection.execute(select(job_states))).all()
     return {
-        str(r.job_id): (r.version, r.status, r.terminal, job_state_pb2.JobState.FromString(r.state))
+        str(r.job_id): (r.version, r.status, r.terminal, job_pb2.Job.FromString(r.state))
         for r in rows
     }
 

@@ -16,8 +16,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from atelier.creation.v1 import job_pb2
-from atelier.notify.v1 import job_state_pb2, notify_ingest_service_pb2_grpc, notify_service_pb2_grpc
 from atelier.notify.v1 import notify_ingest_service_pb2 as ingest
+from atelier.notify.v1 import notify_ingest_service_pb2_grpc, notify_service_pb2_grpc
 from atelier.notify.v1 import notify_service_pb2 as pb
 from services.kit.auth import issue_token
 from services.kit.settings import DEV_JWT_SECRET, DEV_SERVICE_TOKEN
@@ -54,12 +54,12 @@ class Client:
     def __init__(self, harness: NotifyHarness) -> None:
         self.harness = harness
 
-    async def deliver(self, *states: job_state_pb2.JobState) -> int:
+    async def deliver(self, *states: job_pb2.Job) -> int:
         async with self.harness.internal_channel() as channel:
             reply = await notify_ingest_service_pb2_grpc.NotifyIngestServiceStub(channel).Deliver(
                 ingest.DeliverRequest(
                     messages=[
-                        ingest.OutboxMessage(outbox_id=i + 1, state=s) for i, s in enumerate(states)
+                        ingest.OutboxMessage(outbox_id=i + 1, job=s) for i, s in enumerate(states)
                     ]
                 ),
                 metadata=SERVICE,
@@ -134,7 +134,7 @@ async def test_a_job_run_records_one_start_throttled_updates_one_end_and_one_ale
 
     def at(
         version: int, status: job_pb2.JobStatus.ValueType = RUNNING, progress: int = 0, **kw: Any
-    ) -> job_state_pb2.JobState:
+    ) -> job_pb2.Job:
         return job_state(job, version, user_id="alice", status=status, progress=progress, **kw)
 
     await client.deliver(at(1, QUEUED))
@@ -221,7 +221,7 @@ async def test_alerts_in_english_once_per_entry_into_needs_attention_and_on_fail
     await client.register_device("bob", locale="de-DE")  # no German: English
     job = new_job_id()
 
-    def at(version: int, status: job_pb2.JobStatus.ValueType) -> job_state_pb2.JobState:
+    def at(version: int, status: job_pb2.JobStatus.ValueType) -> job_pb2.Job:
         return job_state(job, version, user_id="bob", status=status)
 
     await client.deliver(at(1, RUNNING))

@@ -25,8 +25,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from atelier.creation.v1 import job_pb2
-from atelier.notify.v1 import job_state_pb2, notify_ingest_service_pb2_grpc, notify_service_pb2_grpc
 from atelier.notify.v1 import notify_ingest_service_pb2 as ingest
+from atelier.notify.v1 import notify_ingest_service_pb2_grpc, notify_service_pb2_grpc
 from atelier.notify.v1 import notify_service_pb2 as pb
 from services.dev.apns_peer import ApnsPeer, Received
 from services.kit.auth import issue_token
@@ -126,12 +126,12 @@ class Phone:
                 metadata=user(self.who),
             )
 
-    async def deliver(self, *states: job_state_pb2.JobState) -> int:
+    async def deliver(self, *states: job_pb2.Job) -> int:
         async with self.harness.internal_channel() as channel:
             reply = await notify_ingest_service_pb2_grpc.NotifyIngestServiceStub(channel).Deliver(
                 ingest.DeliverRequest(
                     messages=[
-                        ingest.OutboxMessage(outbox_id=i + 1, state=s) for i, s in enumerate(states)
+                        ingest.OutboxMessage(outbox_id=i + 1, job=s) for i, s in enumerate(states)
                     ]
                 ),
                 metadata=SERVICE,
@@ -146,7 +146,7 @@ class Phone:
         progress: int = 0,
         *,
         deleted: bool = False,
-    ) -> job_state_pb2.JobState:
+    ) -> job_pb2.Job:
         state = job_state(job, version, user_id=self.who, status=status, progress=progress)
         state.update_time.GetCurrentTime()
         state.deleted = deleted

@@ -231,7 +231,10 @@ class GrantPointsRequest(_message.Message):
     user_id: _builtins.str
     """The user who receives the points."""
     amount: _builtins.int
-    """How many points (positive)."""
+    """How many points (1 to 1000000000). A grant that would take the user's points
+    (available plus reserved) past 2147483647 is INVALID_ARGUMENT, a field violation on
+    amount: every balance the API answers is a 32-bit number.
+    """
     request_id: _builtins.str
     """Idempotency key for the grant; replaying it grants nothing more."""
     reason: _builtins.str

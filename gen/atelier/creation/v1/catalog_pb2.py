@@ -26,7 +26,7 @@ from atelier.creation.v1 import parameters_pb2 as atelier_dot_creation_dot_v1_do
 from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!atelier/creation/v1/catalog.proto\x12\x13\x61telier.creation.v1\x1a$atelier/creation/v1/parameters.proto\x1a\x1fgoogle/api/field_behavior.proto\"\xc3\x02\n\x05Model\x12\x16\n\x08model_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x03\x12\x1a\n\x0c\x64isplay_name\x18\x02 \x01(\tB\x04\xe2\x41\x01\x03\x12\x19\n\x0b\x64\x65scription\x18\x03 \x01(\tB\x04\xe2\x41\x01\x03\x12\x38\n\nmedia_kind\x18\x04 \x01(\x0e\x32\x1e.atelier.creation.v1.MediaKindB\x04\xe2\x41\x01\x03\x12\x1a\n\x0cprice_points\x18\x05 \x01(\x03\x42\x04\xe2\x41\x01\x03\x12\x18\n\nsort_order\x18\x06 \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x38\n\nsize_range\x18\x07 \x01(\x0b\x32\x1e.atelier.creation.v1.SizeRangeB\x04\xe2\x41\x01\x03\x12\x41\n\x0fparameter_specs\x18\x08 \x03(\x0b\x32\".atelier.creation.v1.ParameterSpecB\x04\xe2\x41\x01\x03\"\xaa\x01\n\x05Style\x12\x16\n\x08style_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x03\x12\x1a\n\x0c\x64isplay_name\x18\x02 \x01(\tB\x04\xe2\x41\x01\x03\x12\x19\n\x0b\x64\x65scription\x18\x03 \x01(\tB\x04\xe2\x41\x01\x03\x12\x38\n\nmedia_kind\x18\x04 \x01(\x0e\x32\x1e.atelier.creation.v1.MediaKindB\x04\xe2\x41\x01\x03\x12\x18\n\nsort_order\x18\x05 \x01(\x05\x42\x04\xe2\x41\x01\x03*S\n\tMediaKind\x12\x1a\n\x16MEDIA_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10MEDIA_KIND_IMAGE\x10\x01\x12\x14\n\x10MEDIA_KIND_VIDEO\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!atelier/creation/v1/catalog.proto\x12\x13\x61telier.creation.v1\x1a$atelier/creation/v1/parameters.proto\x1a\x1fgoogle/api/field_behavior.proto\"\xff\x02\n\x05Model\x12\x16\n\x08model_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x03\x12\x1a\n\x0c\x64isplay_name\x18\x02 \x01(\tB\x04\xe2\x41\x01\x03\x12\x19\n\x0b\x64\x65scription\x18\x03 \x01(\tB\x04\xe2\x41\x01\x03\x12\x38\n\nmedia_kind\x18\x04 \x01(\x0e\x32\x1e.atelier.creation.v1.MediaKindB\x04\xe2\x41\x01\x03\x12\x1a\n\x0cprice_points\x18\x05 \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x18\n\nsort_order\x18\x06 \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x38\n\nsize_range\x18\x07 \x01(\x0b\x32\x1e.atelier.creation.v1.SizeRangeB\x04\xe2\x41\x01\x03\x12\x41\n\x0fparameter_specs\x18\x08 \x03(\x0b\x32\".atelier.creation.v1.ParameterSpecB\x04\xe2\x41\x01\x03\x12:\n\x0binput_image\x18\t \x01(\x0e\x32\x1f.atelier.creation.v1.InputImageB\x04\xe2\x41\x01\x03\"\xaa\x01\n\x05Style\x12\x16\n\x08style_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x03\x12\x1a\n\x0c\x64isplay_name\x18\x02 \x01(\tB\x04\xe2\x41\x01\x03\x12\x19\n\x0b\x64\x65scription\x18\x03 \x01(\tB\x04\xe2\x41\x01\x03\x12\x38\n\nmedia_kind\x18\x04 \x01(\x0e\x32\x1e.atelier.creation.v1.MediaKindB\x04\xe2\x41\x01\x03\x12\x18\n\nsort_order\x18\x05 \x01(\x05\x42\x04\xe2\x41\x01\x03*S\n\tMediaKind\x12\x1a\n\x16MEDIA_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10MEDIA_KIND_IMAGE\x10\x01\x12\x14\n\x10MEDIA_KIND_VIDEO\x10\x02*v\n\nInputImage\x12\x1b\n\x17INPUT_IMAGE_UNSPECIFIED\x10\x00\x12\x18\n\x14INPUT_IMAGE_REQUIRED\x10\x01\x12\x18\n\x14INPUT_IMAGE_OPTIONAL\x10\x02\x12\x17\n\x13INPUT_IMAGE_REFUSED\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -49,6 +49,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MODEL'].fields_by_name['size_range']._serialized_options = b'\342A\001\003'
   _globals['_MODEL'].fields_by_name['parameter_specs']._loaded_options = None
   _globals['_MODEL'].fields_by_name['parameter_specs']._serialized_options = b'\342A\001\003'
+  _globals['_MODEL'].fields_by_name['input_image']._loaded_options = None
+  _globals['_MODEL'].fields_by_name['input_image']._serialized_options = b'\342A\001\003'
   _globals['_STYLE'].fields_by_name['style_id']._loaded_options = None
   _globals['_STYLE'].fields_by_name['style_id']._serialized_options = b'\342A\001\003'
   _globals['_STYLE'].fields_by_name['display_name']._loaded_options = None
@@ -59,10 +61,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STYLE'].fields_by_name['media_kind']._serialized_options = b'\342A\001\003'
   _globals['_STYLE'].fields_by_name['sort_order']._loaded_options = None
   _globals['_STYLE'].fields_by_name['sort_order']._serialized_options = b'\342A\001\003'
-  _globals['_MEDIAKIND']._serialized_start=628
-  _globals['_MEDIAKIND']._serialized_end=711
+  _globals['_MEDIAKIND']._serialized_start=688
+  _globals['_MEDIAKIND']._serialized_end=771
+  _globals['_INPUTIMAGE']._serialized_start=773
+  _globals['_INPUTIMAGE']._serialized_end=891
   _globals['_MODEL']._serialized_start=130
-  _globals['_MODEL']._serialized_end=453
-  _globals['_STYLE']._serialized_start=456
-  _globals['_STYLE']._serialized_end=626
+  _globals['_MODEL']._serialized_end=513
+  _globals['_STYLE']._serialized_start=516
+  _globals['_STYLE']._serialized_end=686
 # @@protoc_insertion_point(module_scope)

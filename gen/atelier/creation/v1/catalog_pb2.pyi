@@ -44,6 +44,42 @@ MEDIA_KIND_VIDEO: MediaKind.ValueType  # 2
 """A short video clip."""
 Global___MediaKind: _TypeAlias = MediaKind  # noqa: Y015
 
+class _InputImage:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _InputImageEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_InputImage.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    INPUT_IMAGE_UNSPECIFIED: _InputImage.ValueType  # 0
+    """Not set; never sent by the server."""
+    INPUT_IMAGE_REQUIRED: _InputImage.ValueType  # 1
+    """The model restyles a photo: SubmitJob without one is INVALID_ARGUMENT
+    INPUT_IMAGE_REQUIRED.
+    """
+    INPUT_IMAGE_OPTIONAL: _InputImage.ValueType  # 2
+    """The model uses a photo when given one and generates from the prompt alone otherwise."""
+    INPUT_IMAGE_REFUSED: _InputImage.ValueType  # 3
+    """Text-to-image: the model generates from the prompt alone; SubmitJob with a photo is
+    INVALID_ARGUMENT INPUT_IMAGE_REFUSED.
+    """
+
+class InputImage(_InputImage, metaclass=_InputImageEnumTypeWrapper):
+    """Whether a model takes an input image (SubmitJobRequest.input_asset_id or input_url)."""
+
+INPUT_IMAGE_UNSPECIFIED: InputImage.ValueType  # 0
+"""Not set; never sent by the server."""
+INPUT_IMAGE_REQUIRED: InputImage.ValueType  # 1
+"""The model restyles a photo: SubmitJob without one is INVALID_ARGUMENT
+INPUT_IMAGE_REQUIRED.
+"""
+INPUT_IMAGE_OPTIONAL: InputImage.ValueType  # 2
+"""The model uses a photo when given one and generates from the prompt alone otherwise."""
+INPUT_IMAGE_REFUSED: InputImage.ValueType  # 3
+"""Text-to-image: the model generates from the prompt alone; SubmitJob with a photo is
+INVALID_ARGUMENT INPUT_IMAGE_REFUSED.
+"""
+Global___InputImage: _TypeAlias = InputImage  # noqa: Y015
+
 @_typing.final
 class Model(_message.Message):
     """A generation model a user may pick. Only enabled models are ever shown."""
@@ -58,6 +94,7 @@ class Model(_message.Message):
     SORT_ORDER_FIELD_NUMBER: _builtins.int
     SIZE_RANGE_FIELD_NUMBER: _builtins.int
     PARAMETER_SPECS_FIELD_NUMBER: _builtins.int
+    INPUT_IMAGE_FIELD_NUMBER: _builtins.int
     model_id: _builtins.str
     """Stable identifier, e.g. "flux-schnell". Used as SubmitJobRequest.model_id."""
     display_name: _builtins.str
@@ -70,13 +107,15 @@ class Model(_message.Message):
     """Points reserved on submit and captured on success."""
     sort_order: _builtins.int
     """Position in the picker; lower comes first."""
+    input_image: Global___InputImage.ValueType
+    """Whether SubmitJob takes, needs or refuses an input image for this model."""
     @_builtins.property
     def size_range(self) -> _parameters_pb2.SizeRange:
         """The output sizes SubmitJob accepts for this model."""
 
     @_builtins.property
     def parameter_specs(self) -> _containers.RepeatedCompositeFieldContainer[_parameters_pb2.ParameterSpec]:
-        """The parameters SubmitJob accepts for this model (GenerationParameters fields), in
+        """The parameters SubmitJob accepts for this model (the keys of its parameters map), in
         settings-screen order; any other parameter is refused.
         """
 
@@ -91,10 +130,11 @@ class Model(_message.Message):
         sort_order: _builtins.int = ...,
         size_range: _parameters_pb2.SizeRange | None = ...,
         parameter_specs: _abc.Iterable[_parameters_pb2.ParameterSpec] | None = ...,
+        input_image: Global___InputImage.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["size_range", b"size_range"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "display_name", b"display_name", "media_kind", b"media_kind", "model_id", b"model_id", "parameter_specs", b"parameter_specs", "price_points", b"price_points", "size_range", b"size_range", "sort_order", b"sort_order"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "display_name", b"display_name", "input_image", b"input_image", "media_kind", b"media_kind", "model_id", b"model_id", "parameter_specs", b"parameter_specs", "price_points", b"price_points", "size_range", b"size_range", "sort_order", b"sort_order"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -29,10 +29,11 @@ from atelier.creation.v1 import parameters_pb2 as atelier_dot_creation_dot_v1_do
 from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
 from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
 from google.api import resource_pb2 as google_dot_api_dot_resource__pb2
+from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*atelier/creation/v1/creation_service.proto\x12\x13\x61telier.creation.v1\x1a!atelier/creation/v1/catalog.proto\x1a\x1d\x61telier/creation/v1/job.proto\x1a atelier/creation/v1/ledger.proto\x1a$atelier/creation/v1/parameters.proto\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"N\n\x12ListCatalogRequest\x12\x38\n\nmedia_kind\x18\x01 \x01(\x0e\x32\x1e.atelier.creation.v1.MediaKindB\x04\xe2\x41\x01\x01\"m\n\x13ListCatalogResponse\x12*\n\x06models\x18\x01 \x03(\x0b\x32\x1a.atelier.creation.v1.Model\x12*\n\x06styles\x18\x02 \x03(\x0b\x32\x1a.atelier.creation.v1.Style\"\xf3\x02\n\x10SubmitJobRequest\x12\x18\n\nrequest_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x01\x12\x16\n\x08model_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x16\n\x08style_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x38\n\x0einput_asset_id\x18\x04 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\x12\x14\n\x06prompt\x18\x05 \x01(\tB\x04\xe2\x41\x01\x01\x12\x1d\n\x0fnegative_prompt\x18\x06 \x01(\tB\x04\xe2\x41\x01\x01\x12\x13\n\x05width\x18\x07 \x01(\x05\x42\x04\xe2\x41\x01\x02\x12\x14\n\x06height\x18\x08 \x01(\x05\x42\x04\xe2\x41\x01\x02\x12\x19\n\x0bnum_outputs\x18\n \x01(\x05\x42\x04\xe2\x41\x01\x01\x12N\n\x15generation_parameters\x18\x0b \x01(\x0b\x32).atelier.creation.v1.GenerationParametersB\x04\xe2\x41\x01\x01J\x04\x08\t\x10\nR\nparameters\":\n\x11SubmitJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.atelier.creation.v1.Job\"B\n\rGetJobRequest\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x02\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\"7\n\x0eGetJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.atelier.creation.v1.Job\"\x85\x02\n\x0fListJobsRequest\x12\x17\n\tpage_size\x18\x01 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\x12\x36\n\x08statuses\x18\x04 \x03(\x0e\x32\x1e.atelier.creation.v1.JobStatusB\x04\xe2\x41\x01\x01\x12;\n\x11\x63reate_time_after\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x01\x12<\n\x12\x63reate_time_before\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x01J\x04\x08\x03\x10\x04R\x06status\"S\n\x10ListJobsResponse\x12&\n\x04jobs\x18\x01 \x03(\x0b\x32\x18.atelier.creation.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"E\n\x10\x43\x61ncelJobRequest\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x02\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\":\n\x11\x43\x61ncelJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.atelier.creation.v1.Job\"E\n\x10\x44\x65leteJobRequest\x12\x14\n\x06job_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1b\n\rdelete_assets\x18\x02 \x01(\x08\x42\x04\xe2\x41\x01\x01\"\x13\n\x11\x44\x65leteJobResponse\"\x13\n\x11GetBalanceRequest\"\xf0\x01\n\x12GetBalanceResponse\x12\x18\n\x10\x61vailable_points\x18\x01 \x01(\x03\x12\x17\n\x0freserved_points\x18\x02 \x01(\x03\x12\x17\n\x0f\x64\x61ily_job_quota\x18\x03 \x01(\x03\x12\x1c\n\x14\x64\x61ily_jobs_remaining\x18\x04 \x01(\x03\x12:\n\x16\x64\x61ily_quota_reset_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0fin_flight_limit\x18\x06 \x01(\x03\x12\x1b\n\x13in_flight_remaining\x18\x07 \x01(\x03\"M\n\x18ListLedgerEntriesRequest\x12\x17\n\tpage_size\x18\x01 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\"n\n\x19ListLedgerEntriesResponse\x12\x38\n\x0eledger_entries\x18\x01 \x03(\x0b\x32 .atelier.creation.v1.LedgerEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\xce\x07\n\x0f\x43reationService\x12u\n\x0bListCatalog\x12\'.atelier.creation.v1.ListCatalogRequest\x1a(.atelier.creation.v1.ListCatalogResponse\"\x13\x82\xd3\xe4\x93\x02\r\x12\x0b/v1/catalog\x12o\n\tSubmitJob\x12%.atelier.creation.v1.SubmitJobRequest\x1a&.atelier.creation.v1.SubmitJobResponse\"\x13\x82\xd3\xe4\x93\x02\r\"\x08/v1/jobs:\x01*\x12l\n\x06GetJob\x12\".atelier.creation.v1.GetJobRequest\x1a#.atelier.creation.v1.GetJobResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/v1/jobs/{job_id}\x12i\n\x08ListJobs\x12$.atelier.creation.v1.ListJobsRequest\x1a%.atelier.creation.v1.ListJobsResponse\"\x10\x82\xd3\xe4\x93\x02\n\x12\x08/v1/jobs\x12\x7f\n\tCancelJob\x12%.atelier.creation.v1.CancelJobRequest\x1a&.atelier.creation.v1.CancelJobResponse\"#\x82\xd3\xe4\x93\x02\x1d\"\x18/v1/jobs/{job_id}:cancel:\x01*\x12u\n\tDeleteJob\x12%.atelier.creation.v1.DeleteJobRequest\x1a&.atelier.creation.v1.DeleteJobResponse\"\x19\x82\xd3\xe4\x93\x02\x13*\x11/v1/jobs/{job_id}\x12r\n\nGetBalance\x12&.atelier.creation.v1.GetBalanceRequest\x1a\'.atelier.creation.v1.GetBalanceResponse\"\x13\x82\xd3\xe4\x93\x02\r\x12\x0b/v1/balance\x12\x8d\x01\n\x11ListLedgerEntries\x12-.atelier.creation.v1.ListLedgerEntriesRequest\x1a..atelier.creation.v1.ListLedgerEntriesResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/v1/ledgerEntriesb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*atelier/creation/v1/creation_service.proto\x12\x13\x61telier.creation.v1\x1a!atelier/creation/v1/catalog.proto\x1a\x1d\x61telier/creation/v1/job.proto\x1a atelier/creation/v1/ledger.proto\x1a$atelier/creation/v1/parameters.proto\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"N\n\x12ListCatalogRequest\x12\x38\n\nmedia_kind\x18\x01 \x01(\x0e\x32\x1e.atelier.creation.v1.MediaKindB\x04\xe2\x41\x01\x01\"m\n\x13ListCatalogResponse\x12*\n\x06models\x18\x01 \x03(\x0b\x32\x1a.atelier.creation.v1.Model\x12*\n\x06styles\x18\x02 \x03(\x0b\x32\x1a.atelier.creation.v1.Style\"\xf6\x03\n\x10SubmitJobRequest\x12\x18\n\nrequest_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x01\x12\x16\n\x08model_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x16\n\x08style_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x38\n\x0einput_asset_id\x18\x04 \x01(\tB \xe2\x41\x01\x01\xfa\x41\x19\n\x17media.atelier.dev/Asset\x12\x14\n\x06prompt\x18\x05 \x01(\tB\x04\xe2\x41\x01\x01\x12\x1d\n\x0fnegative_prompt\x18\x06 \x01(\tB\x04\xe2\x41\x01\x01\x12\x13\n\x05width\x18\x07 \x01(\x05\x42\x04\xe2\x41\x01\x02\x12\x14\n\x06height\x18\x08 \x01(\x05\x42\x04\xe2\x41\x01\x02\x12\x19\n\x0bnum_outputs\x18\n \x01(\x05\x42\x04\xe2\x41\x01\x01\x12O\n\nparameters\x18\r \x03(\x0b\x32\x35.atelier.creation.v1.SubmitJobRequest.ParametersEntryB\x04\xe2\x41\x01\x01\x12\x17\n\tinput_url\x18\x0c \x01(\tB\x04\xe2\x41\x01\x01\x1aV\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x32\n\x05value\x18\x02 \x01(\x0b\x32#.atelier.creation.v1.ParameterValue:\x02\x38\x01J\x04\x08\t\x10\nJ\x04\x08\x0b\x10\x0cR\x15generation_parameters\":\n\x11SubmitJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.atelier.creation.v1.Job\"B\n\rGetJobRequest\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x02\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\"7\n\x0eGetJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.atelier.creation.v1.Job\"u\n\x0eWaitJobRequest\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x02\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\x12\x30\n\x07timeout\x18\x02 \x01(\x0b\x32\x19.google.protobuf.DurationB\x04\xe2\x41\x01\x01\"8\n\x0fWaitJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.atelier.creation.v1.Job\"\x85\x02\n\x0fListJobsRequest\x12\x17\n\tpage_size\x18\x01 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\x12\x36\n\x08statuses\x18\x04 \x03(\x0e\x32\x1e.atelier.creation.v1.JobStatusB\x04\xe2\x41\x01\x01\x12;\n\x11\x63reate_time_after\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x01\x12<\n\x12\x63reate_time_before\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x01J\x04\x08\x03\x10\x04R\x06status\"S\n\x10ListJobsResponse\x12&\n\x04jobs\x18\x01 \x03(\x0b\x32\x18.atelier.creation.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"E\n\x10\x43\x61ncelJobRequest\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x02\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\":\n\x11\x43\x61ncelJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.atelier.creation.v1.Job\"X\n\x10\x44\x65leteJobRequest\x12\x14\n\x06job_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x19\n\x0bkeep_assets\x18\x03 \x01(\x08\x42\x04\xe2\x41\x01\x01J\x04\x08\x02\x10\x03R\rdelete_assets\"\x13\n\x11\x44\x65leteJobResponse\"\x13\n\x11GetBalanceRequest\"\xf0\x01\n\x12GetBalanceResponse\x12\x18\n\x10\x61vailable_points\x18\x01 \x01(\x05\x12\x17\n\x0freserved_points\x18\x02 \x01(\x05\x12\x17\n\x0f\x64\x61ily_job_quota\x18\x03 \x01(\x05\x12\x1c\n\x14\x64\x61ily_jobs_remaining\x18\x04 \x01(\x05\x12:\n\x16\x64\x61ily_quota_reset_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0fin_flight_limit\x18\x06 \x01(\x05\x12\x1b\n\x13in_flight_remaining\x18\x07 \x01(\x05\"M\n\x18ListLedgerEntriesRequest\x12\x17\n\tpage_size\x18\x01 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\"n\n\x19ListLedgerEntriesResponse\x12\x38\n\x0eledger_entries\x18\x01 \x03(\x0b\x32 .atelier.creation.v1.LedgerEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\xc4\x08\n\x0f\x43reationService\x12u\n\x0bListCatalog\x12\'.atelier.creation.v1.ListCatalogRequest\x1a(.atelier.creation.v1.ListCatalogResponse\"\x13\x82\xd3\xe4\x93\x02\r\x12\x0b/v1/catalog\x12o\n\tSubmitJob\x12%.atelier.creation.v1.SubmitJobRequest\x1a&.atelier.creation.v1.SubmitJobResponse\"\x13\x82\xd3\xe4\x93\x02\r\"\x08/v1/jobs:\x01*\x12l\n\x06GetJob\x12\".atelier.creation.v1.GetJobRequest\x1a#.atelier.creation.v1.GetJobResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/v1/jobs/{job_id}\x12i\n\x08ListJobs\x12$.atelier.creation.v1.ListJobsRequest\x1a%.atelier.creation.v1.ListJobsResponse\"\x10\x82\xd3\xe4\x93\x02\n\x12\x08/v1/jobs\x12t\n\x07WaitJob\x12#.atelier.creation.v1.WaitJobRequest\x1a$.atelier.creation.v1.WaitJobResponse\"\x1e\x82\xd3\xe4\x93\x02\x18\x12\x16/v1/jobs/{job_id}:wait\x12\x7f\n\tCancelJob\x12%.atelier.creation.v1.CancelJobRequest\x1a&.atelier.creation.v1.CancelJobResponse\"#\x82\xd3\xe4\x93\x02\x1d\"\x18/v1/jobs/{job_id}:cancel:\x01*\x12u\n\tDeleteJob\x12%.atelier.creation.v1.DeleteJobRequest\x1a&.atelier.creation.v1.DeleteJobResponse\"\x19\x82\xd3\xe4\x93\x02\x13*\x11/v1/jobs/{job_id}\x12r\n\nGetBalance\x12&.atelier.creation.v1.GetBalanceRequest\x1a\'.atelier.creation.v1.GetBalanceResponse\"\x13\x82\xd3\xe4\x93\x02\r\x12\x0b/v1/balance\x12\x8d\x01\n\x11ListLedgerEntries\x12-.atelier.creation.v1.ListLedgerEntriesRequest\x1a..atelier.creation.v1.ListLedgerEntriesResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/v1/ledgerEntriesb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,6 +42,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_LISTCATALOGREQUEST'].fields_by_name['media_kind']._loaded_options = None
   _globals['_LISTCATALOGREQUEST'].fields_by_name['media_kind']._serialized_options = b'\342A\001\001'
+  _globals['_SUBMITJOBREQUEST_PARAMETERSENTRY']._loaded_options = None
+  _globals['_SUBMITJOBREQUEST_PARAMETERSENTRY']._serialized_options = b'8\001'
   _globals['_SUBMITJOBREQUEST'].fields_by_name['request_id']._loaded_options = None
   _globals['_SUBMITJOBREQUEST'].fields_by_name['request_id']._serialized_options = b'\342A\001\001'
   _globals['_SUBMITJOBREQUEST'].fields_by_name['model_id']._loaded_options = None
@@ -48,7 +51,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SUBMITJOBREQUEST'].fields_by_name['style_id']._loaded_options = None
   _globals['_SUBMITJOBREQUEST'].fields_by_name['style_id']._serialized_options = b'\342A\001\002'
   _globals['_SUBMITJOBREQUEST'].fields_by_name['input_asset_id']._loaded_options = None
-  _globals['_SUBMITJOBREQUEST'].fields_by_name['input_asset_id']._serialized_options = b'\342A\001\002\372A\031\n\027media.atelier.dev/Asset'
+  _globals['_SUBMITJOBREQUEST'].fields_by_name['input_asset_id']._serialized_options = b'\342A\001\001\372A\031\n\027media.atelier.dev/Asset'
   _globals['_SUBMITJOBREQUEST'].fields_by_name['prompt']._loaded_options = None
   _globals['_SUBMITJOBREQUEST'].fields_by_name['prompt']._serialized_options = b'\342A\001\001'
   _globals['_SUBMITJOBREQUEST'].fields_by_name['negative_prompt']._loaded_options = None
@@ -59,10 +62,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SUBMITJOBREQUEST'].fields_by_name['height']._serialized_options = b'\342A\001\002'
   _globals['_SUBMITJOBREQUEST'].fields_by_name['num_outputs']._loaded_options = None
   _globals['_SUBMITJOBREQUEST'].fields_by_name['num_outputs']._serialized_options = b'\342A\001\001'
-  _globals['_SUBMITJOBREQUEST'].fields_by_name['generation_parameters']._loaded_options = None
-  _globals['_SUBMITJOBREQUEST'].fields_by_name['generation_parameters']._serialized_options = b'\342A\001\001'
+  _globals['_SUBMITJOBREQUEST'].fields_by_name['parameters']._loaded_options = None
+  _globals['_SUBMITJOBREQUEST'].fields_by_name['parameters']._serialized_options = b'\342A\001\001'
+  _globals['_SUBMITJOBREQUEST'].fields_by_name['input_url']._loaded_options = None
+  _globals['_SUBMITJOBREQUEST'].fields_by_name['input_url']._serialized_options = b'\342A\001\001'
   _globals['_GETJOBREQUEST'].fields_by_name['job_id']._loaded_options = None
   _globals['_GETJOBREQUEST'].fields_by_name['job_id']._serialized_options = b'\342A\001\002\372A\032\n\030creation.atelier.dev/Job'
+  _globals['_WAITJOBREQUEST'].fields_by_name['job_id']._loaded_options = None
+  _globals['_WAITJOBREQUEST'].fields_by_name['job_id']._serialized_options = b'\342A\001\002\372A\032\n\030creation.atelier.dev/Job'
+  _globals['_WAITJOBREQUEST'].fields_by_name['timeout']._loaded_options = None
+  _globals['_WAITJOBREQUEST'].fields_by_name['timeout']._serialized_options = b'\342A\001\001'
   _globals['_LISTJOBSREQUEST'].fields_by_name['page_size']._loaded_options = None
   _globals['_LISTJOBSREQUEST'].fields_by_name['page_size']._serialized_options = b'\342A\001\001'
   _globals['_LISTJOBSREQUEST'].fields_by_name['page_token']._loaded_options = None
@@ -77,8 +86,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CANCELJOBREQUEST'].fields_by_name['job_id']._serialized_options = b'\342A\001\002\372A\032\n\030creation.atelier.dev/Job'
   _globals['_DELETEJOBREQUEST'].fields_by_name['job_id']._loaded_options = None
   _globals['_DELETEJOBREQUEST'].fields_by_name['job_id']._serialized_options = b'\342A\001\002'
-  _globals['_DELETEJOBREQUEST'].fields_by_name['delete_assets']._loaded_options = None
-  _globals['_DELETEJOBREQUEST'].fields_by_name['delete_assets']._serialized_options = b'\342A\001\001'
+  _globals['_DELETEJOBREQUEST'].fields_by_name['keep_assets']._loaded_options = None
+  _globals['_DELETEJOBREQUEST'].fields_by_name['keep_assets']._serialized_options = b'\342A\001\001'
   _globals['_LISTLEDGERENTRIESREQUEST'].fields_by_name['page_size']._loaded_options = None
   _globals['_LISTLEDGERENTRIESREQUEST'].fields_by_name['page_size']._serialized_options = b'\342A\001\001'
   _globals['_LISTLEDGERENTRIESREQUEST'].fields_by_name['page_token']._loaded_options = None
@@ -91,6 +100,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CREATIONSERVICE'].methods_by_name['GetJob']._serialized_options = b'\202\323\344\223\002\023\022\021/v1/jobs/{job_id}'
   _globals['_CREATIONSERVICE'].methods_by_name['ListJobs']._loaded_options = None
   _globals['_CREATIONSERVICE'].methods_by_name['ListJobs']._serialized_options = b'\202\323\344\223\002\n\022\010/v1/jobs'
+  _globals['_CREATIONSERVICE'].methods_by_name['WaitJob']._loaded_options = None
+  _globals['_CREATIONSERVICE'].methods_by_name['WaitJob']._serialized_options = b'\202\323\344\223\002\030\022\026/v1/jobs/{job_id}:wait'
   _globals['_CREATIONSERVICE'].methods_by_name['CancelJob']._loaded_options = None
   _globals['_CREATIONSERVICE'].methods_by_name['CancelJob']._serialized_options = b'\202\323\344\223\002\035\"\030/v1/jobs/{job_id}:cancel:\001*'
   _globals['_CREATIONSERVICE'].methods_by_name['DeleteJob']._loaded_options = None
@@ -99,38 +110,44 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CREATIONSERVICE'].methods_by_name['GetBalance']._serialized_options = b'\202\323\344\223\002\r\022\013/v1/balance'
   _globals['_CREATIONSERVICE'].methods_by_name['ListLedgerEntries']._loaded_options = None
   _globals['_CREATIONSERVICE'].methods_by_name['ListLedgerEntries']._serialized_options = b'\202\323\344\223\002\023\022\021/v1/ledgerEntries'
-  _globals['_LISTCATALOGREQUEST']._serialized_start=328
-  _globals['_LISTCATALOGREQUEST']._serialized_end=406
-  _globals['_LISTCATALOGRESPONSE']._serialized_start=408
-  _globals['_LISTCATALOGRESPONSE']._serialized_end=517
-  _globals['_SUBMITJOBREQUEST']._serialized_start=520
-  _globals['_SUBMITJOBREQUEST']._serialized_end=891
-  _globals['_SUBMITJOBRESPONSE']._serialized_start=893
-  _globals['_SUBMITJOBRESPONSE']._serialized_end=951
-  _globals['_GETJOBREQUEST']._serialized_start=953
-  _globals['_GETJOBREQUEST']._serialized_end=1019
-  _globals['_GETJOBRESPONSE']._serialized_start=1021
-  _globals['_GETJOBRESPONSE']._serialized_end=1076
-  _globals['_LISTJOBSREQUEST']._serialized_start=1079
-  _globals['_LISTJOBSREQUEST']._serialized_end=1340
-  _globals['_LISTJOBSRESPONSE']._serialized_start=1342
-  _globals['_LISTJOBSRESPONSE']._serialized_end=1425
-  _globals['_CANCELJOBREQUEST']._serialized_start=1427
-  _globals['_CANCELJOBREQUEST']._serialized_end=1496
-  _globals['_CANCELJOBRESPONSE']._serialized_start=1498
-  _globals['_CANCELJOBRESPONSE']._serialized_end=1556
-  _globals['_DELETEJOBREQUEST']._serialized_start=1558
-  _globals['_DELETEJOBREQUEST']._serialized_end=1627
-  _globals['_DELETEJOBRESPONSE']._serialized_start=1629
-  _globals['_DELETEJOBRESPONSE']._serialized_end=1648
-  _globals['_GETBALANCEREQUEST']._serialized_start=1650
-  _globals['_GETBALANCEREQUEST']._serialized_end=1669
-  _globals['_GETBALANCERESPONSE']._serialized_start=1672
-  _globals['_GETBALANCERESPONSE']._serialized_end=1912
-  _globals['_LISTLEDGERENTRIESREQUEST']._serialized_start=1914
-  _globals['_LISTLEDGERENTRIESREQUEST']._serialized_end=1991
-  _globals['_LISTLEDGERENTRIESRESPONSE']._serialized_start=1993
-  _globals['_LISTLEDGERENTRIESRESPONSE']._serialized_end=2103
-  _globals['_CREATIONSERVICE']._serialized_start=2106
-  _globals['_CREATIONSERVICE']._serialized_end=3080
+  _globals['_LISTCATALOGREQUEST']._serialized_start=360
+  _globals['_LISTCATALOGREQUEST']._serialized_end=438
+  _globals['_LISTCATALOGRESPONSE']._serialized_start=440
+  _globals['_LISTCATALOGRESPONSE']._serialized_end=549
+  _globals['_SUBMITJOBREQUEST']._serialized_start=552
+  _globals['_SUBMITJOBREQUEST']._serialized_end=1054
+  _globals['_SUBMITJOBREQUEST_PARAMETERSENTRY']._serialized_start=933
+  _globals['_SUBMITJOBREQUEST_PARAMETERSENTRY']._serialized_end=1019
+  _globals['_SUBMITJOBRESPONSE']._serialized_start=1056
+  _globals['_SUBMITJOBRESPONSE']._serialized_end=1114
+  _globals['_GETJOBREQUEST']._serialized_start=1116
+  _globals['_GETJOBREQUEST']._serialized_end=1182
+  _globals['_GETJOBRESPONSE']._serialized_start=1184
+  _globals['_GETJOBRESPONSE']._serialized_end=1239
+  _globals['_WAITJOBREQUEST']._serialized_start=1241
+  _globals['_WAITJOBREQUEST']._serialized_end=1358
+  _globals['_WAITJOBRESPONSE']._serialized_start=1360
+  _globals['_WAITJOBRESPONSE']._serialized_end=1416
+  _globals['_LISTJOBSREQUEST']._serialized_start=1419
+  _globals['_LISTJOBSREQUEST']._serialized_end=1680
+  _globals['_LISTJOBSRESPONSE']._serialized_start=1682
+  _globals['_LISTJOBSRESPONSE']._serialized_end=1765
+  _globals['_CANCELJOBREQUEST']._serialized_start=1767
+  _globals['_CANCELJOBREQUEST']._serialized_end=1836
+  _globals['_CANCELJOBRESPONSE']._serialized_start=1838
+  _globals['_CANCELJOBRESPONSE']._serialized_end=1896
+  _globals['_DELETEJOBREQUEST']._serialized_start=1898
+  _globals['_DELETEJOBREQUEST']._serialized_end=1986
+  _globals['_DELETEJOBRESPONSE']._serialized_start=1988
+  _globals['_DELETEJOBRESPONSE']._serialized_end=2007
+  _globals['_GETBALANCEREQUEST']._serialized_start=2009
+  _globals['_GETBALANCEREQUEST']._serialized_end=2028
+  _globals['_GETBALANCERESPONSE']._serialized_start=2031
+  _globals['_GETBALANCERESPONSE']._serialized_end=2271
+  _globals['_LISTLEDGERENTRIESREQUEST']._serialized_start=2273
+  _globals['_LISTLEDGERENTRIESREQUEST']._serialized_end=2350
+  _globals['_LISTLEDGERENTRIESRESPONSE']._serialized_start=2352
+  _globals['_LISTLEDGERENTRIESRESPONSE']._serialized_end=2462
+  _globals['_CREATIONSERVICE']._serialized_start=2465
+  _globals['_CREATIONSERVICE']._serialized_end=3557
 # @@protoc_insertion_point(module_scope)

@@ -9,6 +9,7 @@ from atelier.creation.v1 import ledger_pb2 as _ledger_pb2
 from atelier.creation.v1 import parameters_pb2 as _parameters_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
@@ -81,6 +82,27 @@ class SubmitJobRequest(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class ParametersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> _parameters_pb2.ParameterValue: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _parameters_pb2.ParameterValue | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     MODEL_ID_FIELD_NUMBER: _builtins.int
     STYLE_ID_FIELD_NUMBER: _builtins.int
@@ -90,7 +112,8 @@ class SubmitJobRequest(_message.Message):
     WIDTH_FIELD_NUMBER: _builtins.int
     HEIGHT_FIELD_NUMBER: _builtins.int
     NUM_OUTPUTS_FIELD_NUMBER: _builtins.int
-    GENERATION_PARAMETERS_FIELD_NUMBER: _builtins.int
+    PARAMETERS_FIELD_NUMBER: _builtins.int
+    INPUT_URL_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Idempotency key, unique per user (AIP-155): 1 to 128 letters, digits and . _ : -.
     The Idempotency-Key header is accepted too; when both are given they must be equal.
@@ -104,7 +127,11 @@ class SubmitJobRequest(_message.Message):
     style_id: _builtins.str
     """A style from ListCatalog of the same media kind as the model."""
     input_asset_id: _builtins.str
-    """A ready asset of purpose ai_input owned by the caller."""
+    """The input photo: a ready asset of purpose ai_input owned by the caller. Required when
+    the model's input_image is INPUT_IMAGE_REQUIRED (unless input_url is given), refused
+    when it is INPUT_IMAGE_REFUSED (text-to-image); at most one of input_asset_id and
+    input_url.
+    """
     prompt: _builtins.str
     """What to generate."""
     negative_prompt: _builtins.str
@@ -115,10 +142,25 @@ class SubmitJobRequest(_message.Message):
     """Output height in pixels."""
     num_outputs: _builtins.int
     """How many images to make, 1 to 4 (0 means 1). The model's price is reserved for each."""
+    input_url: _builtins.str
+    """The input photo by address instead of input_asset_id: an https URL (at most 2048
+    characters) that media fetches before the job is queued, with the checks of an
+    upload (JPEG, PNG or WebP, size and pixel limits), from public addresses only (at most
+    3 redirects, each checked, 10 s in all). The imported photo becomes an ai_input asset
+    of the caller's (the job's input_asset_id). A URL media refuses or cannot fetch is
+    INVALID_ARGUMENT INPUT_URL_REFUSED with a field violation `input_url` (metadata
+    `cause`). Part of the request an idempotency key stands for: a replay fetches nothing.
+    """
     @_builtins.property
-    def generation_parameters(self) -> _parameters_pb2.GenerationParameters:
-        """Model parameters; each must be one of the model's parameter_specs, within its range
-        (else INVALID_ARGUMENT with a field violation such as "generation_parameters.steps").
+    def parameters(self) -> _containers.MessageMap[_builtins.str, _parameters_pb2.ParameterValue]:
+        """Model parameters by name (at most 64): each must be one of the model's
+        parameter_specs (Model.parameter_specs: its name), sent in the ParameterValue field
+        of the spec's type, within its min and max or one of its choices. Otherwise
+        INVALID_ARGUMENT, reason INVALID_JOB_REQUEST, with a field violation naming it, such
+        as "parameters.steps". A model gains a parameter by catalog data, not by a contract
+        change. JSON: {"parameters": {"steps": {"intValue": "30"}, "guidance_scale":
+        {"floatValue": 7.5}}} (an int64 is a string of digits in JSON: the edge refuses a
+        number, which a JSON client may already have rounded).
         """
 
     def __init__(
@@ -133,11 +175,12 @@ class SubmitJobRequest(_message.Message):
         width: _builtins.int = ...,
         height: _builtins.int = ...,
         num_outputs: _builtins.int = ...,
-        generation_parameters: _parameters_pb2.GenerationParameters | None = ...,
+        parameters: _abc.Mapping[_builtins.str, _parameters_pb2.ParameterValue] | None = ...,
+        input_url: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["generation_parameters", b"generation_parameters"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation_parameters", b"generation_parameters", "height", b"height", "input_asset_id", b"input_asset_id", "model_id", b"model_id", "negative_prompt", b"negative_prompt", "num_outputs", b"num_outputs", "prompt", b"prompt", "request_id", b"request_id", "style_id", b"style_id", "width", b"width"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["height", b"height", "input_asset_id", b"input_asset_id", "input_url", b"input_url", "model_id", b"model_id", "negative_prompt", b"negative_prompt", "num_outputs", b"num_outputs", "parameters", b"parameters", "prompt", b"prompt", "request_id", b"request_id", "style_id", b"style_id", "width", b"width"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -212,6 +255,60 @@ class GetJobResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetJobResponse: _TypeAlias = GetJobResponse  # noqa: Y015
+
+@_typing.final
+class WaitJobRequest(_message.Message):
+    """Request for WaitJob."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    TIMEOUT_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """The job to wait for."""
+    @_builtins.property
+    def timeout(self) -> _duration_pb2.Duration:
+        """How long to wait at most: 0 s to 60 s; unset means 30 s, 0 s answers at once.
+        Over JSON: `?timeout=20s`.
+        """
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        timeout: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["timeout", b"timeout"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "timeout", b"timeout"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WaitJobRequest: _TypeAlias = WaitJobRequest  # noqa: Y015
+
+@_typing.final
+class WaitJobResponse(_message.Message):
+    """Response for WaitJob."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def job(self) -> _job_pb2.Job:
+        """The job when it finished, or as it was when the wait ran out."""
+
+    def __init__(
+        self,
+        *,
+        job: _job_pb2.Job | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WaitJobResponse: _TypeAlias = WaitJobResponse  # noqa: Y015
 
 @_typing.final
 class ListJobsRequest(_message.Message):
@@ -347,22 +444,24 @@ class DeleteJobRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_ID_FIELD_NUMBER: _builtins.int
-    DELETE_ASSETS_FIELD_NUMBER: _builtins.int
+    KEEP_ASSETS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
-    """The job to delete; it must have finished."""
-    delete_assets: _builtins.bool
-    """Also delete the job's output images and its input photo (unless another of the
-    caller's jobs was made from the same photo). Over JSON: `?deleteAssets=true`.
+    keep_assets: _builtins.bool
+    """Keep the job's output images and its input photo. By default DeleteJob deletes them
+    (the input photo unless another of the caller's jobs was made from it), so that
+    deleting a job from the history leaves none of its pictures behind. Kept assets stay
+    readable with GetAsset by their ids; a later DeleteJob of the same job without
+    keep_assets deletes them. Over JSON: `?keepAssets=true`.
     """
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
-        delete_assets: _builtins.bool = ...,
+        keep_assets: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete_assets", b"delete_assets", "job_id", b"job_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "keep_assets", b"keep_assets"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

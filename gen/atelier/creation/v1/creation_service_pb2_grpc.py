@@ -56,6 +56,11 @@ class CreationServiceStub:
                 request_serializer=atelier_dot_creation_dot_v1_dot_creation__service__pb2.ListJobsRequest.SerializeToString,
                 response_deserializer=atelier_dot_creation_dot_v1_dot_creation__service__pb2.ListJobsResponse.FromString,
                 _registered_method=True)
+        self.WaitJob = channel.unary_unary(
+                '/atelier.creation.v1.CreationService/WaitJob',
+                request_serializer=atelier_dot_creation_dot_v1_dot_creation__service__pb2.WaitJobRequest.SerializeToString,
+                response_deserializer=atelier_dot_creation_dot_v1_dot_creation__service__pb2.WaitJobResponse.FromString,
+                _registered_method=True)
         self.CancelJob = channel.unary_unary(
                 '/atelier.creation.v1.CreationService/CancelJob',
                 request_serializer=atelier_dot_creation_dot_v1_dot_creation__service__pb2.CancelJobRequest.SerializeToString,
@@ -92,6 +97,13 @@ class CreationServiceServicer:
 
     def SubmitJob(self, request, context):
         """Submits a generation job. Idempotent by request_id (or the Idempotency-Key header).
+
+        With the `Prefer: wait=N` header (RFC 7240; gRPC metadata `prefer`), the answer waits
+        up to N seconds (at most 60) for the job to finish, as WaitJob does, and then carries
+        the job as it is: terminal (with output URLs) or still QUEUED/RUNNING when the time
+        ran out. The answer then has the header `Preference-Applied: wait=N` (the seconds
+        actually allowed). A `Prefer` without `wait`, or with a value that is not a number of
+        seconds, is ignored (the answer comes at once, without Preference-Applied).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -117,6 +129,20 @@ class CreationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WaitJob(self, request, context):
+        """Waits for one of the caller's jobs to finish and returns it: as soon as it is terminal
+        (SUCCEEDED, FAILED, CANCELLED) or NEEDS_ATTENTION, or when `timeout` ran out, with the
+        job as it is then (check `status`; call again to keep waiting). A generated HTTP client
+        can run a job with SubmitJob and WaitJob alone, without reading a stream.
+        The wait ends by the client's own deadline too: a gRPC deadline shorter than the
+        timeout answers the job as it is just before it. Another user's job and an unknown
+        job are NOT_FOUND (JOB_NOT_FOUND); a timeout that is negative or over 60 s is
+        INVALID_ARGUMENT (INVALID_WAIT_TIMEOUT, field violation `timeout`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CancelJob(self, request, context):
         """Cancels a job: at once when queued, at the worker's next safe point when running.
         """
@@ -125,8 +151,8 @@ class CreationServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DeleteJob(self, request, context):
-        """Deletes one of the caller's finished jobs (SUCCEEDED, FAILED or CANCELLED) and, with
-        delete_assets, its input photo and output images. Afterwards the job is gone from
+        """Deletes one of the caller's finished jobs (SUCCEEDED, FAILED or CANCELLED) and, unless
+        keep_assets is set, its input photo and output images. Afterwards the job is gone from
         GetJob and ListJobs (NOT_FOUND / not listed) and from WatchJob (NOT_FOUND).
 
         - A job that has not finished (QUEUED, RUNNING, NEEDS_ATTENTION) is
@@ -135,11 +161,11 @@ class CreationServiceServicer:
         - Another user's job and an unknown job are NOT_FOUND (JOB_NOT_FOUND).
         - Repeatable: deleting a job the caller already deleted succeeds again (as if AIP-135's
         allow_missing were set for the caller's own deleted jobs), so a retry after a lost
-        answer is not an error; with delete_assets it deletes whatever assets remain.
-        - With delete_assets, the assets are deleted first (through media), then the job. If
-        media is unavailable the answer is UNAVAILABLE (reason MEDIA_UNAVAILABLE, with
-        RetryInfo) and the job is not deleted yet; a retry finishes the work. The input photo
-        is kept while another of the caller's jobs (not deleted) was made from it.
+        answer is not an error; without keep_assets it deletes whatever assets remain.
+        - Unless keep_assets is set, the assets are deleted first (through media), then the
+        job. If media is unavailable the answer is UNAVAILABLE (reason MEDIA_UNAVAILABLE,
+        with RetryInfo) and the job is not deleted yet; a retry finishes the work. The input
+        photo is kept while another of the caller's jobs (not deleted) was made from it.
 
         What remains: deletion removes the job's user data (prompt, negative prompt,
         parameters, error message, idempotency key and request hash) and keeps a tombstone
@@ -148,7 +174,7 @@ class CreationServiceServicer:
         job id; the daily quota still counts the job. Deleting a job frees its request_id.
 
         WatchJobs: the deletion is a new version of the job, sent to open streams and to a
-        resumed stream whose cursor predates it, as a JobState with `deleted` set (and no
+        resumed stream whose cursor predates it, as a Job with `deleted` set (and no
         outputs): drop the job. Fresh snapshots never hold deleted jobs.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -191,6 +217,11 @@ def add_CreationServiceServicer_to_server(servicer, server):
                     servicer.ListJobs,
                     request_deserializer=atelier_dot_creation_dot_v1_dot_creation__service__pb2.ListJobsRequest.FromString,
                     response_serializer=atelier_dot_creation_dot_v1_dot_creation__service__pb2.ListJobsResponse.SerializeToString,
+            ),
+            'WaitJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.WaitJob,
+                    request_deserializer=atelier_dot_creation_dot_v1_dot_creation__service__pb2.WaitJobRequest.FromString,
+                    response_serializer=atelier_dot_creation_dot_v1_dot_creation__service__pb2.WaitJobResponse.SerializeToString,
             ),
             'CancelJob': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelJob,
@@ -323,6 +354,33 @@ class CreationService:
             '/atelier.creation.v1.CreationService/ListJobs',
             atelier_dot_creation_dot_v1_dot_creation__service__pb2.ListJobsRequest.SerializeToString,
             atelier_dot_creation_dot_v1_dot_creation__service__pb2.ListJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WaitJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atelier.creation.v1.CreationService/WaitJob',
+            atelier_dot_creation_dot_v1_dot_creation__service__pb2.WaitJobRequest.SerializeToString,
+            atelier_dot_creation_dot_v1_dot_creation__service__pb2.WaitJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

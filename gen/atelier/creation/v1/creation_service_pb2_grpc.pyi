@@ -38,7 +38,15 @@ class CreationServiceStub:
     ListCatalog: _grpc.UnaryUnaryMultiCallable[_creation_service_pb2.ListCatalogRequest, _creation_service_pb2.ListCatalogResponse]
     """Lists the enabled models and styles, in picker order."""
     SubmitJob: _grpc.UnaryUnaryMultiCallable[_creation_service_pb2.SubmitJobRequest, _creation_service_pb2.SubmitJobResponse]
-    """Submits a generation job. Idempotent by request_id (or the Idempotency-Key header)."""
+    """Submits a generation job. Idempotent by request_id (or the Idempotency-Key header).
+
+    With the `Prefer: wait=N` header (RFC 7240; gRPC metadata `prefer`), the answer waits
+    up to N seconds (at most 60) for the job to finish, as WaitJob does, and then carries
+    the job as it is: terminal (with output URLs) or still QUEUED/RUNNING when the time
+    ran out. The answer then has the header `Preference-Applied: wait=N` (the seconds
+    actually allowed). A `Prefer` without `wait`, or with a value that is not a number of
+    seconds, is ignored (the answer comes at once, without Preference-Applied).
+    """
     GetJob: _grpc.UnaryUnaryMultiCallable[_creation_service_pb2.GetJobRequest, _creation_service_pb2.GetJobResponse]
     """Returns one of the caller's jobs, with fresh output URLs when it succeeded.
     Output URLs follow the rule ListJobs states.
@@ -51,11 +59,21 @@ class CreationServiceStub:
     are still answered, with those URLs empty: the list itself never fails for a picture,
     so show a placeholder and fetch the job (GetJob) or the page again later.
     """
+    WaitJob: _grpc.UnaryUnaryMultiCallable[_creation_service_pb2.WaitJobRequest, _creation_service_pb2.WaitJobResponse]
+    """Waits for one of the caller's jobs to finish and returns it: as soon as it is terminal
+    (SUCCEEDED, FAILED, CANCELLED) or NEEDS_ATTENTION, or when `timeout` ran out, with the
+    job as it is then (check `status`; call again to keep waiting). A generated HTTP client
+    can run a job with SubmitJob and WaitJob alone, without reading a stream.
+    The wait ends by the client's own deadline too: a gRPC deadline shorter than the
+    timeout answers the job as it is just before it. Another user's job and an unknown
+    job are NOT_FOUND (JOB_NOT_FOUND); a timeout that is negative or over 60 s is
+    INVALID_ARGUMENT (INVALID_WAIT_TIMEOUT, field violation `timeout`).
+    """
     CancelJob: _grpc.UnaryUnaryMultiCallable[_creation_service_pb2.CancelJobRequest, _creation_service_pb2.CancelJobResponse]
     """Cancels a job: at once when queued, at the worker's next safe point when running."""
     DeleteJob: _grpc.UnaryUnaryMultiCallable[_creation_service_pb2.DeleteJobRequest, _creation_service_pb2.DeleteJobResponse]
-    """Deletes one of the caller's finished jobs (SUCCEEDED, FAILED or CANCELLED) and, with
-    delete_assets, its input photo and output images. Afterwards the job is gone from
+    """Deletes one of the caller's finished jobs (SUCCEEDED, FAILED or CANCELLED) and, unless
+    keep_assets is set, its input photo and output images. Afterwards the job is gone from
     GetJob and ListJobs (NOT_FOUND / not listed) and from WatchJob (NOT_FOUND).
 
     - A job that has not finished (QUEUED, RUNNING, NEEDS_ATTENTION) is
@@ -64,11 +82,11 @@ class CreationServiceStub:
     - Another user's job and an unknown job are NOT_FOUND (JOB_NOT_FOUND).
     - Repeatable: deleting a job the caller already deleted succeeds again (as if AIP-135's
       allow_missing were set for the caller's own deleted jobs), so a retry after a lost
-      answer is not an error; with delete_assets it deletes whatever assets remain.
-    - With delete_assets, the assets are deleted first (through media), then the job. If
-      media is unavailable the answer is UNAVAILABLE (reason MEDIA_UNAVAILABLE, with
-      RetryInfo) and the job is not deleted yet; a retry finishes the work. The input photo
-      is kept while another of the caller's jobs (not deleted) was made from it.
+      answer is not an error; without keep_assets it deletes whatever assets remain.
+    - Unless keep_assets is set, the assets are deleted first (through media), then the
+      job. If media is unavailable the answer is UNAVAILABLE (reason MEDIA_UNAVAILABLE,
+      with RetryInfo) and the job is not deleted yet; a retry finishes the work. The input
+      photo is kept while another of the caller's jobs (not deleted) was made from it.
 
     What remains: deletion removes the job's user data (prompt, negative prompt,
     parameters, error message, idempotency key and request hash) and keeps a tombstone
@@ -77,7 +95,7 @@ class CreationServiceStub:
     job id; the daily quota still counts the job. Deleting a job frees its request_id.
 
     WatchJobs: the deletion is a new version of the job, sent to open streams and to a
-    resumed stream whose cursor predates it, as a JobState with `deleted` set (and no
+    resumed stream whose cursor predates it, as a Job with `deleted` set (and no
     outputs): drop the job. Fresh snapshots never hold deleted jobs.
     """
     GetBalance: _grpc.UnaryUnaryMultiCallable[_creation_service_pb2.GetBalanceRequest, _creation_service_pb2.GetBalanceResponse]
@@ -95,7 +113,15 @@ class CreationServiceAsyncStub(CreationServiceStub):
     ListCatalog: _aio.UnaryUnaryMultiCallable[_creation_service_pb2.ListCatalogRequest, _creation_service_pb2.ListCatalogResponse]  # type: ignore[assignment]
     """Lists the enabled models and styles, in picker order."""
     SubmitJob: _aio.UnaryUnaryMultiCallable[_creation_service_pb2.SubmitJobRequest, _creation_service_pb2.SubmitJobResponse]  # type: ignore[assignment]
-    """Submits a generation job. Idempotent by request_id (or the Idempotency-Key header)."""
+    """Submits a generation job. Idempotent by request_id (or the Idempotency-Key header).
+
+    With the `Prefer: wait=N` header (RFC 7240; gRPC metadata `prefer`), the answer waits
+    up to N seconds (at most 60) for the job to finish, as WaitJob does, and then carries
+    the job as it is: terminal (with output URLs) or still QUEUED/RUNNING when the time
+    ran out. The answer then has the header `Preference-Applied: wait=N` (the seconds
+    actually allowed). A `Prefer` without `wait`, or with a value that is not a number of
+    seconds, is ignored (the answer comes at once, without Preference-Applied).
+    """
     GetJob: _aio.UnaryUnaryMultiCallable[_creation_service_pb2.GetJobRequest, _creation_service_pb2.GetJobResponse]  # type: ignore[assignment]
     """Returns one of the caller's jobs, with fresh output URLs when it succeeded.
     Output URLs follow the rule ListJobs states.
@@ -108,11 +134,21 @@ class CreationServiceAsyncStub(CreationServiceStub):
     are still answered, with those URLs empty: the list itself never fails for a picture,
     so show a placeholder and fetch the job (GetJob) or the page again later.
     """
+    WaitJob: _aio.UnaryUnaryMultiCallable[_creation_service_pb2.WaitJobRequest, _creation_service_pb2.WaitJobResponse]  # type: ignore[assignment]
+    """Waits for one of the caller's jobs to finish and returns it: as soon as it is terminal
+    (SUCCEEDED, FAILED, CANCELLED) or NEEDS_ATTENTION, or when `timeout` ran out, with the
+    job as it is then (check `status`; call again to keep waiting). A generated HTTP client
+    can run a job with SubmitJob and WaitJob alone, without reading a stream.
+    The wait ends by the client's own deadline too: a gRPC deadline shorter than the
+    timeout answers the job as it is just before it. Another user's job and an unknown
+    job are NOT_FOUND (JOB_NOT_FOUND); a timeout that is negative or over 60 s is
+    INVALID_ARGUMENT (INVALID_WAIT_TIMEOUT, field violation `timeout`).
+    """
     CancelJob: _aio.UnaryUnaryMultiCallable[_creation_service_pb2.CancelJobRequest, _creation_service_pb2.CancelJobResponse]  # type: ignore[assignment]
     """Cancels a job: at once when queued, at the worker's next safe point when running."""
     DeleteJob: _aio.UnaryUnaryMultiCallable[_creation_service_pb2.DeleteJobRequest, _creation_service_pb2.DeleteJobResponse]  # type: ignore[assignment]
-    """Deletes one of the caller's finished jobs (SUCCEEDED, FAILED or CANCELLED) and, with
-    delete_assets, its input photo and output images. Afterwards the job is gone from
+    """Deletes one of the caller's finished jobs (SUCCEEDED, FAILED or CANCELLED) and, unless
+    keep_assets is set, its input photo and output images. Afterwards the job is gone from
     GetJob and ListJobs (NOT_FOUND / not listed) and from WatchJob (NOT_FOUND).
 
     - A job that has not finished (QUEUED, RUNNING, NEEDS_ATTENTION) is
@@ -121,11 +157,11 @@ class CreationServiceAsyncStub(CreationServiceStub):
     - Another user's job and an unknown job are NOT_FOUND (JOB_NOT_FOUND).
     - Repeatable: deleting a job the caller already deleted succeeds again (as if AIP-135's
       allow_missing were set for the caller's own deleted jobs), so a retry after a lost
-      answer is not an error; with delete_assets it deletes whatever assets remain.
-    - With delete_assets, the assets are deleted first (through media), then the job. If
-      media is unavailable the answer is UNAVAILABLE (reason MEDIA_UNAVAILABLE, with
-      RetryInfo) and the job is not deleted yet; a retry finishes the work. The input photo
-      is kept while another of the caller's jobs (not deleted) was made from it.
+      answer is not an error; without keep_assets it deletes whatever assets remain.
+    - Unless keep_assets is set, the assets are deleted first (through media), then the
+      job. If media is unavailable the answer is UNAVAILABLE (reason MEDIA_UNAVAILABLE,
+      with RetryInfo) and the job is not deleted yet; a retry finishes the work. The input
+      photo is kept while another of the caller's jobs (not deleted) was made from it.
 
     What remains: deletion removes the job's user data (prompt, negative prompt,
     parameters, error message, idempotency key and request hash) and keeps a tombstone
@@ -134,7 +170,7 @@ class CreationServiceAsyncStub(CreationServiceStub):
     job id; the daily quota still counts the job. Deleting a job frees its request_id.
 
     WatchJobs: the deletion is a new version of the job, sent to open streams and to a
-    resumed stream whose cursor predates it, as a JobState with `deleted` set (and no
+    resumed stream whose cursor predates it, as a Job with `deleted` set (and no
     outputs): drop the job. Fresh snapshots never hold deleted jobs.
     """
     GetBalance: _aio.UnaryUnaryMultiCallable[_creation_service_pb2.GetBalanceRequest, _creation_service_pb2.GetBalanceResponse]  # type: ignore[assignment]
@@ -161,7 +197,15 @@ class CreationServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _creation_service_pb2.SubmitJobRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_creation_service_pb2.SubmitJobResponse, _abc.Awaitable[_creation_service_pb2.SubmitJobResponse]]:
-        """Submits a generation job. Idempotent by request_id (or the Idempotency-Key header)."""
+        """Submits a generation job. Idempotent by request_id (or the Idempotency-Key header).
+
+        With the `Prefer: wait=N` header (RFC 7240; gRPC metadata `prefer`), the answer waits
+        up to N seconds (at most 60) for the job to finish, as WaitJob does, and then carries
+        the job as it is: terminal (with output URLs) or still QUEUED/RUNNING when the time
+        ran out. The answer then has the header `Preference-Applied: wait=N` (the seconds
+        actually allowed). A `Prefer` without `wait`, or with a value that is not a number of
+        seconds, is ignored (the answer comes at once, without Preference-Applied).
+        """
 
     @_abc_1.abstractmethod
     def GetJob(
@@ -188,6 +232,22 @@ class CreationServiceServicer(metaclass=_abc_1.ABCMeta):
         """
 
     @_abc_1.abstractmethod
+    def WaitJob(
+        self,
+        request: _creation_service_pb2.WaitJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_creation_service_pb2.WaitJobResponse, _abc.Awaitable[_creation_service_pb2.WaitJobResponse]]:
+        """Waits for one of the caller's jobs to finish and returns it: as soon as it is terminal
+        (SUCCEEDED, FAILED, CANCELLED) or NEEDS_ATTENTION, or when `timeout` ran out, with the
+        job as it is then (check `status`; call again to keep waiting). A generated HTTP client
+        can run a job with SubmitJob and WaitJob alone, without reading a stream.
+        The wait ends by the client's own deadline too: a gRPC deadline shorter than the
+        timeout answers the job as it is just before it. Another user's job and an unknown
+        job are NOT_FOUND (JOB_NOT_FOUND); a timeout that is negative or over 60 s is
+        INVALID_ARGUMENT (INVALID_WAIT_TIMEOUT, field violation `timeout`).
+        """
+
+    @_abc_1.abstractmethod
     def CancelJob(
         self,
         request: _creation_service_pb2.CancelJobRequest,
@@ -201,8 +261,8 @@ class CreationServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _creation_service_pb2.DeleteJobRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_creation_service_pb2.DeleteJobResponse, _abc.Awaitable[_creation_service_pb2.DeleteJobResponse]]:
-        """Deletes one of the caller's finished jobs (SUCCEEDED, FAILED or CANCELLED) and, with
-        delete_assets, its input photo and output images. Afterwards the job is gone from
+        """Deletes one of the caller's finished jobs (SUCCEEDED, FAILED or CANCELLED) and, unless
+        keep_assets is set, its input photo and output images. Afterwards the job is gone from
         GetJob and ListJobs (NOT_FOUND / not listed) and from WatchJob (NOT_FOUND).
 
         - A job that has not finished (QUEUED, RUNNING, NEEDS_ATTENTION) is
@@ -211,11 +271,11 @@ class CreationServiceServicer(metaclass=_abc_1.ABCMeta):
         - Another user's job and an unknown job are NOT_FOUND (JOB_NOT_FOUND).
         - Repeatable: deleting a job the caller already deleted succeeds again (as if AIP-135's
           allow_missing were set for the caller's own deleted jobs), so a retry after a lost
-          answer is not an error; with delete_assets it deletes whatever assets remain.
-        - With delete_assets, the assets are deleted first (through media), then the job. If
-          media is unavailable the answer is UNAVAILABLE (reason MEDIA_UNAVAILABLE, with
-          RetryInfo) and the job is not deleted yet; a retry finishes the work. The input photo
-          is kept while another of the caller's jobs (not deleted) was made from it.
+          answer is not an error; without keep_assets it deletes whatever assets remain.
+        - Unless keep_assets is set, the assets are deleted first (through media), then the
+          job. If media is unavailable the answer is UNAVAILABLE (reason MEDIA_UNAVAILABLE,
+          with RetryInfo) and the job is not deleted yet; a retry finishes the work. The input
+          photo is kept while another of the caller's jobs (not deleted) was made from it.
 
         What remains: deletion removes the job's user data (prompt, negative prompt,
         parameters, error message, idempotency key and request hash) and keeps a tombstone
@@ -224,7 +284,7 @@ class CreationServiceServicer(metaclass=_abc_1.ABCMeta):
         job id; the daily quota still counts the job. Deleting a job frees its request_id.
 
         WatchJobs: the deletion is a new version of the job, sent to open streams and to a
-        resumed stream whose cursor predates it, as a JobState with `deleted` set (and no
+        resumed stream whose cursor predates it, as a Job with `deleted` set (and no
         outputs): drop the job. Fresh snapshots never hold deleted jobs.
         """
 

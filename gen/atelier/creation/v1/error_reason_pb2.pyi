@@ -120,6 +120,12 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """UNAUTHENTICATED: the signature, issuer, audience, subject or lifetime is wrong. Sign
     in again; do not retry with the same token.
     """
+    ERROR_REASON_IDENTITY_PROVIDER_UNAVAILABLE: _ErrorReason.ValueType  # 61
+    """UNAVAILABLE with RetryInfo (HTTP 503, retry-after): the token comes from a trusted
+    identity provider whose signing keys cannot be fetched now (its JWKS endpoint has
+    failed for longer than the services keep its keys). Retry after the delay with the
+    same token.
+    """
     ERROR_REASON_SERVICE_CREDENTIAL_MISSING: _ErrorReason.ValueType  # 25
     """UNAUTHENTICATED, internal RPCs only: the calling service sent no service credential.
     A deployment error; apps never see it.
@@ -127,6 +133,23 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     ERROR_REASON_SERVICE_CREDENTIAL_INVALID: _ErrorReason.ValueType  # 26
     """UNAUTHENTICATED, internal RPCs only: the service credential is wrong. A deployment
     error; apps never see it.
+    """
+    ERROR_REASON_RPC_NOT_PERMITTED: _ErrorReason.ValueType  # 64
+    """PERMISSION_DENIED, internal RPCs only: the calling identity's credential is valid but
+    its policy (ATELIER_SERVICE_IDENTITIES) does not grant this RPC; ErrorInfo.metadata
+    names the identity and the method. A deployment error; apps never see it: grant the
+    RPC to the identity, or call with the identity that has it.
+    """
+    ERROR_REASON_ON_BEHALF_OF_NOT_PERMITTED: _ErrorReason.ValueType  # 63
+    """PERMISSION_DENIED: the atelier-on-behalf-of header came with a user token (a user
+    cannot act for another) or from a service identity without act_for_users. Send the
+    call without the header, or with the credential of a backend allowed to act for
+    users.
+    """
+    ERROR_REASON_ON_BEHALF_OF_INVALID: _ErrorReason.ValueType  # 62
+    """INVALID_ARGUMENT: the atelier-on-behalf-of header does not name one user id (1-128
+    letters, digits and . _ : @ | + -), or was sent more than once. Send it once, with
+    the user's id.
     """
     ERROR_REASON_MALFORMED_REQUEST: _ErrorReason.ValueType  # 27
     """--- Raised by the shared server (every service) ---
@@ -235,6 +258,30 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     ERROR_REASON_MEDIA_KIND_NOT_SUPPORTED: _ErrorReason.ValueType  # 55
     """INVALID_ARGUMENT (field model_id): the model makes a media kind no worker generates
     (video). Pick an image model from ListCatalog.
+    """
+    ERROR_REASON_METHOD_NOT_ALLOWED: _ErrorReason.ValueType  # 56
+    """HTTP 405 with `allow` (the methods the path takes): the path is a route of the JSON
+    API, the method is not one of its methods. Use a method `allow` names.
+    """
+    ERROR_REASON_INPUT_IMAGE_REQUIRED: _ErrorReason.ValueType  # 57
+    """INVALID_ARGUMENT (field input_asset_id): the model needs an input image
+    (Model.input_image INPUT_IMAGE_REQUIRED) and the request has none. Send input_asset_id
+    or input_url, or pick a model that makes images from the prompt alone.
+    """
+    ERROR_REASON_INPUT_IMAGE_REFUSED: _ErrorReason.ValueType  # 58
+    """INVALID_ARGUMENT (field input_asset_id or input_url): the model makes images from the
+    prompt alone (Model.input_image INPUT_IMAGE_REFUSED) and the request has a photo.
+    Send no photo, or pick a model that takes one.
+    """
+    ERROR_REASON_INPUT_URL_REFUSED: _ErrorReason.ValueType  # 59
+    """INVALID_ARGUMENT (field input_url): media would not import the URL: not https, an
+    address that is not public, too many redirects, an answer other than 200, too large,
+    not a JPEG, PNG or WebP image, too many pixels, too slow; metadata `cause` names
+    which (media's reason). Fix the URL, or upload the photo instead.
+    """
+    ERROR_REASON_INVALID_WAIT_TIMEOUT: _ErrorReason.ValueType  # 60
+    """INVALID_ARGUMENT (field timeout): WaitJob's timeout is negative or longer than 60 s.
+    Wait at most 60 s per call; call again to wait longer.
     """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
@@ -355,6 +402,12 @@ ERROR_REASON_TOKEN_INVALID: ErrorReason.ValueType  # 24
 """UNAUTHENTICATED: the signature, issuer, audience, subject or lifetime is wrong. Sign
 in again; do not retry with the same token.
 """
+ERROR_REASON_IDENTITY_PROVIDER_UNAVAILABLE: ErrorReason.ValueType  # 61
+"""UNAVAILABLE with RetryInfo (HTTP 503, retry-after): the token comes from a trusted
+identity provider whose signing keys cannot be fetched now (its JWKS endpoint has
+failed for longer than the services keep its keys). Retry after the delay with the
+same token.
+"""
 ERROR_REASON_SERVICE_CREDENTIAL_MISSING: ErrorReason.ValueType  # 25
 """UNAUTHENTICATED, internal RPCs only: the calling service sent no service credential.
 A deployment error; apps never see it.
@@ -362,6 +415,23 @@ A deployment error; apps never see it.
 ERROR_REASON_SERVICE_CREDENTIAL_INVALID: ErrorReason.ValueType  # 26
 """UNAUTHENTICATED, internal RPCs only: the service credential is wrong. A deployment
 error; apps never see it.
+"""
+ERROR_REASON_RPC_NOT_PERMITTED: ErrorReason.ValueType  # 64
+"""PERMISSION_DENIED, internal RPCs only: the calling identity's credential is valid but
+its policy (ATELIER_SERVICE_IDENTITIES) does not grant this RPC; ErrorInfo.metadata
+names the identity and the method. A deployment error; apps never see it: grant the
+RPC to the identity, or call with the identity that has it.
+"""
+ERROR_REASON_ON_BEHALF_OF_NOT_PERMITTED: ErrorReason.ValueType  # 63
+"""PERMISSION_DENIED: the atelier-on-behalf-of header came with a user token (a user
+cannot act for another) or from a service identity without act_for_users. Send the
+call without the header, or with the credential of a backend allowed to act for
+users.
+"""
+ERROR_REASON_ON_BEHALF_OF_INVALID: ErrorReason.ValueType  # 62
+"""INVALID_ARGUMENT: the atelier-on-behalf-of header does not name one user id (1-128
+letters, digits and . _ : @ | + -), or was sent more than once. Send it once, with
+the user's id.
 """
 ERROR_REASON_MALFORMED_REQUEST: ErrorReason.ValueType  # 27
 """--- Raised by the shared server (every service) ---
@@ -471,4 +541,243 @@ ERROR_REASON_MEDIA_KIND_NOT_SUPPORTED: ErrorReason.ValueType  # 55
 """INVALID_ARGUMENT (field model_id): the model makes a media kind no worker generates
 (video). Pick an image model from ListCatalog.
 """
+ERROR_REASON_METHOD_NOT_ALLOWED: ErrorReason.ValueType  # 56
+"""HTTP 405 with `allow` (the methods the path takes): the path is a route of the JSON
+API, the method is not one of its methods. Use a method `allow` names.
+"""
+ERROR_REASON_INPUT_IMAGE_REQUIRED: ErrorReason.ValueType  # 57
+"""INVALID_ARGUMENT (field input_asset_id): the model needs an input image
+(Model.input_image INPUT_IMAGE_REQUIRED) and the request has none. Send input_asset_id
+or input_url, or pick a model that makes images from the prompt alone.
+"""
+ERROR_REASON_INPUT_IMAGE_REFUSED: ErrorReason.ValueType  # 58
+"""INVALID_ARGUMENT (field input_asset_id or input_url): the model makes images from the
+prompt alone (Model.input_image INPUT_IMAGE_REFUSED) and the request has a photo.
+Send no photo, or pick a model that takes one.
+"""
+ERROR_REASON_INPUT_URL_REFUSED: ErrorReason.ValueType  # 59
+"""INVALID_ARGUMENT (field input_url): media would not import the URL: not https, an
+address that is not public, too many redirects, an answer other than 200, too large,
+not a JPEG, PNG or WebP image, too many pixels, too slow; metadata `cause` names
+which (media's reason). Fix the URL, or upload the photo instead.
+"""
+ERROR_REASON_INVALID_WAIT_TIMEOUT: ErrorReason.ValueType  # 60
+"""INVALID_ARGUMENT (field timeout): WaitJob's timeout is negative or longer than 60 s.
+Wait at most 60 s per call; call again to wait longer.
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
+
+class _JobErrorReason:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _JobErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_JobErrorReason.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    JOB_ERROR_REASON_UNSPECIFIED: _JobErrorReason.ValueType  # 0
+    """Not set (a job without an error), or a value this client does not know: go by
+    retryable and show the message.
+    """
+    JOB_ERROR_REASON_PROVIDER_TIMEOUT: _JobErrorReason.ValueType  # 1
+    """--- the provider's answers (failures.py) ---
+
+    TIMEOUT: the provider did not answer in time, on every attempt. retryable: submit
+    again later.
+    """
+    JOB_ERROR_REASON_PROVIDER_UNAVAILABLE: _JobErrorReason.ValueType  # 2
+    """UNAVAILABLE: the provider refused connections or failed with a server error, on every
+    attempt. retryable: submit again later.
+    """
+    JOB_ERROR_REASON_PROVIDER_RATE_LIMITED: _JobErrorReason.ValueType  # 3
+    """RATE_LIMITED: the provider kept asking us to slow down. retryable: submit again later."""
+    JOB_ERROR_REASON_PROVIDER_AUTH_REJECTED: _JobErrorReason.ValueType  # 4
+    """AUTH_REJECTED: the provider refused atelier's own credentials; every job of this
+    model fails alike until an operator fixes them. Not retryable: tell the user the
+    model is out of service, or pick another model.
+    """
+    JOB_ERROR_REASON_PROVIDER_TRANSIENT_FAILURE: _JobErrorReason.ValueType  # 5
+    """TRANSIENT: the generation failed in a way that may pass, on every attempt.
+    retryable: submit again.
+    """
+    JOB_ERROR_REASON_PROVIDER_REQUEST_LOST: _JobErrorReason.ValueType  # 6
+    """REQUEST_UNKNOWN: the provider lost the request (nothing ran or was charged), on every
+    attempt. retryable: submit again.
+    """
+    JOB_ERROR_REASON_PROVIDER_REJECTED_CONTENT: _JobErrorReason.ValueType  # 7
+    """CONTENT_REJECTED: the provider's content policy refused the prompt or the photo. Not
+    retryable: change the prompt or the photo.
+    """
+    JOB_ERROR_REASON_PROVIDER_REJECTED_INPUT: _JobErrorReason.ValueType  # 8
+    """INPUT_UNREADABLE: the provider cannot use the input photo (not a readable image, or
+    more pixels than the model takes). Not retryable: submit another photo (smaller, or
+    a JPEG, PNG or WebP).
+    """
+    JOB_ERROR_REASON_PROVIDER_INVALID_REQUEST: _JobErrorReason.ValueType  # 9
+    """INVALID_INPUT: the provider refused the request's settings (size, parameters,
+    output count). Not retryable: change the settings.
+    """
+    JOB_ERROR_REASON_PROVIDER_CANCELLED: _JobErrorReason.ValueType  # 10
+    """CANCELLED: the request was cancelled on the provider's side, not by the job's owner.
+    retryable: submit again.
+    """
+    JOB_ERROR_REASON_PROVIDER_INTERNAL: _JobErrorReason.ValueType  # 11
+    """INTERNAL: the provider failed on its side. retryable: submit again (later, if it
+    keeps failing).
+    """
+    JOB_ERROR_REASON_PROVIDER_OUTPUT_EXPIRED: _JobErrorReason.ValueType  # 12
+    """OUTPUT_EXPIRED: the images were made but gone from the provider before atelier
+    fetched them (the job's points are given back). retryable: submit again.
+    """
+    JOB_ERROR_REASON_PROVIDER_OUTPUT_INVALID: _JobErrorReason.ValueType  # 13
+    """OUTPUT_INVALID: the provider answered with something that is not an image atelier
+    accepts (type, size). Not retryable as it is: the same request is likely to get
+    the same answer; change the settings or pick another model.
+    """
+    JOB_ERROR_REASON_PROVIDER_ERROR: _JobErrorReason.ValueType  # 14
+    """--- atelier's own ---
+
+    The provider failed with an answer its failure table does not know. retryable says
+    whether the provider's adapter thought another try could pass.
+    """
+    JOB_ERROR_REASON_MODEL_NOT_CONFIGURED: _JobErrorReason.ValueType  # 15
+    """The model has no provider configured on this deployment. Not retryable: pick
+    another model (ListCatalog).
+    """
+    JOB_ERROR_REASON_INPUT_UNAVAILABLE: _JobErrorReason.ValueType  # 16
+    """atelier's media service did not hand the input photo over, on every attempt.
+    retryable: submit again later.
+    """
+    JOB_ERROR_REASON_OUTPUT_REJECTED: _JobErrorReason.ValueType  # 17
+    """atelier's media service refused an image the provider made (not an image it stores),
+    on every attempt. retryable: submit again.
+    """
+    JOB_ERROR_REASON_OUTPUT_MISSING: _JobErrorReason.ValueType  # 18
+    """The provider returned fewer images than num_outputs, on every attempt. retryable:
+    submit again (or ask for fewer outputs).
+    """
+    JOB_ERROR_REASON_WORKER_LOST: _JobErrorReason.ValueType  # 19
+    """The worker running the job stopped (its lease was lost) and no attempts were left.
+    retryable: submit again.
+    """
+    JOB_ERROR_REASON_OUTCOME_UNKNOWN: _JobErrorReason.ValueType  # 20
+    """With status NEEDS_ATTENTION: whether the provider received the request is unknown
+    (the answer to the submit was lost), so atelier will not send it again by itself;
+    an operator decides (retry, fail or cancel) and the job goes on from there. Not
+    retryable: do NOT submit again (it could make and charge for the images twice); watch
+    the job instead.
+    """
+    JOB_ERROR_REASON_OPERATOR_FAILED: _JobErrorReason.ValueType  # 21
+    """An operator failed the job (the message says why, in their words). Not retryable
+    as it is: read the message.
+    """
+
+class JobErrorReason(_JobErrorReason, metaclass=_JobErrorReasonEnumTypeWrapper):
+    """Why a job failed (Job.error.reason): one value per failure a client can tell apart,
+    each with what the client should do. JobError.retryable says whether submitting the
+    same request again (a new SubmitJob, with a new request_id) may succeed; the service
+    has already retried what a retry of its own could cure (up to the job's max_attempts).
+
+    Unlike ErrorReason these are never an ErrorInfo.reason: they travel as this enum in
+    the job (JSON: the full value name, e.g. "JOB_ERROR_REASON_PROVIDER_REJECTED_INPUT").
+    A value, once here, is never renamed or given another meaning; new values may be
+    added, so a client treats a value it does not know as JOB_ERROR_REASON_UNSPECIFIED
+    and goes by retryable. The first block has one value per row of the providers'
+    failure table (services/creation/providers/failures.py), the second atelier's own.
+    """
+
+JOB_ERROR_REASON_UNSPECIFIED: JobErrorReason.ValueType  # 0
+"""Not set (a job without an error), or a value this client does not know: go by
+retryable and show the message.
+"""
+JOB_ERROR_REASON_PROVIDER_TIMEOUT: JobErrorReason.ValueType  # 1
+"""--- the provider's answers (failures.py) ---
+
+TIMEOUT: the provider did not answer in time, on every attempt. retryable: submit
+again later.
+"""
+JOB_ERROR_REASON_PROVIDER_UNAVAILABLE: JobErrorReason.ValueType  # 2
+"""UNAVAILABLE: the provider refused connections or failed with a server error, on every
+attempt. retryable: submit again later.
+"""
+JOB_ERROR_REASON_PROVIDER_RATE_LIMITED: JobErrorReason.ValueType  # 3
+"""RATE_LIMITED: the provider kept asking us to slow down. retryable: submit again later."""
+JOB_ERROR_REASON_PROVIDER_AUTH_REJECTED: JobErrorReason.ValueType  # 4
+"""AUTH_REJECTED: the provider refused atelier's own credentials; every job of this
+model fails alike until an operator fixes them. Not retryable: tell the user the
+model is out of service, or pick another model.
+"""
+JOB_ERROR_REASON_PROVIDER_TRANSIENT_FAILURE: JobErrorReason.ValueType  # 5
+"""TRANSIENT: the generation failed in a way that may pass, on every attempt.
+retryable: submit again.
+"""
+JOB_ERROR_REASON_PROVIDER_REQUEST_LOST: JobErrorReason.ValueType  # 6
+"""REQUEST_UNKNOWN: the provider lost the request (nothing ran or was charged), on every
+attempt. retryable: submit again.
+"""
+JOB_ERROR_REASON_PROVIDER_REJECTED_CONTENT: JobErrorReason.ValueType  # 7
+"""CONTENT_REJECTED: the provider's content policy refused the prompt or the photo. Not
+retryable: change the prompt or the photo.
+"""
+JOB_ERROR_REASON_PROVIDER_REJECTED_INPUT: JobErrorReason.ValueType  # 8
+"""INPUT_UNREADABLE: the provider cannot use the input photo (not a readable image, or
+more pixels than the model takes). Not retryable: submit another photo (smaller, or
+a JPEG, PNG or WebP).
+"""
+JOB_ERROR_REASON_PROVIDER_INVALID_REQUEST: JobErrorReason.ValueType  # 9
+"""INVALID_INPUT: the provider refused the request's settings (size, parameters,
+output count). Not retryable: change the settings.
+"""
+JOB_ERROR_REASON_PROVIDER_CANCELLED: JobErrorReason.ValueType  # 10
+"""CANCELLED: the request was cancelled on the provider's side, not by the job's owner.
+retryable: submit again.
+"""
+JOB_ERROR_REASON_PROVIDER_INTERNAL: JobErrorReason.ValueType  # 11
+"""INTERNAL: the provider failed on its side. retryable: submit again (later, if it
+keeps failing).
+"""
+JOB_ERROR_REASON_PROVIDER_OUTPUT_EXPIRED: JobErrorReason.ValueType  # 12
+"""OUTPUT_EXPIRED: the images were made but gone from the provider before atelier
+fetched them (the job's points are given back). retryable: submit again.
+"""
+JOB_ERROR_REASON_PROVIDER_OUTPUT_INVALID: JobErrorReason.ValueType  # 13
+"""OUTPUT_INVALID: the provider answered with something that is not an image atelier
+accepts (type, size). Not retryable as it is: the same request is likely to get
+the same answer; change the settings or pick another model.
+"""
+JOB_ERROR_REASON_PROVIDER_ERROR: JobErrorReason.ValueType  # 14
+"""--- atelier's own ---
+
+The provider failed with an answer its failure table does not know. retryable says
+whether the provider's adapter thought another try could pass.
+"""
+JOB_ERROR_REASON_MODEL_NOT_CONFIGURED: JobErrorReason.ValueType  # 15
+"""The model has no provider configured on this deployment. Not retryable: pick
+another model (ListCatalog).
+"""
+JOB_ERROR_REASON_INPUT_UNAVAILABLE: JobErrorReason.ValueType  # 16
+"""atelier's media service did not hand the input photo over, on every attempt.
+retryable: submit again later.
+"""
+JOB_ERROR_REASON_OUTPUT_REJECTED: JobErrorReason.ValueType  # 17
+"""atelier's media service refused an image the provider made (not an image it stores),
+on every attempt. retryable: submit again.
+"""
+JOB_ERROR_REASON_OUTPUT_MISSING: JobErrorReason.ValueType  # 18
+"""The provider returned fewer images than num_outputs, on every attempt. retryable:
+submit again (or ask for fewer outputs).
+"""
+JOB_ERROR_REASON_WORKER_LOST: JobErrorReason.ValueType  # 19
+"""The worker running the job stopped (its lease was lost) and no attempts were left.
+retryable: submit again.
+"""
+JOB_ERROR_REASON_OUTCOME_UNKNOWN: JobErrorReason.ValueType  # 20
+"""With status NEEDS_ATTENTION: whether the provider received the request is unknown
+(the answer to the submit was lost), so atelier will not send it again by itself;
+an operator decides (retry, fail or cancel) and the job goes on from there. Not
+retryable: do NOT submit again (it could make and charge for the images twice); watch
+the job instead.
+"""
+JOB_ERROR_REASON_OPERATOR_FAILED: JobErrorReason.ValueType  # 21
+"""An operator failed the job (the message says why, in their words). Not retryable
+as it is: read the message.
+"""
+Global___JobErrorReason: _TypeAlias = JobErrorReason  # noqa: Y015

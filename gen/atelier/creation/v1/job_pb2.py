@@ -22,23 +22,26 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from atelier.creation.v1 import error_reason_pb2 as atelier_dot_creation_dot_v1_dot_error__reason__pb2
 from atelier.creation.v1 import parameters_pb2 as atelier_dot_creation_dot_v1_dot_parameters__pb2
 from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
 from google.api import resource_pb2 as google_dot_api_dot_resource__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61telier/creation/v1/job.proto\x12\x13\x61telier.creation.v1\x1a$atelier/creation/v1/parameters.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"5\n\x08JobError\x12\x12\n\x04\x63ode\x18\x01 \x01(\tB\x04\xe2\x41\x01\x03\x12\x15\n\x07message\x18\x02 \x01(\tB\x04\xe2\x41\x01\x03\"\x9a\x02\n\tJobOutput\x12\x32\n\x08\x61sset_id\x18\x01 \x01(\tB \xe2\x41\x01\x03\xfa\x41\x19\n\x17media.atelier.dev/Asset\x12\x11\n\x03url\x18\x02 \x01(\tB\x04\xe2\x41\x01\x03\x12\x39\n\x0furl_expire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x1b\n\rthumbnail_url\x18\x04 \x01(\tB\x04\xe2\x41\x01\x03\x12\x43\n\x19thumbnail_url_expire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x13\n\x05width\x18\x06 \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x14\n\x06height\x18\x07 \x01(\x05\x42\x04\xe2\x41\x01\x03\"\xd4\x08\n\x03Job\x12\x14\n\x06job_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x03\x12\x15\n\x07user_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x03\x12\x16\n\x08model_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x03\x12\x16\n\x08style_id\x18\x04 \x01(\tB\x04\xe2\x41\x01\x03\x12\x38\n\x0einput_asset_id\x18\x05 \x01(\tB \xe2\x41\x01\x03\xfa\x41\x19\n\x17media.atelier.dev/Asset\x12\x14\n\x06prompt\x18\x06 \x01(\tB\x04\xe2\x41\x01\x03\x12\x1d\n\x0fnegative_prompt\x18\x07 \x01(\tB\x04\xe2\x41\x01\x03\x12\x13\n\x05width\x18\x08 \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x14\n\x06height\x18\t \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x34\n\x06status\x18\x0b \x01(\x0e\x32\x1e.atelier.creation.v1.JobStatusB\x04\xe2\x41\x01\x03\x12\x1e\n\x10progress_percent\x18\x0c \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x30\n\x04step\x18\r \x01(\x0e\x32\x1c.atelier.creation.v1.JobStepB\x04\xe2\x41\x01\x03\x12\x15\n\x07\x61ttempt\x18\x0e \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x1a\n\x0cmax_attempts\x18\x0f \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x1e\n\x10\x63\x61ncel_requested\x18\x10 \x01(\x08\x42\x04\xe2\x41\x01\x03\x12\x1a\n\x0cprice_points\x18\x11 \x01(\x03\x42\x04\xe2\x41\x01\x03\x12\x32\n\x05\x65rror\x18\x15 \x01(\x0b\x32\x1d.atelier.creation.v1.JobErrorB\x04\xe2\x41\x01\x03\x12\x15\n\x07version\x18\x16 \x01(\x03\x42\x04\xe2\x41\x01\x03\x12\x35\n\x0b\x63reate_time\x18\x17 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x34\n\nstart_time\x18\x18 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x37\n\rcomplete_time\x18\x19 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x35\n\x0bupdate_time\x18\x1a \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x19\n\x0bnum_outputs\x18\x1b \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x35\n\x07outputs\x18\x1c \x03(\x0b\x32\x1e.atelier.creation.v1.JobOutputB\x04\xe2\x41\x01\x03\x12N\n\x15generation_parameters\x18\x1d \x01(\x0b\x32).atelier.creation.v1.GenerationParametersB\x04\xe2\x41\x01\x03:<\xea\x41\x39\n\x18\x63reation.atelier.dev/Job\x12\njobs/{job}\x1a\x06job_id*\x04jobs2\x03jobJ\x04\x08\x12\x10\x13J\x04\x08\x13\x10\x14J\x04\x08\x14\x10\x15J\x04\x08\n\x10\x0bR\x0foutput_asset_idR\noutput_urlR\x16output_url_expire_timeR\nparameters\"\xc1\x03\n\x08JobEvent\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x03\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\x12\x15\n\x07version\x18\x02 \x01(\x03\x42\x04\xe2\x41\x01\x03\x12\x39\n\x0b\x66rom_status\x18\x03 \x01(\x0e\x32\x1e.atelier.creation.v1.JobStatusB\x04\xe2\x41\x01\x03\x12\x37\n\tto_status\x18\x04 \x01(\x0e\x32\x1e.atelier.creation.v1.JobStatusB\x04\xe2\x41\x01\x03\x12\x38\n\nactor_kind\x18\x05 \x01(\x0e\x32\x1e.atelier.creation.v1.ActorKindB\x04\xe2\x41\x01\x03\x12\x16\n\x08\x61\x63tor_id\x18\x06 \x01(\tB\x04\xe2\x41\x01\x03\x12\x14\n\x06reason\x18\x07 \x01(\tB\x04\xe2\x41\x01\x03\x12\x35\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12<\n\x0erequester_kind\x18\t \x01(\x0e\x32\x1e.atelier.creation.v1.ActorKindB\x04\xe2\x41\x01\x03\x12\x1a\n\x0crequester_id\x18\n \x01(\tB\x04\xe2\x41\x01\x03*\xc1\x01\n\tJobStatus\x12\x1a\n\x16JOB_STATUS_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_STATUS_QUEUED\x10\x01\x12\x16\n\x12JOB_STATUS_RUNNING\x10\x02\x12\x18\n\x14JOB_STATUS_SUCCEEDED\x10\x03\x12\x15\n\x11JOB_STATUS_FAILED\x10\x04\x12\x18\n\x14JOB_STATUS_CANCELLED\x10\x05\x12\x1e\n\x1aJOB_STATUS_NEEDS_ATTENTION\x10\x06*\x96\x01\n\x07JobStep\x12\x18\n\x14JOB_STEP_UNSPECIFIED\x10\x00\x12\x16\n\x12JOB_STEP_PREPARING\x10\x01\x12\x17\n\x13JOB_STEP_SUBMITTING\x10\x02\x12\x17\n\x13JOB_STEP_GENERATING\x10\x03\x12\x14\n\x10JOB_STEP_STORING\x10\x04\x12\x11\n\rJOB_STEP_DONE\x10\x05*\x83\x01\n\tActorKind\x12\x1a\n\x16\x41\x43TOR_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x41\x43TOR_KIND_USER\x10\x01\x12\x15\n\x11\x41\x43TOR_KIND_WORKER\x10\x02\x12\x15\n\x11\x41\x43TOR_KIND_REAPER\x10\x03\x12\x17\n\x13\x41\x43TOR_KIND_OPERATOR\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61telier/creation/v1/job.proto\x12\x13\x61telier.creation.v1\x1a&atelier/creation/v1/error_reason.proto\x1a$atelier/creation/v1/parameters.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x81\x01\n\x08JobError\x12\x15\n\x07message\x18\x02 \x01(\tB\x04\xe2\x41\x01\x03\x12\x39\n\x06reason\x18\x03 \x01(\x0e\x32#.atelier.creation.v1.JobErrorReasonB\x04\xe2\x41\x01\x03\x12\x17\n\tretryable\x18\x04 \x01(\x08\x42\x04\xe2\x41\x01\x03J\x04\x08\x01\x10\x02R\x04\x63ode\"\xd0\x02\n\tJobOutput\x12\x32\n\x08\x61sset_id\x18\x01 \x01(\tB \xe2\x41\x01\x03\xfa\x41\x19\n\x17media.atelier.dev/Asset\x12\x11\n\x03url\x18\x02 \x01(\tB\x04\xe2\x41\x01\x03\x12\x39\n\x0furl_expire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x1b\n\rthumbnail_url\x18\x04 \x01(\tB\x04\xe2\x41\x01\x03\x12\x43\n\x19thumbnail_url_expire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x13\n\x05width\x18\x06 \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x14\n\x06height\x18\x07 \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x1a\n\x0c\x63ontent_type\x18\x08 \x01(\tB\x04\xe2\x41\x01\x03\x12\x18\n\nsize_bytes\x18\t \x01(\x05\x42\x04\xe2\x41\x01\x03\"\xf7\n\n\x03Job\x12\x14\n\x06job_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x03\x12\x15\n\x07user_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x03\x12\x16\n\x08model_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x03\x12\x16\n\x08style_id\x18\x04 \x01(\tB\x04\xe2\x41\x01\x03\x12\x38\n\x0einput_asset_id\x18\x05 \x01(\tB \xe2\x41\x01\x03\xfa\x41\x19\n\x17media.atelier.dev/Asset\x12\x14\n\x06prompt\x18\x06 \x01(\tB\x04\xe2\x41\x01\x03\x12\x1d\n\x0fnegative_prompt\x18\x07 \x01(\tB\x04\xe2\x41\x01\x03\x12\x13\n\x05width\x18\x08 \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x14\n\x06height\x18\t \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x34\n\x06status\x18\x0b \x01(\x0e\x32\x1e.atelier.creation.v1.JobStatusB\x04\xe2\x41\x01\x03\x12\x1e\n\x10progress_percent\x18\x0c \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x30\n\x04step\x18\r \x01(\x0e\x32\x1c.atelier.creation.v1.JobStepB\x04\xe2\x41\x01\x03\x12\x15\n\x07\x61ttempt\x18\x0e \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x1a\n\x0cmax_attempts\x18\x0f \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x1e\n\x10\x63\x61ncel_requested\x18\x10 \x01(\x08\x42\x04\xe2\x41\x01\x03\x12\x1a\n\x0cprice_points\x18\x11 \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x32\n\x05\x65rror\x18\x15 \x01(\x0b\x32\x1d.atelier.creation.v1.JobErrorB\x04\xe2\x41\x01\x03\x12\x15\n\x07version\x18\x16 \x01(\x03\x42\x04\xe2\x41\x01\x03\x12\x35\n\x0b\x63reate_time\x18\x17 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x34\n\nstart_time\x18\x18 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x37\n\rcomplete_time\x18\x19 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x35\n\x0bupdate_time\x18\x1a \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x19\n\x0bnum_outputs\x18\x1b \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x35\n\x07outputs\x18\x1c \x03(\x0b\x32\x1e.atelier.creation.v1.JobOutputB\x04\xe2\x41\x01\x03\x12\x12\n\x04\x64one\x18\x1e \x01(\x08\x42\x04\xe2\x41\x01\x03\x12;\n\x11next_attempt_time\x18\x1f \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x15\n\x07\x64\x65leted\x18  \x01(\x08\x42\x04\xe2\x41\x01\x03\x12\x1c\n\x0equeue_position\x18! \x01(\x05\x42\x04\xe2\x41\x01\x03\x12>\n\x14\x65stimated_start_time\x18\" \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x42\n\nparameters\x18# \x03(\x0b\x32(.atelier.creation.v1.Job.ParametersEntryB\x04\xe2\x41\x01\x03\x1aV\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x32\n\x05value\x18\x02 \x01(\x0b\x32#.atelier.creation.v1.ParameterValue:\x02\x38\x01:<\xea\x41\x39\n\x18\x63reation.atelier.dev/Job\x12\njobs/{job}\x1a\x06job_id*\x04jobs2\x03jobJ\x04\x08\x12\x10\x13J\x04\x08\x13\x10\x14J\x04\x08\x14\x10\x15J\x04\x08\n\x10\x0bJ\x04\x08\x1d\x10\x1eR\x0foutput_asset_idR\noutput_urlR\x16output_url_expire_timeR\x15generation_parameters\"\xd4\x03\n\x08JobEvent\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x03\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\x12\x15\n\x07version\x18\x02 \x01(\x03\x42\x04\xe2\x41\x01\x03\x12\x39\n\x0b\x66rom_status\x18\x03 \x01(\x0e\x32\x1e.atelier.creation.v1.JobStatusB\x04\xe2\x41\x01\x03\x12\x37\n\tto_status\x18\x04 \x01(\x0e\x32\x1e.atelier.creation.v1.JobStatusB\x04\xe2\x41\x01\x03\x12\x38\n\nactor_kind\x18\x05 \x01(\x0e\x32\x1e.atelier.creation.v1.ActorKindB\x04\xe2\x41\x01\x03\x12\x16\n\x08\x61\x63tor_id\x18\x06 \x01(\tB\x04\xe2\x41\x01\x03\x12\x14\n\x06reason\x18\x07 \x01(\tB\x04\xe2\x41\x01\x03\x12\x35\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12<\n\x0erequester_kind\x18\t \x01(\x0e\x32\x1e.atelier.creation.v1.ActorKindB\x04\xe2\x41\x01\x03\x12\x1a\n\x0crequester_id\x18\n \x01(\tB\x04\xe2\x41\x01\x03\x12\x11\n\x03via\x18\x0b \x01(\tB\x04\xe2\x41\x01\x03*\xc1\x01\n\tJobStatus\x12\x1a\n\x16JOB_STATUS_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_STATUS_QUEUED\x10\x01\x12\x16\n\x12JOB_STATUS_RUNNING\x10\x02\x12\x18\n\x14JOB_STATUS_SUCCEEDED\x10\x03\x12\x15\n\x11JOB_STATUS_FAILED\x10\x04\x12\x18\n\x14JOB_STATUS_CANCELLED\x10\x05\x12\x1e\n\x1aJOB_STATUS_NEEDS_ATTENTION\x10\x06*\x96\x01\n\x07JobStep\x12\x18\n\x14JOB_STEP_UNSPECIFIED\x10\x00\x12\x16\n\x12JOB_STEP_PREPARING\x10\x01\x12\x17\n\x13JOB_STEP_SUBMITTING\x10\x02\x12\x17\n\x13JOB_STEP_GENERATING\x10\x03\x12\x14\n\x10JOB_STEP_STORING\x10\x04\x12\x11\n\rJOB_STEP_DONE\x10\x05*\x83\x01\n\tActorKind\x12\x1a\n\x16\x41\x43TOR_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x41\x43TOR_KIND_USER\x10\x01\x12\x15\n\x11\x41\x43TOR_KIND_WORKER\x10\x02\x12\x15\n\x11\x41\x43TOR_KIND_REAPER\x10\x03\x12\x17\n\x13\x41\x43TOR_KIND_OPERATOR\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'atelier.creation.v1.job_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_JOBERROR'].fields_by_name['code']._loaded_options = None
-  _globals['_JOBERROR'].fields_by_name['code']._serialized_options = b'\342A\001\003'
   _globals['_JOBERROR'].fields_by_name['message']._loaded_options = None
   _globals['_JOBERROR'].fields_by_name['message']._serialized_options = b'\342A\001\003'
+  _globals['_JOBERROR'].fields_by_name['reason']._loaded_options = None
+  _globals['_JOBERROR'].fields_by_name['reason']._serialized_options = b'\342A\001\003'
+  _globals['_JOBERROR'].fields_by_name['retryable']._loaded_options = None
+  _globals['_JOBERROR'].fields_by_name['retryable']._serialized_options = b'\342A\001\003'
   _globals['_JOBOUTPUT'].fields_by_name['asset_id']._loaded_options = None
   _globals['_JOBOUTPUT'].fields_by_name['asset_id']._serialized_options = b'\342A\001\003\372A\031\n\027media.atelier.dev/Asset'
   _globals['_JOBOUTPUT'].fields_by_name['url']._loaded_options = None
@@ -53,6 +56,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOBOUTPUT'].fields_by_name['width']._serialized_options = b'\342A\001\003'
   _globals['_JOBOUTPUT'].fields_by_name['height']._loaded_options = None
   _globals['_JOBOUTPUT'].fields_by_name['height']._serialized_options = b'\342A\001\003'
+  _globals['_JOBOUTPUT'].fields_by_name['content_type']._loaded_options = None
+  _globals['_JOBOUTPUT'].fields_by_name['content_type']._serialized_options = b'\342A\001\003'
+  _globals['_JOBOUTPUT'].fields_by_name['size_bytes']._loaded_options = None
+  _globals['_JOBOUTPUT'].fields_by_name['size_bytes']._serialized_options = b'\342A\001\003'
+  _globals['_JOB_PARAMETERSENTRY']._loaded_options = None
+  _globals['_JOB_PARAMETERSENTRY']._serialized_options = b'8\001'
   _globals['_JOB'].fields_by_name['job_id']._loaded_options = None
   _globals['_JOB'].fields_by_name['job_id']._serialized_options = b'\342A\001\003'
   _globals['_JOB'].fields_by_name['user_id']._loaded_options = None
@@ -101,8 +110,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOB'].fields_by_name['num_outputs']._serialized_options = b'\342A\001\003'
   _globals['_JOB'].fields_by_name['outputs']._loaded_options = None
   _globals['_JOB'].fields_by_name['outputs']._serialized_options = b'\342A\001\003'
-  _globals['_JOB'].fields_by_name['generation_parameters']._loaded_options = None
-  _globals['_JOB'].fields_by_name['generation_parameters']._serialized_options = b'\342A\001\003'
+  _globals['_JOB'].fields_by_name['done']._loaded_options = None
+  _globals['_JOB'].fields_by_name['done']._serialized_options = b'\342A\001\003'
+  _globals['_JOB'].fields_by_name['next_attempt_time']._loaded_options = None
+  _globals['_JOB'].fields_by_name['next_attempt_time']._serialized_options = b'\342A\001\003'
+  _globals['_JOB'].fields_by_name['deleted']._loaded_options = None
+  _globals['_JOB'].fields_by_name['deleted']._serialized_options = b'\342A\001\003'
+  _globals['_JOB'].fields_by_name['queue_position']._loaded_options = None
+  _globals['_JOB'].fields_by_name['queue_position']._serialized_options = b'\342A\001\003'
+  _globals['_JOB'].fields_by_name['estimated_start_time']._loaded_options = None
+  _globals['_JOB'].fields_by_name['estimated_start_time']._serialized_options = b'\342A\001\003'
+  _globals['_JOB'].fields_by_name['parameters']._loaded_options = None
+  _globals['_JOB'].fields_by_name['parameters']._serialized_options = b'\342A\001\003'
   _globals['_JOB']._loaded_options = None
   _globals['_JOB']._serialized_options = b'\352A9\n\030creation.atelier.dev/Job\022\njobs/{job}\032\006job_id*\004jobs2\003job'
   _globals['_JOBEVENT'].fields_by_name['job_id']._loaded_options = None
@@ -125,18 +144,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOBEVENT'].fields_by_name['requester_kind']._serialized_options = b'\342A\001\003'
   _globals['_JOBEVENT'].fields_by_name['requester_id']._loaded_options = None
   _globals['_JOBEVENT'].fields_by_name['requester_id']._serialized_options = b'\342A\001\003'
-  _globals['_JOBSTATUS']._serialized_start=2089
-  _globals['_JOBSTATUS']._serialized_end=2282
-  _globals['_JOBSTEP']._serialized_start=2285
-  _globals['_JOBSTEP']._serialized_end=2435
-  _globals['_ACTORKIND']._serialized_start=2438
-  _globals['_ACTORKIND']._serialized_end=2569
-  _globals['_JOBERROR']._serialized_start=185
-  _globals['_JOBERROR']._serialized_end=238
-  _globals['_JOBOUTPUT']._serialized_start=241
-  _globals['_JOBOUTPUT']._serialized_end=523
-  _globals['_JOB']._serialized_start=526
-  _globals['_JOB']._serialized_end=1634
-  _globals['_JOBEVENT']._serialized_start=1637
-  _globals['_JOBEVENT']._serialized_end=2086
+  _globals['_JOBEVENT'].fields_by_name['via']._loaded_options = None
+  _globals['_JOBEVENT'].fields_by_name['via']._serialized_options = b'\342A\001\003'
+  _globals['_JOBSTATUS']._serialized_start=2570
+  _globals['_JOBSTATUS']._serialized_end=2763
+  _globals['_JOBSTEP']._serialized_start=2766
+  _globals['_JOBSTEP']._serialized_end=2916
+  _globals['_ACTORKIND']._serialized_start=2919
+  _globals['_ACTORKIND']._serialized_end=3050
+  _globals['_JOBERROR']._serialized_start=226
+  _globals['_JOBERROR']._serialized_end=355
+  _globals['_JOBOUTPUT']._serialized_start=358
+  _globals['_JOBOUTPUT']._serialized_end=694
+  _globals['_JOB']._serialized_start=697
+  _globals['_JOB']._serialized_end=2096
+  _globals['_JOB_PARAMETERSENTRY']._serialized_start=1842
+  _globals['_JOB_PARAMETERSENTRY']._serialized_end=1928
+  _globals['_JOBEVENT']._serialized_start=2099
+  _globals['_JOBEVENT']._serialized_end=2567
 # @@protoc_insertion_point(module_scope)

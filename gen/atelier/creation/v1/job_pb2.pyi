@@ -3,6 +3,7 @@
 isort:skip_file
 """
 
+from atelier.creation.v1 import error_reason_pb2 as _error_reason_pb2
 from atelier.creation.v1 import parameters_pb2 as _parameters_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
@@ -135,25 +136,35 @@ Global___ActorKind: _TypeAlias = ActorKind  # noqa: Y015
 
 @_typing.final
 class JobError(_message.Message):
-    """Why a job failed, in terms a client can act on."""
+    """Why a job failed (or needs attention), in terms a client can act on."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    CODE_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
-    code: _builtins.str
-    """Stable machine-readable code, e.g. "PROVIDER_REJECTED_INPUT"."""
+    REASON_FIELD_NUMBER: _builtins.int
+    RETRYABLE_FIELD_NUMBER: _builtins.int
     message: _builtins.str
-    """Human-readable explanation; safe to show, never contains secrets."""
+    """Human-readable explanation; safe to show, never contains secrets. Not for branching:
+    its words may change; reason and retryable do not.
+    """
+    reason: _error_reason_pb2.JobErrorReason.ValueType
+    """What went wrong, from a closed list (each value says what to do)."""
+    retryable: _builtins.bool
+    """Whether submitting the same request again (a new job) may succeed: true for failures
+    that may pass (a provider outage, a lost worker), false for ones that will not (the
+    photo, the prompt or the settings were refused; an operator's decision; a job whose
+    outcome is unknown, which must not be sent twice).
+    """
     def __init__(
         self,
         *,
-        code: _builtins.str = ...,
         message: _builtins.str = ...,
+        reason: _error_reason_pb2.JobErrorReason.ValueType = ...,
+        retryable: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "reason", b"reason", "retryable", b"retryable"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -161,7 +172,20 @@ Global___JobError: _TypeAlias = JobError  # noqa: Y015
 
 @_typing.final
 class JobOutput(_message.Message):
-    """One image a job produced."""
+    """One image a job produced, with what a client needs to lay it out before it downloads
+    it (width, height, content_type, size_bytes) and URLs an image cache can key on.
+
+    Download URLs are signed per window, not per read: every read of the job within one
+    window (3600 s by default, aligned to the epoch: 00:00, 01:00, ... UTC) hands out the
+    same url and thumbnail_url, byte for byte, so a client's cache of images by URL hits.
+    A URL handed out works at least 300 s more (the download TTL; it expires that long
+    after its window ends, at most window + TTL = 3900 s after the window began), and the
+    next window's read hands out a new one. Deployments may change both
+    (`ATELIER_MEDIA_DOWNLOAD_URL_WINDOW`, `ATELIER_MEDIA_DOWNLOAD_URL_TTL`); url_expire_time
+    always says when this URL stops working. The image is served with
+    `Cache-Control: private, max-age=<window + TTL>, immutable`: the bytes under a URL never
+    change.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -172,16 +196,19 @@ class JobOutput(_message.Message):
     THUMBNAIL_URL_EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     WIDTH_FIELD_NUMBER: _builtins.int
     HEIGHT_FIELD_NUMBER: _builtins.int
+    CONTENT_TYPE_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
     asset_id: _builtins.str
     """The media asset holding the image (purpose ai_output, owned by the job's user)."""
     url: _builtins.str
-    """A short-lived download URL for the image; set by GetJob, ListJobs and notify's
-    streams, empty where a URL is not handed out (media unavailable, asset gone).
+    """A download URL for the image, the same for every read within a window (see above);
+    set by every read of the job (GetJob, ListJobs, the watch streams), empty where a
+    URL is not handed out (media unavailable, asset gone).
     """
     thumbnail_url: _builtins.str
-    """A short-lived download URL for a small preview of the image (WebP, longest side at
-    most 256 px, EXIF orientation applied), made by media when the output landed; set
-    wherever url is, empty where media made no preview (or a URL is not handed out).
+    """A download URL for a small preview of the image (WebP, longest side at most 256 px,
+    EXIF orientation applied), made by media when the output landed; windowed like url;
+    set wherever url is, empty where media made no preview (or a URL is not handed out).
     """
     width: _builtins.int
     """The image's width in pixels (read by media from the stored image); set wherever url
@@ -189,13 +216,23 @@ class JobOutput(_message.Message):
     """
     height: _builtins.int
     """The image's height in pixels; set wherever url is, 0 where it is not."""
+    content_type: _builtins.str
+    """The image's media type (image/jpeg, image/png or image/webp), as url serves it; set
+    wherever url is, empty where it is not.
+    """
+    size_bytes: _builtins.int
+    """The image's length in bytes, as url serves it; set wherever url is, 0 where it is
+    not.
+    """
     @_builtins.property
     def url_expire_time(self) -> _timestamp_pb2.Timestamp:
-        """When url stops working."""
+        """When url stops working: at least 300 s (the download TTL) after the read that
+        handed it out.
+        """
 
     @_builtins.property
     def thumbnail_url_expire_time(self) -> _timestamp_pb2.Timestamp:
-        """When thumbnail_url stops working."""
+        """When thumbnail_url stops working (the same moment as url_expire_time)."""
 
     def __init__(
         self,
@@ -207,10 +244,12 @@ class JobOutput(_message.Message):
         thumbnail_url_expire_time: _timestamp_pb2.Timestamp | None = ...,
         width: _builtins.int = ...,
         height: _builtins.int = ...,
+        content_type: _builtins.str = ...,
+        size_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["thumbnail_url_expire_time", b"thumbnail_url_expire_time", "url_expire_time", b"url_expire_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["asset_id", b"asset_id", "height", b"height", "thumbnail_url", b"thumbnail_url", "thumbnail_url_expire_time", b"thumbnail_url_expire_time", "url", b"url", "url_expire_time", b"url_expire_time", "width", b"width"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["asset_id", b"asset_id", "content_type", b"content_type", "height", b"height", "size_bytes", b"size_bytes", "thumbnail_url", b"thumbnail_url", "thumbnail_url_expire_time", b"thumbnail_url_expire_time", "url", b"url", "url_expire_time", b"url_expire_time", "width", b"width"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -220,12 +259,37 @@ Global___JobOutput: _TypeAlias = JobOutput  # noqa: Y015
 class Job(_message.Message):
     """One generation: an input photo, a model and a style, turned into output images.
 
+    The one job message of the API: GetJob, ListJobs, SubmitJob and notify's WatchJob and
+    WatchJobs all carry it, every field set alike (the streams' output URLs are signed when
+    sent, so they differ from a read's).
+
     As a resource (AIP-122) its name is `jobs/{job}`, the path its routes use
     (`/v1/jobs/{job_id}`); messages carry the last segment only, in job_id. Jobs are
     per user without the user in the name: the caller's token says whose they are.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ParametersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> _parameters_pb2.ParameterValue: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _parameters_pb2.ParameterValue | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     USER_ID_FIELD_NUMBER: _builtins.int
@@ -251,7 +315,12 @@ class Job(_message.Message):
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
     NUM_OUTPUTS_FIELD_NUMBER: _builtins.int
     OUTPUTS_FIELD_NUMBER: _builtins.int
-    GENERATION_PARAMETERS_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    NEXT_ATTEMPT_TIME_FIELD_NUMBER: _builtins.int
+    DELETED_FIELD_NUMBER: _builtins.int
+    QUEUE_POSITION_FIELD_NUMBER: _builtins.int
+    ESTIMATED_START_TIME_FIELD_NUMBER: _builtins.int
+    PARAMETERS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """Server-assigned identifier (UUID)."""
     user_id: _builtins.str
@@ -261,7 +330,9 @@ class Job(_message.Message):
     style_id: _builtins.str
     """The style applied to the output."""
     input_asset_id: _builtins.str
-    """The uploaded photo the generation starts from (a media asset of purpose ai_input)."""
+    """The photo the generation starts from (a media asset of purpose ai_input); empty for a
+    job made from the prompt alone (a text-to-image model).
+    """
     prompt: _builtins.str
     """The user's prompt."""
     negative_prompt: _builtins.str
@@ -285,9 +356,34 @@ class Job(_message.Message):
     price_points: _builtins.int
     """Points reserved for (and, on success, charged for) this job."""
     version: _builtins.int
-    """Increases by exactly one with every client-visible change."""
+    """Increases by exactly one with every client-visible change. Consumers keep the highest
+    version they have seen and ignore the rest (streams and deliveries may repeat or
+    reorder versions). The one 64-bit number of the job: in JSON a decimal string, so
+    compare it as a number (JavaScript: BigInt(version); Python: int), never as text
+    ("10" < "9"). Every other count, size and amount of the API is 32-bit, a JSON number.
+    """
     num_outputs: _builtins.int
     """How many images the job makes (1 to 4); price_points covers them all."""
+    done: _builtins.bool
+    """The status is terminal (SUCCEEDED, FAILED or CANCELLED): no later version follows.
+    NEEDS_ATTENTION is not done: an operator may still queue, fail or cancel the job.
+    """
+    deleted: _builtins.bool
+    """The owner deleted the job (DeleteJob): drop it. Only notify's streams carry a deleted
+    job (GetJob and ListJobs answer as if it never was), as a tombstone: job_id, user_id,
+    its last status (terminal, `done` set), a version one above the last, update_time and
+    nothing else; no later version follows. Consumers that keep the highest version see
+    it as any other newer version.
+    """
+    queue_position: _builtins.int
+    """While QUEUED, on GetJob, ListJobs, WaitJob (and SubmitJob with Prefer: wait): how many queued jobs a
+    worker takes before this one (0: it is next), counted in claim order among jobs due
+    now (for a job waiting for its next attempt: those ahead of it). At most 1000: 1000
+    means 1000 or more. Unset (0) otherwise. On notify's streams a queued job carries the
+    standing notify last read (absent until it has read one), and KeepAlive.standings
+    carries its updates without a new version. How it is computed and what it costs:
+    docs/benchmarks.md.
+    """
     @_builtins.property
     def error(self) -> Global___JobError:
         """Why the job failed or needs attention."""
@@ -313,8 +409,24 @@ class Job(_message.Message):
         """The images, in the provider's order, once SUCCEEDED (num_outputs of them)."""
 
     @_builtins.property
-    def generation_parameters(self) -> _parameters_pb2.GenerationParameters:
-        """The model parameters as submitted (unset fields: the model's defaults)."""
+    def next_attempt_time(self) -> _timestamp_pb2.Timestamp:
+        """While QUEUED: the earliest time a worker may start the next attempt (after a
+        retryable failure it lies in the future: show "retrying at ..."). Unset otherwise.
+        """
+
+    @_builtins.property
+    def estimated_start_time(self) -> _timestamp_pb2.Timestamp:
+        """While QUEUED, where queue_position is set: when a worker is expected to start it, from
+        the rate jobs were claimed at lately (over the last 5 minutes, refreshed every 10 s),
+        never before next_attempt_time. An estimate, not a promise; unset when no job was
+        claimed lately (no rate to go by).
+        """
+
+    @_builtins.property
+    def parameters(self) -> _containers.MessageMap[_builtins.str, _parameters_pb2.ParameterValue]:
+        """The model parameters as submitted, by name, each of its spec's type; a parameter
+        not given is absent (the model's default applies, ParameterSpec.default_value).
+        """
 
     def __init__(
         self,
@@ -343,11 +455,16 @@ class Job(_message.Message):
         update_time: _timestamp_pb2.Timestamp | None = ...,
         num_outputs: _builtins.int = ...,
         outputs: _abc.Iterable[Global___JobOutput] | None = ...,
-        generation_parameters: _parameters_pb2.GenerationParameters | None = ...,
+        done: _builtins.bool = ...,
+        next_attempt_time: _timestamp_pb2.Timestamp | None = ...,
+        deleted: _builtins.bool = ...,
+        queue_position: _builtins.int = ...,
+        estimated_start_time: _timestamp_pb2.Timestamp | None = ...,
+        parameters: _abc.Mapping[_builtins.str, _parameters_pb2.ParameterValue] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["complete_time", b"complete_time", "create_time", b"create_time", "error", b"error", "generation_parameters", b"generation_parameters", "start_time", b"start_time", "update_time", b"update_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["complete_time", b"complete_time", "create_time", b"create_time", "error", b"error", "estimated_start_time", b"estimated_start_time", "next_attempt_time", b"next_attempt_time", "start_time", b"start_time", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cancel_requested", b"cancel_requested", "complete_time", b"complete_time", "create_time", b"create_time", "error", b"error", "generation_parameters", b"generation_parameters", "height", b"height", "input_asset_id", b"input_asset_id", "job_id", b"job_id", "max_attempts", b"max_attempts", "model_id", b"model_id", "negative_prompt", b"negative_prompt", "num_outputs", b"num_outputs", "outputs", b"outputs", "price_points", b"price_points", "progress_percent", b"progress_percent", "prompt", b"prompt", "start_time", b"start_time", "status", b"status", "step", b"step", "style_id", b"style_id", "update_time", b"update_time", "user_id", b"user_id", "version", b"version", "width", b"width"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cancel_requested", b"cancel_requested", "complete_time", b"complete_time", "create_time", b"create_time", "deleted", b"deleted", "done", b"done", "error", b"error", "estimated_start_time", b"estimated_start_time", "height", b"height", "input_asset_id", b"input_asset_id", "job_id", b"job_id", "max_attempts", b"max_attempts", "model_id", b"model_id", "negative_prompt", b"negative_prompt", "next_attempt_time", b"next_attempt_time", "num_outputs", b"num_outputs", "outputs", b"outputs", "parameters", b"parameters", "price_points", b"price_points", "progress_percent", b"progress_percent", "prompt", b"prompt", "queue_position", b"queue_position", "start_time", b"start_time", "status", b"status", "step", b"step", "style_id", b"style_id", "update_time", b"update_time", "user_id", b"user_id", "version", b"version", "width", b"width"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -369,6 +486,7 @@ class JobEvent(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     REQUESTER_KIND_FIELD_NUMBER: _builtins.int
     REQUESTER_ID_FIELD_NUMBER: _builtins.int
+    VIA_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job that changed."""
     version: _builtins.int
@@ -389,6 +507,11 @@ class JobEvent(_message.Message):
     """
     requester_id: _builtins.str
     """The user id or operator name that asked to cancel."""
+    via: _builtins.str
+    """The service identity (an app backend) that acted for the user on this event
+    (ACTOR_KIND_USER, sent with the atelier-on-behalf-of header); empty when the user
+    acted themself, and for every other actor.
+    """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When it happened."""
@@ -406,10 +529,11 @@ class JobEvent(_message.Message):
         create_time: _timestamp_pb2.Timestamp | None = ...,
         requester_kind: Global___ActorKind.ValueType = ...,
         requester_id: _builtins.str = ...,
+        via: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor_id", b"actor_id", "actor_kind", b"actor_kind", "create_time", b"create_time", "from_status", b"from_status", "job_id", b"job_id", "reason", b"reason", "requester_id", b"requester_id", "requester_kind", b"requester_kind", "to_status", b"to_status", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor_id", b"actor_id", "actor_kind", b"actor_kind", "create_time", b"create_time", "from_status", b"from_status", "job_id", b"job_id", "reason", b"reason", "requester_id", b"requester_id", "requester_kind", b"requester_kind", "to_status", b"to_status", "version", b"version", "via", b"via"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -76,8 +76,10 @@ class LedgerEntry(_message.Message):
     job_id: _builtins.str
     """The job the points were for; empty for a grant."""
     reason: _builtins.str
-    """A short machine-readable cause, e.g. "welcome", "submitted", "completed", "cancel" or a
-    JobError code; empty when the cause is an operator's free text (never shown).
+    """A short machine-readable cause, e.g. "welcome", "submitted", "completed", "cancel" or,
+    for a release after a failure, the failure's internal code (for display only: what
+    the failure means is the job's error.reason); empty when the cause is an operator's
+    free text (never shown).
     """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:

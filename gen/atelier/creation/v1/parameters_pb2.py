@@ -25,21 +25,13 @@ _sym_db = _symbol_database.Default()
 from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$atelier/creation/v1/parameters.proto\x12\x13\x61telier.creation.v1\x1a\x1fgoogle/api/field_behavior.proto\"\xbc\x01\n\x14GenerationParameters\x12\x17\n\x04seed\x18\x01 \x01(\x03\x42\x04\xe2\x41\x01\x01H\x00\x88\x01\x01\x12\x18\n\x05steps\x18\x02 \x01(\x05\x42\x04\xe2\x41\x01\x01H\x01\x88\x01\x01\x12!\n\x0eguidance_scale\x18\x03 \x01(\x01\x42\x04\xe2\x41\x01\x01H\x02\x88\x01\x01\x12\x1b\n\x08strength\x18\x04 \x01(\x01\x42\x04\xe2\x41\x01\x01H\x03\x88\x01\x01\x42\x07\n\x05_seedB\x08\n\x06_stepsB\x11\n\x0f_guidance_scaleB\x0b\n\t_strength\"r\n\x0eParameterValue\x12\x13\n\tint_value\x18\x01 \x01(\x03H\x00\x12\x15\n\x0b\x66loat_value\x18\x02 \x01(\x01H\x00\x12\x14\n\nbool_value\x18\x03 \x01(\x08H\x00\x12\x16\n\x0cstring_value\x18\x04 \x01(\tH\x00\x42\x06\n\x04kind\"\xbf\x02\n\rParameterSpec\x12\x12\n\x04name\x18\x01 \x01(\tB\x04\xe2\x41\x01\x03\x12\x36\n\x04type\x18\x02 \x01(\x0e\x32\".atelier.creation.v1.ParameterTypeB\x04\xe2\x41\x01\x03\x12\x19\n\x0b\x64\x65scription\x18\x03 \x01(\tB\x04\xe2\x41\x01\x03\x12\x36\n\x03min\x18\x04 \x01(\x0b\x32#.atelier.creation.v1.ParameterValueB\x04\xe2\x41\x01\x03\x12\x36\n\x03max\x18\x05 \x01(\x0b\x32#.atelier.creation.v1.ParameterValueB\x04\xe2\x41\x01\x03\x12@\n\rdefault_value\x18\x06 \x01(\x0b\x32#.atelier.creation.v1.ParameterValueB\x04\xe2\x41\x01\x03\x12\x15\n\x07\x63hoices\x18\x07 \x03(\tB\x04\xe2\x41\x01\x03\"\x8c\x01\n\tSizeRange\x12\x17\n\tmin_width\x18\x01 \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x17\n\tmax_width\x18\x02 \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x18\n\nmin_height\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x18\n\nmax_height\x18\x04 \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x19\n\x0bmultiple_of\x18\x05 \x01(\x05\x42\x04\xe2\x41\x01\x03*\xae\x01\n\rParameterType\x12\x1e\n\x1aPARAMETER_TYPE_UNSPECIFIED\x10\x00\x12\x16\n\x12PARAMETER_TYPE_INT\x10\x01\x12\x18\n\x14PARAMETER_TYPE_FLOAT\x10\x02\x12\x17\n\x13PARAMETER_TYPE_BOOL\x10\x03\x12\x19\n\x15PARAMETER_TYPE_STRING\x10\x04\x12\x17\n\x13PARAMETER_TYPE_ENUM\x10\x05\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$atelier/creation/v1/parameters.proto\x12\x13\x61telier.creation.v1\x1a\x1fgoogle/api/field_behavior.proto\"r\n\x0eParameterValue\x12\x13\n\tint_value\x18\x01 \x01(\x03H\x00\x12\x15\n\x0b\x66loat_value\x18\x02 \x01(\x01H\x00\x12\x14\n\nbool_value\x18\x03 \x01(\x08H\x00\x12\x16\n\x0cstring_value\x18\x04 \x01(\tH\x00\x42\x06\n\x04kind\"\xbf\x02\n\rParameterSpec\x12\x12\n\x04name\x18\x01 \x01(\tB\x04\xe2\x41\x01\x03\x12\x36\n\x04type\x18\x02 \x01(\x0e\x32\".atelier.creation.v1.ParameterTypeB\x04\xe2\x41\x01\x03\x12\x19\n\x0b\x64\x65scription\x18\x03 \x01(\tB\x04\xe2\x41\x01\x03\x12\x36\n\x03min\x18\x04 \x01(\x0b\x32#.atelier.creation.v1.ParameterValueB\x04\xe2\x41\x01\x03\x12\x36\n\x03max\x18\x05 \x01(\x0b\x32#.atelier.creation.v1.ParameterValueB\x04\xe2\x41\x01\x03\x12@\n\rdefault_value\x18\x06 \x01(\x0b\x32#.atelier.creation.v1.ParameterValueB\x04\xe2\x41\x01\x03\x12\x15\n\x07\x63hoices\x18\x07 \x03(\tB\x04\xe2\x41\x01\x03\"\x8c\x01\n\tSizeRange\x12\x17\n\tmin_width\x18\x01 \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x17\n\tmax_width\x18\x02 \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x18\n\nmin_height\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x18\n\nmax_height\x18\x04 \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x19\n\x0bmultiple_of\x18\x05 \x01(\x05\x42\x04\xe2\x41\x01\x03*\xae\x01\n\rParameterType\x12\x1e\n\x1aPARAMETER_TYPE_UNSPECIFIED\x10\x00\x12\x16\n\x12PARAMETER_TYPE_INT\x10\x01\x12\x18\n\x14PARAMETER_TYPE_FLOAT\x10\x02\x12\x17\n\x13PARAMETER_TYPE_BOOL\x10\x03\x12\x19\n\x15PARAMETER_TYPE_STRING\x10\x04\x12\x17\n\x13PARAMETER_TYPE_ENUM\x10\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'atelier.creation.v1.parameters_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_GENERATIONPARAMETERS'].fields_by_name['seed']._loaded_options = None
-  _globals['_GENERATIONPARAMETERS'].fields_by_name['seed']._serialized_options = b'\342A\001\001'
-  _globals['_GENERATIONPARAMETERS'].fields_by_name['steps']._loaded_options = None
-  _globals['_GENERATIONPARAMETERS'].fields_by_name['steps']._serialized_options = b'\342A\001\001'
-  _globals['_GENERATIONPARAMETERS'].fields_by_name['guidance_scale']._loaded_options = None
-  _globals['_GENERATIONPARAMETERS'].fields_by_name['guidance_scale']._serialized_options = b'\342A\001\001'
-  _globals['_GENERATIONPARAMETERS'].fields_by_name['strength']._loaded_options = None
-  _globals['_GENERATIONPARAMETERS'].fields_by_name['strength']._serialized_options = b'\342A\001\001'
   _globals['_PARAMETERSPEC'].fields_by_name['name']._loaded_options = None
   _globals['_PARAMETERSPEC'].fields_by_name['name']._serialized_options = b'\342A\001\003'
   _globals['_PARAMETERSPEC'].fields_by_name['type']._loaded_options = None
@@ -64,14 +56,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SIZERANGE'].fields_by_name['max_height']._serialized_options = b'\342A\001\003'
   _globals['_SIZERANGE'].fields_by_name['multiple_of']._loaded_options = None
   _globals['_SIZERANGE'].fields_by_name['multiple_of']._serialized_options = b'\342A\001\003'
-  _globals['_PARAMETERTYPE']._serialized_start=867
-  _globals['_PARAMETERTYPE']._serialized_end=1041
-  _globals['_GENERATIONPARAMETERS']._serialized_start=95
-  _globals['_GENERATIONPARAMETERS']._serialized_end=283
-  _globals['_PARAMETERVALUE']._serialized_start=285
-  _globals['_PARAMETERVALUE']._serialized_end=399
-  _globals['_PARAMETERSPEC']._serialized_start=402
-  _globals['_PARAMETERSPEC']._serialized_end=721
-  _globals['_SIZERANGE']._serialized_start=724
-  _globals['_SIZERANGE']._serialized_end=864
+  _globals['_PARAMETERTYPE']._serialized_start=676
+  _globals['_PARAMETERTYPE']._serialized_end=850
+  _globals['_PARAMETERVALUE']._serialized_start=94
+  _globals['_PARAMETERVALUE']._serialized_end=208
+  _globals['_PARAMETERSPEC']._serialized_start=211
+  _globals['_PARAMETERSPEC']._serialized_end=530
+  _globals['_SIZERANGE']._serialized_start=533
+  _globals['_SIZERANGE']._serialized_end=673
 # @@protoc_insertion_point(module_scope)

@@ -28,15 +28,15 @@ class _ParameterTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Paramet
     PARAMETER_TYPE_UNSPECIFIED: _ParameterType.ValueType  # 0
     """Not set; never sent."""
     PARAMETER_TYPE_INT: _ParameterType.ValueType  # 1
-    """A whole number (int64 or int32 in GenerationParameters)."""
+    """A whole number (64-bit): sent as ParameterValue.int_value."""
     PARAMETER_TYPE_FLOAT: _ParameterType.ValueType  # 2
-    """A floating-point number."""
+    """A floating-point number: float_value."""
     PARAMETER_TYPE_BOOL: _ParameterType.ValueType  # 3
-    """true or false."""
+    """true or false: bool_value."""
     PARAMETER_TYPE_STRING: _ParameterType.ValueType  # 4
-    """Free text."""
+    """Free text, at most 1000 characters: string_value."""
     PARAMETER_TYPE_ENUM: _ParameterType.ValueType  # 5
-    """One of ParameterSpec.choices."""
+    """One of ParameterSpec.choices: string_value."""
 
 class ParameterType(_ParameterType, metaclass=_ParameterTypeEnumTypeWrapper):
     """The type of a parameter's value."""
@@ -44,74 +44,22 @@ class ParameterType(_ParameterType, metaclass=_ParameterTypeEnumTypeWrapper):
 PARAMETER_TYPE_UNSPECIFIED: ParameterType.ValueType  # 0
 """Not set; never sent."""
 PARAMETER_TYPE_INT: ParameterType.ValueType  # 1
-"""A whole number (int64 or int32 in GenerationParameters)."""
+"""A whole number (64-bit): sent as ParameterValue.int_value."""
 PARAMETER_TYPE_FLOAT: ParameterType.ValueType  # 2
-"""A floating-point number."""
+"""A floating-point number: float_value."""
 PARAMETER_TYPE_BOOL: ParameterType.ValueType  # 3
-"""true or false."""
+"""true or false: bool_value."""
 PARAMETER_TYPE_STRING: ParameterType.ValueType  # 4
-"""Free text."""
+"""Free text, at most 1000 characters: string_value."""
 PARAMETER_TYPE_ENUM: ParameterType.ValueType  # 5
-"""One of ParameterSpec.choices."""
+"""One of ParameterSpec.choices: string_value."""
 Global___ParameterType: _TypeAlias = ParameterType  # noqa: Y015
 
 @_typing.final
-class GenerationParameters(_message.Message):
-    """The tuning a job may ask of its model, typed so that every value keeps its precision
-    (a 64-bit seed travels exactly; in JSON, int64 is a string). A parameter left unset
-    means the model's own default (ParameterSpec.default_value). Which parameters a model
-    accepts, and their ranges, are in its Model.parameter_specs; SubmitJob refuses any
-    other.
-    """
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    SEED_FIELD_NUMBER: _builtins.int
-    STEPS_FIELD_NUMBER: _builtins.int
-    GUIDANCE_SCALE_FIELD_NUMBER: _builtins.int
-    STRENGTH_FIELD_NUMBER: _builtins.int
-    seed: _builtins.int
-    """The random seed: the same seed, input and prompt give the same picture."""
-    steps: _builtins.int
-    """Denoising steps: more is slower and usually finer."""
-    guidance_scale: _builtins.float
-    """How closely the output follows the prompt (classifier-free guidance)."""
-    strength: _builtins.float
-    """How far the output may move from the input photo: 0 keeps it, 1 ignores it."""
-    def __init__(
-        self,
-        *,
-        seed: _builtins.int | None = ...,
-        steps: _builtins.int | None = ...,
-        guidance_scale: _builtins.float | None = ...,
-        strength: _builtins.float | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_guidance_scale", b"_guidance_scale", "_seed", b"_seed", "_steps", b"_steps", "_strength", b"_strength", "guidance_scale", b"guidance_scale", "seed", b"seed", "steps", b"steps", "strength", b"strength"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_guidance_scale", b"_guidance_scale", "_seed", b"_seed", "_steps", b"_steps", "_strength", b"_strength", "guidance_scale", b"guidance_scale", "seed", b"seed", "steps", b"steps", "strength", b"strength"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__guidance_scale: _TypeAlias = _typing.Literal["guidance_scale"]  # noqa: Y015
-    _WhichOneofArgType__guidance_scale: _TypeAlias = _typing.Literal["_guidance_scale", b"_guidance_scale"]  # noqa: Y015
-    _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
-    _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
-    _WhichOneofReturnType__steps: _TypeAlias = _typing.Literal["steps"]  # noqa: Y015
-    _WhichOneofArgType__steps: _TypeAlias = _typing.Literal["_steps", b"_steps"]  # noqa: Y015
-    _WhichOneofReturnType__strength: _TypeAlias = _typing.Literal["strength"]  # noqa: Y015
-    _WhichOneofArgType__strength: _TypeAlias = _typing.Literal["_strength", b"_strength"]  # noqa: Y015
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__guidance_scale) -> _WhichOneofReturnType__guidance_scale | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__seed) -> _WhichOneofReturnType__seed | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__steps) -> _WhichOneofReturnType__steps | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__strength) -> _WhichOneofReturnType__strength | None: ...
-
-Global___GenerationParameters: _TypeAlias = GenerationParameters  # noqa: Y015
-
-@_typing.final
 class ParameterValue(_message.Message):
-    """One value of a parameter's type, exactly (an int64 bound does not pass through a double)."""
+    """One value of a parameter's type, exactly (an int64 does not pass through a double): a
+    job's parameter, or a spec's bound or default. Exactly one field is set.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -159,7 +107,9 @@ class ParameterSpec(_message.Message):
     DEFAULT_VALUE_FIELD_NUMBER: _builtins.int
     CHOICES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
-    """The field of GenerationParameters, e.g. "seed"."""
+    """The parameter's key in SubmitJobRequest.parameters and Job.parameters, e.g. "seed"
+    (lower-case letters, digits and underscores, at most 64).
+    """
     type: Global___ParameterType.ValueType
     """Its type."""
     description: _builtins.str

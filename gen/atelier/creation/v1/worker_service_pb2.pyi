@@ -120,6 +120,27 @@ class ClaimedJob(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class ParametersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> _parameters_pb2.ParameterValue: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _parameters_pb2.ParameterValue | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     JOB_ID_FIELD_NUMBER: _builtins.int
     LEASE_GENERATION_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
@@ -138,6 +159,7 @@ class ClaimedJob(_message.Message):
     CANCEL_REQUESTED_FIELD_NUMBER: _builtins.int
     HEARTBEAT_INTERVAL_FIELD_NUMBER: _builtins.int
     SUBMIT_KEY_FIELD_NUMBER: _builtins.int
+    NO_INPUT_IMAGE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job."""
     lease_generation: _builtins.int
@@ -170,9 +192,13 @@ class ClaimedJob(_message.Message):
     """Whether the owner asked to cancel."""
     submit_key: _builtins.str
     """The key to pass to the provider's submit (job id and attempt)."""
+    no_input_image: _builtins.bool
+    """Set when the job has no input image (a text-to-image model): do not call
+    ReadJobInput; the provider generates from the prompt alone.
+    """
     @_builtins.property
-    def parameters(self) -> _parameters_pb2.GenerationParameters:
-        """Model parameters, typed as SubmitJob took them (a 64-bit seed stays exact)."""
+    def parameters(self) -> _containers.MessageMap[_builtins.str, _parameters_pb2.ParameterValue]:
+        """Model parameters by name, typed as SubmitJob took them (a 64-bit seed stays exact)."""
 
     @_builtins.property
     def lease_expire_time(self) -> _timestamp_pb2.Timestamp:
@@ -196,17 +222,18 @@ class ClaimedJob(_message.Message):
         negative_prompt: _builtins.str = ...,
         width: _builtins.int = ...,
         height: _builtins.int = ...,
-        parameters: _parameters_pb2.GenerationParameters | None = ...,
+        parameters: _abc.Mapping[_builtins.str, _parameters_pb2.ParameterValue] | None = ...,
         num_outputs: _builtins.int = ...,
         provider_request_id: _builtins.str = ...,
         lease_expire_time: _timestamp_pb2.Timestamp | None = ...,
         cancel_requested: _builtins.bool = ...,
         heartbeat_interval: _duration_pb2.Duration | None = ...,
         submit_key: _builtins.str = ...,
+        no_input_image: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval", b"heartbeat_interval", "lease_expire_time", b"lease_expire_time", "parameters", b"parameters"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval", b"heartbeat_interval", "lease_expire_time", b"lease_expire_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cancel_requested", b"cancel_requested", "heartbeat_interval", b"heartbeat_interval", "height", b"height", "job_id", b"job_id", "lease_expire_time", b"lease_expire_time", "lease_generation", b"lease_generation", "negative_prompt", b"negative_prompt", "num_outputs", b"num_outputs", "parameters", b"parameters", "prompt", b"prompt", "provider_code", b"provider_code", "provider_model", b"provider_model", "provider_request_id", b"provider_request_id", "style_id", b"style_id", "submit_key", b"submit_key", "version", b"version", "width", b"width"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cancel_requested", b"cancel_requested", "heartbeat_interval", b"heartbeat_interval", "height", b"height", "job_id", b"job_id", "lease_expire_time", b"lease_expire_time", "lease_generation", b"lease_generation", "negative_prompt", b"negative_prompt", "no_input_image", b"no_input_image", "num_outputs", b"num_outputs", "parameters", b"parameters", "prompt", b"prompt", "provider_code", b"provider_code", "provider_model", b"provider_model", "provider_request_id", b"provider_request_id", "style_id", b"style_id", "submit_key", b"submit_key", "version", b"version", "width", b"width"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -122,7 +122,9 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     ERROR_REASON_NO_SUCH_OBJECT: _ErrorReason.ValueType  # 30
     """HTTP 404: nothing is stored under this URL (yet)."""
     ERROR_REASON_METHOD_NOT_ALLOWED: _ErrorReason.ValueType  # 31
-    """HTTP 405: PUT uploads, GET downloads; nothing else."""
+    """HTTP 405: PUT uploads, GET downloads; nothing else. Also answered by the JSON edge
+    (with `allow`, the methods the path takes) for a method a JSON API route does not take.
+    """
     ERROR_REASON_TOO_LARGE: _ErrorReason.ValueType  # 32
     """HTTP 413: more bytes than the upload declared."""
     ERROR_REASON_OBJECT_EXISTS: _ErrorReason.ValueType  # 33
@@ -146,6 +148,12 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     ERROR_REASON_TOKEN_INVALID: _ErrorReason.ValueType  # 38
     """UNAUTHENTICATED: the signature, issuer, audience, subject or lifetime is wrong. Sign
     in again; do not retry with the same token.
+    """
+    ERROR_REASON_IDENTITY_PROVIDER_UNAVAILABLE: _ErrorReason.ValueType  # 58
+    """UNAVAILABLE with RetryInfo (HTTP 503, retry-after): the token comes from a trusted
+    identity provider whose signing keys cannot be fetched now (its JWKS endpoint has
+    failed for longer than the services keep its keys). Retry after the delay with the
+    same token.
     """
     ERROR_REASON_SERVICE_CREDENTIAL_MISSING: _ErrorReason.ValueType  # 39
     """UNAUTHENTICATED, internal RPCs only: the calling service sent no service credential.
@@ -209,6 +217,31 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """HTTP 5xx: the edge could not handle the request for another reason. Retry later."""
     ERROR_REASON_BAD_REQUEST: _ErrorReason.ValueType  # 56
     """HTTP 4xx: any other request the edge refused by itself. Fix the request."""
+    ERROR_REASON_IMPORT_REFUSED: _ErrorReason.ValueType  # 57
+    """--- media's own, continued ---
+
+    Internal ImportAsset (INVALID_ARGUMENT, field `url`): the URL was refused or could
+    not be fetched: not https, a host that resolves to an address that is not public, too
+    many redirects, an answer other than 200, too large, not an image media accepts, too
+    slow; metadata `cause` says which. Fix the URL or upload the photo.
+    """
+    ERROR_REASON_RPC_NOT_PERMITTED: _ErrorReason.ValueType  # 61
+    """PERMISSION_DENIED, internal RPCs only: the calling identity's credential is valid but
+    its policy (ATELIER_SERVICE_IDENTITIES) does not grant this RPC; ErrorInfo.metadata
+    names the identity and the method. A deployment error; apps never see it: grant the
+    RPC to the identity, or call with the identity that has it.
+    """
+    ERROR_REASON_ON_BEHALF_OF_NOT_PERMITTED: _ErrorReason.ValueType  # 60
+    """PERMISSION_DENIED: the atelier-on-behalf-of header came with a user token (a user
+    cannot act for another) or from a service identity without act_for_users. Send the
+    call without the header, or with the credential of a backend allowed to act for
+    users.
+    """
+    ERROR_REASON_ON_BEHALF_OF_INVALID: _ErrorReason.ValueType  # 59
+    """INVALID_ARGUMENT: the atelier-on-behalf-of header does not name one user id (1-128
+    letters, digits and . _ : @ | + -), or was sent more than once. Send it once, with
+    the user's id.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Every google.rpc.ErrorInfo.reason that media (MediaService, MediaInternalService, and the signed object URLs of its local storage) can return, so clients can generate
@@ -330,7 +363,9 @@ with the same request_id).
 ERROR_REASON_NO_SUCH_OBJECT: ErrorReason.ValueType  # 30
 """HTTP 404: nothing is stored under this URL (yet)."""
 ERROR_REASON_METHOD_NOT_ALLOWED: ErrorReason.ValueType  # 31
-"""HTTP 405: PUT uploads, GET downloads; nothing else."""
+"""HTTP 405: PUT uploads, GET downloads; nothing else. Also answered by the JSON edge
+(with `allow`, the methods the path takes) for a method a JSON API route does not take.
+"""
 ERROR_REASON_TOO_LARGE: ErrorReason.ValueType  # 32
 """HTTP 413: more bytes than the upload declared."""
 ERROR_REASON_OBJECT_EXISTS: ErrorReason.ValueType  # 33
@@ -354,6 +389,12 @@ ERROR_REASON_TOKEN_EXPIRED: ErrorReason.ValueType  # 37
 ERROR_REASON_TOKEN_INVALID: ErrorReason.ValueType  # 38
 """UNAUTHENTICATED: the signature, issuer, audience, subject or lifetime is wrong. Sign
 in again; do not retry with the same token.
+"""
+ERROR_REASON_IDENTITY_PROVIDER_UNAVAILABLE: ErrorReason.ValueType  # 58
+"""UNAVAILABLE with RetryInfo (HTTP 503, retry-after): the token comes from a trusted
+identity provider whose signing keys cannot be fetched now (its JWKS endpoint has
+failed for longer than the services keep its keys). Retry after the delay with the
+same token.
 """
 ERROR_REASON_SERVICE_CREDENTIAL_MISSING: ErrorReason.ValueType  # 39
 """UNAUTHENTICATED, internal RPCs only: the calling service sent no service credential.
@@ -417,4 +458,29 @@ ERROR_REASON_EDGE_ERROR: ErrorReason.ValueType  # 55
 """HTTP 5xx: the edge could not handle the request for another reason. Retry later."""
 ERROR_REASON_BAD_REQUEST: ErrorReason.ValueType  # 56
 """HTTP 4xx: any other request the edge refused by itself. Fix the request."""
+ERROR_REASON_IMPORT_REFUSED: ErrorReason.ValueType  # 57
+"""--- media's own, continued ---
+
+Internal ImportAsset (INVALID_ARGUMENT, field `url`): the URL was refused or could
+not be fetched: not https, a host that resolves to an address that is not public, too
+many redirects, an answer other than 200, too large, not an image media accepts, too
+slow; metadata `cause` says which. Fix the URL or upload the photo.
+"""
+ERROR_REASON_RPC_NOT_PERMITTED: ErrorReason.ValueType  # 61
+"""PERMISSION_DENIED, internal RPCs only: the calling identity's credential is valid but
+its policy (ATELIER_SERVICE_IDENTITIES) does not grant this RPC; ErrorInfo.metadata
+names the identity and the method. A deployment error; apps never see it: grant the
+RPC to the identity, or call with the identity that has it.
+"""
+ERROR_REASON_ON_BEHALF_OF_NOT_PERMITTED: ErrorReason.ValueType  # 60
+"""PERMISSION_DENIED: the atelier-on-behalf-of header came with a user token (a user
+cannot act for another) or from a service identity without act_for_users. Send the
+call without the header, or with the credential of a backend allowed to act for
+users.
+"""
+ERROR_REASON_ON_BEHALF_OF_INVALID: ErrorReason.ValueType  # 59
+"""INVALID_ARGUMENT: the atelier-on-behalf-of header does not name one user id (1-128
+letters, digits and . _ : @ | + -), or was sent more than once. Send it once, with
+the user's id.
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -28,7 +28,7 @@ from google.api import resource_pb2 as google_dot_api_dot_resource__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-atelier/media/v1/media_internal_service.proto\x12\x10\x61telier.media.v1\x1a\x1c\x61telier/media/v1/asset.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9f\x01\n\x0ePutAssetHeader\x12\x1b\n\rowner_user_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x35\n\x07purpose\x18\x02 \x01(\x0e\x32\x1e.atelier.media.v1.AssetPurposeB\x04\xe2\x41\x01\x02\x12\x1a\n\x0c\x63ontent_type\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1d\n\x0fidempotency_key\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"^\n\x0fPutAssetRequest\x12\x32\n\x06header\x18\x01 \x01(\x0b\x32 .atelier.media.v1.PutAssetHeaderH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\":\n\x10PutAssetResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\"F\n\x10ReadAssetRequest\x12\x32\n\x08\x61sset_id\x18\x01 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\"V\n\x11ReadAssetResponse\x12(\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.AssetH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"H\n\x12GetAssetUrlRequest\x12\x32\n\x08\x61sset_id\x18\x01 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\"\xda\x01\n\x13GetAssetUrlResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\x12\x14\n\x0c\x64ownload_url\x18\x02 \x01(\t\x12/\n\x0b\x65xpire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rthumbnail_url\x18\x04 \x01(\t\x12=\n\x19thumbnail_url_expire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\".\n\x13GetAssetUrlsRequest\x12\x17\n\tasset_ids\x18\x01 \x03(\tB\x04\xe2\x41\x01\x02\"\xd4\x01\n\tAssetUrls\x12\x10\n\x08\x61sset_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x33\n\x0furl_expire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rthumbnail_url\x18\x04 \x01(\t\x12=\n\x19thumbnail_url_expire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05width\x18\x06 \x01(\x05\x12\x0e\n\x06height\x18\x07 \x01(\x05\"C\n\x14GetAssetUrlsResponse\x12+\n\x06\x61ssets\x18\x01 \x03(\x0b\x32\x1b.atelier.media.v1.AssetUrls\"I\n\x13GetAssetInfoRequest\x12\x32\n\x08\x61sset_id\x18\x01 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\">\n\x14GetAssetInfoResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\"H\n\x12\x44\x65leteAssetRequest\x12\x32\n\x08\x61sset_id\x18\x01 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\"=\n\x13\x44\x65leteAssetResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\"W\n\x18\x44\x65leteKeyedAssetsRequest\x12\x1b\n\rowner_user_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1e\n\x10idempotency_keys\x18\x02 \x03(\tB\x04\xe2\x41\x01\x02\"D\n\x19\x44\x65leteKeyedAssetsResponse\x12\'\n\x06\x61ssets\x18\x01 \x03(\x0b\x32\x17.atelier.media.v1.Asset\"\xa4\x01\n\x1aReserveOutputUploadRequest\x12\x1b\n\rowner_user_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1a\n\x0c\x63ontent_type\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x18\n\nsize_bytes\x18\x03 \x01(\x03\x42\x04\xe2\x41\x01\x02\x12\x14\n\x06sha256\x18\x04 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1d\n\x0fidempotency_key\x18\x05 \x01(\tB\x04\xe2\x41\x01\x02\"\xb1\x02\n\x1bReserveOutputUploadResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\x12\x12\n\nupload_url\x18\x02 \x01(\t\x12\x15\n\rupload_method\x18\x03 \x01(\t\x12X\n\x0eupload_headers\x18\x04 \x03(\x0b\x32@.atelier.media.v1.ReserveOutputUploadResponse.UploadHeadersEntry\x12/\n\x0b\x65xpire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a\x34\n\x12UploadHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x8d\x01\n\x1b\x43ompleteOutputUploadRequest\x12\x32\n\x08\x61sset_id\x18\x01 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\x12\x1b\n\rowner_user_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1d\n\x0fidempotency_key\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\"F\n\x1c\x43ompleteOutputUploadResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset2\x92\x07\n\x14MediaInternalService\x12S\n\x08PutAsset\x12!.atelier.media.v1.PutAssetRequest\x1a\".atelier.media.v1.PutAssetResponse(\x01\x12V\n\tReadAsset\x12\".atelier.media.v1.ReadAssetRequest\x1a#.atelier.media.v1.ReadAssetResponse0\x01\x12Z\n\x0bGetAssetUrl\x12$.atelier.media.v1.GetAssetUrlRequest\x1a%.atelier.media.v1.GetAssetUrlResponse\x12]\n\x0cGetAssetUrls\x12%.atelier.media.v1.GetAssetUrlsRequest\x1a&.atelier.media.v1.GetAssetUrlsResponse\x12]\n\x0cGetAssetInfo\x12%.atelier.media.v1.GetAssetInfoRequest\x1a&.atelier.media.v1.GetAssetInfoResponse\x12r\n\x13ReserveOutputUpload\x12,.atelier.media.v1.ReserveOutputUploadRequest\x1a-.atelier.media.v1.ReserveOutputUploadResponse\x12u\n\x14\x43ompleteOutputUpload\x12-.atelier.media.v1.CompleteOutputUploadRequest\x1a..atelier.media.v1.CompleteOutputUploadResponse\x12Z\n\x0b\x44\x65leteAsset\x12$.atelier.media.v1.DeleteAssetRequest\x1a%.atelier.media.v1.DeleteAssetResponse\x12l\n\x11\x44\x65leteKeyedAssets\x12*.atelier.media.v1.DeleteKeyedAssetsRequest\x1a+.atelier.media.v1.DeleteKeyedAssetsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-atelier/media/v1/media_internal_service.proto\x12\x10\x61telier.media.v1\x1a\x1c\x61telier/media/v1/asset.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9f\x01\n\x0ePutAssetHeader\x12\x1b\n\rowner_user_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x35\n\x07purpose\x18\x02 \x01(\x0e\x32\x1e.atelier.media.v1.AssetPurposeB\x04\xe2\x41\x01\x02\x12\x1a\n\x0c\x63ontent_type\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1d\n\x0fidempotency_key\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"^\n\x0fPutAssetRequest\x12\x32\n\x06header\x18\x01 \x01(\x0b\x32 .atelier.media.v1.PutAssetHeaderH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\":\n\x10PutAssetResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\"F\n\x10ReadAssetRequest\x12\x32\n\x08\x61sset_id\x18\x01 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\"V\n\x11ReadAssetResponse\x12(\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.AssetH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"H\n\x12GetAssetUrlRequest\x12\x32\n\x08\x61sset_id\x18\x01 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\"\xda\x01\n\x13GetAssetUrlResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\x12\x14\n\x0c\x64ownload_url\x18\x02 \x01(\t\x12/\n\x0b\x65xpire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rthumbnail_url\x18\x04 \x01(\t\x12=\n\x19thumbnail_url_expire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\".\n\x13GetAssetUrlsRequest\x12\x17\n\tasset_ids\x18\x01 \x03(\tB\x04\xe2\x41\x01\x02\"\xb3\x02\n\tAssetUrls\x12\x10\n\x08\x61sset_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x33\n\x0furl_expire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rthumbnail_url\x18\x04 \x01(\t\x12=\n\x19thumbnail_url_expire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05width\x18\x06 \x01(\x05\x12\x0e\n\x06height\x18\x07 \x01(\x05\x12\x14\n\x0c\x63ontent_type\x18\x08 \x01(\t\x12\x12\n\nsize_bytes\x18\t \x01(\x03\x12\x33\n\x0fwindow_end_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"C\n\x14GetAssetUrlsResponse\x12+\n\x06\x61ssets\x18\x01 \x03(\x0b\x32\x1b.atelier.media.v1.AssetUrls\"I\n\x13GetAssetInfoRequest\x12\x32\n\x08\x61sset_id\x18\x01 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\">\n\x14GetAssetInfoResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\"c\n\x12ImportAssetRequest\x12\x1b\n\rowner_user_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x11\n\x03url\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1d\n\x0fidempotency_key\x18\x03 \x01(\tB\x04\xe2\x41\x01\x01\"=\n\x13ImportAssetResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\"H\n\x12\x44\x65leteAssetRequest\x12\x32\n\x08\x61sset_id\x18\x01 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\"=\n\x13\x44\x65leteAssetResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\"W\n\x18\x44\x65leteKeyedAssetsRequest\x12\x1b\n\rowner_user_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1e\n\x10idempotency_keys\x18\x02 \x03(\tB\x04\xe2\x41\x01\x02\"D\n\x19\x44\x65leteKeyedAssetsResponse\x12\'\n\x06\x61ssets\x18\x01 \x03(\x0b\x32\x17.atelier.media.v1.Asset\"\xa4\x01\n\x1aReserveOutputUploadRequest\x12\x1b\n\rowner_user_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1a\n\x0c\x63ontent_type\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x18\n\nsize_bytes\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x02\x12\x14\n\x06sha256\x18\x04 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1d\n\x0fidempotency_key\x18\x05 \x01(\tB\x04\xe2\x41\x01\x02\"\xb1\x02\n\x1bReserveOutputUploadResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\x12\x12\n\nupload_url\x18\x02 \x01(\t\x12\x15\n\rupload_method\x18\x03 \x01(\t\x12X\n\x0eupload_headers\x18\x04 \x03(\x0b\x32@.atelier.media.v1.ReserveOutputUploadResponse.UploadHeadersEntry\x12/\n\x0b\x65xpire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a\x34\n\x12UploadHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x8d\x01\n\x1b\x43ompleteOutputUploadRequest\x12\x32\n\x08\x61sset_id\x18\x01 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\x12\x1b\n\rowner_user_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1d\n\x0fidempotency_key\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\"F\n\x1c\x43ompleteOutputUploadResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset2\xee\x07\n\x14MediaInternalService\x12S\n\x08PutAsset\x12!.atelier.media.v1.PutAssetRequest\x1a\".atelier.media.v1.PutAssetResponse(\x01\x12V\n\tReadAsset\x12\".atelier.media.v1.ReadAssetRequest\x1a#.atelier.media.v1.ReadAssetResponse0\x01\x12Z\n\x0bGetAssetUrl\x12$.atelier.media.v1.GetAssetUrlRequest\x1a%.atelier.media.v1.GetAssetUrlResponse\x12]\n\x0cGetAssetUrls\x12%.atelier.media.v1.GetAssetUrlsRequest\x1a&.atelier.media.v1.GetAssetUrlsResponse\x12]\n\x0cGetAssetInfo\x12%.atelier.media.v1.GetAssetInfoRequest\x1a&.atelier.media.v1.GetAssetInfoResponse\x12r\n\x13ReserveOutputUpload\x12,.atelier.media.v1.ReserveOutputUploadRequest\x1a-.atelier.media.v1.ReserveOutputUploadResponse\x12u\n\x14\x43ompleteOutputUpload\x12-.atelier.media.v1.CompleteOutputUploadRequest\x1a..atelier.media.v1.CompleteOutputUploadResponse\x12Z\n\x0bImportAsset\x12$.atelier.media.v1.ImportAssetRequest\x1a%.atelier.media.v1.ImportAssetResponse\x12Z\n\x0b\x44\x65leteAsset\x12$.atelier.media.v1.DeleteAssetRequest\x1a%.atelier.media.v1.DeleteAssetResponse\x12l\n\x11\x44\x65leteKeyedAssets\x12*.atelier.media.v1.DeleteKeyedAssetsRequest\x1a+.atelier.media.v1.DeleteKeyedAssetsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -51,6 +51,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETASSETURLSREQUEST'].fields_by_name['asset_ids']._serialized_options = b'\342A\001\002'
   _globals['_GETASSETINFOREQUEST'].fields_by_name['asset_id']._loaded_options = None
   _globals['_GETASSETINFOREQUEST'].fields_by_name['asset_id']._serialized_options = b'\342A\001\002\372A\031\n\027media.atelier.dev/Asset'
+  _globals['_IMPORTASSETREQUEST'].fields_by_name['owner_user_id']._loaded_options = None
+  _globals['_IMPORTASSETREQUEST'].fields_by_name['owner_user_id']._serialized_options = b'\342A\001\002'
+  _globals['_IMPORTASSETREQUEST'].fields_by_name['url']._loaded_options = None
+  _globals['_IMPORTASSETREQUEST'].fields_by_name['url']._serialized_options = b'\342A\001\002'
+  _globals['_IMPORTASSETREQUEST'].fields_by_name['idempotency_key']._loaded_options = None
+  _globals['_IMPORTASSETREQUEST'].fields_by_name['idempotency_key']._serialized_options = b'\342A\001\001'
   _globals['_DELETEASSETREQUEST'].fields_by_name['asset_id']._loaded_options = None
   _globals['_DELETEASSETREQUEST'].fields_by_name['asset_id']._serialized_options = b'\342A\001\002\372A\031\n\027media.atelier.dev/Asset'
   _globals['_DELETEKEYEDASSETSREQUEST'].fields_by_name['owner_user_id']._loaded_options = None
@@ -92,31 +98,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETASSETURLSREQUEST']._serialized_start=963
   _globals['_GETASSETURLSREQUEST']._serialized_end=1009
   _globals['_ASSETURLS']._serialized_start=1012
-  _globals['_ASSETURLS']._serialized_end=1224
-  _globals['_GETASSETURLSRESPONSE']._serialized_start=1226
-  _globals['_GETASSETURLSRESPONSE']._serialized_end=1293
-  _globals['_GETASSETINFOREQUEST']._serialized_start=1295
-  _globals['_GETASSETINFOREQUEST']._serialized_end=1368
-  _globals['_GETASSETINFORESPONSE']._serialized_start=1370
-  _globals['_GETASSETINFORESPONSE']._serialized_end=1432
-  _globals['_DELETEASSETREQUEST']._serialized_start=1434
-  _globals['_DELETEASSETREQUEST']._serialized_end=1506
-  _globals['_DELETEASSETRESPONSE']._serialized_start=1508
-  _globals['_DELETEASSETRESPONSE']._serialized_end=1569
-  _globals['_DELETEKEYEDASSETSREQUEST']._serialized_start=1571
-  _globals['_DELETEKEYEDASSETSREQUEST']._serialized_end=1658
-  _globals['_DELETEKEYEDASSETSRESPONSE']._serialized_start=1660
-  _globals['_DELETEKEYEDASSETSRESPONSE']._serialized_end=1728
-  _globals['_RESERVEOUTPUTUPLOADREQUEST']._serialized_start=1731
-  _globals['_RESERVEOUTPUTUPLOADREQUEST']._serialized_end=1895
-  _globals['_RESERVEOUTPUTUPLOADRESPONSE']._serialized_start=1898
-  _globals['_RESERVEOUTPUTUPLOADRESPONSE']._serialized_end=2203
-  _globals['_RESERVEOUTPUTUPLOADRESPONSE_UPLOADHEADERSENTRY']._serialized_start=2151
-  _globals['_RESERVEOUTPUTUPLOADRESPONSE_UPLOADHEADERSENTRY']._serialized_end=2203
-  _globals['_COMPLETEOUTPUTUPLOADREQUEST']._serialized_start=2206
-  _globals['_COMPLETEOUTPUTUPLOADREQUEST']._serialized_end=2347
-  _globals['_COMPLETEOUTPUTUPLOADRESPONSE']._serialized_start=2349
-  _globals['_COMPLETEOUTPUTUPLOADRESPONSE']._serialized_end=2419
-  _globals['_MEDIAINTERNALSERVICE']._serialized_start=2422
-  _globals['_MEDIAINTERNALSERVICE']._serialized_end=3336
+  _globals['_ASSETURLS']._serialized_end=1319
+  _globals['_GETASSETURLSRESPONSE']._serialized_start=1321
+  _globals['_GETASSETURLSRESPONSE']._serialized_end=1388
+  _globals['_GETASSETINFOREQUEST']._serialized_start=1390
+  _globals['_GETASSETINFOREQUEST']._serialized_end=1463
+  _globals['_GETASSETINFORESPONSE']._serialized_start=1465
+  _globals['_GETASSETINFORESPONSE']._serialized_end=1527
+  _globals['_IMPORTASSETREQUEST']._serialized_start=1529
+  _globals['_IMPORTASSETREQUEST']._serialized_end=1628
+  _globals['_IMPORTASSETRESPONSE']._serialized_start=1630
+  _globals['_IMPORTASSETRESPONSE']._serialized_end=1691
+  _globals['_DELETEASSETREQUEST']._serialized_start=1693
+  _globals['_DELETEASSETREQUEST']._serialized_end=1765
+  _globals['_DELETEASSETRESPONSE']._serialized_start=1767
+  _globals['_DELETEASSETRESPONSE']._serialized_end=1828
+  _globals['_DELETEKEYEDASSETSREQUEST']._serialized_start=1830
+  _globals['_DELETEKEYEDASSETSREQUEST']._serialized_end=1917
+  _globals['_DELETEKEYEDASSETSRESPONSE']._serialized_start=1919
+  _globals['_DELETEKEYEDASSETSRESPONSE']._serialized_end=1987
+  _globals['_RESERVEOUTPUTUPLOADREQUEST']._serialized_start=1990
+  _globals['_RESERVEOUTPUTUPLOADREQUEST']._serialized_end=2154
+  _globals['_RESERVEOUTPUTUPLOADRESPONSE']._serialized_start=2157
+  _globals['_RESERVEOUTPUTUPLOADRESPONSE']._serialized_end=2462
+  _globals['_RESERVEOUTPUTUPLOADRESPONSE_UPLOADHEADERSENTRY']._serialized_start=2410
+  _globals['_RESERVEOUTPUTUPLOADRESPONSE_UPLOADHEADERSENTRY']._serialized_end=2462
+  _globals['_COMPLETEOUTPUTUPLOADREQUEST']._serialized_start=2465
+  _globals['_COMPLETEOUTPUTUPLOADREQUEST']._serialized_end=2606
+  _globals['_COMPLETEOUTPUTUPLOADRESPONSE']._serialized_start=2608
+  _globals['_COMPLETEOUTPUTUPLOADRESPONSE']._serialized_end=2678
+  _globals['_MEDIAINTERNALSERVICE']._serialized_start=2681
+  _globals['_MEDIAINTERNALSERVICE']._serialized_end=3687
 # @@protoc_insertion_point(module_scope)

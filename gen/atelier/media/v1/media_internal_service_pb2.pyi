@@ -268,6 +268,9 @@ class AssetUrls(_message.Message):
     THUMBNAIL_URL_EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     WIDTH_FIELD_NUMBER: _builtins.int
     HEIGHT_FIELD_NUMBER: _builtins.int
+    CONTENT_TYPE_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    WINDOW_END_TIME_FIELD_NUMBER: _builtins.int
     asset_id: _builtins.str
     """The asset."""
     url: _builtins.str
@@ -280,6 +283,10 @@ class AssetUrls(_message.Message):
     """The image's width in pixels, read from the stored object."""
     height: _builtins.int
     """The image's height in pixels, read from the stored object."""
+    content_type: _builtins.str
+    """The asset's content type (what url serves it as)."""
+    size_bytes: _builtins.int
+    """The stored object's length in bytes."""
     @_builtins.property
     def url_expire_time(self) -> _timestamp_pb2.Timestamp:
         """When url stops working."""
@@ -287,6 +294,13 @@ class AssetUrls(_message.Message):
     @_builtins.property
     def thumbnail_url_expire_time(self) -> _timestamp_pb2.Timestamp:
         """When thumbnail_url stops working."""
+
+    @_builtins.property
+    def window_end_time(self) -> _timestamp_pb2.Timestamp:
+        """When the window these URLs were signed for ends: a call from then on answers new
+        URLs (these still work until url_expire_time). A cache of them (notify's) keeps them
+        until then, so it hands out what GetJob does.
+        """
 
     def __init__(
         self,
@@ -298,10 +312,13 @@ class AssetUrls(_message.Message):
         thumbnail_url_expire_time: _timestamp_pb2.Timestamp | None = ...,
         width: _builtins.int = ...,
         height: _builtins.int = ...,
+        content_type: _builtins.str = ...,
+        size_bytes: _builtins.int = ...,
+        window_end_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["thumbnail_url_expire_time", b"thumbnail_url_expire_time", "url_expire_time", b"url_expire_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["thumbnail_url_expire_time", b"thumbnail_url_expire_time", "url_expire_time", b"url_expire_time", "window_end_time", b"window_end_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["asset_id", b"asset_id", "height", b"height", "thumbnail_url", b"thumbnail_url", "thumbnail_url_expire_time", b"thumbnail_url_expire_time", "url", b"url", "url_expire_time", b"url_expire_time", "width", b"width"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["asset_id", b"asset_id", "content_type", b"content_type", "height", b"height", "size_bytes", b"size_bytes", "thumbnail_url", b"thumbnail_url", "thumbnail_url_expire_time", b"thumbnail_url_expire_time", "url", b"url", "url_expire_time", b"url_expire_time", "width", b"width", "window_end_time", b"window_end_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -376,6 +393,62 @@ class GetAssetInfoResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetAssetInfoResponse: _TypeAlias = GetAssetInfoResponse  # noqa: Y015
+
+@_typing.final
+class ImportAssetRequest(_message.Message):
+    """Request for ImportAsset."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OWNER_USER_ID_FIELD_NUMBER: _builtins.int
+    URL_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    owner_user_id: _builtins.str
+    """The user who will own the asset."""
+    url: _builtins.str
+    """The https URL to fetch (at most 2048 characters)."""
+    idempotency_key: _builtins.str
+    """Makes the import repeatable, as PutAssetHeader.idempotency_key: a live asset under
+    the key is answered as it is.
+    """
+    def __init__(
+        self,
+        *,
+        owner_user_id: _builtins.str = ...,
+        url: _builtins.str = ...,
+        idempotency_key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["idempotency_key", b"idempotency_key", "owner_user_id", b"owner_user_id", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ImportAssetRequest: _TypeAlias = ImportAssetRequest  # noqa: Y015
+
+@_typing.final
+class ImportAssetResponse(_message.Message):
+    """Response for ImportAsset."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ASSET_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def asset(self) -> _asset_pb2.Asset:
+        """The stored asset, READY, of purpose AI_INPUT."""
+
+    def __init__(
+        self,
+        *,
+        asset: _asset_pb2.Asset | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["asset", b"asset"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["asset", b"asset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ImportAssetResponse: _TypeAlias = ImportAssetResponse  # noqa: Y015
 
 @_typing.final
 class DeleteAssetRequest(_message.Message):

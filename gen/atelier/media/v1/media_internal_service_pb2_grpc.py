@@ -71,6 +71,11 @@ class MediaInternalServiceStub:
                 request_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.CompleteOutputUploadRequest.SerializeToString,
                 response_deserializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.CompleteOutputUploadResponse.FromString,
                 _registered_method=True)
+        self.ImportAsset = channel.unary_unary(
+                '/atelier.media.v1.MediaInternalService/ImportAsset',
+                request_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.ImportAssetRequest.SerializeToString,
+                response_deserializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.ImportAssetResponse.FromString,
+                _registered_method=True)
         self.DeleteAsset = channel.unary_unary(
                 '/atelier.media.v1.MediaInternalService/DeleteAsset',
                 request_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.DeleteAssetRequest.SerializeToString,
@@ -113,7 +118,9 @@ class MediaInternalServiceServicer:
 
     def GetAssetUrls(self, request, context):
         """Presigns download URLs (and thumbnail URLs) for many assets in one call, so a page
-        of jobs costs one call. Assets that are unknown, not READY or deleted are left out
+        of jobs costs one call. URLs are signed per window (ATELIER_MEDIA_DOWNLOAD_URL_WINDOW,
+        3600 s by default, epoch-aligned): every call within one window answers the same URL
+        for an asset, good until the download TTL (300 s by default) after the window ends. Assets that are unknown, not READY or deleted are left out
         of the answer, never an error for the whole batch.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -142,6 +149,21 @@ class MediaInternalServiceServicer:
         """Checks an output upload as CompleteUpload checks a client's (size, SHA-256, type, a
         decodable image), makes its thumbnail and marks it READY. Idempotent: a READY asset
         is answered as it is.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ImportAsset(self, request, context):
+        """Fetches an https URL server-side and stores what it answers as the owner's READY
+        AI_INPUT asset, with the checks of an upload (size, type, pixels; a bomb is refused
+        before it is decoded). An SSRF guard stands before every connection: https only,
+        every address the host resolves to must be public (no loopback, private, link-local,
+        CGNAT, multicast, unspecified or metadata ranges, IPv4-mapped IPv6 included), the
+        connection goes to the address checked (TLS checks the host name), at most 3
+        redirects, each checked again, and the whole fetch is bounded in time. A refusal is
+        INVALID_ARGUMENT IMPORT_REFUSED (field violation `url`, metadata `cause`). With an
+        idempotency key, the asset the key made is answered without fetching again.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -199,6 +221,11 @@ def add_MediaInternalServiceServicer_to_server(servicer, server):
                     servicer.CompleteOutputUpload,
                     request_deserializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.CompleteOutputUploadRequest.FromString,
                     response_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.CompleteOutputUploadResponse.SerializeToString,
+            ),
+            'ImportAsset': grpc.unary_unary_rpc_method_handler(
+                    servicer.ImportAsset,
+                    request_deserializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.ImportAssetRequest.FromString,
+                    response_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.ImportAssetResponse.SerializeToString,
             ),
             'DeleteAsset': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteAsset,
@@ -402,6 +429,33 @@ class MediaInternalService:
             '/atelier.media.v1.MediaInternalService/CompleteOutputUpload',
             atelier_dot_media_dot_v1_dot_media__internal__service__pb2.CompleteOutputUploadRequest.SerializeToString,
             atelier_dot_media_dot_v1_dot_media__internal__service__pb2.CompleteOutputUploadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportAsset(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atelier.media.v1.MediaInternalService/ImportAsset',
+            atelier_dot_media_dot_v1_dot_media__internal__service__pb2.ImportAssetRequest.SerializeToString,
+            atelier_dot_media_dot_v1_dot_media__internal__service__pb2.ImportAssetResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -46,7 +46,9 @@ class MediaInternalServiceStub:
     """Returns an asset's metadata and a presigned download URL."""
     GetAssetUrls: _grpc.UnaryUnaryMultiCallable[_media_internal_service_pb2.GetAssetUrlsRequest, _media_internal_service_pb2.GetAssetUrlsResponse]
     """Presigns download URLs (and thumbnail URLs) for many assets in one call, so a page
-    of jobs costs one call. Assets that are unknown, not READY or deleted are left out
+    of jobs costs one call. URLs are signed per window (ATELIER_MEDIA_DOWNLOAD_URL_WINDOW,
+    3600 s by default, epoch-aligned): every call within one window answers the same URL
+    for an asset, good until the download TTL (300 s by default) after the window ends. Assets that are unknown, not READY or deleted are left out
     of the answer, never an error for the whole batch.
     """
     GetAssetInfo: _grpc.UnaryUnaryMultiCallable[_media_internal_service_pb2.GetAssetInfoRequest, _media_internal_service_pb2.GetAssetInfoResponse]
@@ -63,6 +65,17 @@ class MediaInternalServiceStub:
     """Checks an output upload as CompleteUpload checks a client's (size, SHA-256, type, a
     decodable image), makes its thumbnail and marks it READY. Idempotent: a READY asset
     is answered as it is.
+    """
+    ImportAsset: _grpc.UnaryUnaryMultiCallable[_media_internal_service_pb2.ImportAssetRequest, _media_internal_service_pb2.ImportAssetResponse]
+    """Fetches an https URL server-side and stores what it answers as the owner's READY
+    AI_INPUT asset, with the checks of an upload (size, type, pixels; a bomb is refused
+    before it is decoded). An SSRF guard stands before every connection: https only,
+    every address the host resolves to must be public (no loopback, private, link-local,
+    CGNAT, multicast, unspecified or metadata ranges, IPv4-mapped IPv6 included), the
+    connection goes to the address checked (TLS checks the host name), at most 3
+    redirects, each checked again, and the whole fetch is bounded in time. A refusal is
+    INVALID_ARGUMENT IMPORT_REFUSED (field violation `url`, metadata `cause`). With an
+    idempotency key, the asset the key made is answered without fetching again.
     """
     DeleteAsset: _grpc.UnaryUnaryMultiCallable[_media_internal_service_pb2.DeleteAssetRequest, _media_internal_service_pb2.DeleteAssetResponse]
     """Marks an asset deleted and removes its object. Idempotent."""
@@ -89,7 +102,9 @@ class MediaInternalServiceAsyncStub(MediaInternalServiceStub):
     """Returns an asset's metadata and a presigned download URL."""
     GetAssetUrls: _aio.UnaryUnaryMultiCallable[_media_internal_service_pb2.GetAssetUrlsRequest, _media_internal_service_pb2.GetAssetUrlsResponse]  # type: ignore[assignment]
     """Presigns download URLs (and thumbnail URLs) for many assets in one call, so a page
-    of jobs costs one call. Assets that are unknown, not READY or deleted are left out
+    of jobs costs one call. URLs are signed per window (ATELIER_MEDIA_DOWNLOAD_URL_WINDOW,
+    3600 s by default, epoch-aligned): every call within one window answers the same URL
+    for an asset, good until the download TTL (300 s by default) after the window ends. Assets that are unknown, not READY or deleted are left out
     of the answer, never an error for the whole batch.
     """
     GetAssetInfo: _aio.UnaryUnaryMultiCallable[_media_internal_service_pb2.GetAssetInfoRequest, _media_internal_service_pb2.GetAssetInfoResponse]  # type: ignore[assignment]
@@ -106,6 +121,17 @@ class MediaInternalServiceAsyncStub(MediaInternalServiceStub):
     """Checks an output upload as CompleteUpload checks a client's (size, SHA-256, type, a
     decodable image), makes its thumbnail and marks it READY. Idempotent: a READY asset
     is answered as it is.
+    """
+    ImportAsset: _aio.UnaryUnaryMultiCallable[_media_internal_service_pb2.ImportAssetRequest, _media_internal_service_pb2.ImportAssetResponse]  # type: ignore[assignment]
+    """Fetches an https URL server-side and stores what it answers as the owner's READY
+    AI_INPUT asset, with the checks of an upload (size, type, pixels; a bomb is refused
+    before it is decoded). An SSRF guard stands before every connection: https only,
+    every address the host resolves to must be public (no loopback, private, link-local,
+    CGNAT, multicast, unspecified or metadata ranges, IPv4-mapped IPv6 included), the
+    connection goes to the address checked (TLS checks the host name), at most 3
+    redirects, each checked again, and the whole fetch is bounded in time. A refusal is
+    INVALID_ARGUMENT IMPORT_REFUSED (field violation `url`, metadata `cause`). With an
+    idempotency key, the asset the key made is answered without fetching again.
     """
     DeleteAsset: _aio.UnaryUnaryMultiCallable[_media_internal_service_pb2.DeleteAssetRequest, _media_internal_service_pb2.DeleteAssetResponse]  # type: ignore[assignment]
     """Marks an asset deleted and removes its object. Idempotent."""
@@ -153,7 +179,9 @@ class MediaInternalServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_media_internal_service_pb2.GetAssetUrlsResponse, _abc.Awaitable[_media_internal_service_pb2.GetAssetUrlsResponse]]:
         """Presigns download URLs (and thumbnail URLs) for many assets in one call, so a page
-        of jobs costs one call. Assets that are unknown, not READY or deleted are left out
+        of jobs costs one call. URLs are signed per window (ATELIER_MEDIA_DOWNLOAD_URL_WINDOW,
+        3600 s by default, epoch-aligned): every call within one window answers the same URL
+        for an asset, good until the download TTL (300 s by default) after the window ends. Assets that are unknown, not READY or deleted are left out
         of the answer, never an error for the whole batch.
         """
 
@@ -188,6 +216,23 @@ class MediaInternalServiceServicer(metaclass=_abc_1.ABCMeta):
         """Checks an output upload as CompleteUpload checks a client's (size, SHA-256, type, a
         decodable image), makes its thumbnail and marks it READY. Idempotent: a READY asset
         is answered as it is.
+        """
+
+    @_abc_1.abstractmethod
+    def ImportAsset(
+        self,
+        request: _media_internal_service_pb2.ImportAssetRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_media_internal_service_pb2.ImportAssetResponse, _abc.Awaitable[_media_internal_service_pb2.ImportAssetResponse]]:
+        """Fetches an https URL server-side and stores what it answers as the owner's READY
+        AI_INPUT asset, with the checks of an upload (size, type, pixels; a bomb is refused
+        before it is decoded). An SSRF guard stands before every connection: https only,
+        every address the host resolves to must be public (no loopback, private, link-local,
+        CGNAT, multicast, unspecified or metadata ranges, IPv4-mapped IPv6 included), the
+        connection goes to the address checked (TLS checks the host name), at most 3
+        redirects, each checked again, and the whole fetch is bounded in time. A refusal is
+        INVALID_ARGUMENT IMPORT_REFUSED (field violation `url`, metadata `cause`). With an
+        idempotency key, the asset the key made is answered without fetching again.
         """
 
     @_abc_1.abstractmethod

@@ -213,7 +213,12 @@ class GetAssetResponse(_message.Message):
     THUMBNAIL_URL_FIELD_NUMBER: _builtins.int
     THUMBNAIL_URL_EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     download_url: _builtins.str
-    """A short-lived URL to GET the bytes; empty unless the asset is READY."""
+    """A URL to GET the bytes; empty unless the asset is READY. Signed per window, as
+    atelier.creation.v1.JobOutput.url is: every read within one window (3600 s by
+    default, epoch-aligned) answers the same URL, which works at least 300 s (the
+    download TTL) after the read; served with `Cache-Control: private,
+    max-age=<window + TTL>, immutable`.
+    """
     thumbnail_url: _builtins.str
     """A short-lived URL to GET a small preview (WebP, longest side at most 256 px); empty
     unless the asset is READY and has one (generated outputs do).

@@ -89,6 +89,12 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """UNAUTHENTICATED: the signature, issuer, audience, subject or lifetime is wrong. Sign
     in again; do not retry with the same token.
     """
+    ERROR_REASON_IDENTITY_PROVIDER_UNAVAILABLE: _ErrorReason.ValueType  # 37
+    """UNAVAILABLE with RetryInfo (HTTP 503, retry-after): the token comes from a trusted
+    identity provider whose signing keys cannot be fetched now (its JWKS endpoint has
+    failed for longer than the services keep its keys). Retry after the delay with the
+    same token.
+    """
     ERROR_REASON_SERVICE_CREDENTIAL_MISSING: _ErrorReason.ValueType  # 16
     """UNAUTHENTICATED, internal RPCs only: the calling service sent no service credential.
     A deployment error; apps never see it.
@@ -151,6 +157,27 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """HTTP 5xx: the edge could not handle the request for another reason. Retry later."""
     ERROR_REASON_BAD_REQUEST: _ErrorReason.ValueType  # 33
     """HTTP 4xx: any other request the edge refused by itself. Fix the request."""
+    ERROR_REASON_METHOD_NOT_ALLOWED: _ErrorReason.ValueType  # 36
+    """HTTP 405 with `allow` (the methods the path takes): the path is a route of the JSON
+    API, the method is not one of its methods. Use a method `allow` names.
+    """
+    ERROR_REASON_RPC_NOT_PERMITTED: _ErrorReason.ValueType  # 40
+    """PERMISSION_DENIED, internal RPCs only: the calling identity's credential is valid but
+    its policy (ATELIER_SERVICE_IDENTITIES) does not grant this RPC; ErrorInfo.metadata
+    names the identity and the method. A deployment error; apps never see it: grant the
+    RPC to the identity, or call with the identity that has it.
+    """
+    ERROR_REASON_ON_BEHALF_OF_NOT_PERMITTED: _ErrorReason.ValueType  # 39
+    """PERMISSION_DENIED: the atelier-on-behalf-of header came with a user token (a user
+    cannot act for another) or from a service identity without act_for_users. Send the
+    call without the header, or with the credential of a backend allowed to act for
+    users.
+    """
+    ERROR_REASON_ON_BEHALF_OF_INVALID: _ErrorReason.ValueType  # 38
+    """INVALID_ARGUMENT: the atelier-on-behalf-of header does not name one user id (1-128
+    letters, digits and . _ : @ | + -), or was sent more than once. Send it once, with
+    the user's id.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Every google.rpc.ErrorInfo.reason that notify (NotifyService, NotifyIngestService) can return, so clients can generate
@@ -239,6 +266,12 @@ ERROR_REASON_TOKEN_INVALID: ErrorReason.ValueType  # 15
 """UNAUTHENTICATED: the signature, issuer, audience, subject or lifetime is wrong. Sign
 in again; do not retry with the same token.
 """
+ERROR_REASON_IDENTITY_PROVIDER_UNAVAILABLE: ErrorReason.ValueType  # 37
+"""UNAVAILABLE with RetryInfo (HTTP 503, retry-after): the token comes from a trusted
+identity provider whose signing keys cannot be fetched now (its JWKS endpoint has
+failed for longer than the services keep its keys). Retry after the delay with the
+same token.
+"""
 ERROR_REASON_SERVICE_CREDENTIAL_MISSING: ErrorReason.ValueType  # 16
 """UNAUTHENTICATED, internal RPCs only: the calling service sent no service credential.
 A deployment error; apps never see it.
@@ -301,4 +334,25 @@ ERROR_REASON_EDGE_ERROR: ErrorReason.ValueType  # 32
 """HTTP 5xx: the edge could not handle the request for another reason. Retry later."""
 ERROR_REASON_BAD_REQUEST: ErrorReason.ValueType  # 33
 """HTTP 4xx: any other request the edge refused by itself. Fix the request."""
+ERROR_REASON_METHOD_NOT_ALLOWED: ErrorReason.ValueType  # 36
+"""HTTP 405 with `allow` (the methods the path takes): the path is a route of the JSON
+API, the method is not one of its methods. Use a method `allow` names.
+"""
+ERROR_REASON_RPC_NOT_PERMITTED: ErrorReason.ValueType  # 40
+"""PERMISSION_DENIED, internal RPCs only: the calling identity's credential is valid but
+its policy (ATELIER_SERVICE_IDENTITIES) does not grant this RPC; ErrorInfo.metadata
+names the identity and the method. A deployment error; apps never see it: grant the
+RPC to the identity, or call with the identity that has it.
+"""
+ERROR_REASON_ON_BEHALF_OF_NOT_PERMITTED: ErrorReason.ValueType  # 39
+"""PERMISSION_DENIED: the atelier-on-behalf-of header came with a user token (a user
+cannot act for another) or from a service identity without act_for_users. Send the
+call without the header, or with the credential of a backend allowed to act for
+users.
+"""
+ERROR_REASON_ON_BEHALF_OF_INVALID: ErrorReason.ValueType  # 38
+"""INVALID_ARGUMENT: the atelier-on-behalf-of header does not name one user id (1-128
+letters, digits and . _ : @ | + -), or was sent more than once. Send it once, with
+the user's id.
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -22,11 +22,11 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
-from atelier.notify.v1 import job_state_pb2 as atelier_dot_notify_dot_v1_dot_job__state__pb2
+from atelier.creation.v1 import job_pb2 as atelier_dot_creation_dot_v1_dot_job__pb2
 from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-atelier/notify/v1/notify_ingest_service.proto\x12\x11\x61telier.notify.v1\x1a!atelier/notify/v1/job_state.proto\x1a\x1fgoogle/api/field_behavior.proto\"J\n\x0e\x44\x65liverRequest\x12\x38\n\x08messages\x18\x01 \x03(\x0b\x32 .atelier.notify.v1.OutboxMessageB\x04\xe2\x41\x01\x02\"u\n\rOutboxMessage\x12\x17\n\toutbox_id\x18\x01 \x01(\x03\x42\x04\xe2\x41\x01\x02\x12\x30\n\x05state\x18\x02 \x01(\x0b\x32\x1b.atelier.notify.v1.JobStateB\x04\xe2\x41\x01\x02\x12\x19\n\x0btraceparent\x18\x03 \x01(\tB\x04\xe2\x41\x01\x01\"(\n\x0f\x44\x65liverResponse\x12\x15\n\rapplied_count\x18\x01 \x01(\x05\x32g\n\x13NotifyIngestService\x12P\n\x07\x44\x65liver\x12!.atelier.notify.v1.DeliverRequest\x1a\".atelier.notify.v1.DeliverResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-atelier/notify/v1/notify_ingest_service.proto\x12\x11\x61telier.notify.v1\x1a\x1d\x61telier/creation/v1/job.proto\x1a\x1fgoogle/api/field_behavior.proto\"J\n\x0e\x44\x65liverRequest\x12\x38\n\x08messages\x18\x01 \x03(\x0b\x32 .atelier.notify.v1.OutboxMessageB\x04\xe2\x41\x01\x02\"}\n\rOutboxMessage\x12\x17\n\toutbox_id\x18\x01 \x01(\x03\x42\x04\xe2\x41\x01\x02\x12+\n\x03job\x18\x04 \x01(\x0b\x32\x18.atelier.creation.v1.JobB\x04\xe2\x41\x01\x02\x12\x19\n\x0btraceparent\x18\x03 \x01(\tB\x04\xe2\x41\x01\x01J\x04\x08\x02\x10\x03R\x05state\"(\n\x0f\x44\x65liverResponse\x12\x15\n\rapplied_count\x18\x01 \x01(\x05\x32g\n\x13NotifyIngestService\x12P\n\x07\x44\x65liver\x12!.atelier.notify.v1.DeliverRequest\x1a\".atelier.notify.v1.DeliverResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,16 +37,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DELIVERREQUEST'].fields_by_name['messages']._serialized_options = b'\342A\001\002'
   _globals['_OUTBOXMESSAGE'].fields_by_name['outbox_id']._loaded_options = None
   _globals['_OUTBOXMESSAGE'].fields_by_name['outbox_id']._serialized_options = b'\342A\001\002'
-  _globals['_OUTBOXMESSAGE'].fields_by_name['state']._loaded_options = None
-  _globals['_OUTBOXMESSAGE'].fields_by_name['state']._serialized_options = b'\342A\001\002'
+  _globals['_OUTBOXMESSAGE'].fields_by_name['job']._loaded_options = None
+  _globals['_OUTBOXMESSAGE'].fields_by_name['job']._serialized_options = b'\342A\001\002'
   _globals['_OUTBOXMESSAGE'].fields_by_name['traceparent']._loaded_options = None
   _globals['_OUTBOXMESSAGE'].fields_by_name['traceparent']._serialized_options = b'\342A\001\001'
-  _globals['_DELIVERREQUEST']._serialized_start=136
-  _globals['_DELIVERREQUEST']._serialized_end=210
-  _globals['_OUTBOXMESSAGE']._serialized_start=212
-  _globals['_OUTBOXMESSAGE']._serialized_end=329
-  _globals['_DELIVERRESPONSE']._serialized_start=331
-  _globals['_DELIVERRESPONSE']._serialized_end=371
-  _globals['_NOTIFYINGESTSERVICE']._serialized_start=373
-  _globals['_NOTIFYINGESTSERVICE']._serialized_end=476
+  _globals['_DELIVERREQUEST']._serialized_start=132
+  _globals['_DELIVERREQUEST']._serialized_end=206
+  _globals['_OUTBOXMESSAGE']._serialized_start=208
+  _globals['_OUTBOXMESSAGE']._serialized_end=333
+  _globals['_DELIVERRESPONSE']._serialized_start=335
+  _globals['_DELIVERRESPONSE']._serialized_end=375
+  _globals['_NOTIFYINGESTSERVICE']._serialized_start=377
+  _globals['_NOTIFYINGESTSERVICE']._serialized_end=480
 # @@protoc_insertion_point(module_scope)

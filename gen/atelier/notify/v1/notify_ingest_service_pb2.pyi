@@ -3,7 +3,7 @@
 isort:skip_file
 """
 
-from atelier.notify.v1 import job_state_pb2 as _job_state_pb2
+from atelier.creation.v1 import job_pb2 as _job_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -50,7 +50,7 @@ class OutboxMessage(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     OUTBOX_ID_FIELD_NUMBER: _builtins.int
-    STATE_FIELD_NUMBER: _builtins.int
+    JOB_FIELD_NUMBER: _builtins.int
     TRACEPARENT_FIELD_NUMBER: _builtins.int
     outbox_id: _builtins.int
     """The outbox row id, for tracing duplicates."""
@@ -60,19 +60,19 @@ class OutboxMessage(_message.Message):
     submit was not traced.
     """
     @_builtins.property
-    def state(self) -> _job_state_pb2.JobState:
-        """The job's state at the row's version."""
+    def job(self) -> _job_pb2.Job:
+        """The job at the row's version, as creation's triggers built it (outputs without URLs)."""
 
     def __init__(
         self,
         *,
         outbox_id: _builtins.int = ...,
-        state: _job_state_pb2.JobState | None = ...,
+        job: _job_pb2.Job | None = ...,
         traceparent: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["outbox_id", b"outbox_id", "state", b"state", "traceparent", b"traceparent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "outbox_id", b"outbox_id", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

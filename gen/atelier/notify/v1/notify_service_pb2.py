@@ -22,7 +22,7 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
-from atelier.notify.v1 import job_state_pb2 as atelier_dot_notify_dot_v1_dot_job__state__pb2
+from atelier.creation.v1 import job_pb2 as atelier_dot_creation_dot_v1_dot_job__pb2
 from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
 from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
 from google.api import resource_pb2 as google_dot_api_dot_resource__pb2
@@ -31,7 +31,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&atelier/notify/v1/notify_service.proto\x12\x11\x61telier.notify.v1\x1a!atelier/notify/v1/job_state.proto\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17google/rpc/status.proto\"a\n\x0fWatchJobRequest\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x02\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\x12\x1b\n\rafter_version\x18\x02 \x01(\x03\x42\x04\xe2\x41\x01\x01\":\n\tKeepAlive\x12-\n\tsend_time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"o\n\tStreamEnd\x12\x32\n\x06reason\x18\x01 \x01(\x0e\x32\".atelier.notify.v1.StreamEndReason\x12.\n\x0bretry_delay\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xcd\x01\n\x10WatchJobResponse\x12*\n\x03job\x18\x01 \x01(\x0b\x32\x1b.atelier.notify.v1.JobStateH\x00\x12\x32\n\nkeep_alive\x18\x02 \x01(\x0b\x32\x1c.atelier.notify.v1.KeepAliveH\x00\x12#\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x12+\n\x03\x65nd\x18\x04 \x01(\x0b\x32\x1c.atelier.notify.v1.StreamEndH\x00\x42\x07\n\x05\x65vent\"(\n\x10WatchJobsRequest\x12\x14\n\x06\x63ursor\x18\x01 \x01(\tB\x04\xe2\x41\x01\x01\"\r\n\x0bSnapshotEnd\"\x96\x02\n\x11WatchJobsResponse\x12*\n\x03job\x18\x01 \x01(\x0b\x32\x1b.atelier.notify.v1.JobStateH\x00\x12\x32\n\nkeep_alive\x18\x02 \x01(\x0b\x32\x1c.atelier.notify.v1.KeepAliveH\x00\x12#\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x12\x36\n\x0csnapshot_end\x18\x05 \x01(\x0b\x32\x1e.atelier.notify.v1.SnapshotEndH\x00\x12+\n\x03\x65nd\x18\x06 \x01(\x0b\x32\x1c.atelier.notify.v1.StreamEndH\x00\x12\x0e\n\x06\x63ursor\x18\x04 \x01(\tB\x07\n\x05\x65vent\"\xa4\x02\n\x06\x44\x65vice\x12\x17\n\tdevice_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x03\x12=\n\x0b\x65nvironment\x18\x02 \x01(\x0e\x32\".atelier.notify.v1.ApnsEnvironmentB\x04\xe2\x41\x01\x03\x12\x17\n\tbundle_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x03\x12%\n\x17has_push_to_start_token\x18\x04 \x01(\x08\x42\x04\xe2\x41\x01\x03\x12\x35\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x35\n\x0bupdate_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x14\n\x06locale\x18\x07 \x01(\tB\x04\xe2\x41\x01\x03\"\xc4\x01\n\x15RegisterDeviceRequest\x12\x1a\n\x0c\x64\x65vice_token\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12=\n\x0b\x65nvironment\x18\x02 \x01(\x0e\x32\".atelier.notify.v1.ApnsEnvironmentB\x04\xe2\x41\x01\x02\x12\x17\n\tbundle_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12!\n\x13push_to_start_token\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\x12\x14\n\x06locale\x18\x05 \x01(\tB\x04\xe2\x41\x01\x01\"C\n\x16RegisterDeviceResponse\x12)\n\x06\x64\x65vice\x18\x01 \x01(\x0b\x32\x19.atelier.notify.v1.Device\"G\n\x12ListDevicesRequest\x12\x17\n\tpage_size\x18\x01 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\"Z\n\x13ListDevicesResponse\x12*\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x19.atelier.notify.v1.Device\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\".\n\x13\x44\x65leteDeviceRequest\x12\x17\n\tdevice_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\"\x16\n\x14\x44\x65leteDeviceResponse\"\x9e\x01\n\x1bRegisterLiveActivityRequest\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x02\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\x12\x17\n\tdevice_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x18\n\npush_token\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x19\n\x0b\x61\x63tivity_id\x18\x04 \x01(\tB\x04\xe2\x41\x01\x02\"v\n\x1cRegisterLiveActivityResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x31\n\rregister_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x61\x63tivity_id\x18\x03 \x01(\t\"i\n\x19\x44\x65leteLiveActivityRequest\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x02\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\x12\x19\n\x0b\x61\x63tivity_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\"\x1c\n\x1a\x44\x65leteLiveActivityResponse*\x9b\x01\n\x0fStreamEndReason\x12!\n\x1dSTREAM_END_REASON_UNSPECIFIED\x10\x00\x12\x1e\n\x1aSTREAM_END_REASON_DRAINING\x10\x01\x12\"\n\x1eSTREAM_END_REASON_MAX_DURATION\x10\x02\x12!\n\x1dSTREAM_END_REASON_SLOW_READER\x10\x03*r\n\x0f\x41pnsEnvironment\x12 \n\x1c\x41PNS_ENVIRONMENT_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x41PNS_ENVIRONMENT_PRODUCTION\x10\x01\x12\x1c\n\x18\x41PNS_ENVIRONMENT_SANDBOX\x10\x02\x32\xc1\x07\n\rNotifyService\x12v\n\x08WatchJob\x12\".atelier.notify.v1.WatchJobRequest\x1a#.atelier.notify.v1.WatchJobResponse\"\x1f\x82\xd3\xe4\x93\x02\x19\x12\x17/v1/jobs/{job_id}:watch0\x01\x12p\n\tWatchJobs\x12#.atelier.notify.v1.WatchJobsRequest\x1a$.atelier.notify.v1.WatchJobsResponse\"\x16\x82\xd3\xe4\x93\x02\x10\x12\x0e/v1/jobs:watch0\x01\x12}\n\x0eRegisterDevice\x12(.atelier.notify.v1.RegisterDeviceRequest\x1a).atelier.notify.v1.RegisterDeviceResponse\"\x16\x82\xd3\xe4\x93\x02\x10\"\x0b/v1/devices:\x01*\x12q\n\x0bListDevices\x12%.atelier.notify.v1.ListDevicesRequest\x1a&.atelier.notify.v1.ListDevicesResponse\"\x13\x82\xd3\xe4\x93\x02\r\x12\x0b/v1/devices\x12\x80\x01\n\x0c\x44\x65leteDevice\x12&.atelier.notify.v1.DeleteDeviceRequest\x1a\'.atelier.notify.v1.DeleteDeviceResponse\"\x1f\x82\xd3\xe4\x93\x02\x19*\x17/v1/devices/{device_id}\x12\xa4\x01\n\x14RegisterLiveActivity\x12..atelier.notify.v1.RegisterLiveActivityRequest\x1a/.atelier.notify.v1.RegisterLiveActivityResponse\"+\x82\xd3\xe4\x93\x02%\" /v1/jobs/{job_id}/liveActivities:\x01*\x12\xa9\x01\n\x12\x44\x65leteLiveActivity\x12,.atelier.notify.v1.DeleteLiveActivityRequest\x1a-.atelier.notify.v1.DeleteLiveActivityResponse\"6\x82\xd3\xe4\x93\x02\x30*./v1/jobs/{job_id}/liveActivities/{activity_id}b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&atelier/notify/v1/notify_service.proto\x12\x11\x61telier.notify.v1\x1a\x1d\x61telier/creation/v1/job.proto\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17google/rpc/status.proto\"a\n\x0fWatchJobRequest\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x02\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\x12\x1b\n\rafter_version\x18\x02 \x01(\x03\x42\x04\xe2\x41\x01\x01\"m\n\tKeepAlive\x12-\n\tsend_time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\tstandings\x18\x02 \x03(\x0b\x32\x1e.atelier.notify.v1.JobStanding\"\x80\x01\n\x0bJobStanding\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x16\n\x0equeue_position\x18\x03 \x01(\x05\x12\x38\n\x14\x65stimated_start_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"o\n\tStreamEnd\x12\x32\n\x06reason\x18\x01 \x01(\x0e\x32\".atelier.notify.v1.StreamEndReason\x12.\n\x0bretry_delay\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xd0\x01\n\x10WatchJobResponse\x12\'\n\x03job\x18\x05 \x01(\x0b\x32\x18.atelier.creation.v1.JobH\x00\x12\x32\n\nkeep_alive\x18\x02 \x01(\x0b\x32\x1c.atelier.notify.v1.KeepAliveH\x00\x12#\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x12+\n\x03\x65nd\x18\x04 \x01(\x0b\x32\x1c.atelier.notify.v1.StreamEndH\x00\x42\x07\n\x05\x65ventJ\x04\x08\x01\x10\x02\"(\n\x10WatchJobsRequest\x12\x14\n\x06\x63ursor\x18\x01 \x01(\tB\x04\xe2\x41\x01\x01\"\r\n\x0bSnapshotEnd\"\x99\x02\n\x11WatchJobsResponse\x12\'\n\x03job\x18\x07 \x01(\x0b\x32\x18.atelier.creation.v1.JobH\x00\x12\x32\n\nkeep_alive\x18\x02 \x01(\x0b\x32\x1c.atelier.notify.v1.KeepAliveH\x00\x12#\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x12\x36\n\x0csnapshot_end\x18\x05 \x01(\x0b\x32\x1e.atelier.notify.v1.SnapshotEndH\x00\x12+\n\x03\x65nd\x18\x06 \x01(\x0b\x32\x1c.atelier.notify.v1.StreamEndH\x00\x12\x0e\n\x06\x63ursor\x18\x04 \x01(\tB\x07\n\x05\x65ventJ\x04\x08\x01\x10\x02\"\xa4\x02\n\x06\x44\x65vice\x12\x17\n\tdevice_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x03\x12=\n\x0b\x65nvironment\x18\x02 \x01(\x0e\x32\".atelier.notify.v1.ApnsEnvironmentB\x04\xe2\x41\x01\x03\x12\x17\n\tbundle_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x03\x12%\n\x17has_push_to_start_token\x18\x04 \x01(\x08\x42\x04\xe2\x41\x01\x03\x12\x35\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x35\n\x0bupdate_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x14\n\x06locale\x18\x07 \x01(\tB\x04\xe2\x41\x01\x03\"\xc4\x01\n\x15RegisterDeviceRequest\x12\x1a\n\x0c\x64\x65vice_token\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12=\n\x0b\x65nvironment\x18\x02 \x01(\x0e\x32\".atelier.notify.v1.ApnsEnvironmentB\x04\xe2\x41\x01\x02\x12\x17\n\tbundle_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12!\n\x13push_to_start_token\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\x12\x14\n\x06locale\x18\x05 \x01(\tB\x04\xe2\x41\x01\x01\"C\n\x16RegisterDeviceResponse\x12)\n\x06\x64\x65vice\x18\x01 \x01(\x0b\x32\x19.atelier.notify.v1.Device\"G\n\x12ListDevicesRequest\x12\x17\n\tpage_size\x18\x01 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\"Z\n\x13ListDevicesResponse\x12*\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x19.atelier.notify.v1.Device\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\".\n\x13\x44\x65leteDeviceRequest\x12\x17\n\tdevice_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\"\x16\n\x14\x44\x65leteDeviceResponse\"\x9e\x01\n\x1bRegisterLiveActivityRequest\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x02\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\x12\x17\n\tdevice_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x18\n\npush_token\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x19\n\x0b\x61\x63tivity_id\x18\x04 \x01(\tB\x04\xe2\x41\x01\x02\"v\n\x1cRegisterLiveActivityResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x31\n\rregister_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x61\x63tivity_id\x18\x03 \x01(\t\"i\n\x19\x44\x65leteLiveActivityRequest\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x02\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\x12\x19\n\x0b\x61\x63tivity_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\"\x1c\n\x1a\x44\x65leteLiveActivityResponse*\x9b\x01\n\x0fStreamEndReason\x12!\n\x1dSTREAM_END_REASON_UNSPECIFIED\x10\x00\x12\x1e\n\x1aSTREAM_END_REASON_DRAINING\x10\x01\x12\"\n\x1eSTREAM_END_REASON_MAX_DURATION\x10\x02\x12!\n\x1dSTREAM_END_REASON_SLOW_READER\x10\x03*r\n\x0f\x41pnsEnvironment\x12 \n\x1c\x41PNS_ENVIRONMENT_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x41PNS_ENVIRONMENT_PRODUCTION\x10\x01\x12\x1c\n\x18\x41PNS_ENVIRONMENT_SANDBOX\x10\x02\x32\xc1\x07\n\rNotifyService\x12v\n\x08WatchJob\x12\".atelier.notify.v1.WatchJobRequest\x1a#.atelier.notify.v1.WatchJobResponse\"\x1f\x82\xd3\xe4\x93\x02\x19\x12\x17/v1/jobs/{job_id}:watch0\x01\x12p\n\tWatchJobs\x12#.atelier.notify.v1.WatchJobsRequest\x1a$.atelier.notify.v1.WatchJobsResponse\"\x16\x82\xd3\xe4\x93\x02\x10\x12\x0e/v1/jobs:watch0\x01\x12}\n\x0eRegisterDevice\x12(.atelier.notify.v1.RegisterDeviceRequest\x1a).atelier.notify.v1.RegisterDeviceResponse\"\x16\x82\xd3\xe4\x93\x02\x10\"\x0b/v1/devices:\x01*\x12q\n\x0bListDevices\x12%.atelier.notify.v1.ListDevicesRequest\x1a&.atelier.notify.v1.ListDevicesResponse\"\x13\x82\xd3\xe4\x93\x02\r\x12\x0b/v1/devices\x12\x80\x01\n\x0c\x44\x65leteDevice\x12&.atelier.notify.v1.DeleteDeviceRequest\x1a\'.atelier.notify.v1.DeleteDeviceResponse\"\x1f\x82\xd3\xe4\x93\x02\x19*\x17/v1/devices/{device_id}\x12\xa4\x01\n\x14RegisterLiveActivity\x12..atelier.notify.v1.RegisterLiveActivityRequest\x1a/.atelier.notify.v1.RegisterLiveActivityResponse\"+\x82\xd3\xe4\x93\x02%\" /v1/jobs/{job_id}/liveActivities:\x01*\x12\xa9\x01\n\x12\x44\x65leteLiveActivity\x12,.atelier.notify.v1.DeleteLiveActivityRequest\x1a-.atelier.notify.v1.DeleteLiveActivityResponse\"6\x82\xd3\xe4\x93\x02\x30*./v1/jobs/{job_id}/liveActivities/{activity_id}b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -100,46 +100,48 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_NOTIFYSERVICE'].methods_by_name['RegisterLiveActivity']._serialized_options = b'\202\323\344\223\002%\" /v1/jobs/{job_id}/liveActivities:\001*'
   _globals['_NOTIFYSERVICE'].methods_by_name['DeleteLiveActivity']._loaded_options = None
   _globals['_NOTIFYSERVICE'].methods_by_name['DeleteLiveActivity']._serialized_options = b'\202\323\344\223\0020*./v1/jobs/{job_id}/liveActivities/{activity_id}'
-  _globals['_STREAMENDREASON']._serialized_start=2313
-  _globals['_STREAMENDREASON']._serialized_end=2468
-  _globals['_APNSENVIRONMENT']._serialized_start=2470
-  _globals['_APNSENVIRONMENT']._serialized_end=2584
-  _globals['_WATCHJOBREQUEST']._serialized_start=276
-  _globals['_WATCHJOBREQUEST']._serialized_end=373
-  _globals['_KEEPALIVE']._serialized_start=375
-  _globals['_KEEPALIVE']._serialized_end=433
-  _globals['_STREAMEND']._serialized_start=435
-  _globals['_STREAMEND']._serialized_end=546
-  _globals['_WATCHJOBRESPONSE']._serialized_start=549
-  _globals['_WATCHJOBRESPONSE']._serialized_end=754
-  _globals['_WATCHJOBSREQUEST']._serialized_start=756
-  _globals['_WATCHJOBSREQUEST']._serialized_end=796
-  _globals['_SNAPSHOTEND']._serialized_start=798
-  _globals['_SNAPSHOTEND']._serialized_end=811
-  _globals['_WATCHJOBSRESPONSE']._serialized_start=814
-  _globals['_WATCHJOBSRESPONSE']._serialized_end=1092
-  _globals['_DEVICE']._serialized_start=1095
-  _globals['_DEVICE']._serialized_end=1387
-  _globals['_REGISTERDEVICEREQUEST']._serialized_start=1390
-  _globals['_REGISTERDEVICEREQUEST']._serialized_end=1586
-  _globals['_REGISTERDEVICERESPONSE']._serialized_start=1588
-  _globals['_REGISTERDEVICERESPONSE']._serialized_end=1655
-  _globals['_LISTDEVICESREQUEST']._serialized_start=1657
-  _globals['_LISTDEVICESREQUEST']._serialized_end=1728
-  _globals['_LISTDEVICESRESPONSE']._serialized_start=1730
-  _globals['_LISTDEVICESRESPONSE']._serialized_end=1820
-  _globals['_DELETEDEVICEREQUEST']._serialized_start=1822
-  _globals['_DELETEDEVICEREQUEST']._serialized_end=1868
-  _globals['_DELETEDEVICERESPONSE']._serialized_start=1870
-  _globals['_DELETEDEVICERESPONSE']._serialized_end=1892
-  _globals['_REGISTERLIVEACTIVITYREQUEST']._serialized_start=1895
-  _globals['_REGISTERLIVEACTIVITYREQUEST']._serialized_end=2053
-  _globals['_REGISTERLIVEACTIVITYRESPONSE']._serialized_start=2055
-  _globals['_REGISTERLIVEACTIVITYRESPONSE']._serialized_end=2173
-  _globals['_DELETELIVEACTIVITYREQUEST']._serialized_start=2175
-  _globals['_DELETELIVEACTIVITYREQUEST']._serialized_end=2280
-  _globals['_DELETELIVEACTIVITYRESPONSE']._serialized_start=2282
-  _globals['_DELETELIVEACTIVITYRESPONSE']._serialized_end=2310
-  _globals['_NOTIFYSERVICE']._serialized_start=2587
-  _globals['_NOTIFYSERVICE']._serialized_end=3548
+  _globals['_STREAMENDREASON']._serialized_start=2497
+  _globals['_STREAMENDREASON']._serialized_end=2652
+  _globals['_APNSENVIRONMENT']._serialized_start=2654
+  _globals['_APNSENVIRONMENT']._serialized_end=2768
+  _globals['_WATCHJOBREQUEST']._serialized_start=272
+  _globals['_WATCHJOBREQUEST']._serialized_end=369
+  _globals['_KEEPALIVE']._serialized_start=371
+  _globals['_KEEPALIVE']._serialized_end=480
+  _globals['_JOBSTANDING']._serialized_start=483
+  _globals['_JOBSTANDING']._serialized_end=611
+  _globals['_STREAMEND']._serialized_start=613
+  _globals['_STREAMEND']._serialized_end=724
+  _globals['_WATCHJOBRESPONSE']._serialized_start=727
+  _globals['_WATCHJOBRESPONSE']._serialized_end=935
+  _globals['_WATCHJOBSREQUEST']._serialized_start=937
+  _globals['_WATCHJOBSREQUEST']._serialized_end=977
+  _globals['_SNAPSHOTEND']._serialized_start=979
+  _globals['_SNAPSHOTEND']._serialized_end=992
+  _globals['_WATCHJOBSRESPONSE']._serialized_start=995
+  _globals['_WATCHJOBSRESPONSE']._serialized_end=1276
+  _globals['_DEVICE']._serialized_start=1279
+  _globals['_DEVICE']._serialized_end=1571
+  _globals['_REGISTERDEVICEREQUEST']._serialized_start=1574
+  _globals['_REGISTERDEVICEREQUEST']._serialized_end=1770
+  _globals['_REGISTERDEVICERESPONSE']._serialized_start=1772
+  _globals['_REGISTERDEVICERESPONSE']._serialized_end=1839
+  _globals['_LISTDEVICESREQUEST']._serialized_start=1841
+  _globals['_LISTDEVICESREQUEST']._serialized_end=1912
+  _globals['_LISTDEVICESRESPONSE']._serialized_start=1914
+  _globals['_LISTDEVICESRESPONSE']._serialized_end=2004
+  _globals['_DELETEDEVICEREQUEST']._serialized_start=2006
+  _globals['_DELETEDEVICEREQUEST']._serialized_end=2052
+  _globals['_DELETEDEVICERESPONSE']._serialized_start=2054
+  _globals['_DELETEDEVICERESPONSE']._serialized_end=2076
+  _globals['_REGISTERLIVEACTIVITYREQUEST']._serialized_start=2079
+  _globals['_REGISTERLIVEACTIVITYREQUEST']._serialized_end=2237
+  _globals['_REGISTERLIVEACTIVITYRESPONSE']._serialized_start=2239
+  _globals['_REGISTERLIVEACTIVITYRESPONSE']._serialized_end=2357
+  _globals['_DELETELIVEACTIVITYREQUEST']._serialized_start=2359
+  _globals['_DELETELIVEACTIVITYREQUEST']._serialized_end=2464
+  _globals['_DELETELIVEACTIVITYRESPONSE']._serialized_start=2466
+  _globals['_DELETELIVEACTIVITYRESPONSE']._serialized_end=2494
+  _globals['_NOTIFYSERVICE']._serialized_start=2771
+  _globals['_NOTIFYSERVICE']._serialized_end=3732
 # @@protoc_insertion_point(module_scope)

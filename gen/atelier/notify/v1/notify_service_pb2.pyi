@@ -3,7 +3,7 @@
 isort:skip_file
 """
 
-from atelier.notify.v1 import job_state_pb2 as _job_state_pb2
+from atelier.creation.v1 import job_pb2 as _job_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
@@ -91,7 +91,8 @@ class WatchJobRequest(_message.Message):
     """The job to watch."""
     after_version: _builtins.int
     """Only send versions greater than this; 0 sends the current state first. After a
-    reconnect, pass the highest version received.
+    reconnect, pass the highest version received (versions are int64: compare them as
+    numbers, e.g. BigInt in JavaScript, never as JSON strings).
     """
     def __init__(
         self,
@@ -109,29 +110,84 @@ Global___WatchJobRequest: _TypeAlias = WatchJobRequest  # noqa: Y015
 
 @_typing.final
 class KeepAlive(_message.Message):
-    """Sent after 15 seconds without any other message, so proxies keep an idle stream open;
-    carries no state.
+    """Sent after 15 seconds without any other message, so proxies keep an idle stream open.
+    It carries no new version of any job; on a stream with QUEUED jobs it carries their
+    standing in the queue, which moves as jobs ahead are claimed while a job's version does
+    not: such a KeepAlive is also sent early, at most every 5 seconds, when a queued job's
+    position changed or its estimated start moved by 10 seconds or more (see JobStanding).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     SEND_TIME_FIELD_NUMBER: _builtins.int
+    STANDINGS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def send_time(self) -> _timestamp_pb2.Timestamp:
         """When the server sent it."""
+
+    @_builtins.property
+    def standings(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobStanding]:
+        """The standing of each job of the stream that is QUEUED at the version the stream last
+        sent (WatchJob: its job; WatchJobs: the caller's queued jobs it has sent), when known.
+        Empty otherwise.
+        """
 
     def __init__(
         self,
         *,
         send_time: _timestamp_pb2.Timestamp | None = ...,
+        standings: _abc.Iterable[Global___JobStanding] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["send_time", b"send_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["send_time", b"send_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["send_time", b"send_time", "standings", b"standings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___KeepAlive: _TypeAlias = KeepAlive  # noqa: Y015
+
+@_typing.final
+class JobStanding(_message.Message):
+    """Where one queued job stands now. It updates the queue_position and estimated_start_time
+    of the Job of the same job_id and version the client holds, and nothing else: it is not
+    a new version (versions stay strictly increasing, a client keeping the highest version
+    per job keeps doing so). A standing for another version than the one held is stale:
+    ignore it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    QUEUE_POSITION_FIELD_NUMBER: _builtins.int
+    ESTIMATED_START_TIME_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """The job."""
+    version: _builtins.int
+    """The job's version this standing belongs to (int64: compare as a number)."""
+    queue_position: _builtins.int
+    """As Job.queue_position: how many queued jobs a worker takes before this one (0: it is
+    next); at most 1000, meaning 1000 or more.
+    """
+    @_builtins.property
+    def estimated_start_time(self) -> _timestamp_pb2.Timestamp:
+        """As Job.estimated_start_time; unset when no job was claimed lately."""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        version: _builtins.int = ...,
+        queue_position: _builtins.int = ...,
+        estimated_start_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["estimated_start_time", b"estimated_start_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["estimated_start_time", b"estimated_start_time", "job_id", b"job_id", "queue_position", b"queue_position", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobStanding: _TypeAlias = JobStanding  # noqa: Y015
 
 @_typing.final
 class StreamEnd(_message.Message):
@@ -174,8 +230,10 @@ class WatchJobResponse(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     END_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def job(self) -> _job_state_pb2.JobState:
-        """A newer state of the job."""
+    def job(self) -> _job_pb2.Job:
+        """A newer version of the job (the JobState that this field's number 1 carried is
+        gone: the job is creation's Job, as GetJob answers).
+        """
 
     @_builtins.property
     def keep_alive(self) -> Global___KeepAlive:
@@ -194,7 +252,7 @@ class WatchJobResponse(_message.Message):
     def __init__(
         self,
         *,
-        job: _job_state_pb2.JobState | None = ...,
+        job: _job_pb2.Job | None = ...,
         keep_alive: Global___KeepAlive | None = ...,
         error: _status_pb2.Status | None = ...,
         end: Global___StreamEnd | None = ...,
@@ -270,8 +328,10 @@ class WatchJobsResponse(_message.Message):
     pass it as WatchJobsRequest.cursor on a reconnect). Empty on other messages.
     """
     @_builtins.property
-    def job(self) -> _job_state_pb2.JobState:
-        """A newer state of one of the caller's jobs."""
+    def job(self) -> _job_pb2.Job:
+        """A newer version of one of the caller's jobs (creation's Job, as GetJob answers;
+        field number 1 carried the JobState it replaced).
+        """
 
     @_builtins.property
     def keep_alive(self) -> Global___KeepAlive:
@@ -294,7 +354,7 @@ class WatchJobsResponse(_message.Message):
     def __init__(
         self,
         *,
-        job: _job_state_pb2.JobState | None = ...,
+        job: _job_pb2.Job | None = ...,
         keep_alive: Global___KeepAlive | None = ...,
         error: _status_pb2.Status | None = ...,
         snapshot_end: Global___SnapshotEnd | None = ...,

@@ -40,6 +40,13 @@ class NotifyServiceStub:
     - Keep-alive: a KeepAlive is sent after 15 seconds without any other message, so that
     proxies keep an idle stream open; a client may treat 45 seconds of silence as a dead
     connection and reconnect.
+    - Queue standing: a QUEUED job's queue_position and estimated_start_time move as jobs
+    ahead are claimed while its version does not. A Job message carries the standing
+    notify holds for that version (none until notify has read one: it asks creation
+    within about a second of a stream sending the job, then every 5 seconds), and
+    KeepAlive.standings carries each update, at most every 5 seconds while it moves: a
+    standing is never a new version, so a consumer that keeps the highest version per job
+    stays right, and one that ignores KeepAlives only loses the updates.
     - Server-initiated end: the server ends a stream on purpose with a StreamEnd message
     (draining for a restart, the maximum stream duration of about 30 minutes, or a reader
     too slow to keep up) and then closes it with OK. That is not an error: reconnect
@@ -107,6 +114,13 @@ class NotifyServiceServicer:
     - Keep-alive: a KeepAlive is sent after 15 seconds without any other message, so that
     proxies keep an idle stream open; a client may treat 45 seconds of silence as a dead
     connection and reconnect.
+    - Queue standing: a QUEUED job's queue_position and estimated_start_time move as jobs
+    ahead are claimed while its version does not. A Job message carries the standing
+    notify holds for that version (none until notify has read one: it asks creation
+    within about a second of a stream sending the job, then every 5 seconds), and
+    KeepAlive.standings carries each update, at most every 5 seconds while it moves: a
+    standing is never a new version, so a consumer that keeps the highest version per job
+    stays right, and one that ignores KeepAlives only loses the updates.
     - Server-initiated end: the server ends a stream on purpose with a StreamEnd message
     (draining for a restart, the maximum stream duration of about 30 minutes, or a reader
     too slow to keep up) and then closes it with OK. That is not an error: reconnect
@@ -131,7 +145,7 @@ class NotifyServiceServicer:
         non-terminal jobs only), then a `snapshot_end` marker, then live changes. Every
         message that carries a job also carries the cursor to resume from after it. It never
         ends by itself except through a StreamEnd. A job its owner deleted (creation's
-        DeleteJob) arrives once more as a JobState with `deleted` set: drop it. Fresh
+        DeleteJob) arrives once more as a Job with `deleted` set: drop it. Fresh
         snapshots never hold deleted jobs; WatchJob on a deleted job is NOT_FOUND.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -244,6 +258,13 @@ class NotifyService:
     - Keep-alive: a KeepAlive is sent after 15 seconds without any other message, so that
     proxies keep an idle stream open; a client may treat 45 seconds of silence as a dead
     connection and reconnect.
+    - Queue standing: a QUEUED job's queue_position and estimated_start_time move as jobs
+    ahead are claimed while its version does not. A Job message carries the standing
+    notify holds for that version (none until notify has read one: it asks creation
+    within about a second of a stream sending the job, then every 5 seconds), and
+    KeepAlive.standings carries each update, at most every 5 seconds while it moves: a
+    standing is never a new version, so a consumer that keeps the highest version per job
+    stays right, and one that ignores KeepAlives only loses the updates.
     - Server-initiated end: the server ends a stream on purpose with a StreamEnd message
     (draining for a restart, the maximum stream duration of about 30 minutes, or a reader
     too slow to keep up) and then closes it with OK. That is not an error: reconnect

@@ -57,6 +57,12 @@ FUNCTIONS = (
 )
 
 
+def frozen_submit_function(revision: str) -> str:
+    """The CREATE FUNCTION statement of creation.submit_job as ``revision`` made it, frozen
+    (migrations/frozen)."""
+    return (FROZEN / f"submit_job_{revision}.sql").read_text()
+
+
 def statements(script: str) -> list[str]:
     """The statements of an SQL file, in order (a prepared statement holds one command): a
     statement ends at a line ending in ``;`` outside a ``$$``-quoted body; comment lines
@@ -87,10 +93,12 @@ def upgrade() -> None:
     op.create_check_constraint(
         op.f("ck_job_events_is_a_change"), "job_events", sa.text(IS_A_CHANGE), schema=SCHEMA
     )
-    for statement in statements((CREATION / "sql" / "job_changes.sql").read_text()):
+    # Frozen: the live sql/job_changes.sql has moved on (0019).
+    for statement in statements((FROZEN / "job_changes_0018.sql").read_text()):
         op.execute(statement)
     op.execute(f"DROP FUNCTION {OLD_SUBMIT}")
-    op.execute((CREATION / "sql" / "submit_job.sql").read_text())
+    # Frozen: the live sql/submit_job.sql has moved on (0025).
+    op.execute(frozen_submit_function("0018"))
 
 
 def downgrade() -> None:

@@ -44,12 +44,14 @@ _TYPE_ALIASES = {
 GONE = frozenset({403, 404, 410})
 
 
-def input_reference(request: GenerationRequest) -> str:
+def input_reference(request: GenerationRequest) -> str | None:
     """What the vendor is told to read the input from: the signed URL when the attempt got
-    one, else the bytes inline."""
+    one, else the bytes inline; None for a job without an input."""
     if request.input_url:
         return request.input_url
     image = request.input_image
+    if image is None:
+        return None
     encoded = base64.b64encode(image.data).decode("ascii")
     return f"data:{image.content_type or 'application/octet-stream'};base64,{encoded}"
 

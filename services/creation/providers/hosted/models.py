@@ -6,7 +6,7 @@ optional settings after a ``?``, so one catalog row says everything a call needs
 - ``image``: the model's input field that takes the photo (default per vendor);
 - ``size``: how width and height are sent: ``wh`` (``width``/``height``), ``image_size``
   (``{"image_size": {"width": .., "height": ..}}``) or ``none``;
-- ``pass``: which job parameters (GenerationParameters fields) reach the model, each as
+- ``pass``: which job parameters (names in the model's parameter specs) reach the model, each as
   ``ours`` or ``ours:vendors_name`` (none by default: a parameter can change what a
   generation costs, so the operator lists the safe ones; the row's parameter_specs,
   which SubmitJob checks, must list the same ones).
@@ -61,13 +61,15 @@ def model_input(
     (so no parameter can replace the prompt, the photo or the output count)."""
     body: dict[str, Any] = {
         options.passed[name]: value
-        for name, value in request.parameters.as_dict().items()
+        for name, value in request.parameters.items()
         if name in options.passed
     }
     body["prompt"] = request.prompt
     if request.negative_prompt:
         body["negative_prompt"] = request.negative_prompt
-    body[options.image_field] = input_reference(request)
+    reference = input_reference(request)
+    if reference is not None:  # a text-to-image job sends no photo
+        body[options.image_field] = reference
     if options.size == "wh":
         body["width"] = request.width
         body["height"] = request.height

@@ -42,6 +42,9 @@ class StubRequest:
     # The size asked for; 0 (a request stored before sizes were kept): the input's.
     width: int = 0
     height: int = 0
+    # Set for a request without an input image (text-to-image): the prompt is painted.
+    text_only: bool = False
+    prompt: str = ""
 
     @property
     def size(self) -> tuple[int, int] | None:

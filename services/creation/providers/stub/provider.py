@@ -89,13 +89,16 @@ class StubProvider:
             style_id=request.style_id,
             provider_model=request.provider_model,
             num_outputs=request.num_outputs,
-            content_type=request.input_image.content_type,
+            content_type=request.input_image.content_type if request.input_image else "",
             submitted_at=self._clock(),
             width=request.width,
             height=request.height,
+            text_only=request.input_image is None,
+            prompt=request.prompt if request.input_image is None else "",
         )
+        input_data = request.input_image.data if request.input_image else b""
         try:
-            await asyncio.to_thread(self._store.save, accepted, request.input_image.data)
+            await asyncio.to_thread(self._store.save, accepted, input_data)
         except OSError as error:
             # Nothing was stored, so nothing was accepted: a plain, retryable refusal.
             raise _unavailable("store the request", error) from None
@@ -136,6 +139,7 @@ class StubProvider:
                     accepted.num_outputs,
                     self._settings.max_input_pixels,
                     accepted.size,
+                    accepted.prompt if accepted.text_only else None,
                 )
             except InputUnreadable as error:
                 return Failed("INPUT_UNREADABLE", str(error), retryable=False)

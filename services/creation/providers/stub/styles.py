@@ -10,10 +10,19 @@ different, and an unknown style is passed through unchanged.
 
 from __future__ import annotations
 
+import hashlib
 import io
 from collections.abc import Callable
 
-from PIL import Image, ImageChops, ImageEnhance, ImageFilter, ImageOps, UnidentifiedImageError
+from PIL import (
+    Image,
+    ImageChops,
+    ImageDraw,
+    ImageEnhance,
+    ImageFilter,
+    ImageOps,
+    UnidentifiedImageError,
+)
 
 from services.creation.providers.base import OutputImage
 
@@ -116,6 +125,26 @@ def _decode(data: bytes, max_pixels: int) -> tuple[Image.Image, str]:
         raise InputUnreadable("the input is not a readable JPEG, PNG or WebP image") from None
 
 
+def paint(prompt: str, size: tuple[int, int]) -> Image.Image:
+    """The stub's text-to-image: a picture that depends on the prompt alone (the same
+    prompt paints the same picture): a diagonal blend of two colours taken from the
+    prompt's hash, with a disc of a third."""
+    digest = hashlib.sha256(prompt.encode()).digest()
+    width, height = size
+    first = Image.new("RGB", size, (digest[0], digest[1], digest[2]))
+    second = Image.new("RGB", size, (digest[3], digest[4], digest[5]))
+    ramp = Image.linear_gradient("L").resize(size).rotate(digest[6] % 4 * 90)
+    picture = Image.composite(first, second, ramp.resize(size))
+    radius = min(width, height) * (20 + digest[7] % 20) // 100
+    cx = width * (25 + digest[8] % 50) // 100
+    cy = height * (25 + digest[9] % 50) // 100
+    ImageDraw.Draw(picture).ellipse(
+        (cx - radius, cy - radius, cx + radius, cy + radius),
+        fill=(digest[10], digest[11], digest[12]),
+    )
+    return picture
+
+
 def _fill(image: Image.Image, size: tuple[int, int] | None) -> Image.Image:
     """``image`` scaled to cover ``size`` and cropped to it around its centre (None:
     as it is)."""
@@ -130,10 +159,15 @@ def render(
     num_outputs: int,
     max_pixels: int,
     size: tuple[int, int] | None = None,
+    prompt: str | None = None,
 ) -> list[OutputImage]:
     """``num_outputs`` restyled copies of the image in ``data``, each ``size`` (width,
-    height) when given, else the input's; raises InputUnreadable."""
-    image, source_format = _decode(data, max_pixels)
+    height) when given, else the input's; raises InputUnreadable. With ``prompt`` (a
+    request without an input), the prompt's own picture is painted instead (PNG)."""
+    if prompt is not None:
+        image, source_format = paint(prompt, size or (512, 512)), "PNG"
+    else:
+        image, source_format = _decode(data, max_pixels)
     image = _fill(image, size)
     alpha = image.getchannel("A") if "A" in image.getbands() else None
     styled = STYLES.get(style_id, _neutral)(image.convert("RGB"))
