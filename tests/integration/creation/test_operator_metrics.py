@@ -210,12 +210,17 @@ async def test_reaper_decisions_are_counted_by_decision(
             name = "atelier_reaper_decisions_total"
             return got.get(name, decision=decision) - before.get(name, decision=decision)
 
+        # A sweep counts each batch's decisions as it commits and stamps the sweep once it
+        # has ended (the outputs purge comes between): wait for both.
         got = await scrape_until(
             served.metrics_port,
-            lambda s: decided(s, "attention") == 1 and decided(s, "fail") == 1,
+            lambda s: (
+                decided(s, "attention") == 1
+                and decided(s, "fail") == 1
+                and within(s.get("atelier_reaper_last_sweep_timestamp_seconds"), time.time() - 30)
+            ),
         )
         assert decided(got, "retry") == decided(got, "resume") == decided(got, "cancel") == 0
-        assert within(got.get("atelier_reaper_last_sweep_timestamp_seconds"), time.time() - 30)
         got = await served.fresh()
         assert got.get("atelier_jobs_needs_attention") == 1
 
