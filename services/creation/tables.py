@@ -11,6 +11,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Identity,
     Index,
     Integer,
     LargeBinary,
@@ -457,3 +458,154 @@ remote_calls = Table(
     PrimaryKeyConstraint("pool", "request_id", name="pk_remote_calls"),
 )
 Index("ix_remote_calls_created", remote_calls.c.created_at)
+
+# Webhooks (docs/webhooks.md). An endpoint is registered by an operator (AdminService:
+# its own secret) or made by a trusted caller's submit for one job (job_id set: signed
+# with the key of signing_owner, webhook_signing_keys). The job change triggers
+# (sql/job_changes.sql) write one delivery per (endpoint, event) in the change's own
+# transaction; creation's webhook deliverer sends them.
+WEBHOOK_EVENT_TYPES = (
+    "job.queued",
+    "job.running",
+    "job.succeeded",
+    "job.failed",
+    "job.cancelled",
+    "job.needs_attention",
+    "job.deleted",
+    "job.progress",
+)
+WEBHOOK_TEST_EVENT = "webhook.test"
+WEBHOOK_DISABLED_REASONS = ("", "operator", "gone", "failing")
+WEBHOOK_DELIVERY_STATES = ("pending", "succeeded", "failed")
+
+webhook_endpoints = Table(
+    "webhook_endpoints",
+    metadata,
+    Column("endpoint_id", UUID(as_uuid=False), primary_key=True),
+    Column("url", Text, nullable=False),
+    Column("description", Text, nullable=False, server_default=""),
+    Column("event_types", ARRAY(Text), nullable=False),
+    # Filters: empty = every user, every model.
+    Column("user_ids", ARRAY(Text), nullable=False, server_default=text("'{}'")),
+    Column("model_ids", ARRAY(Text), nullable=False, server_default=text("'{}'")),
+    # A per-job endpoint (SubmitJob's webhook): that job only. No foreign key: the endpoint
+    # is written before its job, so the submit's job.queued finds it.
+    Column("job_id", UUID(as_uuid=False)),
+    Column("signing_owner", Text),
+    # 'whsec_' + base64 of 32 random bytes; the previous one signs too until it expires.
+    Column("secret", Text),
+    Column("previous_secret", Text),
+    Column("previous_secret_expires_at", DateTime(timezone=True)),
+    Column("enabled", Boolean, nullable=False, server_default=text("true")),
+    Column("disabled_reason", Text, nullable=False, server_default=""),
+    # The start of the current unbroken run of failed attempts (NULL: the last succeeded).
+    Column("failing_since", DateTime(timezone=True)),
+    Column("max_in_flight", Integer, nullable=False, server_default=text("8")),
+    Column("created_by", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("(job_id IS NULL) = (secret IS NOT NULL)", name="secret_or_job"),
+    CheckConstraint("(job_id IS NULL) = (signing_owner IS NULL)", name="signing_owner_per_job"),
+    CheckConstraint(
+        "(previous_secret IS NULL) = (previous_secret_expires_at IS NULL)",
+        name="previous_secret_expires",
+    ),
+    CheckConstraint(
+        "event_types <@ ARRAY[" + _quoted(WEBHOOK_EVENT_TYPES) + "]::text[]"
+        " AND cardinality(event_types) > 0",
+        name="event_types_known",
+    ),
+    CheckConstraint(
+        f"disabled_reason IN ({_quoted(WEBHOOK_DISABLED_REASONS)})", name="disabled_reason_known"
+    ),
+    CheckConstraint("enabled = (disabled_reason = '')", name="disabled_says_why"),
+    CheckConstraint("max_in_flight BETWEEN 1 AND 1000", name="max_in_flight_range"),
+)
+# The job change triggers' lookup of a job's own endpoints (and of the registered ones,
+# whose job_id is NULL).
+Index("ix_webhook_endpoints_job_id", webhook_endpoints.c.job_id)
+
+# Per-identity keys that sign per-job webhooks (rotated over AdminService).
+webhook_signing_keys = Table(
+    "webhook_signing_keys",
+    metadata,
+    Column("owner", Text, primary_key=True),
+    Column("secret", Text, nullable=False),
+    Column("previous_secret", Text),
+    Column("previous_secret_expires_at", DateTime(timezone=True)),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint(
+        "(previous_secret IS NULL) = (previous_secret_expires_at IS NULL)",
+        name="previous_secret_expires",
+    ),
+)
+
+# One delivery per (endpoint, event): its message id (the webhook-id header) is fixed at
+# insert and kept across retries and redeliveries.
+webhook_deliveries = Table(
+    "webhook_deliveries",
+    metadata,
+    Column("delivery_id", BigInteger, Identity(always=True), primary_key=True),
+    Column(
+        "message_id",
+        Text,
+        nullable=False,
+        server_default=text("'msg_' || replace(gen_random_uuid()::text, '-', '')"),
+    ),
+    Column(
+        "endpoint_id",
+        UUID(as_uuid=False),
+        ForeignKey("webhook_endpoints.endpoint_id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    # NULL, and version 0, for a test event.
+    Column("job_id", UUID(as_uuid=False)),
+    Column("user_id", Text),
+    Column("job_version", BigInteger, nullable=False),
+    Column("event_type", Text, nullable=False),
+    # creation.job_message of that version (a test event: a sample job).
+    Column("payload", JSONB, nullable=False),
+    Column("occurred_at", DateTime(timezone=True), nullable=False),
+    Column("state", Text, nullable=False, server_default="pending"),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("next_attempt_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # A deliverer's claim: lapsed, the row is due again (its deliverer died).
+    Column("claimed_until", DateTime(timezone=True)),
+    Column("last_attempt_at", DateTime(timezone=True)),
+    Column("last_status_code", Integer),
+    Column("last_error", Text, nullable=False, server_default=""),
+    Column("last_response_excerpt", Text, nullable=False, server_default=""),
+    Column("completed_at", DateTime(timezone=True)),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    UniqueConstraint("message_id", name="uq_webhook_deliveries_message_id"),
+    UniqueConstraint(
+        "endpoint_id",
+        "job_id",
+        "job_version",
+        "event_type",
+        name="uq_webhook_deliveries_endpoint_id_job_id_job_version_event_type",
+    ),
+    CheckConstraint(f"state IN ({_quoted(WEBHOOK_DELIVERY_STATES)})", name="state_known"),
+    CheckConstraint(
+        "event_type IN (" + _quoted((*WEBHOOK_EVENT_TYPES, WEBHOOK_TEST_EVENT)) + ")",
+        name="event_type_known",
+    ),
+    CheckConstraint("(state = 'pending') = (completed_at IS NULL)", name="completed_shape"),
+    CheckConstraint("char_length(last_response_excerpt) <= 256", name="excerpt_short"),
+    CheckConstraint("attempts >= 0", name="attempts_not_negative"),
+)
+# The deliverer's queue: pending rows by due time.
+Index(
+    "ix_webhook_deliveries_due",
+    webhook_deliveries.c.next_attempt_at,
+    postgresql_where=webhook_deliveries.c.state == "pending",
+)
+# A job's deliveries (the delivery log by job).
+Index("ix_webhook_deliveries_job_id", webhook_deliveries.c.job_id)
+# An endpoint's deliveries in order (the delivery log by endpoint; redelivery).
+Index(
+    "ix_webhook_deliveries_endpoint_id_delivery_id",
+    webhook_deliveries.c.endpoint_id,
+    webhook_deliveries.c.delivery_id,
+)

@@ -9,12 +9,18 @@
 --     an operator asked to cancel (the event names who asked; so does the CANCELLED one);
 --   * the ledger entry the change calls for: a reservation for a new job, a capture at
 --     success, a release at failure or cancellation (once each: uq_points_ledger_job_id_kind);
---   * exactly one outbox row per new version, its payload built by creation.job_message.
+--   * exactly one outbox row per new version, its payload built by creation.job_message;
+--   * for each new version, one webhook delivery (creation.webhook_deliveries) per enabled
+--     endpoint that wants it: its event type named (a submit is job.queued, a new status
+--     'job.' || status, a deletion job.deleted, any other new version job.progress), the
+--     job's user and model within its filters (empty: all), and, for a per-job endpoint,
+--     this job. Same payload as the outbox row. Only looked for while some endpoint is
+--     enabled: a system with none pays one probe of an empty table per statement.
 --
 -- A change written by hand in SQL that names no one (no change_* columns set, on a new
 -- row) is the database role's, as an operator's. A user's event names the service
 -- identity that acted for the user (change_via, atelier-on-behalf-of) in `via`; other
--- actors' events never do. Migration 0025 loads this file;
+-- actors' events never do. Migration 0027 loads this file;
 -- tests/migration checks the installed functions against it. To change it: copy this
 -- file to migrations/frozen/job_changes_<the revision that loads it now>.sql and point
 -- that revision at the copy, edit this file, and load it from a new revision.
@@ -95,6 +101,8 @@ $$;
 -- A submit: the new jobs' events, reservations and first outbox rows.
 CREATE OR REPLACE FUNCTION creation.write_job_inserts() RETURNS trigger
 LANGUAGE plpgsql AS $$
+DECLARE
+  hooked boolean := EXISTS (SELECT FROM creation.webhook_endpoints WHERE enabled);
 BEGIN
   INSERT INTO creation.job_events (
     job_id, version, from_status, to_status, actor_kind, actor_id, reason, created_at, via)
@@ -109,27 +117,49 @@ BEGIN
          n.updated_at
   FROM inserted_jobs AS n
   ORDER BY n.user_id COLLATE "C", n.job_id;
-  -- The outbox's statement trigger sends NOTIFY at commit.
-  INSERT INTO creation.outbox (job_id, user_id, version, payload, created_at)
-  SELECT n.job_id, n.user_id, n.version, creation.job_message(n), n.updated_at
-  FROM inserted_jobs AS n;
+  -- The outbox's statement trigger sends NOTIFY at commit (the deliveries' trigger too).
+  WITH sent AS (
+    INSERT INTO creation.outbox (job_id, user_id, version, payload, created_at)
+    SELECT n.job_id, n.user_id, n.version, creation.job_message(n), n.updated_at
+    FROM inserted_jobs AS n
+    RETURNING job_id, user_id, version, payload, created_at
+  )
+  INSERT INTO creation.webhook_deliveries (
+    endpoint_id, job_id, user_id, job_version, event_type, payload, occurred_at,
+    next_attempt_at)
+  SELECT e.endpoint_id, s.job_id, s.user_id, s.version, 'job.queued', s.payload,
+         s.created_at, now()
+  FROM sent AS s
+  JOIN inserted_jobs AS n ON n.job_id = s.job_id
+  JOIN creation.webhook_endpoints AS e
+    ON e.enabled AND (e.job_id IS NULL OR e.job_id = n.job_id)
+   AND 'job.queued' = ANY (e.event_types)
+   AND (cardinality(e.user_ids) = 0 OR n.user_id = ANY (e.user_ids))
+   AND (cardinality(e.model_ids) = 0 OR n.model_id = ANY (e.model_ids))
+  -- A one-time filter: nothing of this is run while no endpoint is enabled.
+  WHERE hooked;
   RETURN NULL;
 END
 $$;
 
--- An update: for each row whose version moved, its event, ledger entry and outbox row, in
--- one statement over one join of the statement's old and new rows (a heartbeat, which
--- moves no version, writes nothing).
+-- An update: for each row whose version moved, its event, ledger entry, outbox row and
+-- webhook deliveries, in one statement over one join of the statement's old and new rows
+-- (a heartbeat, which moves no version, writes nothing).
 CREATE OR REPLACE FUNCTION creation.write_job_updates() RETURNS trigger
 LANGUAGE plpgsql AS $$
+DECLARE
+  hooked boolean := EXISTS (SELECT FROM creation.webhook_endpoints WHERE enabled);
 BEGIN
   WITH changed AS MATERIALIZED (
-    SELECT n.job_id, n.user_id, n.version, n.status, n.price_points, n.updated_at,
+    SELECT n.job_id, n.user_id, n.model_id, n.version, n.status, n.price_points, n.updated_at,
            n.change_actor_kind, n.change_actor_id, n.change_reason, n.change_via,
            o.status AS from_status,
            n.status <> o.status AS status_changed,
            n.cancel_requested AND NOT o.cancel_requested AS cancel_asked,
            n.cancel_requester_kind, n.cancel_requester_id,
+           CASE WHEN n.deleted_at IS NOT NULL AND o.deleted_at IS NULL THEN 'job.deleted'
+                WHEN n.status <> o.status THEN 'job.' || n.status
+                ELSE 'job.progress' END AS event_type,
            creation.job_message(n) AS payload
     FROM updated_jobs AS n
     JOIN previous_jobs AS o ON o.job_id = n.job_id
@@ -158,8 +188,23 @@ BEGIN
     WHERE c.status_changed AND creation.ledger_effect(c.status) IS NOT NULL
     -- In user order (see write_job_inserts).
     ORDER BY c.user_id COLLATE "C", c.job_id
+  ),
+  -- A one-time filter: nothing of this is run while no endpoint is enabled.
+  hook AS (
+    INSERT INTO creation.webhook_deliveries (
+      endpoint_id, job_id, user_id, job_version, event_type, payload, occurred_at,
+      next_attempt_at)
+    SELECT e.endpoint_id, c.job_id, c.user_id, c.version, c.event_type, c.payload,
+           c.updated_at, now()
+    FROM changed AS c
+    JOIN creation.webhook_endpoints AS e
+      ON e.enabled AND (e.job_id IS NULL OR e.job_id = c.job_id)
+     AND c.event_type = ANY (e.event_types)
+     AND (cardinality(e.user_ids) = 0 OR c.user_id = ANY (e.user_ids))
+     AND (cardinality(e.model_ids) = 0 OR c.model_id = ANY (e.model_ids))
+    WHERE hooked
   )
-  -- The outbox's statement trigger sends NOTIFY at commit.
+  -- The outbox's statement trigger sends NOTIFY at commit (the deliveries' trigger too).
   INSERT INTO creation.outbox (job_id, user_id, version, payload, created_at)
   SELECT c.job_id, c.user_id, c.version, c.payload, c.updated_at
   FROM changed AS c;

@@ -65,7 +65,8 @@ def upgrade() -> None:
     op.add_column("job_events", sa.Column("via", sa.Text()), schema=SCHEMA)
     op.execute(f"DROP FUNCTION {OLD_SUBMIT}")
     op.execute((CREATION / "sql" / "submit_job.sql").read_text())
-    _load(CREATION / "sql" / "job_changes.sql")
+    # Frozen: the live sql/job_changes.sql has moved on (0027).
+    _load(FROZEN / "job_changes_0025.sql")
 
 
 def downgrade() -> None:

@@ -1,0 +1,293 @@
+"""Migration 0027: the job change triggers (sql/job_changes.sql) fan each new version out
+to the webhook endpoints that want it, one delivery per (endpoint, event) with the outbox
+row's payload, in the writer's own transaction; the deliverers are woken at commit; the
+downgrade brings back 0025's triggers and takes the tables away."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+import pytest
+
+from services.kit import migrations
+from tests.migration.test_job_changes_file import FROZEN, FUNCTION_SOURCE, functions_of
+from tests.migration.test_submit_function import SUBMIT
+
+ENDPOINT = """
+    INSERT INTO creation.webhook_endpoints (
+        endpoint_id, url, event_types, user_ids, model_ids, job_id, signing_owner, secret,
+        enabled, disabled_reason, created_by)
+    VALUES ($1, 'https://hooks.example/in', $2, $3, $4, $5,
+            CASE WHEN $5::uuid IS NULL THEN NULL ELSE 'svc-a' END,
+            CASE WHEN $5::uuid IS NULL THEN 'whsec_' || md5(random()::text) END,
+            $6, CASE WHEN $6 THEN '' ELSE 'operator' END, 'op-test')
+"""
+DELIVERIES = """
+    SELECT d.endpoint_id::text, d.event_type, d.job_version, d.payload::text,
+           o.payload::text AS outbox_payload, d.xmin::text = o.xmin::text AS same_transaction,
+           d.message_id, d.state, d.user_id, d.occurred_at = o.created_at AS same_time
+    FROM creation.webhook_deliveries AS d
+    JOIN creation.outbox AS o ON o.job_id = d.job_id AND o.version = d.job_version
+    WHERE d.job_id = $1::uuid ORDER BY d.job_version, d.endpoint_id
+"""
+JOB_OF = "SELECT job_id::text FROM creation.jobs WHERE user_id = $1"
+START = """
+    UPDATE creation.jobs SET status = 'running', version = version + 1, attempt = 1,
+        step = 'submitting', lease_owner = 'w1', lease_epoch = 1,
+        lease_expires_at = now() + interval '1 minute', started_at = now()
+    WHERE job_id = $1::uuid
+"""
+PROGRESS = """
+    UPDATE creation.jobs SET progress = progress + 10, version = version + 1
+    WHERE job_id = $1::uuid
+"""
+BEAT = """
+    UPDATE creation.jobs SET lease_expires_at = now() + interval '2 minutes'
+    WHERE job_id = $1::uuid
+"""
+CANCEL = """
+    UPDATE creation.jobs SET status = 'cancelled', version = version + 1,
+        completed_at = now(), lease_owner = NULL, lease_expires_at = NULL
+    WHERE job_id = $1::uuid
+"""
+DELETE = """
+    UPDATE creation.jobs SET deleted_at = now(), prompt = '', negative_prompt = '',
+        request_hash = '', version = version + 1
+    WHERE job_id = $1::uuid
+"""
+
+Scenario = Callable[[asyncpg.Connection], Awaitable[None]]
+
+
+def play(url: str, scenario: Scenario) -> None:
+    async def go() -> None:
+        connection = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://"))
+        try:
+            await scenario(connection)
+        finally:
+            await connection.close()
+
+    asyncio.run(go())
+
+
+async def endpoint(
+    connection: asyncpg.Connection,
+    events: list[str],
+    *,
+    users: list[str] | None = None,
+    models: list[str] | None = None,
+    job_id: str | None = None,
+    enabled: bool = True,
+) -> str:
+    endpoint_id = str(uuid.uuid4())
+    await connection.execute(
+        ENDPOINT, endpoint_id, events, users or [], models or [], job_id, enabled
+    )
+    return endpoint_id
+
+
+async def submit(connection: asyncpg.Connection, user: str) -> str:
+    assert await connection.fetchval(SUBMIT, user) == "ok"
+    job_id = await connection.fetchval(JOB_OF, user)
+    assert isinstance(job_id, str)
+    return job_id
+
+
+async def deliveries(connection: asyncpg.Connection, job_id: str) -> list[dict[str, Any]]:
+    return [dict(row) for row in await connection.fetch(DELIVERIES, job_id)]
+
+
+def test_without_endpoints_a_job_change_writes_no_delivery(scratch_database: str) -> None:
+    migrations.upgrade("creation", scratch_database)
+
+    async def scenario(connection: asyncpg.Connection) -> None:
+        job_id = await submit(connection, "u-none")
+        await connection.execute(START, job_id)
+        await connection.execute(PROGRESS, job_id)
+        assert await deliveries(connection, job_id) == []
+        # A disabled endpoint is as good as none.
+        await endpoint(connection, ["job.queued", "job.running"], enabled=False)
+        other = await submit(connection, "u-disabled")
+        await connection.execute(START, other)
+        assert await deliveries(connection, other) == []
+        assert await connection.fetchval("SELECT count(*) FROM creation.outbox") == 5
+
+    play(scratch_database, scenario)
+
+
+def test_a_matching_endpoint_gets_each_new_version_with_the_outbox_payload_in_its_transaction(
+    scratch_database: str,
+) -> None:
+    migrations.upgrade("creation", scratch_database)
+
+    async def scenario(connection: asyncpg.Connection) -> None:
+        every = await endpoint(
+            connection,
+            ["job.queued", "job.running", "job.progress", "job.cancelled", "job.deleted"],
+        )
+        job_id = await submit(connection, "u-all")
+        for change in (START, BEAT, PROGRESS, CANCEL, DELETE):
+            await connection.execute(change, job_id)
+        found = await deliveries(connection, job_id)
+        # The beat moved no version: no event.
+        assert [(d["event_type"], d["job_version"]) for d in found] == [
+            ("job.queued", 1),
+            ("job.running", 2),
+            ("job.progress", 3),
+            ("job.cancelled", 4),
+            ("job.deleted", 5),
+        ]
+        for delivery in found:
+            assert delivery["endpoint_id"] == every
+            assert json.loads(delivery["payload"]) == json.loads(delivery["outbox_payload"])
+            assert delivery["same_transaction"] and delivery["same_time"]
+            assert delivery["state"] == "pending" and delivery["user_id"] == "u-all"
+            assert delivery["message_id"].startswith("msg_")
+        assert len({d["message_id"] for d in found}) == len(found)
+        assert json.loads(found[-1]["payload"])["deleted"] is True
+
+        # A change rolled back takes its deliveries with it.
+        transaction = connection.transaction()
+        await transaction.start()
+        rolled = await submit(connection, "u-rolled-back")
+        assert len(await deliveries(connection, rolled)) == 1
+        await transaction.rollback()
+        assert await deliveries(connection, rolled) == []
+
+    play(scratch_database, scenario)
+
+
+def test_endpoints_get_only_the_events_users_models_and_job_they_name(
+    scratch_database: str,
+) -> None:
+    migrations.upgrade("creation", scratch_database)
+
+    async def scenario(connection: asyncpg.Connection) -> None:
+        model = "stub-fast"  # the model SUBMIT names
+        running_only = await endpoint(connection, ["job.running"])
+        for_u1 = await endpoint(connection, ["job.queued"], users=["u1"])
+        for_model = await endpoint(connection, ["job.queued"], models=[model])
+        other_model = await endpoint(connection, ["job.queued"], models=["stub-slow"])
+        # A per-job endpoint for a job not yet written (as SubmitJob writes it first).
+        planned = str(uuid.uuid4())
+        per_job = await endpoint(connection, ["job.queued", "job.running"], job_id=planned)
+        await endpoint(connection, ["job.queued", "job.running"], enabled=False)
+
+        u1 = await submit(connection, "u1")
+        u2 = await submit(connection, "u2")
+        sql = SUBMIT.replace("p_job_id => gen_random_uuid()", "p_job_id => $2::uuid")
+        assert await connection.fetchval(sql, "u3", planned) == "ok"
+
+        def by_endpoint(found: list[dict[str, Any]]) -> set[tuple[str, str]]:
+            return {(d["endpoint_id"], d["event_type"]) for d in found}
+
+        assert by_endpoint(await deliveries(connection, u1)) == {
+            (for_u1, "job.queued"),
+            (for_model, "job.queued"),
+        }
+        assert by_endpoint(await deliveries(connection, u2)) == {(for_model, "job.queued")}
+        assert by_endpoint(await deliveries(connection, planned)) == {
+            (for_model, "job.queued"),
+            (per_job, "job.queued"),
+        }
+        # Progress is told only to those that name it; a new status to those naming it.
+        for job_id in (u1, planned):
+            await connection.execute(START, job_id)
+            await connection.execute(PROGRESS, job_id)
+        running = [d for d in await deliveries(connection, u1) if d["job_version"] > 1]
+        assert by_endpoint(running) == {(running_only, "job.running")}
+        running = [d for d in await deliveries(connection, planned) if d["job_version"] > 1]
+        assert by_endpoint(running) == {(running_only, "job.running"), (per_job, "job.running")}
+        assert other_model not in {d["endpoint_id"] for d in await deliveries(connection, u1)}
+
+    play(scratch_database, scenario)
+
+
+def test_new_deliveries_wake_the_deliverers_at_commit_and_job_changes_without_do_not(
+    scratch_database: str,
+) -> None:
+    migrations.upgrade("creation", scratch_database)
+
+    async def scenario(connection: asyncpg.Connection) -> None:
+        url = scratch_database.replace("postgresql+asyncpg://", "postgresql://")
+        listener = await asyncpg.connect(url)
+        woken: asyncio.Queue[str] = asyncio.Queue()
+        await listener.add_listener("creation_webhooks", lambda *a: woken.put_nowait(a[2]))
+        try:
+            await submit(connection, "u-quiet")
+            # A round trip on the listener's connection delivers what was sent before it.
+            await listener.execute("SELECT 1")
+            assert woken.empty()
+            await endpoint(connection, ["job.queued"])
+            await submit(connection, "u-loud")
+            await asyncio.wait_for(woken.get(), 30)
+            # A finished delivery made pending again (a redelivery) wakes them too.
+            await connection.execute(
+                "UPDATE creation.webhook_deliveries SET state = 'failed', completed_at = now()"
+            )
+            await listener.execute("SELECT 1")
+            assert woken.empty()
+            await connection.execute(
+                "UPDATE creation.webhook_deliveries SET state = 'pending', completed_at = NULL"
+            )
+            await asyncio.wait_for(woken.get(), 30)
+        finally:
+            await listener.close()
+
+    play(scratch_database, scenario)
+
+
+def test_the_rows_refuse_what_the_design_forbids(scratch_database: str) -> None:
+    migrations.upgrade("creation", scratch_database)
+
+    async def scenario(connection: asyncpg.Connection) -> None:
+        with pytest.raises(asyncpg.CheckViolationError, match="event_types_known"):
+            await endpoint(connection, ["job.exploded"])
+        with pytest.raises(asyncpg.CheckViolationError, match="secret_or_job"):
+            await connection.execute(
+                "INSERT INTO creation.webhook_endpoints (endpoint_id, url, event_types,"
+                " created_by) VALUES (gen_random_uuid(), 'https://x', '{job.queued}', 'op')"
+            )
+        hook = await endpoint(connection, ["job.queued"])
+        job_id = await submit(connection, "u-rules")
+        with pytest.raises(asyncpg.CheckViolationError, match="excerpt_short"):
+            await connection.execute(
+                "UPDATE creation.webhook_deliveries SET last_response_excerpt = repeat('x', 257)"
+            )
+        with pytest.raises(asyncpg.UniqueViolationError):
+            await connection.execute(
+                "INSERT INTO creation.webhook_deliveries (endpoint_id, job_id, job_version,"
+                " event_type, payload, occurred_at) VALUES ($1, $2::uuid, 1, 'job.queued',"
+                " '{}', now())",
+                hook,
+                job_id,
+            )
+        # Deleting an endpoint deletes its deliveries.
+        await connection.execute(
+            "DELETE FROM creation.webhook_endpoints WHERE endpoint_id = $1", hook
+        )
+        assert await deliveries(connection, job_id) == []
+
+    play(scratch_database, scenario)
+
+
+def test_downgrading_0027_brings_back_0025s_triggers_and_takes_the_tables(
+    scratch_database: str,
+) -> None:
+    migrations.upgrade("creation", scratch_database)
+    migrations.downgrade("creation", scratch_database, "0026")
+    frozen = functions_of((FROZEN / "job_changes_0025.sql").read_text())
+
+    async def scenario(connection: asyncpg.Connection) -> None:
+        for name in ("write_job_inserts", "write_job_updates"):
+            assert await connection.fetchval(FUNCTION_SOURCE, name) == frozen[name]
+        assert await connection.fetchval("SELECT to_regclass('creation.webhook_endpoints')") is None
+        await submit(connection, "u-0026")
+
+    play(scratch_database, scenario)
+    migrations.upgrade("creation", scratch_database)
