@@ -5,7 +5,7 @@ job engine and listens only internally (health and reflection, for probes); ``al
 both (development, small deployments). Every role runs the outbox relay: each writes
 outbox rows (submits and cancels in ``api``, every step of a job in ``worker``), so no
 role's changes may wait for another role to be deployed, and replicas share the queue
-(``SKIP LOCKED``) without stepping on each other.
+(``SKIP LOCKED``) without stepping on each other. So does the webhook deliverer.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from services.creation.standing_servicer import QueueStandingServicer
 from services.creation.store.catalog import CachedCatalog
 from services.creation.store.jobs import SubmitLimits
 from services.creation.waits import JobWaits
+from services.creation.webhooks.deliverer import WebhookDeliverer
 from services.creation.worker.context import PointHook, no_point
 from services.creation.worker.loop import Worker
 from services.creation.worker.reaper import Reaper
@@ -138,6 +139,10 @@ def build(
         clock=clock,
         prunings=remote_prunings(settings.remote.retention_seconds),
     )
+    # Every role delivers webhooks too (replicas share the deliveries, SKIP LOCKED).
+    webhooks = WebhookDeliverer(
+        database.engine, media, settings.webhooks, settings.common.database_url
+    )
     background = [
         *(
             _engine_components(settings, database, media, providers, clock, on_point)
@@ -145,6 +150,7 @@ def build(
             else []
         ),
         relay,
+        webhooks,
     ]
     if role in ("worker", "all"):
         # The roles that own the queue read its gauges (one replica's reading is the

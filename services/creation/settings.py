@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from services.creation.providers.failures import FAILURES
 from services.creation.remote.settings import RemoteSettings
+from services.creation.webhooks.settings import WebhookSettings
 from services.kit.settings import (
     DEFAULT_PORTS,
     CommonSettings,
@@ -296,14 +297,16 @@ class CreationSettings:
     relay: RelaySettings = RelaySettings()
     providers: ProviderSettings = ProviderSettings()
     remote: RemoteSettings = field(default_factory=RemoteSettings)
+    webhooks: WebhookSettings = field(default_factory=WebhookSettings)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> CreationSettings:
         reader = EnvReader(environ)
         media_port = DEFAULT_PORTS["media"].internal_port
         notify_port = DEFAULT_PORTS["notify"].internal_port
+        common = CommonSettings.read(reader)
         settings = cls(
-            common=CommonSettings.read(reader),
+            common=common,
             listen=ListenSettings.read(reader, "creation", DEFAULT_PORTS["creation"]),
             media_internal_address=reader.string(
                 "MEDIA_INTERNAL_ADDRESS", f"127.0.0.1:{media_port}"
@@ -340,6 +343,7 @@ class CreationSettings:
             relay=RelaySettings.read(reader),
             providers=ProviderSettings.read(reader),
             remote=RemoteSettings.read(reader),
+            webhooks=WebhookSettings.read(reader, common.env),
         )
         # A heartbeat must come well inside the lease, or live jobs would be reaped.
         reader.require(

@@ -609,3 +609,16 @@ Index(
     webhook_deliveries.c.endpoint_id,
     webhook_deliveries.c.delivery_id,
 )
+# The deliverer's claim, endpoint by endpoint (migration 0028): an endpoint's due rows,
+# and the rows it has in flight (claimed, not yet answered).
+Index(
+    "ix_webhook_deliveries_endpoint_due",
+    webhook_deliveries.c.endpoint_id,
+    webhook_deliveries.c.next_attempt_at,
+    postgresql_where=webhook_deliveries.c.state == "pending",
+)
+Index(
+    "ix_webhook_deliveries_in_flight",
+    webhook_deliveries.c.endpoint_id,
+    postgresql_where=webhook_deliveries.c.claimed_until.is_not(None),
+)

@@ -146,13 +146,17 @@ class Stack:
     def state_env(self) -> dict[str, str]:
         """Local objects and the stub provider's requests live beside the stack's other
         state, signed URLs point at this stack's edge, and leases beat every second (a
-        job of a few seconds shows its progress, a cancel lands within a second), unless
-        the environment says otherwise (say, a LAN address for a phone)."""
+        job of a few seconds shows its progress, a cancel lands within a second), and
+        webhooks may go to a local receiver, unless the environment says otherwise (say,
+        a LAN address for a phone)."""
         defaults = {
             "ATELIER_MEDIA_LOCAL_DIR": str(self.work_dir / "media"),
             "ATELIER_STUB_STATE_DIR": str(self.work_dir / "stub"),
             "ATELIER_MEDIA_PUBLIC_BASE_URL": f"http://127.0.0.1:{self.ports.envoy}",
             "ATELIER_HEARTBEAT": "1",
+            # Webhooks to a receiver on this machine (plain http, loopback): dev only.
+            "ATELIER_WEBHOOK_ALLOW_HTTP": "true",
+            "ATELIER_WEBHOOK_ALLOWED_NETWORKS": "127.0.0.0/8,::1/128",
         }
         return {name: value for name, value in defaults.items() if name not in os.environ}
 

@@ -2,6 +2,7 @@
 
 # What other packages import from here (tests/unit/test_package_surfaces.py).
 __all__ = [
+    "addresses",
     "auth",
     "client_times",
     "clock",
@@ -23,6 +24,7 @@ __all__ = [
     "logging",
     "migrations",
     "outages",
+    "outbound",
     "pagination",
     "ports",
     "readings",

@@ -1,4 +1,4 @@
 """The outbox relay: creation's job changes, delivered to notify at least once."""
 
 # What other packages import from here (tests/unit/test_package_surfaces.py).
-__all__ = ["notify_client", "pruning", "relay"]
+__all__ = ["jobs", "notify_client", "pruning", "relay"]

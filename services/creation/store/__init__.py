@@ -15,4 +15,5 @@ __all__ = [
     "output_purges",
     "remote",
     "submit_statement",
+    "webhook_deliveries",
 ]

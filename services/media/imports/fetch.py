@@ -4,7 +4,7 @@ Each hop (the URL, then each redirect's target, at most ``max_redirects``):
 
 1. the URL must be ``https`` with a host and no credentials;
 2. the host is resolved once, and every address it resolves to is checked
-   (addresses.py): one refused address refuses the URL, so a name cannot mix a public
+   (services/kit/addresses.py): one refused address refuses the URL, so a name cannot mix a public
    address with an internal one;
 3. the connection goes to a checked address itself (never a second resolution, which a
    rebinding DNS server could answer differently); TLS sends the host name (SNI) and
@@ -30,9 +30,9 @@ from urllib.parse import urljoin, urlsplit
 
 import h11
 
+from services.kit.addresses import Address, AddressPolicy
 from services.media.domain import CONTENT_TYPES
 from services.media.errors import ImportRefused
-from services.media.imports.addresses import Address, AddressPolicy
 
 # host, port -> the addresses the host resolves to.
 Resolver = Callable[[str, int], Awaitable[list[str]]]

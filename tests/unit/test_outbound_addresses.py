@@ -1,4 +1,4 @@
-"""The SSRF guard's address rule (services/media/imports/addresses.py): public unicast
+"""The SSRF guard's address rule (services/kit/addresses.py): public unicast
 addresses only, every IPv6 form of a refused IPv4 address refused too, and the networks a
 test setting allows."""
 
@@ -8,7 +8,7 @@ import ipaddress
 
 import pytest
 
-from services.media.imports.addresses import AddressPolicy, why_refused
+from services.kit.addresses import AddressPolicy, why_refused
 
 REFUSED = [
     "127.0.0.1",

@@ -1,12 +1,14 @@
-"""Which addresses a server-side fetch may connect to: public unicast ones only.
+"""Which addresses a server-side call may connect to (media's URL imports, creation's
+webhooks): public unicast ones only.
 
 Refused: loopback, private (RFC 1918, unique local), link-local (which holds the cloud
 metadata address 169.254.169.254), shared address space (CGNAT, 100.64.0.0/10, where
 some clouds put their metadata service), multicast, unspecified, reserved and
 documentation ranges, and any IPv6 address that carries an IPv4 one (IPv4-mapped,
 IPv4-compatible, NAT64, 6to4, Teredo) whose IPv4 address is refused. A test setting may
-allow named networks (``ATELIER_MEDIA_IMPORT_ALLOWED_NETWORKS``, e.g. 127.0.0.1/32 for a
-local server); production refuses that setting.
+allow named networks (``ATELIER_MEDIA_IMPORT_ALLOWED_NETWORKS``,
+``ATELIER_WEBHOOK_ALLOWED_NETWORKS``, e.g. 127.0.0.1/32 for a local server); production
+refuses those settings.
 """
 
 from __future__ import annotations

@@ -1,0 +1,196 @@
+"""The webhook deliverer's SQL: claiming due deliveries, recording attempts, and the
+endpoints' failing state. Run on the pool's asyncpg connection (store/outbox.py's way).
+
+Times are the database's (``now()``): every replica agrees on what is due."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+WEBHOOKS_CHANNEL = "creation_webhooks"
+
+# Each enabled endpoint with due deliveries, locked for the claim (a replica claiming for
+# it now is skipped, so max_in_flight holds across replicas), with the room it has left;
+# then its oldest due deliveries up to that room, skipping rows another replica holds.
+# A claim that lapsed (its deliverer died) is due again. The endpoints are taken in turn
+# (the least recently claimed first is not tracked: a batch visits every endpoint that
+# has room, each up to its own limit), so one endpoint's backlog never fills a batch.
+_CLAIM = """
+WITH room AS (
+  SELECT e.endpoint_id,
+         e.max_in_flight - (
+           SELECT count(*) FROM creation.webhook_deliveries AS f
+           WHERE f.endpoint_id = e.endpoint_id AND f.claimed_until > now()
+         ) AS room
+  FROM creation.webhook_endpoints AS e
+  WHERE e.enabled AND EXISTS (
+    SELECT FROM creation.webhook_deliveries AS d
+    WHERE d.endpoint_id = e.endpoint_id AND d.state = 'pending' AND d.next_attempt_at <= now()
+  )
+  FOR UPDATE OF e SKIP LOCKED
+),
+picked AS (
+  SELECT p.delivery_id
+  FROM room AS r
+  CROSS JOIN LATERAL (
+    SELECT d.delivery_id FROM creation.webhook_deliveries AS d
+    WHERE d.endpoint_id = r.endpoint_id AND d.state = 'pending'
+      AND d.next_attempt_at <= now()
+      AND (d.claimed_until IS NULL OR d.claimed_until <= now())
+    ORDER BY d.next_attempt_at
+    LIMIT greatest(r.room, 0)
+    FOR UPDATE OF d SKIP LOCKED
+  ) AS p
+  LIMIT $2
+)
+UPDATE creation.webhook_deliveries AS d
+SET claimed_until = now() + make_interval(secs => $1)
+FROM picked, creation.webhook_endpoints AS e
+LEFT JOIN creation.webhook_signing_keys AS k ON k.owner = e.signing_owner
+WHERE d.delivery_id = picked.delivery_id AND e.endpoint_id = d.endpoint_id
+RETURNING d.delivery_id, d.claimed_until, d.message_id, d.endpoint_id::text, d.event_type,
+          d.payload::text, d.occurred_at, d.attempts, d.job_version,
+          e.url, coalesce(e.secret, k.secret) AS secret,
+          CASE WHEN coalesce(e.previous_secret_expires_at, k.previous_secret_expires_at)
+                    > now()
+               THEN coalesce(e.previous_secret, k.previous_secret) END AS previous_secret,
+          now() AS now
+"""
+
+# Each attempt's outcome, fenced by the claim it was made under (a lapsed claim that
+# another deliverer took over records nothing).
+_RECORD = """
+UPDATE creation.webhook_deliveries AS d
+SET state = r.state,
+    attempts = d.attempts + 1,
+    next_attempt_at = coalesce(r.next_attempt_at, d.next_attempt_at),
+    claimed_until = NULL,
+    last_attempt_at = r.attempted_at,
+    last_status_code = r.status_code,
+    last_error = r.error,
+    last_response_excerpt = r.excerpt,
+    completed_at = CASE WHEN r.state = 'pending' THEN NULL ELSE r.attempted_at END
+FROM unnest($1::bigint[], $2::timestamptz[], $3::text[], $4::timestamptz[],
+            $5::timestamptz[], $6::int[], $7::text[], $8::text[])
+     AS r(delivery_id, claimed_until, state, next_attempt_at, attempted_at, status_code,
+          error, excerpt)
+WHERE d.delivery_id = r.delivery_id AND d.claimed_until = r.claimed_until
+"""
+
+# The endpoints' failing runs: an answered attempt ends one, a failed one starts (or
+# continues) it; a run as long as the limit, or a 410, disables the endpoint. Returns the
+# endpoints this disabled, with why.
+_ENDPOINTS = """
+UPDATE creation.webhook_endpoints AS e
+SET failing_since = CASE WHEN r.ok THEN NULL ELSE coalesce(e.failing_since, r.failed_at) END,
+    enabled = NOT (r.gone OR (NOT r.ok AND coalesce(e.failing_since, r.failed_at)
+                              <= now() - make_interval(secs => $5))),
+    disabled_reason = CASE WHEN r.gone THEN 'gone'
+                           WHEN NOT r.ok AND coalesce(e.failing_since, r.failed_at)
+                                <= now() - make_interval(secs => $5) THEN 'failing'
+                           ELSE '' END,
+    updated_at = now()
+FROM unnest($1::uuid[], $2::bool[], $3::bool[], $4::timestamptz[])
+     AS r(endpoint_id, ok, gone, failed_at)
+WHERE e.endpoint_id = r.endpoint_id AND e.enabled
+  AND (NOT r.ok OR r.gone OR e.failing_since IS NOT NULL)
+RETURNING e.endpoint_id::text, e.enabled, e.disabled_reason
+"""
+
+_PRUNE = """
+DELETE FROM creation.webhook_deliveries WHERE delivery_id IN (
+  SELECT delivery_id FROM creation.webhook_deliveries
+  WHERE state <> 'pending' AND completed_at < now() - make_interval(secs => $1)
+  LIMIT $2)
+"""
+
+
+@dataclass(frozen=True)
+class Claimed:
+    delivery_id: int
+    claimed_until: datetime
+    message_id: str
+    endpoint_id: str
+    event_type: str
+    payload: str
+    occurred_at: datetime
+    attempts: int
+    job_version: int
+    url: str
+    secret: str | None
+    previous_secret: str | None
+    now: datetime
+
+
+@dataclass(frozen=True)
+class Attempted:
+    delivery_id: int
+    claimed_until: datetime
+    endpoint_id: str
+    # pending (to be retried), succeeded, failed
+    state: str
+    next_attempt_at: datetime | None
+    attempted_at: datetime
+    status_code: int | None
+    error: str
+    excerpt: str
+    # The endpoint answered 2xx; it answered 410 Gone.
+    ok: bool
+    gone: bool
+
+
+async def claim(connection: Any, limit: int, claim_seconds: float) -> list[Claimed]:
+    rows = await connection.fetch(_CLAIM, claim_seconds, limit)
+    return [Claimed(*row) for row in rows]
+
+
+async def record(
+    connection: Any, attempts: Sequence[Attempted], disable_after: float
+) -> list[tuple[str, str]]:
+    """Writes the attempts and the endpoints' failing runs, in one transaction; the
+    endpoints this disabled, with why."""
+    if not attempts:
+        return []
+    latest: dict[str, Attempted] = {}
+    first_failure: dict[str, datetime] = {}
+    gone: set[str] = set()
+    for attempt in attempts:
+        seen = latest.get(attempt.endpoint_id)
+        if seen is None or attempt.attempted_at >= seen.attempted_at:
+            latest[attempt.endpoint_id] = attempt
+        if not attempt.ok:
+            known = first_failure.get(attempt.endpoint_id)
+            if known is None or attempt.attempted_at < known:
+                first_failure[attempt.endpoint_id] = attempt.attempted_at
+        if attempt.gone:
+            gone.add(attempt.endpoint_id)
+    endpoints = sorted(latest)
+    async with connection.transaction():
+        await connection.execute(
+            _RECORD,
+            [a.delivery_id for a in attempts],
+            [a.claimed_until for a in attempts],
+            [a.state for a in attempts],
+            [a.next_attempt_at for a in attempts],
+            [a.attempted_at for a in attempts],
+            [a.status_code for a in attempts],
+            [a.error for a in attempts],
+            [a.excerpt for a in attempts],
+        )
+        rows = await connection.fetch(
+            _ENDPOINTS,
+            endpoints,
+            [latest[e].ok for e in endpoints],
+            [e in gone for e in endpoints],
+            [first_failure.get(e, latest[e].attempted_at) for e in endpoints],
+            disable_after,
+        )
+    return [(row[0], row[2]) for row in rows if not row[1]]
+
+
+async def prune(connection: Any, retention_seconds: float, limit: int) -> int:
+    status = await connection.execute(_PRUNE, retention_seconds, limit)
+    return int(status.split()[-1])

@@ -1,0 +1,36 @@
+"""A delivery's body: ``{"type", "timestamp", "data"}``, where data is the v1 Job as the
+edge prints GetJob's answer (camelCase names, enums by name, every field without
+presence printed, int64 as strings), its outputs with fresh signed URLs as GetJob gives
+them. Read from the delivery's payload (creation.job_message of that version)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from google.protobuf import json_format, timestamp_pb2
+
+from atelier.creation.v1 import job_pb2
+from services.creation.convert import fill_output_urls
+from services.creation.media_client import OutputUrls
+from services.creation.relay.jobs import read_job
+
+
+def job_of(payload: Any) -> job_pb2.Job:
+    job = job_pb2.Job()
+    read_job(payload, job)
+    return job
+
+
+def body(
+    event_type: str, occurred_at: datetime, job: job_pb2.Job, urls: Mapping[str, OutputUrls]
+) -> bytes:
+    if urls:
+        fill_output_urls(job, urls)
+    data = json_format.MessageToDict(job, always_print_fields_with_no_presence=True)
+    stamp = timestamp_pb2.Timestamp()
+    stamp.FromDatetime(occurred_at)
+    document = {"type": event_type, "timestamp": stamp.ToJsonString(), "data": data}
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
