@@ -27,6 +27,8 @@ import services.notify.app  # noqa: F401
 from scripts import deploy_check
 from services.creation.domain import ReapDecision
 from services.creation.gauges import READING as BACKLOG_READING
+from services.creation.webhooks.deliverer import DISABLED_REASONS as WEBHOOK_DISABLED
+from services.creation.webhooks.deliverer import OUTCOMES as WEBHOOK_OUTCOMES
 from services.kit.jwks import FETCH_OUTCOMES
 from services.notify.apns.rules import APPLE_REASONS, SENDER_REASONS
 from services.notify.apns.sender import OUTCOMES
@@ -43,8 +45,8 @@ SEVERITIES = {"page", "ticket"}
 # The values a label may take, from the code that sets them.
 LABEL_VALUES: dict[str, set[str]] = {
     "decision": {d.value for d in ReapDecision},
-    "reason": set(APPLE_REASONS) | set(SENDER_REASONS) | {"none", "other"},
-    "outcome": set(OUTCOMES) | set(FETCH_OUTCOMES),
+    "reason": set(APPLE_REASONS) | set(SENDER_REASONS) | {"none", "other"} | set(WEBHOOK_DISABLED),
+    "outcome": set(OUTCOMES) | set(FETCH_OUTCOMES) | set(WEBHOOK_OUTCOMES),
     "reading": {BACKLOG_READING},
     "why": {"taken_over", "abandoned"},
 }

@@ -57,6 +57,9 @@ EXCERPT = 256
 PRUNE_PERIOD = 300.0
 PRUNE_BATCH = 1000
 
+# The outcomes of an attempt, and why the deliverer disables an endpoint (metric labels).
+OUTCOMES = ("succeeded", "retried", "failed")
+DISABLED_REASONS = ("gone", "failing")
 ATTEMPTS = Counter(
     "atelier_webhook_attempts",
     "Webhook delivery attempts, by what came of them (succeeded, retried, failed)",
