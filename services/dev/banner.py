@@ -26,7 +26,7 @@ development token (user dev-user, 24 h):
   export TOKEN={token}
 this run's service identities (docs/operations.md, "Service identities"):
   {DEV_OPERATOR} (AdminService)       {credentials.operator}
-  {DEV_BACKEND} (acts for users)      {credentials.backend}
+  {DEV_BACKEND} (acts for users, job feed) {credentials.backend}
 
 try (each command pastes into bash as is, after the export above):
   curl -s -H "authorization: Bearer $TOKEN" http://{edge}/v1/catalog

@@ -10,7 +10,7 @@ import os
 import secrets
 from dataclasses import dataclass, field
 
-from services.kit.identities import entry
+from services.kit.identities import WATCH_ALL_JOBS, entry
 from services.kit.settings import DEV_SERVICE_TOKEN
 
 # The operator and the app backend a developer (or a test) calls as.
@@ -35,7 +35,13 @@ class StackCredentials:
                 entry("creation", "creation", (self.creation,)),
                 entry("notify", "notify", (self.notify,)),
                 entry(DEV_OPERATOR, "operator", (self.operator,)),
-                entry(DEV_BACKEND, "backend", (self.backend,), act_for_users=True),
+                entry(
+                    DEV_BACKEND,
+                    "backend",
+                    (self.backend,),
+                    act_for_users=True,
+                    allow=(WATCH_ALL_JOBS,),
+                ),
             ]
         )
 

@@ -8,7 +8,9 @@ is a JSON list, one object per identity::
     [{"name": "creation", "role": "creation", "credential_sha256": ["<hex>"]},
      {"name": "alice", "role": "operator", "credential_sha256": ["<hex>", "<hex>"]},
      {"name": "shop", "role": "backend", "credential_sha256": ["<hex>"],
-      "act_for_users": true, "allow": ["/atelier.media.v1.MediaInternalService/ImportAsset"]}]
+      "act_for_users": true, "allow": ["/atelier.media.v1.MediaInternalService/ImportAsset"]},
+     {"name": "billing", "role": "backend", "credential_sha256": ["<hex>"],
+      "allow": ["/atelier.notify.v1.NotifyFeedService/WatchAllJobs"]}]
 
 A role grants its internal RPCs (:data:`ROLE_METHODS`); ``allow`` adds full method
 names or whole services (``/package.Service/*``). Whatever no grant names is
@@ -32,10 +34,14 @@ SETTING = "SERVICE_IDENTITIES"
 
 _MEDIA = "/atelier.media.v1.MediaInternalService/"
 _ADMIN = "/atelier.creation.v1.AdminService/"
+# The feed of every user's job changes (docs/feed.md). No role has it by default: it shows
+# every user's jobs, so each identity that reads it is named for it (``allow``).
+WATCH_ALL_JOBS = "/atelier.notify.v1.NotifyFeedService/WatchAllJobs"
 
 # What each role may call, by default. creation stores and signs every job's media and
 # feeds notify; notify signs output URLs and reads queue standings; operators run
-# AdminService; an app backend calls nothing internal unless `allow` says so.
+# AdminService; an app backend calls nothing internal unless `allow` says so (the job
+# feed, WATCH_ALL_JOBS, included: not even creation or an operator reads it by default).
 ROLE_METHODS: dict[str, tuple[str, ...]] = {
     "creation": (_MEDIA + "*", "/atelier.notify.v1.NotifyIngestService/Deliver"),
     "notify": (

@@ -1,7 +1,8 @@
 """Assembles the notify service: the ingest listener (creation's relay delivers job states
 to the projection, delivery.py; what moved goes to the streams' fan-out: this replica's
 streams, and through Redis every other's when configured), the client streams with their
-backstop, and the APNs token RPCs (devices.py); Deliver records the pushes each update
+backstop, the job feed for internal services (feed_servicer.py, on the internal listener)
+and the APNs token RPCs (devices.py); Deliver records the pushes each update
 implies (services/notify/pushes/), and with APNs configured the sender drains them
 (services/notify/apns/). All SQL is in services/notify/store/."""
 
@@ -13,6 +14,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from atelier.notify.v1 import (
+    notify_feed_service_pb2,
+    notify_feed_service_pb2_grpc,
     notify_ingest_service_pb2,
     notify_ingest_service_pb2_grpc,
     notify_service_pb2,
@@ -25,6 +28,7 @@ from services.kit.server import Binding, ServiceApp, run_service
 from services.notify.apns.assemble import build_sender
 from services.notify.delivery import Delivery, Publisher
 from services.notify.devices import Devices
+from services.notify.feed_servicer import FeedServicer
 from services.notify.ingest_servicer import NotifyIngestServicer
 from services.notify.output_urls import MediaSigner, OutputUrls
 from services.notify.pushes.planner import PushPlanner
@@ -32,7 +36,7 @@ from services.notify.pushes.planning import Rules
 from services.notify.queue_standings import CreationStandings
 from services.notify.servicer import NotifyServicer
 from services.notify.settings import NotifySettings
-from services.notify.store import ProjectionStore, StreamReads, TokenStore
+from services.notify.store import FeedReads, ProjectionStore, StreamReads, TokenStore
 from services.notify.streams.backstop import Backstop
 from services.notify.streams.change import Change, Snapshot
 from services.notify.streams.clock import StreamClock
@@ -125,6 +129,7 @@ def assemble(
     cleanup = [signer.close, creation.close, database.close]
     if streams.redis is not None:
         cleanup.insert(0, streams.redis.close)
+    output_urls = OutputUrls(signer)
     planner = push_planner(settings)
     delivery = Delivery(ProjectionStore(engine), publisher or streams.publisher, planner)
     components = list(streams.components)
@@ -144,7 +149,7 @@ def assemble(
                     settings.streams,
                     FirstStates(latest_of_jobs).get,
                     user_snapshot,
-                    OutputUrls(signer),
+                    output_urls,
                     streams.standings,
                 ),
             )
@@ -154,7 +159,18 @@ def assemble(
                 notify_ingest_service_pb2.DESCRIPTOR.services_by_name["NotifyIngestService"],
                 notify_ingest_service_pb2_grpc.add_NotifyIngestServiceServicer_to_server,
                 NotifyIngestServicer(delivery),
-            )
+            ),
+            Binding(
+                notify_feed_service_pb2.DESCRIPTOR.services_by_name["NotifyFeedService"],
+                notify_feed_service_pb2_grpc.add_NotifyFeedServiceServicer_to_server,
+                FeedServicer(
+                    streams.registry,
+                    settings.streams,
+                    settings.poll_period_seconds,
+                    FeedReads(engine),
+                    output_urls,
+                ),
+            ),
         ],
         readiness=database.answers,
         components=components,

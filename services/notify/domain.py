@@ -1,4 +1,5 @@
-"""notify's device values (pure): what a client registers, and a device as it is listed."""
+"""notify's values (pure): what a client registers, a device as it is listed, and what a
+job feed (WatchAllJobs) asks for."""
 
 from __future__ import annotations
 
@@ -42,3 +43,16 @@ class ActivityRegistration:
     device_id: str
     token: str
     activity_id: str
+
+
+@dataclass(frozen=True)
+class FeedRequest:
+    """A WatchAllJobs request, checked: resume after ``after_seq`` (None: from now), the
+    jobs of ``user_ids`` and ``model_ids`` only (empty: all)."""
+
+    after_seq: int | None
+    user_ids: tuple[str, ...]
+    model_ids: frozenset[str]
+
+    def wants(self, model_id: str) -> bool:
+        return not self.model_ids or model_id in self.model_ids

@@ -32,8 +32,11 @@ class Reason:
     INVALID_JOB_ID = "INVALID_JOB_ID"
     INVALID_AFTER_VERSION = "INVALID_AFTER_VERSION"
     INVALID_CURSOR = "INVALID_CURSOR"
-    # A WatchJobs cursor the stream cannot resume from (FAILED_PRECONDITION): resync.
+    # A WatchJobs or WatchAllJobs cursor the stream cannot resume from
+    # (FAILED_PRECONDITION): resync.
     CURSOR_EXPIRED = "CURSOR_EXPIRED"
+    # WatchAllJobs: a user or model id that cannot be one, or too many of them.
+    INVALID_FEED_FILTER = "INVALID_FEED_FILTER"
 
 
 class NotifyError(DomainError):
@@ -72,7 +75,8 @@ class LiveActivityNotFound(_NotFound):
 
 
 class CursorExpired(NotifyError):
-    """A WatchJobs cursor the stream cannot resume from; ``why`` says which way."""
+    """A WatchJobs or WatchAllJobs cursor the stream cannot resume from; ``why`` says
+    which way."""
 
     def __init__(self, why: str) -> None:
         super().__init__(why)

@@ -4,15 +4,17 @@ domain's values: normalized tokens, environment names, cursors as integers."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from atelier.creation.v1 import job_pb2
+from atelier.notify.v1 import notify_feed_service_pb2 as feed_pb
 from atelier.notify.v1 import notify_ingest_service_pb2 as ingest_pb
 from atelier.notify.v1 import notify_service_pb2 as pb
 from services.kit.auth import principal_id_problem
 from services.kit.errors import FieldViolation, invalid_argument
 from services.kit.ids import canonical_uuid, is_uuid
-from services.notify.domain import ActivityRegistration, DeviceRegistration
+from services.notify.domain import ActivityRegistration, DeviceRegistration, FeedRequest
 from services.notify.errors import Reason
 from services.notify.projection import Job
 from services.notify.pushes import tokens
@@ -26,6 +28,9 @@ ENVIRONMENTS = {
 }
 # A cursor is opaque to clients; this prefix lets the format change later.
 _CURSOR_PREFIX = "s"
+# The most user ids, and model ids, one WatchAllJobs filter names.
+MAX_FEED_FILTER_IDS = 100
+_MODEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 
 
 # -- Deliver ---------------------------------------------------------------------------
@@ -177,3 +182,30 @@ def decode_cursor(value: str) -> int | None:
             [FieldViolation("cursor", "must be a cursor this server handed out")],
         )
     return int(digits)
+
+
+def feed_request(request: feed_pb.WatchAllJobsRequest) -> FeedRequest:
+    """A WatchAllJobs request's filter and cursor, checked (the filter first)."""
+    problems: list[FieldViolation] = []
+    for name, ids in (("user_ids", request.user_ids), ("model_ids", request.model_ids)):
+        if len(ids) > MAX_FEED_FILTER_IDS:
+            problems.append(FieldViolation(name, f"must hold at most {MAX_FEED_FILTER_IDS} ids"))
+    for index, user_id in enumerate(request.user_ids[:MAX_FEED_FILTER_IDS]):
+        problem = principal_id_problem(user_id)
+        if problem is not None:
+            problems.append(FieldViolation(f"user_ids[{index}]", problem))
+    for index, model_id in enumerate(request.model_ids[:MAX_FEED_FILTER_IDS]):
+        if not _MODEL_ID.fullmatch(model_id):
+            problems.append(
+                FieldViolation(
+                    f"model_ids[{index}]",
+                    "must be a model id (1-128 letters, digits and . _ : -)",
+                )
+            )
+    if problems:
+        raise invalid_argument(Reason.INVALID_FEED_FILTER, problems)
+    return FeedRequest(
+        after_seq=decode_cursor(request.cursor),
+        user_ids=tuple(dict.fromkeys(request.user_ids)),
+        model_ids=frozenset(request.model_ids),
+    )

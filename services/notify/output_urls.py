@@ -28,6 +28,8 @@ log = get_logger(__name__)
 _SERVICE = "atelier.media.v1.MediaInternalService"
 # A URL is handed out only while it has at least this long to live.
 FRESH_FOR_SECONDS = 60.0
+# The most assets one GetAssetUrls call names (media refuses more).
+SIGN_BATCH = 100
 # Signed URLs kept; beyond it the least recently used goes.
 CACHE_SIZE = 10_000
 
@@ -142,21 +144,23 @@ class OutputUrls:
     async def fill(self, state: job_pb2.Job) -> job_pb2.Job:
         if not self.needed(state):
             return state
-        filled = job_pb2.Job()
-        filled.CopyFrom(state)
-        signed = await self.urls([o.asset_id for o in filled.outputs if o.asset_id])
-        for output in filled.outputs:
-            found = signed.get(output.asset_id)
-            if found is None:
-                continue
-            output.url = found.url
-            output.url_expire_time.CopyFrom(found.expire_time)
-            output.width, output.height = found.width, found.height
-            output.content_type, output.size_bytes = found.content_type, found.size_bytes
-            if found.thumbnail_expire_time is not None:
-                output.thumbnail_url = found.thumbnail_url
-                output.thumbnail_url_expire_time.CopyFrom(found.thumbnail_expire_time)
-        return filled
+        signed = await self.urls([o.asset_id for o in state.outputs if o.asset_id])
+        return _filled(state, signed)
+
+    async def fill_all(self, states: Sequence[job_pb2.Job]) -> list[job_pb2.Job]:
+        """Each of ``states``, the succeeded ones with their URLs (signed in as few calls as
+        media takes)."""
+        wanted = list(
+            dict.fromkeys(
+                o.asset_id for s in states if self.needed(s) for o in s.outputs if o.asset_id
+            )
+        )
+        if not wanted:
+            return list(states)
+        signed: dict[str, SignedUrl] = {}
+        for start in range(0, len(wanted), SIGN_BATCH):
+            signed.update(await self.urls(wanted[start : start + SIGN_BATCH]))
+        return [_filled(s, signed) if self.needed(s) else s for s in states]
 
     async def urls(self, asset_ids: Sequence[str]) -> dict[str, SignedUrl]:
         """URLs with time left for those of the assets media signs: cached ones as they
@@ -205,3 +209,21 @@ class OutputUrls:
         while len(self._cache) > CACHE_SIZE:
             self._cache.popitem(last=False)
         return {a: u for a, u in signed.items() if a in futures}
+
+
+def _filled(state: job_pb2.Job, signed: dict[str, SignedUrl]) -> job_pb2.Job:
+    """A copy of ``state`` with the URLs ``signed`` holds for its outputs."""
+    filled = job_pb2.Job()
+    filled.CopyFrom(state)
+    for output in filled.outputs:
+        found = signed.get(output.asset_id)
+        if found is None:
+            continue
+        output.url = found.url
+        output.url_expire_time.CopyFrom(found.expire_time)
+        output.width, output.height = found.width, found.height
+        output.content_type, output.size_bytes = found.content_type, found.size_bytes
+        if found.thumbnail_expire_time is not None:
+            output.thumbnail_url = found.thumbnail_url
+            output.thumbnail_url_expire_time.CopyFrom(found.thumbnail_expire_time)
+    return filled

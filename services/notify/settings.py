@@ -32,6 +32,10 @@ class StreamSettings:
     first_state_wait_seconds: float = 3.0
     # How often the standing of the queued jobs the streams watch is asked of creation.
     standing_period_seconds: float = 5.0
+    # WatchAllJobs: the jobs one read of the projection takes (what a feed holds at once).
+    feed_page_size: int = 200
+    # WatchAllJobs: a cursor with more jobs changed since is expired (a replay's bound).
+    feed_replay_limit: int = 100_000
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,10 @@ class NotifySettings:
                 ),
                 standing_period_seconds=reader.seconds(
                     "STREAM_STANDING_PERIOD", 5.0, minimum=0.1, maximum=300
+                ),
+                feed_page_size=reader.integer("FEED_PAGE_SIZE", 200, minimum=1, maximum=5_000),
+                feed_replay_limit=reader.integer(
+                    "FEED_REPLAY_LIMIT", 100_000, minimum=1, maximum=100_000_000
                 ),
             ),
             media_internal_address=reader.string(

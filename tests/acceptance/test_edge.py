@@ -7,6 +7,7 @@ import json
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
@@ -21,7 +22,12 @@ from atelier.creation.v1 import (
     worker_service_pb2_grpc,
 )
 from atelier.media.v1 import media_internal_service_pb2, media_internal_service_pb2_grpc
-from atelier.notify.v1 import notify_ingest_service_pb2, notify_ingest_service_pb2_grpc
+from atelier.notify.v1 import (
+    notify_feed_service_pb2,
+    notify_feed_service_pb2_grpc,
+    notify_ingest_service_pb2,
+    notify_ingest_service_pb2_grpc,
+)
 from services.dev.processes import venv_binary
 from services.dev.stack import Stack
 from services.kit.auth import issue_token
@@ -89,6 +95,7 @@ def test_grpcurl_lists_only_public_services_on_the_public_port(stack: Stack) -> 
         ("creation", "atelier.creation.v1.CreationService", "atelier.creation.v1.AdminService"),
         ("media", "atelier.media.v1.MediaService", "atelier.media.v1.MediaInternalService"),
         ("notify", "atelier.notify.v1.NotifyService", "atelier.notify.v1.NotifyIngestService"),
+        ("notify", "atelier.notify.v1.NotifyService", "atelier.notify.v1.NotifyFeedService"),
     ]:
         result = grpcurl("-plaintext", f"127.0.0.1:{stack.ports.public[service]}", "list")
         assert result.returncode == 0, result.stderr
@@ -155,6 +162,12 @@ def test_http_401_says_which_token_problem(
     assert body["details"][0]["domain"] == "atelier.dev"
 
 
+async def _first_message(call: Any) -> Any:
+    async for message in call:
+        return message
+    return None
+
+
 async def test_internal_services_are_unreachable_through_envoy(stack: Stack) -> None:
     service_token = bearer(DEV_SERVICE_TOKEN)
     calls = [
@@ -169,6 +182,13 @@ async def test_internal_services_are_unreachable_through_envoy(stack: Stack) -> 
         ),
         lambda ch: notify_ingest_service_pb2_grpc.NotifyIngestServiceStub(ch).Deliver(
             notify_ingest_service_pb2.DeliverRequest(), metadata=service_token
+        ),
+        # The job feed (a stream): the shared service credential may call it on notify's
+        # internal listener, and the edge has no route to it.
+        lambda ch: _first_message(
+            notify_feed_service_pb2_grpc.NotifyFeedServiceStub(ch).WatchAllJobs(
+                notify_feed_service_pb2.WatchAllJobsRequest(), metadata=service_token
+            )
         ),
     ]
     async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.ports.envoy}") as channel:
@@ -189,6 +209,7 @@ def test_internal_paths_are_404_over_http(edge_url: str) -> None:
         "/atelier.creation.v1.WorkerService/ClaimJob",
         "/atelier.media.v1.MediaInternalService/DeleteAsset",
         "/atelier.notify.v1.NotifyIngestService/Deliver",
+        "/atelier.notify.v1.NotifyFeedService/WatchAllJobs",
     ]:
         response = httpx.post(
             f"{edge_url}{path}",

@@ -22,6 +22,7 @@ INTERNAL_SERVICES = (
     "atelier.creation.v1.WorkerService",
     "atelier.media.v1.MediaInternalService",
     "atelier.notify.v1.NotifyIngestService",
+    "atelier.notify.v1.NotifyFeedService",
 )
 
 

@@ -29,6 +29,7 @@ INTERNAL = {
     "atelier.creation.v1.WorkerService",
     "atelier.media.v1.MediaInternalService",
     "atelier.notify.v1.NotifyIngestService",
+    "atelier.notify.v1.NotifyFeedService",
 }
 
 

@@ -31,6 +31,9 @@ def test_the_edge_services_are_the_ones_the_edge_transcodes() -> None:
         "atelier.creation.v1.WorkerService",
         "atelier.media.v1.MediaInternalService",
         "atelier.notify.v1.NotifyIngestService",
+        "atelier.notify.v1.NotifyFeedService",
+        "atelier.notify.v1.NotifyFeedService.WatchAllJobs",
+        "atelier.notify.v1.WatchAllJobsRequest",
     ],
 )
 def test_internal_symbols_are_not_found(symbol: str) -> None:

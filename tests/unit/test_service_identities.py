@@ -11,7 +11,7 @@ import pytest
 from services.creation.settings import CreationSettings
 from services.kit.auth import RoutedAuthenticator, ServiceAuthenticator, authenticator_for
 from services.kit.errors import ApiError
-from services.kit.identities import ServiceIdentity, entry, read_identities
+from services.kit.identities import WATCH_ALL_JOBS, ServiceIdentity, entry, read_identities
 from services.kit.settings import EnvReader, SettingsError
 from services.media.settings import MediaSettings
 from services.notify.settings import NotifySettings
@@ -53,6 +53,7 @@ DEFAULT = identities_value(
         ("b" * 40,),
         allow=("/atelier.media.v1.MediaInternalService/ImportAsset",),
     ),
+    entry("billing", "backend", ("f" * 40,), allow=(WATCH_ALL_JOBS,)),
 )
 AUTH = ServiceAuthenticator(SHARED, read(DEFAULT))
 
@@ -82,6 +83,13 @@ def call(method: str, credential: str) -> str:
         (DELIVER, "n" * 40, "PERMISSION_DENIED RPC_NOT_PERMITTED"),
         ("/atelier.media.v1.MediaInternalService/ImportAsset", "b" * 40, "shop"),
         (PUT_ASSET, "b" * 40, "PERMISSION_DENIED RPC_NOT_PERMITTED"),
+        # The job feed shows every user's jobs: only an identity named for it reads it.
+        (WATCH_ALL_JOBS, "f" * 40, "billing"),
+        (WATCH_ALL_JOBS, "b" * 40, "PERMISSION_DENIED RPC_NOT_PERMITTED"),
+        (WATCH_ALL_JOBS, CREATION, "PERMISSION_DENIED RPC_NOT_PERMITTED"),
+        (WATCH_ALL_JOBS, "n" * 40, "PERMISSION_DENIED RPC_NOT_PERMITTED"),
+        (WATCH_ALL_JOBS, OPERATOR, "PERMISSION_DENIED RPC_NOT_PERMITTED"),
+        (DELIVER, "f" * 40, "PERMISSION_DENIED RPC_NOT_PERMITTED"),
         # The shared token stays what it was: every internal RPC.
         (PUT_ASSET, SHARED, "shared"),
         (RESOLVE, SHARED, "shared"),

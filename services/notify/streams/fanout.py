@@ -1,7 +1,9 @@
 """Fan-out of applied states to the streams of every replica.
 
 Without Redis (one replica, ``atelier dev``) a change goes straight to the local streams.
-With Redis, it also goes to channels ``job:{id}`` and ``user:{id}``; each replica keeps
+With Redis, it also goes to channels ``job:{id}`` and ``user:{id}``, and each batch pokes
+the WatchAllJobs streams of every replica through one message on ``FEED_CHANNEL`` (the
+feeds read the projection themselves, so the message carries no state); each replica keeps
 one subscriber connection, listening on the channels its streams watch, and relays what
 arrives to them. Redis being away costs latency, never correctness: the backstop finds
 what Pub/Sub lost, and the subscriber reconnects by itself.
@@ -20,7 +22,12 @@ from redis.exceptions import RedisError
 from services.kit.logging import get_logger
 from services.kit.outages import Throttle, log_unavailable
 from services.notify.streams.change import Change, from_applied
-from services.notify.streams.registry import StreamRegistry, job_channel, user_channel
+from services.notify.streams.registry import (
+    FEED_CHANNEL,
+    StreamRegistry,
+    job_channel,
+    user_channel,
+)
 
 log = get_logger(__name__)
 
@@ -31,6 +38,7 @@ PUBLISH_PAUSE_SECONDS = 1.0
 # The subscriber's reconnect delays: from the first to the last, doubling.
 RECONNECT_FIRST_SECONDS = 0.1
 RECONNECT_MAX_SECONDS = 2.0
+_FEED_CHANNEL = FEED_CHANNEL.encode()
 
 
 class LocalFanout:
@@ -92,6 +100,7 @@ class RedisFanout:
                     payload = change.to_bytes()
                     pipe.publish(job_channel(change.job_id), payload)
                     pipe.publish(user_channel(change.user_id), payload)
+                pipe.publish(FEED_CHANNEL, str(max(c.seq for c in changes)))
                 await pipe.execute()
         except (RedisError, OSError, TimeoutError) as error:
             self._paused_until = time.monotonic() + PUBLISH_PAUSE_SECONDS
@@ -148,6 +157,9 @@ class RedisFanout:
                 if updater.done():
                     updater.result()  # its failure is the connection's
                 if message is None or message.get("type") != "message":
+                    continue
+                if message.get("channel") == _FEED_CHANNEL:
+                    self._registry.poke_feeds()
                     continue
                 self._relay(message["data"])
         finally:

@@ -110,6 +110,11 @@ class Inbox:
         self._wake()
         return True
 
+    def poke(self) -> None:
+        """Something may have changed (a WatchAllJobs stream reads the projection itself:
+        it is told that, not what)."""
+        self._wake()
+
     def nudge(self) -> None:
         """The stream has been silent too long: it owes the client a keep-alive."""
         self.keep_alive_due = True

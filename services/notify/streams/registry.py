@@ -15,12 +15,15 @@ from services.notify.streams.inbox import EndReason, Inbox
 
 OPEN_STREAMS = Gauge(
     "atelier_notify_open_streams",
-    "Watch streams open on this replica, by kind: job (WatchJob, one job) or user "
-    "(WatchJobs, all of a user's jobs)",
+    "Watch streams open on this replica, by kind: job (WatchJob, one job), user "
+    "(WatchJobs, all of a user's jobs) or feed (WatchAllJobs, every job)",
     ["kind"],
 )
-STREAM_KINDS = ("job", "user")
-_JOB_STREAMS, _USER_STREAMS = (OPEN_STREAMS.labels(kind) for kind in STREAM_KINDS)
+STREAM_KINDS = ("job", "user", "feed")
+_JOB_STREAMS, _USER_STREAMS, _FEED_STREAMS = (OPEN_STREAMS.labels(kind) for kind in STREAM_KINDS)
+# Tells the replicas with WatchAllJobs streams that some replica applied changes (the
+# payload is the highest cursor applied; the feeds read the projection themselves).
+FEED_CHANNEL = "atelier:notify:feed"
 
 
 def job_channel(job_id: str) -> str:
@@ -64,13 +67,17 @@ class StreamRegistry:
         self._empty.set()
         self._by_job: dict[str, set[Inbox]] = {}
         self._by_user: dict[str, set[UserWatch]] = {}
+        self._feeds: set[Inbox] = set()
         self._listeners: list[ChannelListener] = []
 
     def add_listener(self, listener: ChannelListener) -> None:
         self._listeners.append(listener)
 
     def channels(self) -> list[str]:
-        return [job_channel(j) for j in self._by_job] + [user_channel(u) for u in self._by_user]
+        channels = [job_channel(j) for j in self._by_job] + [user_channel(u) for u in self._by_user]
+        if self._feeds:
+            channels.append(FEED_CHANNEL)
+        return channels
 
     @property
     def stream_count(self) -> int:
@@ -126,17 +133,42 @@ class StreamRegistry:
             del self._by_user[watch.user_id]
             self._announce_removed(user_channel(watch.user_id))
 
+    def watch_all(self, inbox: Inbox) -> None:
+        """A WatchAllJobs stream: told of every change (:meth:`poke_feeds`), never sent one."""
+        if inbox not in self._feeds:
+            self._feeds.add(inbox)
+            self._counted(1, _FEED_STREAMS)
+            if len(self._feeds) == 1:
+                self._announce_added(FEED_CHANNEL)
+
+    def unwatch_all(self, inbox: Inbox) -> None:
+        if inbox in self._feeds:
+            self._feeds.discard(inbox)
+            self._counted(-1, _FEED_STREAMS)
+            if not self._feeds:
+                self._announce_removed(FEED_CHANNEL)
+
+    def poke_feeds(self) -> None:
+        """Some replica applied changes: every WatchAllJobs stream reads what is new."""
+        for inbox in self._feeds:
+            inbox.poke()
+
     def dispatch(self, changes: Iterable[Change]) -> int:
         """Offers each change to the streams watching its job or its user; returns how
-        many inboxes took one (duplicates are refused by the inboxes themselves)."""
+        many inboxes took one (duplicates are refused by the inboxes themselves). The
+        WatchAllJobs streams are poked once when there was any."""
         taken = 0
+        any_change = False
         for change in changes:
+            any_change = True
             for inbox in self._by_job.get(change.job_id, ()):
                 if inbox.offer(change):
                     taken += 1
             for watch in self._by_user.get(change.user_id, ()):
                 if watch.inbox.offer(change):
                     taken += 1
+        if any_change and self._feeds:
+            self.poke_feeds()
         return taken
 
     def watched(self) -> Watched:
@@ -174,6 +206,7 @@ class StreamRegistry:
         for watches in self._by_user.values():
             for watch in watches:
                 yield watch.inbox
+        yield from self._feeds
 
     def end_all(self, reason: EndReason) -> None:
         for inboxes in self._by_job.values():
@@ -182,6 +215,8 @@ class StreamRegistry:
         for watches in self._by_user.values():
             for watch in watches:
                 watch.inbox.end(reason)
+        for inbox in self._feeds:
+            inbox.end(reason)
 
     def _announce_added(self, channel: str) -> None:
         for listener in self._listeners:

@@ -64,6 +64,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """INVALID_ARGUMENT, internal NotifyIngest only: a Deliver request no outbox row could
     have produced.
     """
+    ERROR_REASON_INVALID_FEED_FILTER: _ErrorReason.ValueType  # 41
+    """INVALID_ARGUMENT with field violations, internal NotifyFeed only: WatchAllJobs'
+    user_ids or model_ids hold an id that cannot be one, or more than 100 ids.
+    """
     ERROR_REASON_INVALID_PAGE_SIZE: _ErrorReason.ValueType  # 34
     """--- Pages (ListDevices) ---
 
@@ -180,8 +184,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
-    """Every google.rpc.ErrorInfo.reason that notify (NotifyService, NotifyIngestService) can return, so clients can generate
-    them instead of copying strings.
+    """Every google.rpc.ErrorInfo.reason that notify (NotifyService, NotifyIngestService,
+    NotifyFeedService) can return, so clients can generate them instead of copying strings.
 
     The wire string: ErrorInfo.reason is the value's name without the `ERROR_REASON_`
     prefix (ERROR_REASON_DEVICE_NOT_FOUND is sent as "DEVICE_NOT_FOUND"). Clients compare that string;
@@ -240,6 +244,10 @@ delete.
 ERROR_REASON_INVALID_DELIVERY: ErrorReason.ValueType  # 11
 """INVALID_ARGUMENT, internal NotifyIngest only: a Deliver request no outbox row could
 have produced.
+"""
+ERROR_REASON_INVALID_FEED_FILTER: ErrorReason.ValueType  # 41
+"""INVALID_ARGUMENT with field violations, internal NotifyFeed only: WatchAllJobs'
+user_ids or model_ids hold an id that cannot be one, or more than 100 ids.
 """
 ERROR_REASON_INVALID_PAGE_SIZE: ErrorReason.ValueType  # 34
 """--- Pages (ListDevices) ---
