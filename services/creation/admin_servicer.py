@@ -1,4 +1,5 @@
-"""AdminService (internal listener only): operators' view of jobs and points."""
+"""AdminService (internal listener only): operators' view of jobs and points, and the
+webhook endpoints (webhook_servicer)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from services.creation import convert, submission
 from services.creation.errors import Reason
 from services.creation.operators import Operators
 from services.creation.store.admin import AttentionCursor, Decision, EventCursor
+from services.creation.webhook_admin import WebhookOperators
+from services.creation.webhook_rules import UrlRule
+from services.creation.webhook_servicer import WebhookAdminMethods
 from services.kit.auth import current_principal, principal_id_problem
 from services.kit.errors import FieldViolation, invalid_argument
 from services.kit.ids import is_uuid
@@ -77,8 +81,15 @@ def _check(problems: list[FieldViolation]) -> None:
         raise invalid_argument(Reason.INVALID_ADMIN_REQUEST, problems)
 
 
-class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
-    def __init__(self, operators: Operators) -> None:
+class AdminServicer(WebhookAdminMethods, admin_service_pb2_grpc.AdminServiceServicer):
+    def __init__(
+        self,
+        operators: Operators,
+        webhooks: WebhookOperators,
+        url_rule: UrlRule | None = None,
+        signing_owners: frozenset[str] = frozenset(),
+    ) -> None:
+        super().__init__(webhooks, url_rule or UrlRule(), signing_owners)
         self._operators = operators
 
     async def ListAttentionJobs(

@@ -45,6 +45,8 @@ from services.creation.standing_servicer import QueueStandingServicer
 from services.creation.store.catalog import CachedCatalog
 from services.creation.store.jobs import SubmitLimits
 from services.creation.waits import JobWaits
+from services.creation.webhook_admin import WebhookOperators
+from services.creation.webhook_rules import JobWebhookRule, UrlRule
 from services.creation.webhooks.deliverer import WebhookDeliverer
 from services.creation.worker.context import PointHook, no_point
 from services.creation.worker.loop import Worker
@@ -193,6 +195,12 @@ def build(
         waits,
     )
     worker_service = _worker_service(settings, database, media, clock)
+    # Who may give SubmitJob a per-job webhook (and so own a signing key).
+    webhook_identities = frozenset(
+        i.name for i in settings.common.service_identities if i.per_job_webhooks
+    )
+    # https only, unless the deliverer may call plain http (ATELIER_WEBHOOK_ALLOW_HTTP).
+    url_rule = UrlRule(allow_http=settings.webhooks.allow_http)
     return ServiceApp(
         name="creation",
         public=[
@@ -200,7 +208,9 @@ def build(
                 creation_service_pb2.DESCRIPTOR.services_by_name["CreationService"],
                 creation_service_pb2_grpc.add_CreationServiceServicer_to_server,
                 CreationServicer(
-                    CachedCatalog(database.engine, settings.catalog_ttl_seconds), jobs
+                    CachedCatalog(database.engine, settings.catalog_ttl_seconds),
+                    jobs,
+                    JobWebhookRule(webhook_identities, url_rule),
                 ),
             )
         ],
@@ -208,7 +218,12 @@ def build(
             Binding(
                 admin_service_pb2.DESCRIPTOR.services_by_name["AdminService"],
                 admin_service_pb2_grpc.add_AdminServiceServicer_to_server,
-                AdminServicer(Operators(database.engine, settings.welcome_points, clock)),
+                AdminServicer(
+                    Operators(database.engine, settings.welcome_points, clock),
+                    WebhookOperators(database.engine, clock),
+                    url_rule,
+                    webhook_identities,
+                ),
             ),
             Binding(
                 queue_standing_service_pb2.DESCRIPTOR.services_by_name["QueueStandingService"],

@@ -35,6 +35,10 @@ class Reason:
     INPUT_IMAGE_REQUIRED = "INPUT_IMAGE_REQUIRED"
     INPUT_IMAGE_REFUSED = "INPUT_IMAGE_REFUSED"
     INPUT_URL_REFUSED = "INPUT_URL_REFUSED"
+    WEBHOOK_ENDPOINT_NOT_FOUND = "WEBHOOK_ENDPOINT_NOT_FOUND"
+    WEBHOOK_DELIVERY_NOT_FOUND = "WEBHOOK_DELIVERY_NOT_FOUND"
+    WEBHOOK_NOT_PERMITTED = "WEBHOOK_NOT_PERMITTED"
+    WEBHOOK_SIGNING_KEY_MISSING = "WEBHOOK_SIGNING_KEY_MISSING"
 
 
 class CreationError(DomainError):
@@ -240,4 +244,45 @@ class JobNotAwaitingOperator(CreationError):
             grpc.StatusCode.FAILED_PRECONDITION,
             Reason.JOB_NOT_AWAITING_OPERATOR,
             f"only jobs that need attention can be resolved (this one is {self.status})",
+        )
+
+
+class WebhookEndpointNotFound(CreationError):
+    def to_api_error(self) -> ApiError:
+        return ApiError(
+            grpc.StatusCode.NOT_FOUND, Reason.WEBHOOK_ENDPOINT_NOT_FOUND, "no such webhook endpoint"
+        )
+
+
+class WebhookDeliveryNotFound(CreationError):
+    def to_api_error(self) -> ApiError:
+        return ApiError(
+            grpc.StatusCode.NOT_FOUND, Reason.WEBHOOK_DELIVERY_NOT_FOUND, "no such webhook delivery"
+        )
+
+
+class WebhookNotPermitted(CreationError):
+    """SubmitJob's webhook from a caller that may not set one (a user-given URL is an
+    SSRF door): only a backend identity with per_job_webhooks, acting for the user."""
+
+    def to_api_error(self) -> ApiError:
+        return ApiError(
+            grpc.StatusCode.PERMISSION_DENIED,
+            Reason.WEBHOOK_NOT_PERMITTED,
+            "webhook is honoured only for trusted service callers (per_job_webhooks)",
+        )
+
+
+class WebhookSigningKeyMissing(CreationError):
+    def __init__(self, owner: str) -> None:
+        super().__init__(owner)
+        self.owner = owner
+
+    def to_api_error(self) -> ApiError:
+        return ApiError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            Reason.WEBHOOK_SIGNING_KEY_MISSING,
+            f"the identity {self.owner!r} has no webhook signing key yet: an operator makes"
+            " one with RotateWebhookSecret (signing_owner)",
+            metadata={"identity": self.owner},
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 from grpc import aio
@@ -18,6 +19,7 @@ from services.creation.store import catalog as catalog_store
 from services.creation.store.jobs import Cursor
 from services.creation.store.ledger_entries import EntryCursor
 from services.creation.waits import DEFAULT_WAIT_SECONDS, MAX_WAIT_SECONDS, preferred_wait
+from services.creation.webhook_rules import JobWebhookRule
 from services.kit import deadlines
 from services.kit.auth import current_principal
 from services.kit.errors import FieldViolation, invalid_argument
@@ -105,9 +107,15 @@ def _catalog_response(
 
 
 class CreationServicer(creation_service_pb2_grpc.CreationServiceServicer):
-    def __init__(self, catalog: catalog_store.CachedCatalog, jobs: Jobs) -> None:
+    def __init__(
+        self,
+        catalog: catalog_store.CachedCatalog,
+        jobs: Jobs,
+        webhooks: JobWebhookRule | None = None,
+    ) -> None:
         self._catalog = catalog  # plain reads, no rules
         self._jobs = jobs
+        self._webhooks = webhooks or JobWebhookRule()
         # ListCatalog's answers by media kind, built from the catalog they were built from.
         self._responses_from: Catalog | None = None
         self._responses: dict[str | None, creation_service_pb2.ListCatalogResponse] = {}
@@ -130,6 +138,11 @@ class CreationServicer(creation_service_pb2_grpc.CreationServiceServicer):
     async def SubmitJob(
         self, request: creation_service_pb2.SubmitJobRequest, context: Context
     ) -> creation_service_pb2.SubmitJobResponse:
+        caller = current_principal()
+        # A per-job webhook's caller is checked before anything else of the request.
+        webhook = (
+            self._webhooks.check(request.webhook, caller) if request.HasField("webhook") else None
+        )
         key, key_problems = submission.choose_idempotency_key(
             request.request_id, header_key(context)
         )
@@ -156,7 +169,8 @@ class CreationServicer(creation_service_pb2_grpc.CreationServiceServicer):
         if key_problems or command is None:
             raise invalid_argument(Reason.INVALID_JOB_REQUEST, [*key_problems, *problems])
         submission.check_input_image(model, command)
-        caller = current_principal()
+        if webhook is not None:
+            command = replace(command, webhook=webhook)
         user_id = caller.user_id
         # A backend acting for the user (atelier-on-behalf-of) is named beside them.
         job = await self._jobs.submit(user_id, command, via=caller.identity)

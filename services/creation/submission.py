@@ -35,6 +35,14 @@ CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
+class JobWebhook:
+    """SubmitJob's per-job webhook (a trusted caller's only): where, and which events."""
+
+    url: str
+    event_types: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class SubmitCommand:
     idempotency_key: str | None
     model_id: str
@@ -50,6 +58,8 @@ class SubmitCommand:
     # The photo by address: media imports it before the job is made (input_asset_id is
     # then the imported asset's id, which the request hash leaves out).
     input_url: str | None = None
+    # A per-job webhook, checked as permitted and well formed.
+    webhook: JobWebhook | None = None
 
     def request_hash(self) -> str:
         """SHA-256 of the canonical request: every field but the idempotency key, as JSON
@@ -73,6 +83,12 @@ class SubmitCommand:
             # The URL is the request; the asset its import made is not.
             canonical["input_asset_id"] = None
             canonical["input_url"] = self.input_url
+        if self.webhook is not None:
+            # Only when given: requests without one hash as they always did.
+            canonical["webhook"] = {
+                "url": self.webhook.url,
+                "event_types": list(self.webhook.event_types),
+            }
         encoded = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(encoded.encode()).hexdigest()
 

@@ -15,7 +15,8 @@ is a JSON list, one object per identity::
 A role grants its internal RPCs (:data:`ROLE_METHODS`); ``allow`` adds full method
 names or whole services (``/package.Service/*``). Whatever no grant names is
 PERMISSION_DENIED (``RPC_NOT_PERMITTED``). ``act_for_users`` lets the identity call the
-public RPCs for a user it names (services/kit/delegation.py).
+public RPCs for a user it names (services/kit/delegation.py); ``per_job_webhooks`` lets
+it, so acting, give SubmitJob a webhook of the job's own (docs/webhooks.md).
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 # /package.Service/Method or /package.Service/* (a leading slash may be left out).
 _WORD = r"[A-Za-z_][A-Za-z0-9_]*"
 _METHOD = re.compile(rf"/?({_WORD}\.)+{_WORD}/(\*|{_WORD})")
-_KNOWN_FIELDS = frozenset({"name", "role", "credential_sha256", "allow", "act_for_users"})
+_KNOWN_FIELDS = frozenset(
+    {"name", "role", "credential_sha256", "allow", "act_for_users", "per_job_webhooks"}
+)
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,8 @@ class ServiceIdentity:
     methods: frozenset[str]
     services: frozenset[str]
     act_for_users: bool = False
+    # May give SubmitJob a per-job webhook (signed with its own key).
+    per_job_webhooks: bool = False
 
     def may_call(self, method: str) -> bool:
         if method in self.methods:
@@ -180,6 +185,9 @@ def _identity(item: Any, problems: list[str]) -> ServiceIdentity | None:
     act_for_users = item.get("act_for_users", False)
     if not isinstance(act_for_users, bool):
         problems.append("act_for_users must be true or false")
+    per_job_webhooks = item.get("per_job_webhooks", False)
+    if not isinstance(per_job_webhooks, bool):
+        problems.append("per_job_webhooks must be true or false")
     if problems:
         return None
     methods, services = grants(str(role), tuple(str(p) for p in allow))
@@ -190,6 +198,7 @@ def _identity(item: Any, problems: list[str]) -> ServiceIdentity | None:
         methods=methods,
         services=services,
         act_for_users=bool(act_for_users),
+        per_job_webhooks=bool(per_job_webhooks),
     )
 
 
@@ -200,6 +209,7 @@ def entry(
     *,
     allow: tuple[str, ...] = (),
     act_for_users: bool = False,
+    per_job_webhooks: bool = False,
 ) -> dict[str, Any]:
     """One identity of ATELIER_SERVICE_IDENTITIES for these raw credentials (the dev stack
     and tests make theirs with it; a deployment writes the hashes itself)."""
@@ -213,4 +223,6 @@ def entry(
         described["allow"] = list(allow)
     if act_for_users:
         described["act_for_users"] = True
+    if per_job_webhooks:
+        described["per_job_webhooks"] = True
     return described

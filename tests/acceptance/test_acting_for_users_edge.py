@@ -122,3 +122,21 @@ async def test_the_operator_credential_may_not_call_media(stack: Stack) -> None:
     info = error_info(refused.value)
     assert info.reason == "RPC_NOT_PERMITTED"
     assert info.metadata["identity"] == DEV_OPERATOR
+
+
+async def test_a_per_job_webhook_from_a_user_or_an_unpermitted_backend_is_403(
+    stack: Stack, edge_url: str, http: httpx.AsyncClient
+) -> None:
+    """SubmitJob's webhook is honoured only for trusted service callers: through the edge
+    a user's token (and the dev backend, which lacks per_job_webhooks) gets 403 with the
+    JSON status, before any photo is looked at."""
+    user = User()
+    body = job_body(
+        str(uuid.uuid4()),
+        webhook={"url": "https://hooks.example.com/x", "eventTypes": ["job.succeeded"]},
+    )
+    for headers in (user.headers, acting_for(stack, user.user_id)):
+        refused = await http.post(f"{edge_url}/v1/jobs", headers=headers, json=body)
+        assert refused.status_code == 403, refused.text
+        assert refused.headers["content-type"].startswith("application/json")
+        assert refused.json()["details"][0]["reason"] == "WEBHOOK_NOT_PERMITTED"

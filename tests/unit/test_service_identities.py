@@ -177,6 +177,10 @@ def test_a_whole_service_can_be_allowed_and_patterns_need_no_slash() -> None:
             "[0] act_for_users must be true or false",
         ),
         (
+            json.dumps([{"name": "x", "credential_sha256": ["a" * 64], "per_job_webhooks": "yes"}]),
+            "[0] per_job_webhooks must be true or false",
+        ),
+        (
             json.dumps(
                 [
                     {"name": "x", "credential_sha256": ["a" * 64]},
@@ -262,3 +266,15 @@ def test_with_identities_the_shared_token_is_on_only_when_set() -> None:
     kept = CreationSettings.from_env({**own, "ATELIER_SERVICE_TOKEN": SHARED})
     assert kept.common.service_token == SHARED
     assert kept.common.service_credential == CREATION
+
+
+def test_per_job_webhooks_is_read_and_off_by_default() -> None:
+    value = json.dumps(
+        [
+            {"name": "shop", "credential_sha256": ["a" * 64], "per_job_webhooks": True},
+            {"name": "feed", "credential_sha256": ["b" * 64]},
+        ]
+    )
+    read = MediaSettings.from_env({"ATELIER_SERVICE_IDENTITIES": value})
+    found = {i.name: i.per_job_webhooks for i in read.common.service_identities}
+    assert found == {"shop": True, "feed": False}

@@ -16,4 +16,5 @@ __all__ = [
     "remote",
     "submit_statement",
     "webhook_deliveries",
+    "webhooks",
 ]

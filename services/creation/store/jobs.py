@@ -22,6 +22,7 @@ from services.creation.errors import (
     JobNotFound,
     Reason,
     UserBusy,
+    WebhookSigningKeyMissing,
 )
 from services.creation.list_filter import JobFilter
 from services.creation.parameters import to_stored
@@ -32,6 +33,7 @@ from services.creation.store.submit_statement import (
     user_lock_timed_out,
 )
 from services.creation.store.users import user_turn
+from services.creation.store.webhooks import PER_JOB_ENDPOINT
 from services.creation.store.writes import cancel_asked_by, lock_job, write
 from services.creation.submission import SubmitCommand
 from services.creation.tables import jobs
@@ -158,7 +160,10 @@ async def submit(
     )
     try:
         async with user_turn(user_id), driver_connection(engine) as connection:
-            row = await connection.fetchrow(SUBMIT_CALL, *arguments)
+            if command.webhook is None:
+                row = await connection.fetchrow(SUBMIT_CALL, *arguments)
+            else:
+                row = await _submit_with_webhook(connection, job_id, arguments, command, via, now)
     except Exception as error:
         # Outside the connection's block: the connection answered, and goes back to the pool.
         if user_lock_timed_out(error):
@@ -170,6 +175,44 @@ async def submit(
     if outcome != "ok":
         raise _refusal(row, limits, now)
     return Submitted(job_from_row(row["job"]), replayed=False)
+
+
+async def _submit_with_webhook(
+    connection: Any,
+    job_id: str,
+    arguments: list[Any],
+    command: SubmitCommand,
+    via: str,
+    now: datetime,
+) -> Any:
+    """The submit call in one transaction with the job's own webhook endpoint, written
+    first so the job's job.queued (its insert trigger) finds it; kept only when the submit
+    made the job (a replay or a refusal rolls it back). Signed with ``via``'s key: without
+    one, WebhookSigningKeyMissing and nothing is written."""
+    assert command.webhook is not None
+    transaction = connection.transaction()
+    await transaction.start()
+    try:
+        made = await connection.fetchval(
+            PER_JOB_ENDPOINT,
+            uuid.uuid4(),
+            uuid.UUID(job_id),
+            command.webhook.url,
+            list(command.webhook.event_types),
+            via,
+            now,
+        )
+        if made is None:
+            raise WebhookSigningKeyMissing(via)
+        row = await connection.fetchrow(SUBMIT_CALL, *arguments)
+    except BaseException:
+        await transaction.rollback()
+        raise
+    if row["submit_outcome"] == "ok":
+        await transaction.commit()
+    else:
+        await transaction.rollback()
+    return row
 
 
 async def get(engine: AsyncEngine, user_id: str, job_id: str) -> Job:

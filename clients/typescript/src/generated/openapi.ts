@@ -835,9 +835,13 @@ export interface components {
          *     - `UPSTREAM_UNAVAILABLE` — creation: HTTP 503 with retry-after: no replica of the service could take the request (down, restarting, overloaded). Retry after the delay.
          *     - `URL_EXPIRED` — media: HTTP 403: the URL has expired. Ask for a new one (GetAsset, or a CreateUpload replay with the same request_id).
          *     - `USER_BUSY` — creation: ABORTED with RetryInfo: other requests of the same user hold the user's lock. Retry after the delay.
+         *     - `WEBHOOK_DELIVERY_NOT_FOUND` — creation: NOT_FOUND, AdminService only: no webhook delivery has that id (its endpoint may have been deleted, or the log pruned).
+         *     - `WEBHOOK_ENDPOINT_NOT_FOUND` — creation: NOT_FOUND, AdminService only: no webhook endpoint has that id (or it was deleted).
+         *     - `WEBHOOK_NOT_PERMITTED` — creation: PERMISSION_DENIED (HTTP 403): SubmitJob's webhook came from a caller that may not set one (an end user, or a service identity without per_job_webhooks). Send the job without it, or from a trusted backend allowed per-job webhooks.
+         *     - `WEBHOOK_SIGNING_KEY_MISSING` — creation: FAILED_PRECONDITION: SubmitJob's webhook came from an identity that has no webhook signing key yet. An operator makes one (AdminService.RotateWebhookSecret with signing_owner); then submit again.
          * @enum {string}
          */
-        ErrorReason: "ASSET_DELETED" | "ASSET_NOT_FOUND" | "ASSET_NOT_READY" | "BAD_REQUEST" | "CALL_REPLAY_EXPIRED" | "CLAIM_REPLAY_EXPIRED" | "CLAIM_TOKEN_REUSED" | "CONTENT_TYPE_MISMATCH" | "CONTENT_TYPE_NOT_ALLOWED" | "CURSOR_EXPIRED" | "DAILY_QUOTA_EXCEEDED" | "DATABASE_UNAVAILABLE" | "DEVICE_NOT_FOUND" | "EDGE_ERROR" | "HASH_MISMATCH" | "HEADERS_TOO_LARGE" | "IDEMPOTENCY_KEY_REUSED" | "IDENTITY_PROVIDER_UNAVAILABLE" | "IMAGE_TOO_LARGE" | "IMPORT_REFUSED" | "INCOMPLETE_BODY" | "INPUT_ASSET_NOT_FOUND" | "INPUT_ASSET_NOT_READY" | "INPUT_ASSET_WRONG_PURPOSE" | "INPUT_IMAGE_REFUSED" | "INPUT_IMAGE_REQUIRED" | "INPUT_URL_REFUSED" | "INSUFFICIENT_POINTS" | "INTERNAL" | "INVALID_ADMIN_REQUEST" | "INVALID_AFTER_VERSION" | "INVALID_ASSET_ID" | "INVALID_CURSOR" | "INVALID_DELIVERY" | "INVALID_DEVICE" | "INVALID_DEVICE_ID" | "INVALID_FEED_FILTER" | "INVALID_IDEMPOTENCY_KEY" | "INVALID_IDEMPOTENCY_KEYS" | "INVALID_JOB_FILTER" | "INVALID_JOB_ID" | "INVALID_JOB_REQUEST" | "INVALID_LIVE_ACTIVITY" | "INVALID_OWNER" | "INVALID_PAGE_SIZE" | "INVALID_PAGE_TOKEN" | "INVALID_PURPOSE" | "INVALID_PUT_STREAM" | "INVALID_QUERY_PARAMETER" | "INVALID_SHA256" | "INVALID_SIZE" | "INVALID_WAIT_TIMEOUT" | "INVALID_WORKER_REQUEST" | "IN_FLIGHT_LIMIT_REACHED" | "JOB_ALREADY_FINISHED" | "JOB_NOT_AWAITING_OPERATOR" | "JOB_NOT_FINISHED" | "JOB_NOT_FOUND" | "JOB_VERSION_MISMATCH" | "LEASE_EXPIRED" | "LEASE_GENERATION_STALE" | "LEASE_POOL_MISMATCH" | "LEASE_TOKEN_INVALID" | "LENGTH_REQUIRED" | "LIVE_ACTIVITY_NOT_FOUND" | "LOCK_TIMEOUT" | "MALFORMED_JSON" | "MALFORMED_REQUEST" | "MEDIA_KIND_NOT_SUPPORTED" | "MEDIA_UNAVAILABLE" | "METHOD_NOT_ALLOWED" | "MODEL_NOT_AVAILABLE" | "NOT_AN_IMAGE" | "NOT_IMPLEMENTED" | "NO_SUCH_OBJECT" | "OBJECT_EXISTS" | "OBJECT_LOST" | "OBJECT_MISSING" | "ON_BEHALF_OF_INVALID" | "ON_BEHALF_OF_NOT_PERMITTED" | "OUTPUT_REJECTED" | "RATE_LIMITED" | "REQUEST_TOO_LARGE" | "ROUTE_NOT_FOUND" | "RPC_NOT_PERMITTED" | "SERVICE_CREDENTIAL_INVALID" | "SERVICE_CREDENTIAL_MISSING" | "SIGNATURE_MISMATCH" | "SIGNATURE_MISSING" | "SIZE_MISMATCH" | "STORAGE_UNAVAILABLE" | "STYLE_MODEL_MISMATCH" | "STYLE_NOT_AVAILABLE" | "TOKEN_EXPIRED" | "TOKEN_INVALID" | "TOKEN_MALFORMED" | "TOKEN_MISSING" | "TOO_LARGE" | "UPLOAD_ALREADY_COMPLETED" | "UPLOAD_CHANGED" | "UPLOAD_EXPIRED" | "UPLOAD_PURPOSE_NOT_ALLOWED" | "UPLOAD_TOO_LARGE" | "UPSTREAM_TIMEOUT" | "UPSTREAM_UNAVAILABLE" | "URL_EXPIRED" | "USER_BUSY";
+        ErrorReason: "ASSET_DELETED" | "ASSET_NOT_FOUND" | "ASSET_NOT_READY" | "BAD_REQUEST" | "CALL_REPLAY_EXPIRED" | "CLAIM_REPLAY_EXPIRED" | "CLAIM_TOKEN_REUSED" | "CONTENT_TYPE_MISMATCH" | "CONTENT_TYPE_NOT_ALLOWED" | "CURSOR_EXPIRED" | "DAILY_QUOTA_EXCEEDED" | "DATABASE_UNAVAILABLE" | "DEVICE_NOT_FOUND" | "EDGE_ERROR" | "HASH_MISMATCH" | "HEADERS_TOO_LARGE" | "IDEMPOTENCY_KEY_REUSED" | "IDENTITY_PROVIDER_UNAVAILABLE" | "IMAGE_TOO_LARGE" | "IMPORT_REFUSED" | "INCOMPLETE_BODY" | "INPUT_ASSET_NOT_FOUND" | "INPUT_ASSET_NOT_READY" | "INPUT_ASSET_WRONG_PURPOSE" | "INPUT_IMAGE_REFUSED" | "INPUT_IMAGE_REQUIRED" | "INPUT_URL_REFUSED" | "INSUFFICIENT_POINTS" | "INTERNAL" | "INVALID_ADMIN_REQUEST" | "INVALID_AFTER_VERSION" | "INVALID_ASSET_ID" | "INVALID_CURSOR" | "INVALID_DELIVERY" | "INVALID_DEVICE" | "INVALID_DEVICE_ID" | "INVALID_FEED_FILTER" | "INVALID_IDEMPOTENCY_KEY" | "INVALID_IDEMPOTENCY_KEYS" | "INVALID_JOB_FILTER" | "INVALID_JOB_ID" | "INVALID_JOB_REQUEST" | "INVALID_LIVE_ACTIVITY" | "INVALID_OWNER" | "INVALID_PAGE_SIZE" | "INVALID_PAGE_TOKEN" | "INVALID_PURPOSE" | "INVALID_PUT_STREAM" | "INVALID_QUERY_PARAMETER" | "INVALID_SHA256" | "INVALID_SIZE" | "INVALID_WAIT_TIMEOUT" | "INVALID_WORKER_REQUEST" | "IN_FLIGHT_LIMIT_REACHED" | "JOB_ALREADY_FINISHED" | "JOB_NOT_AWAITING_OPERATOR" | "JOB_NOT_FINISHED" | "JOB_NOT_FOUND" | "JOB_VERSION_MISMATCH" | "LEASE_EXPIRED" | "LEASE_GENERATION_STALE" | "LEASE_POOL_MISMATCH" | "LEASE_TOKEN_INVALID" | "LENGTH_REQUIRED" | "LIVE_ACTIVITY_NOT_FOUND" | "LOCK_TIMEOUT" | "MALFORMED_JSON" | "MALFORMED_REQUEST" | "MEDIA_KIND_NOT_SUPPORTED" | "MEDIA_UNAVAILABLE" | "METHOD_NOT_ALLOWED" | "MODEL_NOT_AVAILABLE" | "NOT_AN_IMAGE" | "NOT_IMPLEMENTED" | "NO_SUCH_OBJECT" | "OBJECT_EXISTS" | "OBJECT_LOST" | "OBJECT_MISSING" | "ON_BEHALF_OF_INVALID" | "ON_BEHALF_OF_NOT_PERMITTED" | "OUTPUT_REJECTED" | "RATE_LIMITED" | "REQUEST_TOO_LARGE" | "ROUTE_NOT_FOUND" | "RPC_NOT_PERMITTED" | "SERVICE_CREDENTIAL_INVALID" | "SERVICE_CREDENTIAL_MISSING" | "SIGNATURE_MISMATCH" | "SIGNATURE_MISSING" | "SIZE_MISMATCH" | "STORAGE_UNAVAILABLE" | "STYLE_MODEL_MISMATCH" | "STYLE_NOT_AVAILABLE" | "TOKEN_EXPIRED" | "TOKEN_INVALID" | "TOKEN_MALFORMED" | "TOKEN_MISSING" | "TOO_LARGE" | "UPLOAD_ALREADY_COMPLETED" | "UPLOAD_CHANGED" | "UPLOAD_EXPIRED" | "UPLOAD_PURPOSE_NOT_ALLOWED" | "UPLOAD_TOO_LARGE" | "UPSTREAM_TIMEOUT" | "UPSTREAM_UNAVAILABLE" | "URL_EXPIRED" | "USER_BUSY" | "WEBHOOK_DELIVERY_NOT_FOUND" | "WEBHOOK_ENDPOINT_NOT_FOUND" | "WEBHOOK_NOT_PERMITTED" | "WEBHOOK_SIGNING_KEY_MISSING";
         /** @description Response for GetAsset. */
         GetAssetResponse: {
             /** @description The asset. */
@@ -1247,6 +1251,17 @@ export interface components {
          * @enum {string}
          */
         JobStep: "JOB_STEP_UNSPECIFIED" | "JOB_STEP_PREPARING" | "JOB_STEP_SUBMITTING" | "JOB_STEP_GENERATING" | "JOB_STEP_STORING" | "JOB_STEP_DONE";
+        /** @description SubmitJob's per-job webhook. */
+        JobWebhook: {
+            /** @description Where the job's events are POSTed: an https URL of at most 2048 characters. */
+            url: string;
+            /**
+             * @description The events wanted, each once, of: job.queued, job.running, job.succeeded,
+             *     job.failed, job.cancelled, job.needs_attention, job.deleted, job.progress. Empty:
+             *     every one but job.progress.
+             */
+            eventTypes?: string[];
+        };
         /**
          * @description Sent after 15 seconds without any other message, so proxies keep an idle stream open.
          *     It carries no new version of any job; on a stream with QUEUED jobs it carries their
@@ -1695,6 +1710,16 @@ export interface components {
              *     `cause`). Part of the request an idempotency key stands for: a replay fetches nothing.
              */
             inputUrl?: string;
+            /**
+             * @description A webhook for this job alone (docs/webhooks.md), honoured only for trusted service
+             *     callers: a backend acting for the user (atelier-on-behalf-of) whose identity has
+             *     per_job_webhooks in ATELIER_SERVICE_IDENTITIES. From anyone else (an end user's token
+             *     included) it is PERMISSION_DENIED, reason WEBHOOK_NOT_PERMITTED (HTTP 403); from an
+             *     identity with no signing key yet, FAILED_PRECONDITION WEBHOOK_SIGNING_KEY_MISSING.
+             *     Deliveries are signed with the identity's key; the job's job.queued event is
+             *     delivered too. Part of the request an idempotency key stands for.
+             */
+            webhook?: components["schemas"]["JobWebhook"];
         };
         /** @description Response for SubmitJob. */
         SubmitJobResponse: {

@@ -23,11 +23,15 @@ _sym_db = _symbol_database.Default()
 
 
 from atelier.creation.v1 import job_pb2 as atelier_dot_creation_dot_v1_dot_job__pb2
+from atelier.creation.v1 import webhook_pb2 as atelier_dot_creation_dot_v1_dot_webhook__pb2
 from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
 from google.api import resource_pb2 as google_dot_api_dot_resource__pb2
+from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
+from google.protobuf import field_mask_pb2 as google_dot_protobuf_dot_field__mask__pb2
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'atelier/creation/v1/admin_service.proto\x12\x13\x61telier.creation.v1\x1a\x1d\x61telier/creation/v1/job.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\"M\n\x18ListAttentionJobsRequest\x12\x17\n\tpage_size\x18\x01 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\"\\\n\x19ListAttentionJobsResponse\x12&\n\x04jobs\x18\x01 \x03(\x0b\x32\x18.atelier.creation.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xaf\x01\n\x11ResolveJobRequest\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x02\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\x12\x39\n\nresolution\x18\x02 \x01(\x0e\x32\x1f.atelier.creation.v1.ResolutionB\x04\xe2\x41\x01\x02\x12\x16\n\x08operator\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06reason\x18\x04 \x01(\tB\x04\xe2\x41\x01\x02\";\n\x12ResolveJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.atelier.creation.v1.Job\"|\n\x14ListJobEventsRequest\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x02\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\x12\x17\n\tpage_size\x18\x02 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x03 \x01(\tB\x04\xe2\x41\x01\x01\"_\n\x15ListJobEventsResponse\x12-\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1d.atelier.creation.v1.JobEvent\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"q\n\x12GrantPointsRequest\x12\x15\n\x07user_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06\x61mount\x18\x02 \x01(\x05\x42\x04\xe2\x41\x01\x02\x12\x18\n\nrequest_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06reason\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"/\n\x13GrantPointsResponse\x12\x18\n\x10\x61vailable_points\x18\x01 \x01(\x05*j\n\nResolution\x12\x1a\n\x16RESOLUTION_UNSPECIFIED\x10\x00\x12\x14\n\x10RESOLUTION_RETRY\x10\x01\x12\x13\n\x0fRESOLUTION_FAIL\x10\x02\x12\x15\n\x11RESOLUTION_CANCEL\x10\x03\x32\xab\x03\n\x0c\x41\x64minService\x12r\n\x11ListAttentionJobs\x12-.atelier.creation.v1.ListAttentionJobsRequest\x1a..atelier.creation.v1.ListAttentionJobsResponse\x12]\n\nResolveJob\x12&.atelier.creation.v1.ResolveJobRequest\x1a\'.atelier.creation.v1.ResolveJobResponse\x12\x66\n\rListJobEvents\x12).atelier.creation.v1.ListJobEventsRequest\x1a*.atelier.creation.v1.ListJobEventsResponse\x12`\n\x0bGrantPoints\x12\'.atelier.creation.v1.GrantPointsRequest\x1a(.atelier.creation.v1.GrantPointsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'atelier/creation/v1/admin_service.proto\x12\x13\x61telier.creation.v1\x1a\x1d\x61telier/creation/v1/job.proto\x1a!atelier/creation/v1/webhook.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"M\n\x18ListAttentionJobsRequest\x12\x17\n\tpage_size\x18\x01 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\"\\\n\x19ListAttentionJobsResponse\x12&\n\x04jobs\x18\x01 \x03(\x0b\x32\x18.atelier.creation.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xaf\x01\n\x11ResolveJobRequest\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x02\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\x12\x39\n\nresolution\x18\x02 \x01(\x0e\x32\x1f.atelier.creation.v1.ResolutionB\x04\xe2\x41\x01\x02\x12\x16\n\x08operator\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06reason\x18\x04 \x01(\tB\x04\xe2\x41\x01\x02\";\n\x12ResolveJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.atelier.creation.v1.Job\"|\n\x14ListJobEventsRequest\x12\x31\n\x06job_id\x18\x01 \x01(\tB!\xe2\x41\x01\x02\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\x12\x17\n\tpage_size\x18\x02 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x03 \x01(\tB\x04\xe2\x41\x01\x01\"_\n\x15ListJobEventsResponse\x12-\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1d.atelier.creation.v1.JobEvent\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"q\n\x12GrantPointsRequest\x12\x15\n\x07user_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06\x61mount\x18\x02 \x01(\x05\x42\x04\xe2\x41\x01\x02\x12\x18\n\nrequest_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06reason\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"/\n\x13GrantPointsResponse\x12\x18\n\x10\x61vailable_points\x18\x01 \x01(\x05\"\\\n\x1c\x43reateWebhookEndpointRequest\x12<\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32$.atelier.creation.v1.WebhookEndpointB\x04\xe2\x41\x01\x02\"g\n\x1d\x43reateWebhookEndpointResponse\x12\x36\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32$.atelier.creation.v1.WebhookEndpoint\x12\x0e\n\x06secret\x18\x02 \x01(\t\"_\n\x19GetWebhookEndpointRequest\x12\x42\n\x0b\x65ndpoint_id\x18\x01 \x01(\tB-\xe2\x41\x01\x02\xfa\x41&\n$creation.atelier.dev/WebhookEndpoint\"T\n\x1aGetWebhookEndpointResponse\x12\x36\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32$.atelier.creation.v1.WebhookEndpoint\"\x83\x01\n\x1bListWebhookEndpointsRequest\x12\x17\n\tpage_size\x18\x01 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\x12\x31\n\x06job_id\x18\x03 \x01(\tB!\xe2\x41\x01\x01\xfa\x41\x1a\n\x18\x63reation.atelier.dev/Job\"p\n\x1cListWebhookEndpointsResponse\x12\x37\n\tendpoints\x18\x01 \x03(\x0b\x32$.atelier.creation.v1.WebhookEndpoint\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x93\x01\n\x1cUpdateWebhookEndpointRequest\x12<\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32$.atelier.creation.v1.WebhookEndpointB\x04\xe2\x41\x01\x02\x12\x35\n\x0bupdate_mask\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.FieldMaskB\x04\xe2\x41\x01\x02\"W\n\x1dUpdateWebhookEndpointResponse\x12\x36\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32$.atelier.creation.v1.WebhookEndpoint\"b\n\x1c\x44\x65leteWebhookEndpointRequest\x12\x42\n\x0b\x65ndpoint_id\x18\x01 \x01(\tB-\xe2\x41\x01\x02\xfa\x41&\n$creation.atelier.dev/WebhookEndpoint\"\x1f\n\x1d\x44\x65leteWebhookEndpointResponse\"\xb3\x01\n\x1aRotateWebhookSecretRequest\x12@\n\x0b\x65ndpoint_id\x18\x01 \x01(\tB)\xfa\x41&\n$creation.atelier.dev/WebhookEndpointH\x00\x12\x17\n\rsigning_owner\x18\x02 \x01(\tH\x00\x12\x30\n\x07overlap\x18\x03 \x01(\x0b\x32\x19.google.protobuf.DurationB\x04\xe2\x41\x01\x01\x42\x08\n\x06target\"n\n\x1bRotateWebhookSecretResponse\x12\x0e\n\x06secret\x18\x01 \x01(\t\x12?\n\x1bprevious_secret_expire_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\\\n\x16SendTestWebhookRequest\x12\x42\n\x0b\x65ndpoint_id\x18\x01 \x01(\tB-\xe2\x41\x01\x02\xfa\x41&\n$creation.atelier.dev/WebhookEndpoint\"Q\n\x17SendTestWebhookResponse\x12\x36\n\x08\x64\x65livery\x18\x01 \x01(\x0b\x32$.atelier.creation.v1.WebhookDelivery\"\x8e\x02\n\x1cListWebhookDeliveriesRequest\x12@\n\x0b\x65ndpoint_id\x18\x01 \x01(\tB)\xfa\x41&\n$creation.atelier.dev/WebhookEndpointH\x00\x12/\n\x06job_id\x18\x02 \x01(\tB\x1d\xfa\x41\x1a\n\x18\x63reation.atelier.dev/JobH\x00\x12>\n\x05state\x18\x03 \x01(\x0e\x32).atelier.creation.v1.WebhookDeliveryStateB\x04\xe2\x41\x01\x01\x12\x17\n\tpage_size\x18\x04 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x05 \x01(\tB\x04\xe2\x41\x01\x01\x42\x08\n\x06parent\"r\n\x1dListWebhookDeliveriesResponse\x12\x38\n\ndeliveries\x18\x01 \x03(\x0b\x32$.atelier.creation.v1.WebhookDelivery\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xae\x01\n\x18RedeliverWebhooksRequest\x12\x15\n\x0b\x64\x65livery_id\x18\x01 \x01(\x03H\x00\x12@\n\x0b\x65ndpoint_id\x18\x02 \x01(\tB)\xfa\x41&\n$creation.atelier.dev/WebhookEndpointH\x00\x12/\n\x05since\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x01\x42\x08\n\x06target\"6\n\x19RedeliverWebhooksResponse\x12\x19\n\x11redelivered_count\x18\x01 \x01(\x05*j\n\nResolution\x12\x1a\n\x16RESOLUTION_UNSPECIFIED\x10\x00\x12\x14\n\x10RESOLUTION_RETRY\x10\x01\x12\x13\n\x0fRESOLUTION_FAIL\x10\x02\x12\x15\n\x11RESOLUTION_CANCEL\x10\x03\x32\xfb\x0b\n\x0c\x41\x64minService\x12r\n\x11ListAttentionJobs\x12-.atelier.creation.v1.ListAttentionJobsRequest\x1a..atelier.creation.v1.ListAttentionJobsResponse\x12]\n\nResolveJob\x12&.atelier.creation.v1.ResolveJobRequest\x1a\'.atelier.creation.v1.ResolveJobResponse\x12\x66\n\rListJobEvents\x12).atelier.creation.v1.ListJobEventsRequest\x1a*.atelier.creation.v1.ListJobEventsResponse\x12`\n\x0bGrantPoints\x12\'.atelier.creation.v1.GrantPointsRequest\x1a(.atelier.creation.v1.GrantPointsResponse\x12~\n\x15\x43reateWebhookEndpoint\x12\x31.atelier.creation.v1.CreateWebhookEndpointRequest\x1a\x32.atelier.creation.v1.CreateWebhookEndpointResponse\x12u\n\x12GetWebhookEndpoint\x12..atelier.creation.v1.GetWebhookEndpointRequest\x1a/.atelier.creation.v1.GetWebhookEndpointResponse\x12{\n\x14ListWebhookEndpoints\x12\x30.atelier.creation.v1.ListWebhookEndpointsRequest\x1a\x31.atelier.creation.v1.ListWebhookEndpointsResponse\x12~\n\x15UpdateWebhookEndpoint\x12\x31.atelier.creation.v1.UpdateWebhookEndpointRequest\x1a\x32.atelier.creation.v1.UpdateWebhookEndpointResponse\x12~\n\x15\x44\x65leteWebhookEndpoint\x12\x31.atelier.creation.v1.DeleteWebhookEndpointRequest\x1a\x32.atelier.creation.v1.DeleteWebhookEndpointResponse\x12x\n\x13RotateWebhookSecret\x12/.atelier.creation.v1.RotateWebhookSecretRequest\x1a\x30.atelier.creation.v1.RotateWebhookSecretResponse\x12l\n\x0fSendTestWebhook\x12+.atelier.creation.v1.SendTestWebhookRequest\x1a,.atelier.creation.v1.SendTestWebhookResponse\x12~\n\x15ListWebhookDeliveries\x12\x31.atelier.creation.v1.ListWebhookDeliveriesRequest\x1a\x32.atelier.creation.v1.ListWebhookDeliveriesResponse\x12r\n\x11RedeliverWebhooks\x12-.atelier.creation.v1.RedeliverWebhooksRequest\x1a..atelier.creation.v1.RedeliverWebhooksResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -60,24 +64,96 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GRANTPOINTSREQUEST'].fields_by_name['request_id']._serialized_options = b'\342A\001\002'
   _globals['_GRANTPOINTSREQUEST'].fields_by_name['reason']._loaded_options = None
   _globals['_GRANTPOINTSREQUEST'].fields_by_name['reason']._serialized_options = b'\342A\001\001'
-  _globals['_RESOLUTION']._serialized_start=954
-  _globals['_RESOLUTION']._serialized_end=1060
-  _globals['_LISTATTENTIONJOBSREQUEST']._serialized_start=155
-  _globals['_LISTATTENTIONJOBSREQUEST']._serialized_end=232
-  _globals['_LISTATTENTIONJOBSRESPONSE']._serialized_start=234
-  _globals['_LISTATTENTIONJOBSRESPONSE']._serialized_end=326
-  _globals['_RESOLVEJOBREQUEST']._serialized_start=329
-  _globals['_RESOLVEJOBREQUEST']._serialized_end=504
-  _globals['_RESOLVEJOBRESPONSE']._serialized_start=506
-  _globals['_RESOLVEJOBRESPONSE']._serialized_end=565
-  _globals['_LISTJOBEVENTSREQUEST']._serialized_start=567
-  _globals['_LISTJOBEVENTSREQUEST']._serialized_end=691
-  _globals['_LISTJOBEVENTSRESPONSE']._serialized_start=693
-  _globals['_LISTJOBEVENTSRESPONSE']._serialized_end=788
-  _globals['_GRANTPOINTSREQUEST']._serialized_start=790
-  _globals['_GRANTPOINTSREQUEST']._serialized_end=903
-  _globals['_GRANTPOINTSRESPONSE']._serialized_start=905
-  _globals['_GRANTPOINTSRESPONSE']._serialized_end=952
-  _globals['_ADMINSERVICE']._serialized_start=1063
-  _globals['_ADMINSERVICE']._serialized_end=1490
+  _globals['_CREATEWEBHOOKENDPOINTREQUEST'].fields_by_name['endpoint']._loaded_options = None
+  _globals['_CREATEWEBHOOKENDPOINTREQUEST'].fields_by_name['endpoint']._serialized_options = b'\342A\001\002'
+  _globals['_GETWEBHOOKENDPOINTREQUEST'].fields_by_name['endpoint_id']._loaded_options = None
+  _globals['_GETWEBHOOKENDPOINTREQUEST'].fields_by_name['endpoint_id']._serialized_options = b'\342A\001\002\372A&\n$creation.atelier.dev/WebhookEndpoint'
+  _globals['_LISTWEBHOOKENDPOINTSREQUEST'].fields_by_name['page_size']._loaded_options = None
+  _globals['_LISTWEBHOOKENDPOINTSREQUEST'].fields_by_name['page_size']._serialized_options = b'\342A\001\001'
+  _globals['_LISTWEBHOOKENDPOINTSREQUEST'].fields_by_name['page_token']._loaded_options = None
+  _globals['_LISTWEBHOOKENDPOINTSREQUEST'].fields_by_name['page_token']._serialized_options = b'\342A\001\001'
+  _globals['_LISTWEBHOOKENDPOINTSREQUEST'].fields_by_name['job_id']._loaded_options = None
+  _globals['_LISTWEBHOOKENDPOINTSREQUEST'].fields_by_name['job_id']._serialized_options = b'\342A\001\001\372A\032\n\030creation.atelier.dev/Job'
+  _globals['_UPDATEWEBHOOKENDPOINTREQUEST'].fields_by_name['endpoint']._loaded_options = None
+  _globals['_UPDATEWEBHOOKENDPOINTREQUEST'].fields_by_name['endpoint']._serialized_options = b'\342A\001\002'
+  _globals['_UPDATEWEBHOOKENDPOINTREQUEST'].fields_by_name['update_mask']._loaded_options = None
+  _globals['_UPDATEWEBHOOKENDPOINTREQUEST'].fields_by_name['update_mask']._serialized_options = b'\342A\001\002'
+  _globals['_DELETEWEBHOOKENDPOINTREQUEST'].fields_by_name['endpoint_id']._loaded_options = None
+  _globals['_DELETEWEBHOOKENDPOINTREQUEST'].fields_by_name['endpoint_id']._serialized_options = b'\342A\001\002\372A&\n$creation.atelier.dev/WebhookEndpoint'
+  _globals['_ROTATEWEBHOOKSECRETREQUEST'].fields_by_name['endpoint_id']._loaded_options = None
+  _globals['_ROTATEWEBHOOKSECRETREQUEST'].fields_by_name['endpoint_id']._serialized_options = b'\372A&\n$creation.atelier.dev/WebhookEndpoint'
+  _globals['_ROTATEWEBHOOKSECRETREQUEST'].fields_by_name['overlap']._loaded_options = None
+  _globals['_ROTATEWEBHOOKSECRETREQUEST'].fields_by_name['overlap']._serialized_options = b'\342A\001\001'
+  _globals['_SENDTESTWEBHOOKREQUEST'].fields_by_name['endpoint_id']._loaded_options = None
+  _globals['_SENDTESTWEBHOOKREQUEST'].fields_by_name['endpoint_id']._serialized_options = b'\342A\001\002\372A&\n$creation.atelier.dev/WebhookEndpoint'
+  _globals['_LISTWEBHOOKDELIVERIESREQUEST'].fields_by_name['endpoint_id']._loaded_options = None
+  _globals['_LISTWEBHOOKDELIVERIESREQUEST'].fields_by_name['endpoint_id']._serialized_options = b'\372A&\n$creation.atelier.dev/WebhookEndpoint'
+  _globals['_LISTWEBHOOKDELIVERIESREQUEST'].fields_by_name['job_id']._loaded_options = None
+  _globals['_LISTWEBHOOKDELIVERIESREQUEST'].fields_by_name['job_id']._serialized_options = b'\372A\032\n\030creation.atelier.dev/Job'
+  _globals['_LISTWEBHOOKDELIVERIESREQUEST'].fields_by_name['state']._loaded_options = None
+  _globals['_LISTWEBHOOKDELIVERIESREQUEST'].fields_by_name['state']._serialized_options = b'\342A\001\001'
+  _globals['_LISTWEBHOOKDELIVERIESREQUEST'].fields_by_name['page_size']._loaded_options = None
+  _globals['_LISTWEBHOOKDELIVERIESREQUEST'].fields_by_name['page_size']._serialized_options = b'\342A\001\001'
+  _globals['_LISTWEBHOOKDELIVERIESREQUEST'].fields_by_name['page_token']._loaded_options = None
+  _globals['_LISTWEBHOOKDELIVERIESREQUEST'].fields_by_name['page_token']._serialized_options = b'\342A\001\001'
+  _globals['_REDELIVERWEBHOOKSREQUEST'].fields_by_name['endpoint_id']._loaded_options = None
+  _globals['_REDELIVERWEBHOOKSREQUEST'].fields_by_name['endpoint_id']._serialized_options = b'\372A&\n$creation.atelier.dev/WebhookEndpoint'
+  _globals['_REDELIVERWEBHOOKSREQUEST'].fields_by_name['since']._loaded_options = None
+  _globals['_REDELIVERWEBHOOKSREQUEST'].fields_by_name['since']._serialized_options = b'\342A\001\001'
+  _globals['_RESOLUTION']._serialized_start=3183
+  _globals['_RESOLUTION']._serialized_end=3289
+  _globals['_LISTATTENTIONJOBSREQUEST']._serialized_start=289
+  _globals['_LISTATTENTIONJOBSREQUEST']._serialized_end=366
+  _globals['_LISTATTENTIONJOBSRESPONSE']._serialized_start=368
+  _globals['_LISTATTENTIONJOBSRESPONSE']._serialized_end=460
+  _globals['_RESOLVEJOBREQUEST']._serialized_start=463
+  _globals['_RESOLVEJOBREQUEST']._serialized_end=638
+  _globals['_RESOLVEJOBRESPONSE']._serialized_start=640
+  _globals['_RESOLVEJOBRESPONSE']._serialized_end=699
+  _globals['_LISTJOBEVENTSREQUEST']._serialized_start=701
+  _globals['_LISTJOBEVENTSREQUEST']._serialized_end=825
+  _globals['_LISTJOBEVENTSRESPONSE']._serialized_start=827
+  _globals['_LISTJOBEVENTSRESPONSE']._serialized_end=922
+  _globals['_GRANTPOINTSREQUEST']._serialized_start=924
+  _globals['_GRANTPOINTSREQUEST']._serialized_end=1037
+  _globals['_GRANTPOINTSRESPONSE']._serialized_start=1039
+  _globals['_GRANTPOINTSRESPONSE']._serialized_end=1086
+  _globals['_CREATEWEBHOOKENDPOINTREQUEST']._serialized_start=1088
+  _globals['_CREATEWEBHOOKENDPOINTREQUEST']._serialized_end=1180
+  _globals['_CREATEWEBHOOKENDPOINTRESPONSE']._serialized_start=1182
+  _globals['_CREATEWEBHOOKENDPOINTRESPONSE']._serialized_end=1285
+  _globals['_GETWEBHOOKENDPOINTREQUEST']._serialized_start=1287
+  _globals['_GETWEBHOOKENDPOINTREQUEST']._serialized_end=1382
+  _globals['_GETWEBHOOKENDPOINTRESPONSE']._serialized_start=1384
+  _globals['_GETWEBHOOKENDPOINTRESPONSE']._serialized_end=1468
+  _globals['_LISTWEBHOOKENDPOINTSREQUEST']._serialized_start=1471
+  _globals['_LISTWEBHOOKENDPOINTSREQUEST']._serialized_end=1602
+  _globals['_LISTWEBHOOKENDPOINTSRESPONSE']._serialized_start=1604
+  _globals['_LISTWEBHOOKENDPOINTSRESPONSE']._serialized_end=1716
+  _globals['_UPDATEWEBHOOKENDPOINTREQUEST']._serialized_start=1719
+  _globals['_UPDATEWEBHOOKENDPOINTREQUEST']._serialized_end=1866
+  _globals['_UPDATEWEBHOOKENDPOINTRESPONSE']._serialized_start=1868
+  _globals['_UPDATEWEBHOOKENDPOINTRESPONSE']._serialized_end=1955
+  _globals['_DELETEWEBHOOKENDPOINTREQUEST']._serialized_start=1957
+  _globals['_DELETEWEBHOOKENDPOINTREQUEST']._serialized_end=2055
+  _globals['_DELETEWEBHOOKENDPOINTRESPONSE']._serialized_start=2057
+  _globals['_DELETEWEBHOOKENDPOINTRESPONSE']._serialized_end=2088
+  _globals['_ROTATEWEBHOOKSECRETREQUEST']._serialized_start=2091
+  _globals['_ROTATEWEBHOOKSECRETREQUEST']._serialized_end=2270
+  _globals['_ROTATEWEBHOOKSECRETRESPONSE']._serialized_start=2272
+  _globals['_ROTATEWEBHOOKSECRETRESPONSE']._serialized_end=2382
+  _globals['_SENDTESTWEBHOOKREQUEST']._serialized_start=2384
+  _globals['_SENDTESTWEBHOOKREQUEST']._serialized_end=2476
+  _globals['_SENDTESTWEBHOOKRESPONSE']._serialized_start=2478
+  _globals['_SENDTESTWEBHOOKRESPONSE']._serialized_end=2559
+  _globals['_LISTWEBHOOKDELIVERIESREQUEST']._serialized_start=2562
+  _globals['_LISTWEBHOOKDELIVERIESREQUEST']._serialized_end=2832
+  _globals['_LISTWEBHOOKDELIVERIESRESPONSE']._serialized_start=2834
+  _globals['_LISTWEBHOOKDELIVERIESRESPONSE']._serialized_end=2948
+  _globals['_REDELIVERWEBHOOKSREQUEST']._serialized_start=2951
+  _globals['_REDELIVERWEBHOOKSREQUEST']._serialized_end=3125
+  _globals['_REDELIVERWEBHOOKSRESPONSE']._serialized_start=3127
+  _globals['_REDELIVERWEBHOOKSRESPONSE']._serialized_end=3181
+  _globals['_ADMINSERVICE']._serialized_start=3292
+  _globals['_ADMINSERVICE']._serialized_end=4823
 # @@protoc_insertion_point(module_scope)

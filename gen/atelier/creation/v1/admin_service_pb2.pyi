@@ -4,9 +4,13 @@ isort:skip_file
 """
 
 from atelier.creation.v1 import job_pb2 as _job_pb2
+from atelier.creation.v1 import webhook_pb2 as _webhook_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import field_mask_pb2 as _field_mask_pb2
 from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
@@ -276,3 +280,494 @@ class GrantPointsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GrantPointsResponse: _TypeAlias = GrantPointsResponse  # noqa: Y015
+
+@_typing.final
+class CreateWebhookEndpointRequest(_message.Message):
+    """Request for CreateWebhookEndpoint."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def endpoint(self) -> _webhook_pb2.WebhookEndpoint:
+        """The endpoint: url and event_types required; description, user_ids, model_ids,
+        max_in_flight optional. Created enabled; output-only fields are ignored.
+        """
+
+    def __init__(
+        self,
+        *,
+        endpoint: _webhook_pb2.WebhookEndpoint | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateWebhookEndpointRequest: _TypeAlias = CreateWebhookEndpointRequest  # noqa: Y015
+
+@_typing.final
+class CreateWebhookEndpointResponse(_message.Message):
+    """Response for CreateWebhookEndpoint."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINT_FIELD_NUMBER: _builtins.int
+    SECRET_FIELD_NUMBER: _builtins.int
+    secret: _builtins.str
+    """Its signing secret ("whsec_" and base64 of 32 random bytes), for the receiver's
+    Standard Webhooks verification. Shown only here and by RotateWebhookSecret.
+    """
+    @_builtins.property
+    def endpoint(self) -> _webhook_pb2.WebhookEndpoint:
+        """The endpoint as stored."""
+
+    def __init__(
+        self,
+        *,
+        endpoint: _webhook_pb2.WebhookEndpoint | None = ...,
+        secret: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint", "secret", b"secret"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateWebhookEndpointResponse: _TypeAlias = CreateWebhookEndpointResponse  # noqa: Y015
+
+@_typing.final
+class GetWebhookEndpointRequest(_message.Message):
+    """Request for GetWebhookEndpoint."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINT_ID_FIELD_NUMBER: _builtins.int
+    endpoint_id: _builtins.str
+    """The endpoint to read."""
+    def __init__(
+        self,
+        *,
+        endpoint_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint_id", b"endpoint_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetWebhookEndpointRequest: _TypeAlias = GetWebhookEndpointRequest  # noqa: Y015
+
+@_typing.final
+class GetWebhookEndpointResponse(_message.Message):
+    """Response for GetWebhookEndpoint."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def endpoint(self) -> _webhook_pb2.WebhookEndpoint:
+        """The endpoint."""
+
+    def __init__(
+        self,
+        *,
+        endpoint: _webhook_pb2.WebhookEndpoint | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetWebhookEndpointResponse: _TypeAlias = GetWebhookEndpointResponse  # noqa: Y015
+
+@_typing.final
+class ListWebhookEndpointsRequest(_message.Message):
+    """Request for ListWebhookEndpoints."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    """Maximum endpoints to return (1 to 100; 0 means 50)."""
+    page_token: _builtins.str
+    """next_page_token from a previous call."""
+    job_id: _builtins.str
+    """Set: that job's per-job endpoints instead of the registered ones."""
+    def __init__(
+        self,
+        *,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+        job_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWebhookEndpointsRequest: _TypeAlias = ListWebhookEndpointsRequest  # noqa: Y015
+
+@_typing.final
+class ListWebhookEndpointsResponse(_message.Message):
+    """Response for ListWebhookEndpoints."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINTS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Pass as page_token to get the next page; empty on the last page."""
+    @_builtins.property
+    def endpoints(self) -> _containers.RepeatedCompositeFieldContainer[_webhook_pb2.WebhookEndpoint]:
+        """Endpoints, oldest first."""
+
+    def __init__(
+        self,
+        *,
+        endpoints: _abc.Iterable[_webhook_pb2.WebhookEndpoint] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoints", b"endpoints", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWebhookEndpointsResponse: _TypeAlias = ListWebhookEndpointsResponse  # noqa: Y015
+
+@_typing.final
+class UpdateWebhookEndpointRequest(_message.Message):
+    """Request for UpdateWebhookEndpoint."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINT_FIELD_NUMBER: _builtins.int
+    UPDATE_MASK_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def endpoint(self) -> _webhook_pb2.WebhookEndpoint:
+        """The endpoint (endpoint_id says which) with the new values of the masked fields."""
+
+    @_builtins.property
+    def update_mask(self) -> _field_mask_pb2.FieldMask:
+        """The fields to change, at least one of: url, description, event_types, user_ids,
+        model_ids, enabled, max_in_flight.
+        """
+
+    def __init__(
+        self,
+        *,
+        endpoint: _webhook_pb2.WebhookEndpoint | None = ...,
+        update_mask: _field_mask_pb2.FieldMask | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint", "update_mask", b"update_mask"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint", "update_mask", b"update_mask"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateWebhookEndpointRequest: _TypeAlias = UpdateWebhookEndpointRequest  # noqa: Y015
+
+@_typing.final
+class UpdateWebhookEndpointResponse(_message.Message):
+    """Response for UpdateWebhookEndpoint."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def endpoint(self) -> _webhook_pb2.WebhookEndpoint:
+        """The endpoint after the change."""
+
+    def __init__(
+        self,
+        *,
+        endpoint: _webhook_pb2.WebhookEndpoint | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateWebhookEndpointResponse: _TypeAlias = UpdateWebhookEndpointResponse  # noqa: Y015
+
+@_typing.final
+class DeleteWebhookEndpointRequest(_message.Message):
+    """Request for DeleteWebhookEndpoint."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINT_ID_FIELD_NUMBER: _builtins.int
+    endpoint_id: _builtins.str
+    """The endpoint to delete."""
+    def __init__(
+        self,
+        *,
+        endpoint_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint_id", b"endpoint_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteWebhookEndpointRequest: _TypeAlias = DeleteWebhookEndpointRequest  # noqa: Y015
+
+@_typing.final
+class DeleteWebhookEndpointResponse(_message.Message):
+    """Response for DeleteWebhookEndpoint."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteWebhookEndpointResponse: _TypeAlias = DeleteWebhookEndpointResponse  # noqa: Y015
+
+@_typing.final
+class RotateWebhookSecretRequest(_message.Message):
+    """Request for RotateWebhookSecret."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINT_ID_FIELD_NUMBER: _builtins.int
+    SIGNING_OWNER_FIELD_NUMBER: _builtins.int
+    OVERLAP_FIELD_NUMBER: _builtins.int
+    endpoint_id: _builtins.str
+    """A registered endpoint's."""
+    signing_owner: _builtins.str
+    """The per-job signing key of this service identity (one with per_job_webhooks in
+    ATELIER_SERVICE_IDENTITIES); its first rotation makes the key.
+    """
+    @_builtins.property
+    def overlap(self) -> _duration_pb2.Duration:
+        """How long the previous secret keeps signing beside the new one: 0 s to 7 days; unset
+        means 24 h; 0 s drops it at once.
+        """
+
+    def __init__(
+        self,
+        *,
+        endpoint_id: _builtins.str = ...,
+        signing_owner: _builtins.str = ...,
+        overlap: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["endpoint_id", b"endpoint_id", "overlap", b"overlap", "signing_owner", b"signing_owner", "target", b"target"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint_id", b"endpoint_id", "overlap", b"overlap", "signing_owner", b"signing_owner", "target", b"target"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_target: _TypeAlias = _typing.Literal["endpoint_id", "signing_owner"]  # noqa: Y015
+    _WhichOneofArgType_target: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_target) -> _WhichOneofReturnType_target | None: ...
+
+Global___RotateWebhookSecretRequest: _TypeAlias = RotateWebhookSecretRequest  # noqa: Y015
+
+@_typing.final
+class RotateWebhookSecretResponse(_message.Message):
+    """Response for RotateWebhookSecret."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SECRET_FIELD_NUMBER: _builtins.int
+    PREVIOUS_SECRET_EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    secret: _builtins.str
+    """The new secret. Shown only here."""
+    @_builtins.property
+    def previous_secret_expire_time(self) -> _timestamp_pb2.Timestamp:
+        """Until when the previous secret signs too; unset when there is none."""
+
+    def __init__(
+        self,
+        *,
+        secret: _builtins.str = ...,
+        previous_secret_expire_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["previous_secret_expire_time", b"previous_secret_expire_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["previous_secret_expire_time", b"previous_secret_expire_time", "secret", b"secret"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RotateWebhookSecretResponse: _TypeAlias = RotateWebhookSecretResponse  # noqa: Y015
+
+@_typing.final
+class SendTestWebhookRequest(_message.Message):
+    """Request for SendTestWebhook."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINT_ID_FIELD_NUMBER: _builtins.int
+    endpoint_id: _builtins.str
+    """The endpoint to send a webhook.test event to."""
+    def __init__(
+        self,
+        *,
+        endpoint_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint_id", b"endpoint_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendTestWebhookRequest: _TypeAlias = SendTestWebhookRequest  # noqa: Y015
+
+@_typing.final
+class SendTestWebhookResponse(_message.Message):
+    """Response for SendTestWebhook."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELIVERY_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def delivery(self) -> _webhook_pb2.WebhookDelivery:
+        """The queued delivery (watch it with ListWebhookDeliveries)."""
+
+    def __init__(
+        self,
+        *,
+        delivery: _webhook_pb2.WebhookDelivery | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delivery", b"delivery"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivery", b"delivery"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendTestWebhookResponse: _TypeAlias = SendTestWebhookResponse  # noqa: Y015
+
+@_typing.final
+class ListWebhookDeliveriesRequest(_message.Message):
+    """Request for ListWebhookDeliveries."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINT_ID_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    endpoint_id: _builtins.str
+    """An endpoint's."""
+    job_id: _builtins.str
+    """A job's, to every endpoint."""
+    state: _webhook_pb2.WebhookDeliveryState.ValueType
+    """Only deliveries in this state; unset: every state."""
+    page_size: _builtins.int
+    """Maximum deliveries to return (1 to 500; 0 means 100)."""
+    page_token: _builtins.str
+    """next_page_token from a previous call (with the same parent and state)."""
+    def __init__(
+        self,
+        *,
+        endpoint_id: _builtins.str = ...,
+        job_id: _builtins.str = ...,
+        state: _webhook_pb2.WebhookDeliveryState.ValueType = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["endpoint_id", b"endpoint_id", "job_id", b"job_id", "parent", b"parent"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint_id", b"endpoint_id", "job_id", b"job_id", "page_size", b"page_size", "page_token", b"page_token", "parent", b"parent", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_parent: _TypeAlias = _typing.Literal["endpoint_id", "job_id"]  # noqa: Y015
+    _WhichOneofArgType_parent: _TypeAlias = _typing.Literal["parent", b"parent"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_parent) -> _WhichOneofReturnType_parent | None: ...
+
+Global___ListWebhookDeliveriesRequest: _TypeAlias = ListWebhookDeliveriesRequest  # noqa: Y015
+
+@_typing.final
+class ListWebhookDeliveriesResponse(_message.Message):
+    """Response for ListWebhookDeliveries."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELIVERIES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Pass as page_token to get the next page; empty on the last page."""
+    @_builtins.property
+    def deliveries(self) -> _containers.RepeatedCompositeFieldContainer[_webhook_pb2.WebhookDelivery]:
+        """Deliveries, newest first."""
+
+    def __init__(
+        self,
+        *,
+        deliveries: _abc.Iterable[_webhook_pb2.WebhookDelivery] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deliveries", b"deliveries", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWebhookDeliveriesResponse: _TypeAlias = ListWebhookDeliveriesResponse  # noqa: Y015
+
+@_typing.final
+class RedeliverWebhooksRequest(_message.Message):
+    """Request for RedeliverWebhooks."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELIVERY_ID_FIELD_NUMBER: _builtins.int
+    ENDPOINT_ID_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
+    delivery_id: _builtins.int
+    """One delivery, whatever its state: pending again, due now."""
+    endpoint_id: _builtins.str
+    """Every failed delivery of this endpoint made at or after since."""
+    @_builtins.property
+    def since(self) -> _timestamp_pb2.Timestamp:
+        """With endpoint_id, required: the earliest delivery (its create_time) sent again."""
+
+    def __init__(
+        self,
+        *,
+        delivery_id: _builtins.int = ...,
+        endpoint_id: _builtins.str = ...,
+        since: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delivery_id", b"delivery_id", "endpoint_id", b"endpoint_id", "since", b"since", "target", b"target"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivery_id", b"delivery_id", "endpoint_id", b"endpoint_id", "since", b"since", "target", b"target"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_target: _TypeAlias = _typing.Literal["delivery_id", "endpoint_id"]  # noqa: Y015
+    _WhichOneofArgType_target: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_target) -> _WhichOneofReturnType_target | None: ...
+
+Global___RedeliverWebhooksRequest: _TypeAlias = RedeliverWebhooksRequest  # noqa: Y015
+
+@_typing.final
+class RedeliverWebhooksResponse(_message.Message):
+    """Response for RedeliverWebhooks."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REDELIVERED_COUNT_FIELD_NUMBER: _builtins.int
+    redelivered_count: _builtins.int
+    """How many deliveries were made pending again."""
+    def __init__(
+        self,
+        *,
+        redelivered_count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["redelivered_count", b"redelivered_count"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RedeliverWebhooksResponse: _TypeAlias = RedeliverWebhooksResponse  # noqa: Y015

@@ -56,6 +56,51 @@ class AdminServiceStub:
                 request_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.GrantPointsRequest.SerializeToString,
                 response_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.GrantPointsResponse.FromString,
                 _registered_method=True)
+        self.CreateWebhookEndpoint = channel.unary_unary(
+                '/atelier.creation.v1.AdminService/CreateWebhookEndpoint',
+                request_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.CreateWebhookEndpointRequest.SerializeToString,
+                response_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.CreateWebhookEndpointResponse.FromString,
+                _registered_method=True)
+        self.GetWebhookEndpoint = channel.unary_unary(
+                '/atelier.creation.v1.AdminService/GetWebhookEndpoint',
+                request_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.GetWebhookEndpointRequest.SerializeToString,
+                response_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.GetWebhookEndpointResponse.FromString,
+                _registered_method=True)
+        self.ListWebhookEndpoints = channel.unary_unary(
+                '/atelier.creation.v1.AdminService/ListWebhookEndpoints',
+                request_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.ListWebhookEndpointsRequest.SerializeToString,
+                response_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.ListWebhookEndpointsResponse.FromString,
+                _registered_method=True)
+        self.UpdateWebhookEndpoint = channel.unary_unary(
+                '/atelier.creation.v1.AdminService/UpdateWebhookEndpoint',
+                request_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.UpdateWebhookEndpointRequest.SerializeToString,
+                response_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.UpdateWebhookEndpointResponse.FromString,
+                _registered_method=True)
+        self.DeleteWebhookEndpoint = channel.unary_unary(
+                '/atelier.creation.v1.AdminService/DeleteWebhookEndpoint',
+                request_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.DeleteWebhookEndpointRequest.SerializeToString,
+                response_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.DeleteWebhookEndpointResponse.FromString,
+                _registered_method=True)
+        self.RotateWebhookSecret = channel.unary_unary(
+                '/atelier.creation.v1.AdminService/RotateWebhookSecret',
+                request_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.RotateWebhookSecretRequest.SerializeToString,
+                response_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.RotateWebhookSecretResponse.FromString,
+                _registered_method=True)
+        self.SendTestWebhook = channel.unary_unary(
+                '/atelier.creation.v1.AdminService/SendTestWebhook',
+                request_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.SendTestWebhookRequest.SerializeToString,
+                response_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.SendTestWebhookResponse.FromString,
+                _registered_method=True)
+        self.ListWebhookDeliveries = channel.unary_unary(
+                '/atelier.creation.v1.AdminService/ListWebhookDeliveries',
+                request_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.ListWebhookDeliveriesRequest.SerializeToString,
+                response_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.ListWebhookDeliveriesResponse.FromString,
+                _registered_method=True)
+        self.RedeliverWebhooks = channel.unary_unary(
+                '/atelier.creation.v1.AdminService/RedeliverWebhooks',
+                request_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.RedeliverWebhooksRequest.SerializeToString,
+                response_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.RedeliverWebhooksResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -91,6 +136,72 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateWebhookEndpoint(self, request, context):
+        """Registers a webhook endpoint; the answer carries its signing secret, the only time
+        it is shown (docs/webhooks.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetWebhookEndpoint(self, request, context):
+        """Reads one endpoint (never its secret).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWebhookEndpoints(self, request, context):
+        """Lists the registered endpoints, or one job's per-job endpoints, oldest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateWebhookEndpoint(self, request, context):
+        """Changes the fields an update mask names.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteWebhookEndpoint(self, request, context):
+        """Deletes an endpoint and its delivery log; its pending deliveries are not sent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RotateWebhookSecret(self, request, context):
+        """Gives an endpoint, or an identity's per-job signing key, a new secret; the previous
+        one keeps signing beside it for the overlap.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SendTestWebhook(self, request, context):
+        """Queues a webhook.test event for an endpoint (a sample job as its data).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWebhookDeliveries(self, request, context):
+        """Lists the deliveries of an endpoint or of a job, newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RedeliverWebhooks(self, request, context):
+        """Sends deliveries again (same message_id, attempts kept): one delivery, or every
+        failed one of an endpoint made since a time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -113,6 +224,51 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.GrantPoints,
                     request_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.GrantPointsRequest.FromString,
                     response_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.GrantPointsResponse.SerializeToString,
+            ),
+            'CreateWebhookEndpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateWebhookEndpoint,
+                    request_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.CreateWebhookEndpointRequest.FromString,
+                    response_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.CreateWebhookEndpointResponse.SerializeToString,
+            ),
+            'GetWebhookEndpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetWebhookEndpoint,
+                    request_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.GetWebhookEndpointRequest.FromString,
+                    response_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.GetWebhookEndpointResponse.SerializeToString,
+            ),
+            'ListWebhookEndpoints': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWebhookEndpoints,
+                    request_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.ListWebhookEndpointsRequest.FromString,
+                    response_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.ListWebhookEndpointsResponse.SerializeToString,
+            ),
+            'UpdateWebhookEndpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateWebhookEndpoint,
+                    request_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.UpdateWebhookEndpointRequest.FromString,
+                    response_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.UpdateWebhookEndpointResponse.SerializeToString,
+            ),
+            'DeleteWebhookEndpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteWebhookEndpoint,
+                    request_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.DeleteWebhookEndpointRequest.FromString,
+                    response_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.DeleteWebhookEndpointResponse.SerializeToString,
+            ),
+            'RotateWebhookSecret': grpc.unary_unary_rpc_method_handler(
+                    servicer.RotateWebhookSecret,
+                    request_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.RotateWebhookSecretRequest.FromString,
+                    response_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.RotateWebhookSecretResponse.SerializeToString,
+            ),
+            'SendTestWebhook': grpc.unary_unary_rpc_method_handler(
+                    servicer.SendTestWebhook,
+                    request_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.SendTestWebhookRequest.FromString,
+                    response_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.SendTestWebhookResponse.SerializeToString,
+            ),
+            'ListWebhookDeliveries': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWebhookDeliveries,
+                    request_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.ListWebhookDeliveriesRequest.FromString,
+                    response_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.ListWebhookDeliveriesResponse.SerializeToString,
+            ),
+            'RedeliverWebhooks': grpc.unary_unary_rpc_method_handler(
+                    servicer.RedeliverWebhooks,
+                    request_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.RedeliverWebhooksRequest.FromString,
+                    response_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.RedeliverWebhooksResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -225,6 +381,249 @@ class AdminService:
             '/atelier.creation.v1.AdminService/GrantPoints',
             atelier_dot_creation_dot_v1_dot_admin__service__pb2.GrantPointsRequest.SerializeToString,
             atelier_dot_creation_dot_v1_dot_admin__service__pb2.GrantPointsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateWebhookEndpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atelier.creation.v1.AdminService/CreateWebhookEndpoint',
+            atelier_dot_creation_dot_v1_dot_admin__service__pb2.CreateWebhookEndpointRequest.SerializeToString,
+            atelier_dot_creation_dot_v1_dot_admin__service__pb2.CreateWebhookEndpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetWebhookEndpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atelier.creation.v1.AdminService/GetWebhookEndpoint',
+            atelier_dot_creation_dot_v1_dot_admin__service__pb2.GetWebhookEndpointRequest.SerializeToString,
+            atelier_dot_creation_dot_v1_dot_admin__service__pb2.GetWebhookEndpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWebhookEndpoints(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atelier.creation.v1.AdminService/ListWebhookEndpoints',
+            atelier_dot_creation_dot_v1_dot_admin__service__pb2.ListWebhookEndpointsRequest.SerializeToString,
+            atelier_dot_creation_dot_v1_dot_admin__service__pb2.ListWebhookEndpointsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateWebhookEndpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atelier.creation.v1.AdminService/UpdateWebhookEndpoint',
+            atelier_dot_creation_dot_v1_dot_admin__service__pb2.UpdateWebhookEndpointRequest.SerializeToString,
+            atelier_dot_creation_dot_v1_dot_admin__service__pb2.UpdateWebhookEndpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteWebhookEndpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atelier.creation.v1.AdminService/DeleteWebhookEndpoint',
+            atelier_dot_creation_dot_v1_dot_admin__service__pb2.DeleteWebhookEndpointRequest.SerializeToString,
+            atelier_dot_creation_dot_v1_dot_admin__service__pb2.DeleteWebhookEndpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RotateWebhookSecret(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atelier.creation.v1.AdminService/RotateWebhookSecret',
+            atelier_dot_creation_dot_v1_dot_admin__service__pb2.RotateWebhookSecretRequest.SerializeToString,
+            atelier_dot_creation_dot_v1_dot_admin__service__pb2.RotateWebhookSecretResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendTestWebhook(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atelier.creation.v1.AdminService/SendTestWebhook',
+            atelier_dot_creation_dot_v1_dot_admin__service__pb2.SendTestWebhookRequest.SerializeToString,
+            atelier_dot_creation_dot_v1_dot_admin__service__pb2.SendTestWebhookResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWebhookDeliveries(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atelier.creation.v1.AdminService/ListWebhookDeliveries',
+            atelier_dot_creation_dot_v1_dot_admin__service__pb2.ListWebhookDeliveriesRequest.SerializeToString,
+            atelier_dot_creation_dot_v1_dot_admin__service__pb2.ListWebhookDeliveriesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RedeliverWebhooks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atelier.creation.v1.AdminService/RedeliverWebhooks',
+            atelier_dot_creation_dot_v1_dot_admin__service__pb2.RedeliverWebhooksRequest.SerializeToString,
+            atelier_dot_creation_dot_v1_dot_admin__service__pb2.RedeliverWebhooksResponse.FromString,
             options,
             channel_credentials,
             insecure,

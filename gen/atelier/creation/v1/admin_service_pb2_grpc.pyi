@@ -43,6 +43,30 @@ class AdminServiceStub:
     """Lists a job's audit trail, oldest first."""
     GrantPoints: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.GrantPointsRequest, _admin_service_pb2.GrantPointsResponse]
     """Adds points to a user's balance."""
+    CreateWebhookEndpoint: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.CreateWebhookEndpointRequest, _admin_service_pb2.CreateWebhookEndpointResponse]
+    """Registers a webhook endpoint; the answer carries its signing secret, the only time
+    it is shown (docs/webhooks.md).
+    """
+    GetWebhookEndpoint: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.GetWebhookEndpointRequest, _admin_service_pb2.GetWebhookEndpointResponse]
+    """Reads one endpoint (never its secret)."""
+    ListWebhookEndpoints: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.ListWebhookEndpointsRequest, _admin_service_pb2.ListWebhookEndpointsResponse]
+    """Lists the registered endpoints, or one job's per-job endpoints, oldest first."""
+    UpdateWebhookEndpoint: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.UpdateWebhookEndpointRequest, _admin_service_pb2.UpdateWebhookEndpointResponse]
+    """Changes the fields an update mask names."""
+    DeleteWebhookEndpoint: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.DeleteWebhookEndpointRequest, _admin_service_pb2.DeleteWebhookEndpointResponse]
+    """Deletes an endpoint and its delivery log; its pending deliveries are not sent."""
+    RotateWebhookSecret: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.RotateWebhookSecretRequest, _admin_service_pb2.RotateWebhookSecretResponse]
+    """Gives an endpoint, or an identity's per-job signing key, a new secret; the previous
+    one keeps signing beside it for the overlap.
+    """
+    SendTestWebhook: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.SendTestWebhookRequest, _admin_service_pb2.SendTestWebhookResponse]
+    """Queues a webhook.test event for an endpoint (a sample job as its data)."""
+    ListWebhookDeliveries: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.ListWebhookDeliveriesRequest, _admin_service_pb2.ListWebhookDeliveriesResponse]
+    """Lists the deliveries of an endpoint or of a job, newest first."""
+    RedeliverWebhooks: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.RedeliverWebhooksRequest, _admin_service_pb2.RedeliverWebhooksResponse]
+    """Sends deliveries again (same message_id, attempts kept): one delivery, or every
+    failed one of an endpoint made since a time.
+    """
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -59,6 +83,30 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """Lists a job's audit trail, oldest first."""
     GrantPoints: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.GrantPointsRequest, _admin_service_pb2.GrantPointsResponse]  # type: ignore[assignment]
     """Adds points to a user's balance."""
+    CreateWebhookEndpoint: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.CreateWebhookEndpointRequest, _admin_service_pb2.CreateWebhookEndpointResponse]  # type: ignore[assignment]
+    """Registers a webhook endpoint; the answer carries its signing secret, the only time
+    it is shown (docs/webhooks.md).
+    """
+    GetWebhookEndpoint: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.GetWebhookEndpointRequest, _admin_service_pb2.GetWebhookEndpointResponse]  # type: ignore[assignment]
+    """Reads one endpoint (never its secret)."""
+    ListWebhookEndpoints: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.ListWebhookEndpointsRequest, _admin_service_pb2.ListWebhookEndpointsResponse]  # type: ignore[assignment]
+    """Lists the registered endpoints, or one job's per-job endpoints, oldest first."""
+    UpdateWebhookEndpoint: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.UpdateWebhookEndpointRequest, _admin_service_pb2.UpdateWebhookEndpointResponse]  # type: ignore[assignment]
+    """Changes the fields an update mask names."""
+    DeleteWebhookEndpoint: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.DeleteWebhookEndpointRequest, _admin_service_pb2.DeleteWebhookEndpointResponse]  # type: ignore[assignment]
+    """Deletes an endpoint and its delivery log; its pending deliveries are not sent."""
+    RotateWebhookSecret: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.RotateWebhookSecretRequest, _admin_service_pb2.RotateWebhookSecretResponse]  # type: ignore[assignment]
+    """Gives an endpoint, or an identity's per-job signing key, a new secret; the previous
+    one keeps signing beside it for the overlap.
+    """
+    SendTestWebhook: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.SendTestWebhookRequest, _admin_service_pb2.SendTestWebhookResponse]  # type: ignore[assignment]
+    """Queues a webhook.test event for an endpoint (a sample job as its data)."""
+    ListWebhookDeliveries: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.ListWebhookDeliveriesRequest, _admin_service_pb2.ListWebhookDeliveriesResponse]  # type: ignore[assignment]
+    """Lists the deliveries of an endpoint or of a job, newest first."""
+    RedeliverWebhooks: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.RedeliverWebhooksRequest, _admin_service_pb2.RedeliverWebhooksResponse]  # type: ignore[assignment]
+    """Sends deliveries again (same message_id, attempts kept): one delivery, or every
+    failed one of an endpoint made since a time.
+    """
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     """Operator tools. Served only on creation's internal listener with a service credential;
@@ -96,5 +144,83 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_service_pb2.GrantPointsResponse, _abc.Awaitable[_admin_service_pb2.GrantPointsResponse]]:
         """Adds points to a user's balance."""
+
+    @_abc_1.abstractmethod
+    def CreateWebhookEndpoint(
+        self,
+        request: _admin_service_pb2.CreateWebhookEndpointRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_service_pb2.CreateWebhookEndpointResponse, _abc.Awaitable[_admin_service_pb2.CreateWebhookEndpointResponse]]:
+        """Registers a webhook endpoint; the answer carries its signing secret, the only time
+        it is shown (docs/webhooks.md).
+        """
+
+    @_abc_1.abstractmethod
+    def GetWebhookEndpoint(
+        self,
+        request: _admin_service_pb2.GetWebhookEndpointRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_service_pb2.GetWebhookEndpointResponse, _abc.Awaitable[_admin_service_pb2.GetWebhookEndpointResponse]]:
+        """Reads one endpoint (never its secret)."""
+
+    @_abc_1.abstractmethod
+    def ListWebhookEndpoints(
+        self,
+        request: _admin_service_pb2.ListWebhookEndpointsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_service_pb2.ListWebhookEndpointsResponse, _abc.Awaitable[_admin_service_pb2.ListWebhookEndpointsResponse]]:
+        """Lists the registered endpoints, or one job's per-job endpoints, oldest first."""
+
+    @_abc_1.abstractmethod
+    def UpdateWebhookEndpoint(
+        self,
+        request: _admin_service_pb2.UpdateWebhookEndpointRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_service_pb2.UpdateWebhookEndpointResponse, _abc.Awaitable[_admin_service_pb2.UpdateWebhookEndpointResponse]]:
+        """Changes the fields an update mask names."""
+
+    @_abc_1.abstractmethod
+    def DeleteWebhookEndpoint(
+        self,
+        request: _admin_service_pb2.DeleteWebhookEndpointRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_service_pb2.DeleteWebhookEndpointResponse, _abc.Awaitable[_admin_service_pb2.DeleteWebhookEndpointResponse]]:
+        """Deletes an endpoint and its delivery log; its pending deliveries are not sent."""
+
+    @_abc_1.abstractmethod
+    def RotateWebhookSecret(
+        self,
+        request: _admin_service_pb2.RotateWebhookSecretRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_service_pb2.RotateWebhookSecretResponse, _abc.Awaitable[_admin_service_pb2.RotateWebhookSecretResponse]]:
+        """Gives an endpoint, or an identity's per-job signing key, a new secret; the previous
+        one keeps signing beside it for the overlap.
+        """
+
+    @_abc_1.abstractmethod
+    def SendTestWebhook(
+        self,
+        request: _admin_service_pb2.SendTestWebhookRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_service_pb2.SendTestWebhookResponse, _abc.Awaitable[_admin_service_pb2.SendTestWebhookResponse]]:
+        """Queues a webhook.test event for an endpoint (a sample job as its data)."""
+
+    @_abc_1.abstractmethod
+    def ListWebhookDeliveries(
+        self,
+        request: _admin_service_pb2.ListWebhookDeliveriesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_service_pb2.ListWebhookDeliveriesResponse, _abc.Awaitable[_admin_service_pb2.ListWebhookDeliveriesResponse]]:
+        """Lists the deliveries of an endpoint or of a job, newest first."""
+
+    @_abc_1.abstractmethod
+    def RedeliverWebhooks(
+        self,
+        request: _admin_service_pb2.RedeliverWebhooksRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_service_pb2.RedeliverWebhooksResponse, _abc.Awaitable[_admin_service_pb2.RedeliverWebhooksResponse]]:
+        """Sends deliveries again (same message_id, attempts kept): one delivery, or every
+        failed one of an endpoint made since a time.
+        """
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

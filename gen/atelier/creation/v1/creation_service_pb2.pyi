@@ -114,6 +114,7 @@ class SubmitJobRequest(_message.Message):
     NUM_OUTPUTS_FIELD_NUMBER: _builtins.int
     PARAMETERS_FIELD_NUMBER: _builtins.int
     INPUT_URL_FIELD_NUMBER: _builtins.int
+    WEBHOOK_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Idempotency key, unique per user (AIP-155): 1 to 128 letters, digits and . _ : -.
     The Idempotency-Key header is accepted too; when both are given they must be equal.
@@ -163,6 +164,17 @@ class SubmitJobRequest(_message.Message):
         number, which a JSON client may already have rounded).
         """
 
+    @_builtins.property
+    def webhook(self) -> Global___JobWebhook:
+        """A webhook for this job alone (docs/webhooks.md), honoured only for trusted service
+        callers: a backend acting for the user (atelier-on-behalf-of) whose identity has
+        per_job_webhooks in ATELIER_SERVICE_IDENTITIES. From anyone else (an end user's token
+        included) it is PERMISSION_DENIED, reason WEBHOOK_NOT_PERMITTED (HTTP 403); from an
+        identity with no signing key yet, FAILED_PRECONDITION WEBHOOK_SIGNING_KEY_MISSING.
+        Deliveries are signed with the identity's key; the job's job.queued event is
+        delivered too. Part of the request an idempotency key stands for.
+        """
+
     def __init__(
         self,
         *,
@@ -177,14 +189,46 @@ class SubmitJobRequest(_message.Message):
         num_outputs: _builtins.int = ...,
         parameters: _abc.Mapping[_builtins.str, _parameters_pb2.ParameterValue] | None = ...,
         input_url: _builtins.str = ...,
+        webhook: Global___JobWebhook | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["webhook", b"webhook"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["height", b"height", "input_asset_id", b"input_asset_id", "input_url", b"input_url", "model_id", b"model_id", "negative_prompt", b"negative_prompt", "num_outputs", b"num_outputs", "parameters", b"parameters", "prompt", b"prompt", "request_id", b"request_id", "style_id", b"style_id", "width", b"width"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["height", b"height", "input_asset_id", b"input_asset_id", "input_url", b"input_url", "model_id", b"model_id", "negative_prompt", b"negative_prompt", "num_outputs", b"num_outputs", "parameters", b"parameters", "prompt", b"prompt", "request_id", b"request_id", "style_id", b"style_id", "webhook", b"webhook", "width", b"width"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SubmitJobRequest: _TypeAlias = SubmitJobRequest  # noqa: Y015
+
+@_typing.final
+class JobWebhook(_message.Message):
+    """SubmitJob's per-job webhook."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    URL_FIELD_NUMBER: _builtins.int
+    EVENT_TYPES_FIELD_NUMBER: _builtins.int
+    url: _builtins.str
+    """Where the job's events are POSTed: an https URL of at most 2048 characters."""
+    @_builtins.property
+    def event_types(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The events wanted, each once, of: job.queued, job.running, job.succeeded,
+        job.failed, job.cancelled, job.needs_attention, job.deleted, job.progress. Empty:
+        every one but job.progress.
+        """
+
+    def __init__(
+        self,
+        *,
+        url: _builtins.str = ...,
+        event_types: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_types", b"event_types", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobWebhook: _TypeAlias = JobWebhook  # noqa: Y015
 
 @_typing.final
 class SubmitJobResponse(_message.Message):

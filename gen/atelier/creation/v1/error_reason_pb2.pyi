@@ -95,6 +95,22 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """INVALID_ARGUMENT with field violations, AdminService only: a field of an admin
     request is wrong.
     """
+    ERROR_REASON_WEBHOOK_ENDPOINT_NOT_FOUND: _ErrorReason.ValueType  # 65
+    """NOT_FOUND, AdminService only: no webhook endpoint has that id (or it was deleted)."""
+    ERROR_REASON_WEBHOOK_DELIVERY_NOT_FOUND: _ErrorReason.ValueType  # 66
+    """NOT_FOUND, AdminService only: no webhook delivery has that id (its endpoint may have
+    been deleted, or the log pruned).
+    """
+    ERROR_REASON_WEBHOOK_NOT_PERMITTED: _ErrorReason.ValueType  # 67
+    """PERMISSION_DENIED (HTTP 403): SubmitJob's webhook came from a caller that may not set
+    one (an end user, or a service identity without per_job_webhooks). Send the job
+    without it, or from a trusted backend allowed per-job webhooks.
+    """
+    ERROR_REASON_WEBHOOK_SIGNING_KEY_MISSING: _ErrorReason.ValueType  # 68
+    """FAILED_PRECONDITION: SubmitJob's webhook came from an identity that has no webhook
+    signing key yet. An operator makes one (AdminService.RotateWebhookSecret with
+    signing_owner); then submit again.
+    """
     ERROR_REASON_INVALID_PAGE_SIZE: _ErrorReason.ValueType  # 19
     """--- Pages (list methods) ---
 
@@ -376,6 +392,22 @@ attention. Look at the job again.
 ERROR_REASON_INVALID_ADMIN_REQUEST: ErrorReason.ValueType  # 18
 """INVALID_ARGUMENT with field violations, AdminService only: a field of an admin
 request is wrong.
+"""
+ERROR_REASON_WEBHOOK_ENDPOINT_NOT_FOUND: ErrorReason.ValueType  # 65
+"""NOT_FOUND, AdminService only: no webhook endpoint has that id (or it was deleted)."""
+ERROR_REASON_WEBHOOK_DELIVERY_NOT_FOUND: ErrorReason.ValueType  # 66
+"""NOT_FOUND, AdminService only: no webhook delivery has that id (its endpoint may have
+been deleted, or the log pruned).
+"""
+ERROR_REASON_WEBHOOK_NOT_PERMITTED: ErrorReason.ValueType  # 67
+"""PERMISSION_DENIED (HTTP 403): SubmitJob's webhook came from a caller that may not set
+one (an end user, or a service identity without per_job_webhooks). Send the job
+without it, or from a trusted backend allowed per-job webhooks.
+"""
+ERROR_REASON_WEBHOOK_SIGNING_KEY_MISSING: ErrorReason.ValueType  # 68
+"""FAILED_PRECONDITION: SubmitJob's webhook came from an identity that has no webhook
+signing key yet. An operator makes one (AdminService.RotateWebhookSecret with
+signing_owner); then submit again.
 """
 ERROR_REASON_INVALID_PAGE_SIZE: ErrorReason.ValueType  # 19
 """--- Pages (list methods) ---
