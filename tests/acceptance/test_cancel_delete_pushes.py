@@ -10,7 +10,7 @@ import asyncio
 import json
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -18,6 +18,7 @@ import pytest
 
 from services.dev.stack import Stack
 from tests.acceptance.test_jobs_edge import User, job_body, put_input
+from tests.support.edge_retry import as_a_client_would
 from tests.support.stacks import stack_of_its_own
 
 pytestmark = pytest.mark.acceptance
@@ -43,20 +44,6 @@ def peer_log(stack: Stack) -> list[dict[str, Any]]:
 def tail(token: str) -> str:
     """How the peer names a device in its log."""
     return "…" + token[-8:]
-
-
-async def as_a_client_would(
-    send: Callable[[], Awaitable[httpx.Response]], attempts: int = 5
-) -> httpx.Response:
-    """The answer to a request sent again, as docs/edge.md tells a client to, while it is a
-    409 or 503 with `retry-after` (a loaded machine can leave the database that slow;
-    cancel and delete are safe to repeat); anything else at once."""
-    for _ in range(attempts - 1):
-        answer = await send()
-        if answer.status_code not in (409, 503) or "retry-after" not in answer.headers:
-            return answer
-        await asyncio.sleep(float(answer.headers["retry-after"]))
-    return await send()
 
 
 class Owner:

@@ -16,6 +16,7 @@ import itertools
 import json
 import re
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from typing import Any
@@ -28,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from services.dev.stack import Replica, Stack
 from services.kit.db import asyncpg_url
 from tests.acceptance.test_jobs_edge import User, job_body, put_input
+from tests.support.edge_retry import as_a_client_would
 from tests.support.stacks import job_in, stack_of_its_own
 
 pytestmark = pytest.mark.acceptance
@@ -135,20 +137,27 @@ async def test_a_job_run_reaches_the_apns_peer_as_one_start_updates_one_end_one_
     user = User()
     headers = {**user.headers, "content-type": "application/json"}
     async with httpx.AsyncClient(timeout=10) as http:
-        device = await http.post(
-            f"{url}/v1/devices",
-            headers=headers,
-            json={
-                "deviceToken": DEVICE_TOKEN,
-                "environment": "APNS_ENVIRONMENT_PRODUCTION",
-                "bundleId": "dev.atelier.app",
-                "pushToStartToken": START_TOKEN,
-                "locale": "en-GB",
-            },
+        # Each request is safe to repeat (an upsert, or a submit under its request id),
+        # so it is sent again after a 503 with retry-after, as a client would.
+        device = await as_a_client_would(
+            lambda: http.post(
+                f"{url}/v1/devices",
+                headers=headers,
+                json={
+                    "deviceToken": DEVICE_TOKEN,
+                    "environment": "APNS_ENVIRONMENT_PRODUCTION",
+                    "bundleId": "dev.atelier.app",
+                    "pushToStartToken": START_TOKEN,
+                    "locale": "en-GB",
+                },
+            )
         )
         assert device.status_code == 200, device.text
         asset = await put_input(stack, user.user_id)
-        submitted = await http.post(f"{url}/v1/jobs", headers=headers, json=job_body(asset))
+        body = job_body(asset, requestId=str(uuid.uuid4()))
+        submitted = await as_a_client_would(
+            lambda: http.post(f"{url}/v1/jobs", headers=headers, json=body)
+        )
         assert submitted.status_code == 200, submitted.text
         job_id = submitted.json()["job"]["jobId"]
 
@@ -158,14 +167,16 @@ async def test_a_job_run_reaches_the_apns_peer_as_one_start_updates_one_end_one_
         # The push-to-start reached the phone, which starts the activity and registers
         # its token, as the app does.
         await until("la_start at the peer", 20, started)
-        activity = await http.post(
-            f"{url}/v1/jobs/{job_id}/liveActivities",
-            headers=headers,
-            json={
-                "deviceId": device.json()["device"]["deviceId"],
-                "pushToken": ACTIVITY_TOKEN,
-                "activityId": "activity-1",
-            },
+        activity = await as_a_client_would(
+            lambda: http.post(
+                f"{url}/v1/jobs/{job_id}/liveActivities",
+                headers=headers,
+                json={
+                    "deviceId": device.json()["device"]["deviceId"],
+                    "pushToken": ACTIVITY_TOKEN,
+                    "activityId": "activity-1",
+                },
+            )
         )
         assert activity.status_code == 200, activity.text
         await job_in(http, url, user.headers, job_id, {"JOB_STATUS_SUCCEEDED"}, 30)
