@@ -154,8 +154,9 @@ class FeedReader:
         self.states: list[job_pb2.Job] = []
         self.cursor = ""
         self.snapshot_ends = 0
-        # The StreamEnd messages received.
+        # The StreamEnd messages received, and the final error message (a google.rpc.Status).
         self.ends: list[Any] = []
+        self.error_messages: list[Any] = []
         self.error: grpc.aio.AioRpcError | None = None
         self.ended = asyncio.Event()
         self._changed = asyncio.Event()
@@ -190,6 +191,8 @@ class FeedReader:
                     self.snapshot_ends += 1
                 elif which == "end":
                     self.ends.append(message.end)
+                elif which == "error":
+                    self.error_messages.append(message.error)
                 self._changed.set()
         except grpc.aio.AioRpcError as error:
             self.error = error

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import asyncpg
 import grpc
 import pytest
 
@@ -33,7 +34,7 @@ from tests.support.job_feed import (
     notify_env,
 )
 from tests.support.notify_streams import OwnRedis
-from tests.support.rpc import bad_request, error_info
+from tests.support.rpc import bad_request, error_info, retry_delay
 
 ROOT = Path(__file__).resolve().parents[3]
 QUEUED = job_pb2.JOB_STATUS_QUEUED
@@ -61,6 +62,8 @@ def fleet(notify_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         notify_url,
         redis.url,
         FEED_REPLAY_LIMIT=str(REPLAY_LIMIT),
+        # Small pages: a resume and a filtered read take several.
+        FEED_PAGE_SIZE="4",
         POLL_PERIOD="60",
         STREAM_KEEP_ALIVE="120",
     )
@@ -362,3 +365,40 @@ async def _a_cursor(fleet: Fleet) -> str:
     await feed.caught_up()
     await feed.close()
     return feed.cursor
+
+
+async def test_a_database_failure_after_the_first_message_ends_the_feed_with_an_error_message(
+    notify_url: str, tmp_path: Path
+) -> None:
+    """The projection held under an exclusive lock while the feed reads every half second:
+    its next read gives up after the lock timeout, and the stream ends with the error as
+    its last message (ErrorInfo, RetryInfo), then as its status; a reconnect with the
+    cursor resumes once the lock is gone."""
+    solo = NotifyProcess("locked", notify_env(notify_url, "", POLL_PERIOD="0.5"), tmp_path / "l")
+    solo.start()
+    feed = FeedReader(solo.internal_address)
+    try:
+        await feed.caught_up()
+        job_id, user = new_job(), new_user()
+        await deliver(solo.internal_address, [job(job_id, user, 1, QUEUED)])
+        await feed.wait_for(lambda r: r.has({job_id: 1}))
+        locker = await asyncpg.connect(notify_url)
+        try:
+            async with locker.transaction():
+                await locker.execute("LOCK TABLE notify.job_states IN ACCESS EXCLUSIVE MODE")
+                await asyncio.wait_for(feed.ended.wait(), 30)
+        finally:
+            await locker.close()
+        assert feed.error is not None
+        assert feed.error.code() == grpc.StatusCode.ABORTED
+        assert error_info(feed.error).reason == "LOCK_TIMEOUT"
+        assert retry_delay(feed.error) is not None
+        [last] = feed.error_messages
+        assert last.code == grpc.StatusCode.ABORTED.value[0]
+        await deliver(solo.internal_address, [job(job_id, user, 2, RUNNING)])
+        await feed.reconnect(solo.internal_address)
+        await feed.wait_for(lambda r: r.has({job_id: 2}))
+        assert feed.versions_per_job()[job_id] == [1, 2]
+    finally:
+        await feed.close()
+        solo.stop()
