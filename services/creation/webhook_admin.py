@@ -119,8 +119,9 @@ class WebhookOperators:
         return rotated
 
     async def send_test(self, endpoint_id: str, operator: str) -> Delivery:
-        now = self._clock()
-        delivery = await store.queue_test_event(self._engine, endpoint_id, sample_job(now), now)
+        delivery = await store.queue_test_event(
+            self._engine, endpoint_id, sample_job(self._clock())
+        )
         log.info(
             "webhook_test_queued",
             endpoint_id=endpoint_id,
@@ -149,12 +150,12 @@ class WebhookOperators:
         )
 
     async def redeliver_one(self, delivery_id: int, operator: str) -> int:
-        count = await store.redeliver_one(self._engine, delivery_id, self._clock())
+        count = await store.redeliver_one(self._engine, delivery_id)
         log.info("webhooks_redelivered", delivery_id=delivery_id, count=count, operator=operator)
         return count
 
     async def redeliver_failed(self, endpoint_id: str, since: datetime, operator: str) -> int:
-        count = await store.redeliver_failed(self._engine, endpoint_id, since, self._clock())
+        count = await store.redeliver_failed(self._engine, endpoint_id, since)
         log.info(
             "webhooks_redelivered",
             endpoint_id=endpoint_id,

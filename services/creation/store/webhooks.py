@@ -9,10 +9,10 @@ import secrets
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, delete, insert, literal, or_, select, update
+from sqlalchemy import and_, delete, func, insert, literal, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -268,8 +268,12 @@ async def delete_endpoint(engine: AsyncEngine, endpoint_id: str) -> None:
         raise WebhookEndpointNotFound()
 
 
-def _overlap_until(now: datetime, overlap_seconds: float) -> datetime | None:
-    return now + timedelta(seconds=overlap_seconds) if overlap_seconds > 0 else None
+def _overlap_until(overlap_seconds: float) -> Any:
+    """The end of a rotation's overlap on the database's clock (the deliverer's, which
+    compares it with now()); None without one."""
+    if overlap_seconds <= 0:
+        return None
+    return func.now() + func.make_interval(0, 0, 0, 0, 0, 0, overlap_seconds)
 
 
 async def rotate_endpoint_secret(
@@ -279,7 +283,7 @@ async def rotate_endpoint_secret(
     signs until the overlap ends; an older previous is dropped). None: the endpoint is a
     per-job one (signed by its owner's key)."""
     secret = new_secret()
-    until = _overlap_until(now, overlap_seconds)
+    until = _overlap_until(overlap_seconds)
     e = webhook_endpoints
     async with engine.begin() as connection:
         row = (
@@ -288,17 +292,17 @@ async def rotate_endpoint_secret(
                 .where(e.c.endpoint_id == endpoint_id, e.c.job_id.is_(None))
                 .values(
                     secret=secret,
-                    previous_secret=e.c.secret if until else None,
+                    previous_secret=e.c.secret if until is not None else None,
                     previous_secret_expires_at=until,
                     updated_at=now,
                 )
-                .returning(e.c.endpoint_id)
+                .returning(e.c.previous_secret_expires_at)
             )
         ).first()
         if row is None:
             await _require_endpoint(connection, endpoint_id)
             return None
-    return Rotated(secret, until)
+    return Rotated(secret, row.previous_secret_expires_at)
 
 
 async def rotate_signing_key(
@@ -307,7 +311,7 @@ async def rotate_signing_key(
     """The identity's new per-job signing key (made on the first rotation; the current one
     becomes the previous while the overlap lasts)."""
     secret = new_secret()
-    until = _overlap_until(now, overlap_seconds)
+    until = _overlap_until(overlap_seconds)
     keys = webhook_signing_keys
     statement = (
         pg_insert(keys)
@@ -316,7 +320,7 @@ async def rotate_signing_key(
             index_elements=[keys.c.owner],
             set_={
                 "secret": secret,
-                "previous_secret": keys.c.secret if until else None,
+                "previous_secret": keys.c.secret if until is not None else None,
                 "previous_secret_expires_at": until,
                 "updated_at": now,
             },
@@ -329,7 +333,7 @@ async def rotate_signing_key(
 
 
 async def queue_test_event(
-    engine: AsyncEngine, endpoint_id: str, payload: dict[str, Any], now: datetime
+    engine: AsyncEngine, endpoint_id: str, payload: dict[str, Any]
 ) -> Delivery:
     """A webhook.test delivery for the endpoint, due now (its row trigger wakes the
     deliverers at commit)."""
@@ -338,9 +342,10 @@ async def queue_test_event(
         literal(0).label("job_version"),
         literal(WEBHOOK_TEST_EVENT).label("event_type"),
         literal(payload, webhook_deliveries.c.payload.type).label("payload"),
-        literal(now, webhook_deliveries.c.occurred_at.type).label("occurred_at"),
-        literal(now, webhook_deliveries.c.next_attempt_at.type).label("next_attempt_at"),
-        literal(now, webhook_deliveries.c.created_at.type).label("created_at"),
+        # The database's clock, as for the deliveries the job triggers write.
+        func.now().label("occurred_at"),
+        func.now().label("next_attempt_at"),
+        func.now().label("created_at"),
     ).where(webhook_endpoints.c.endpoint_id == endpoint_id)
     async with engine.begin() as connection:
         row = (
@@ -409,20 +414,27 @@ async def _require_endpoint(connection: AsyncConnection, endpoint_id: str) -> No
         raise WebhookEndpointNotFound()
 
 
-def _pending_again(now: datetime) -> dict[str, Any]:
-    # Attempts and message_id are kept; a claim a deliverer still holds stands (it ends
-    # that attempt, then sees the row pending and due).
-    return {"state": "pending", "completed_at": None, "next_attempt_at": now}
+def _pending_again() -> dict[str, Any]:
+    # Attempts and message_id are kept. A claim is dropped: an attempt still in flight
+    # then records nothing (its record is fenced by the claim), and the row is due again
+    # at once, so a redelivery asked for is never lost to that attempt's outcome.
+    return {
+        "state": "pending",
+        "completed_at": None,
+        # Due at once on the deliverer's clock (the database's).
+        "next_attempt_at": func.now(),
+        "claimed_until": None,
+    }
 
 
-async def redeliver_one(engine: AsyncEngine, delivery_id: int, now: datetime) -> int:
+async def redeliver_one(engine: AsyncEngine, delivery_id: int) -> int:
     """One delivery, whatever its state, pending again and due now (primary key)."""
     async with engine.begin() as connection:
         row = (
             await connection.execute(
                 update(webhook_deliveries)
                 .where(webhook_deliveries.c.delivery_id == delivery_id)
-                .values(**_pending_again(now))
+                .values(**_pending_again())
                 .returning(webhook_deliveries.c.delivery_id)
             )
         ).first()
@@ -431,9 +443,7 @@ async def redeliver_one(engine: AsyncEngine, delivery_id: int, now: datetime) ->
     return 1
 
 
-async def redeliver_failed(
-    engine: AsyncEngine, endpoint_id: str, since: datetime, now: datetime
-) -> int:
+async def redeliver_failed(engine: AsyncEngine, endpoint_id: str, since: datetime) -> int:
     """Every failed delivery of the endpoint made at or after ``since``, pending again
     (the endpoint's deliveries through ix_webhook_deliveries_endpoint_id_delivery_id)."""
     d = webhook_deliveries
@@ -442,7 +452,7 @@ async def redeliver_failed(
         result = await connection.execute(
             update(d)
             .where(d.c.endpoint_id == endpoint_id, d.c.state == "failed", d.c.created_at >= since)
-            .values(**_pending_again(now))
+            .values(**_pending_again())
             .returning(d.c.delivery_id)
         )
         return len(result.all())
