@@ -44,6 +44,7 @@ BENCHES = {
         ["--jobs", "300", "--rounds", "1", "--held", "5", "--tracked", "5"],
         "ratio waits / alone",
     ),
+    "webhooks": (["--deliveries", "100", "--jobs", "20", "--rounds", "1"], "delivery:"),
     "scale_out": (
         [
             "--replicas=2",
@@ -71,6 +72,7 @@ TAKES_DATABASE_URL = {
     "scale_out",
     "wait_job",
     "queue_standing",
+    "webhooks",
 }
 
 

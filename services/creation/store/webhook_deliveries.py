@@ -57,7 +57,7 @@ RETURNING d.delivery_id, d.claimed_until, d.message_id, d.endpoint_id::text, d.e
           CASE WHEN coalesce(e.previous_secret_expires_at, k.previous_secret_expires_at)
                     > now()
                THEN coalesce(e.previous_secret, k.previous_secret) END AS previous_secret,
-          now() AS now
+          e.failing_since IS NOT NULL AS failing
 """
 
 # Each attempt's outcome, fenced by the claim it was made under (a lapsed claim that
@@ -122,7 +122,8 @@ class Claimed:
     url: str
     secret: str | None
     previous_secret: str | None
-    now: datetime
+    # The endpoint was in a failing run when claimed.
+    failing: bool
 
 
 @dataclass(frozen=True)
@@ -137,9 +138,10 @@ class Attempted:
     status_code: int | None
     error: str
     excerpt: str
-    # The endpoint answered 2xx; it answered 410 Gone.
+    # The endpoint answered 2xx; it answered 410 Gone; it was in a failing run.
     ok: bool
     gone: bool
+    failing: bool = False
 
 
 async def claim(connection: Any, limit: int, claim_seconds: float) -> list[Claimed]:
@@ -167,18 +169,27 @@ async def record(
                 first_failure[attempt.endpoint_id] = attempt.attempted_at
         if attempt.gone:
             gone.add(attempt.endpoint_id)
-    endpoints = sorted(latest)
+    # Only endpoints whose failing run starts, goes on or ends: a healthy endpoint's
+    # answered attempts change nothing of it (one statement, no transaction).
+    failing = {a.endpoint_id for a in attempts if a.failing}
+    endpoints = sorted(e for e, a in latest.items() if not a.ok or e in gone or e in failing)
+    arguments = (
+        [a.delivery_id for a in attempts],
+        [a.claimed_until for a in attempts],
+        [a.state for a in attempts],
+        [a.next_attempt_at for a in attempts],
+        [a.attempted_at for a in attempts],
+        [a.status_code for a in attempts],
+        [a.error for a in attempts],
+        [a.excerpt for a in attempts],
+    )
+    if not endpoints:
+        await connection.execute(_RECORD, *arguments)
+        return []
     async with connection.transaction():
         await connection.execute(
             _RECORD,
-            [a.delivery_id for a in attempts],
-            [a.claimed_until for a in attempts],
-            [a.state for a in attempts],
-            [a.next_attempt_at for a in attempts],
-            [a.attempted_at for a in attempts],
-            [a.status_code for a in attempts],
-            [a.error for a in attempts],
-            [a.excerpt for a in attempts],
+            *arguments,
         )
         rows = await connection.fetch(
             _ENDPOINTS,

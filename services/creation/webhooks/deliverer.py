@@ -55,6 +55,8 @@ log = get_logger(__name__)
 
 EXCERPT = 256
 PRUNE_PERIOD = 300.0
+# How long the recorder waits for more outcomes before writing a short batch.
+GATHER_SECONDS = 0.01
 PRUNE_BATCH = 1000
 
 # The outcomes of an attempt, and why the deliverer disables an endpoint (metric labels).
@@ -196,7 +198,7 @@ class WebhookDeliverer:
         ]
         urls: Mapping[str, OutputUrls] = await self._media.output_urls(assets) if assets else {}
         for row, job in zip(claimed, jobs, strict=True):
-            task = asyncio.create_task(self._attempt(row, job, urls))
+            task = asyncio.create_task(self._guarded(row, job, urls))
             self._in_flight.add(task)
             task.add_done_callback(self._in_flight.discard)
 
@@ -232,6 +234,21 @@ class WebhookDeliverer:
             log.warning("webhooks_claim_failed", dependency=dependency, kind=kind, skipped=skipped)
 
     # --- one attempt --------------------------------------------------------------------
+
+    async def _guarded(
+        self, row: Claimed, job: job_pb2.Job | None, urls: Mapping[str, OutputUrls]
+    ) -> None:
+        try:
+            await self._attempt(row, job, urls)
+        except Exception:
+            # A bug, not the endpoint's doing: logged with its trace; the delivery is
+            # tried again by the schedule.
+            log.exception("webhook_attempt_crashed", endpoint_id=row.endpoint_id)
+            now = datetime.now(UTC)
+            outcome = verdict(self._settings, row.attempts, None, None, now, self._rng)
+            self._record(
+                row, outcome.state, outcome.next_attempt_at, now, None, "INTERNAL", "", False, False
+            )
 
     async def _attempt(
         self, row: Claimed, job: job_pb2.Job | None, urls: Mapping[str, OutputUrls]
@@ -314,6 +331,7 @@ class WebhookDeliverer:
                 excerpt,
                 ok,
                 gone,
+                row.failing,
             )
         )
         self._results_ready.set()
@@ -330,6 +348,9 @@ class WebhookDeliverer:
     async def _flush_loop(self) -> None:
         while True:
             await self._results_ready.wait()
+            if len(self._results) < self._settings.batch:
+                # A moment for more outcomes to join: one statement records them all.
+                await asyncio.sleep(GATHER_SECONDS)
             self._results_ready.clear()
             if not await self._flush():
                 await asyncio.sleep(self._retry_delay())
