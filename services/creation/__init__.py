@@ -14,5 +14,6 @@ __all__ = [
     "submission",
     "tables",
     "waits",
+    "webhooks",
     "worker",
 ]

@@ -12,4 +12,4 @@ trusted caller's per-job endpoint), signed per Standard Webhooks, retried, at le
 """
 
 # What other packages import from here (tests/unit/test_package_surfaces.py).
-__all__ = ["deliverer", "settings"]
+__all__ = ["deliverer", "settings", "signing"]
