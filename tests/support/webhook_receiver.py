@@ -54,6 +54,9 @@ class WebhookReceiver:
         self.unverified: list[str] = []
         # What the next request gets (called with the request's webhook-id).
         self.answer: Callable[[str], Answer] = lambda _id: Answer()
+        # Requests being answered now, and the most there ever were at once.
+        self.in_flight = 0
+        self.most_in_flight = 0
         self._changed = threading.Condition()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -77,9 +80,14 @@ class WebhookReceiver:
                 length = int(self.headers.get("content-length", "0"))
                 data = self.rfile.read(length)
                 headers = {k.lower(): v for k, v in self.headers.items()}
+                with receiver._changed:
+                    receiver.in_flight += 1
+                    receiver.most_in_flight = max(receiver.most_in_flight, receiver.in_flight)
                 answer = receiver.answer(headers.get("webhook-id", ""))
                 if answer.delay:
                     time.sleep(answer.delay)
+                with receiver._changed:
+                    receiver.in_flight -= 1
                 receiver._take(data, headers, answer.status)
                 self.send_response(answer.status)
                 for name, value in answer.headers.items():

@@ -343,3 +343,19 @@ async def test_a_deliverer_killed_mid_batch_leaves_nothing_undelivered(
     for received in receiver.received:
         assert bodies.setdefault(received.webhook_id, received.body) == received.body
     assert receiver.unverified == []
+
+
+async def test_an_endpoint_never_has_more_than_its_max_in_flight_across_deliverers(
+    clean: AsyncEngine, creation_url: str, receiver: WebhookReceiver
+) -> None:
+    """Two deliverers, one endpoint with max_in_flight 3 answering in 0.3 s: at most three
+    requests are ever open at the receiver at once (each replica claims within the room
+    left, under the endpoint's row lock), and more than one at a time."""
+    _, secret = await endpoint(clean, receiver.url, ["job.queued"], max_in_flight=3)
+    receiver.secrets.append(secret)
+    receiver.answer = lambda _id: Answer(delay=0.3)
+    async with delivering(clean, creation_url), delivering(clean, creation_url):
+        await submit(clean, 24)
+        await receiver.wait_until(lambda r: len(r.accepted()) == 24, 60)
+    assert 1 < receiver.most_in_flight <= 3
+    assert receiver.unverified == []
