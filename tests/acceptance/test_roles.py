@@ -118,7 +118,7 @@ def test_roles_split_rpcs_from_components() -> None:
     worker = build(settings, "worker")
     everything = build(settings, "all")
     assert api.serve_public and api.public and api.internal
-    assert [c.name for c in api.components] == ["outbox-relay", "job-waits"]
+    assert [c.name for c in api.components] == ["outbox-relay", "webhook-deliverer", "job-waits"]
     assert not worker.serve_public and not worker.public and not worker.internal
     assert [c.name for c in worker.components] == [
         c.name for c in everything.components if c.name != "job-waits"

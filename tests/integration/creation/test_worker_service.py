@@ -38,14 +38,20 @@ def test_roles_worker_and_all_run_the_engine_given_a_registry(creation_url: str)
     def names(role: str, given: dict[str, Provider] | None) -> list[str]:
         return [c.name for c in build(settings, role, providers=given).components]
 
-    engine = ["worker", "reaper", "outbox-relay", "backlog-gauges"]
+    engine = ["worker", "reaper", "outbox-relay", "webhook-deliverer", "backlog-gauges"]
     assert names("worker", providers) == engine
     assert names("all", providers) == [*engine, "job-waits"]
-    # Every role writes job changes, so every role relays them to notify; the roles that
-    # own the queue read its gauges; the roles that answer calls wake the waiting ones.
-    assert names("api", providers) == ["outbox-relay", "job-waits"]
+    # Every role writes job changes, so every role relays them to notify and delivers
+    # their webhooks; the roles that own the queue read its gauges; the roles that answer
+    # calls wake the waiting ones.
+    assert names("api", providers) == ["outbox-relay", "webhook-deliverer", "job-waits"]
     # No registry wired in: jobs wait, and the gauges show them waiting.
-    assert names("all", None) == ["outbox-relay", "backlog-gauges", "job-waits"]
+    assert names("all", None) == [
+        "outbox-relay",
+        "webhook-deliverer",
+        "backlog-gauges",
+        "job-waits",
+    ]
 
 
 async def test_a_job_submitted_over_grpc_runs_to_succeeded(
