@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
@@ -48,8 +50,12 @@ class Answer:
 
 
 class WebhookReceiver:
-    def __init__(self, secrets: list[str], port: int = 0) -> None:
+    def __init__(
+        self, secrets: list[str], port: int = 0, tls: tuple[Path, Path] | None = None
+    ) -> None:
+        """``tls``: a certificate and its key to serve https with (for ``localhost``)."""
         self.secrets = list(secrets)
+        self._tls = tls
         self.received: list[Received] = []
         self.unverified: list[str] = []
         # What the next request gets (called with the request's webhook-id).
@@ -65,6 +71,8 @@ class WebhookReceiver:
 
     @property
     def url(self) -> str:
+        if self._tls is not None:
+            return f"https://localhost:{self.port}/hooks"
         return f"http://127.0.0.1:{self.port}/hooks"
 
     def start(self) -> None:
@@ -98,6 +106,10 @@ class WebhookReceiver:
 
         server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         server.daemon_threads = True
+        if self._tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*self._tls)
+            server.socket = context.wrap_socket(server.socket, server_side=True)
         self.port = server.server_address[1]
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, daemon=True)

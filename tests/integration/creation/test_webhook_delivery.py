@@ -14,6 +14,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from sqlalchemy import text
@@ -33,6 +34,7 @@ from tests.integration.creation.webhook_kit import (
     rows,
     submit,
 )
+from tests.support.certificates import TestAuthority
 from tests.support.webhook_receiver import Answer, WebhookReceiver
 
 
@@ -359,3 +361,39 @@ async def test_an_endpoint_never_has_more_than_its_max_in_flight_across_delivere
         await receiver.wait_until(lambda r: len(r.accepted()) == 24, 60)
     assert 1 < receiver.most_in_flight <= 3
     assert receiver.unverified == []
+
+
+async def test_https_checks_the_certificate_against_the_endpoints_host(
+    clean: AsyncEngine, creation_url: str, tmp_path: Path
+) -> None:
+    """Over https (as in production: plain http refused), the connection goes to the
+    checked address with the URL's host name for SNI and the certificate check: a
+    certificate for that name is trusted, one for another name fails the attempt."""
+    authority = TestAuthority(tmp_path)
+    good = WebhookReceiver([], tls=authority.issue("good", dns_names=("localhost",), ips=()))
+    wrong = WebhookReceiver([], tls=authority.issue("wrong", dns_names=("other.test",), ips=()))
+    try:
+        good_id, secret = await endpoint(clean, good.url, ["job.queued"])
+        wrong_id, _ = await endpoint(clean, wrong.url, ["job.queued"], secret=secret)
+        good.secrets.append(secret)
+        async with delivering(
+            clean,
+            creation_url,
+            allow_http=False,
+            allowed_networks=("127.0.0.1/32", "::1/128"),
+            ca_file=str(authority.ca_path),
+        ):
+            await submit(clean)
+            await good.wait_until(lambda r: len(r.accepted()) == 1, 30)
+            await eventually(
+                clean,
+                "endpoint_id = $1 AND attempts >= 1 AND last_error LIKE 'TLS_FAILED%'",
+                1,
+                30,
+                wrong_id,
+            )
+        assert (await rows(clean, "endpoint_id = $1", good_id))[0]["state"] == "succeeded"
+        assert wrong.received == [] and wrong.unverified == [] and good.unverified == []
+    finally:
+        good.stop()
+        wrong.stop()
