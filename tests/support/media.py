@@ -155,6 +155,9 @@ def media_settings(database_url: str, work: Path, **extra: str) -> MediaSettings
             "ATELIER_MEDIA_HOUSEKEEPING_PERIOD": "3600",
             # Nor does that sweep make thumbnails of rows a test wrote as old outputs.
             "ATELIER_MEDIA_THUMBNAIL_BACKFILL_BATCH": "0",
+            # Decoding and storing a picture can outlast the 3 s default on a loaded
+            # machine; the tests whose subject is a deadline set their own.
+            "ATELIER_CALL_DEADLINE": "10",
             **{f"ATELIER_{name}": value for name, value in extra.items()},
         }
     )
