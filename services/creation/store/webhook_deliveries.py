@@ -15,17 +15,29 @@ WEBHOOKS_CHANNEL = "creation_webhooks"
 # Each enabled endpoint with due deliveries, locked for the claim (a replica claiming for
 # it now is skipped, so max_in_flight holds across replicas), with the room it has left;
 # then its oldest due deliveries up to that room, skipping rows another replica holds.
-# A claim that lapsed (its deliverer died) is due again. The endpoints are taken in turn
-# (the least recently claimed first is not tracked: a batch visits every endpoint that
-# has room, each up to its own limit), so one endpoint's backlog never fills a batch.
+# A claim that lapsed (its deliverer died) is due again. The endpoints with pending rows
+# are found by skipping through ix_webhook_deliveries_endpoint_due, one descent per
+# endpoint (not a scan of every pending row: a dead endpoint's backlog costs one step),
+# and each is asked for a due row by the same index; each endpoint takes at most its own
+# room, so one endpoint's backlog never fills a batch.
 _CLAIM = """
-WITH room AS (
+WITH RECURSIVE pending AS (
+  (SELECT d.endpoint_id FROM creation.webhook_deliveries AS d
+   WHERE d.state = 'pending' ORDER BY d.endpoint_id LIMIT 1)
+  UNION ALL
+  SELECT (SELECT d.endpoint_id FROM creation.webhook_deliveries AS d
+          WHERE d.state = 'pending' AND d.endpoint_id > p.endpoint_id
+          ORDER BY d.endpoint_id LIMIT 1)
+  FROM pending AS p WHERE p.endpoint_id IS NOT NULL
+),
+room AS (
   SELECT e.endpoint_id,
          e.max_in_flight - (
            SELECT count(*) FROM creation.webhook_deliveries AS f
            WHERE f.endpoint_id = e.endpoint_id AND f.claimed_until > now()
          ) AS room
-  FROM creation.webhook_endpoints AS e
+  FROM pending AS p
+  JOIN creation.webhook_endpoints AS e ON e.endpoint_id = p.endpoint_id
   WHERE e.enabled AND EXISTS (
     SELECT FROM creation.webhook_deliveries AS d
     WHERE d.endpoint_id = e.endpoint_id AND d.state = 'pending' AND d.next_attempt_at <= now()
@@ -40,7 +52,8 @@ picked AS (
     WHERE d.endpoint_id = r.endpoint_id AND d.state = 'pending'
       AND d.next_attempt_at <= now()
       AND (d.claimed_until IS NULL OR d.claimed_until <= now())
-    ORDER BY d.next_attempt_at
+    -- By ix_webhook_deliveries_endpoint_due (the endpoint named, so its order).
+    ORDER BY d.endpoint_id, d.next_attempt_at
     LIMIT greatest(r.room, 0)
     FOR UPDATE OF d SKIP LOCKED
   ) AS p
