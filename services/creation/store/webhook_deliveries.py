@@ -215,6 +215,27 @@ async def record(
     return [(row[0], row[2]) for row in rows if not row[1]]
 
 
-async def prune(connection: Any, retention_seconds: float, limit: int) -> int:
-    status = await connection.execute(_PRUNE, retention_seconds, limit)
-    return int(status.split()[-1])
+# A per-job endpoint (SubmitJob's webhook) outlives its job by the retention: once the job
+# is done (terminal or deleted, or gone) and has not changed for that long, and none of its
+# deliveries is pending, it goes, with its delivery log. Without this the endpoints table
+# would grow by one row for every job that ever had a webhook.
+_PRUNE_PER_JOB = """
+DELETE FROM creation.webhook_endpoints WHERE endpoint_id IN (
+  SELECT e.endpoint_id FROM creation.webhook_endpoints AS e
+  LEFT JOIN creation.jobs AS j ON j.job_id = e.job_id
+  WHERE e.job_id IS NOT NULL
+    AND (j.job_id IS NULL OR ((j.status IN ('succeeded', 'failed', 'cancelled')
+                               OR j.deleted_at IS NOT NULL)
+                              AND j.updated_at < now() - make_interval(secs => $1)))
+    AND NOT EXISTS (SELECT FROM creation.webhook_deliveries AS d
+                    WHERE d.endpoint_id = e.endpoint_id AND d.state = 'pending')
+  LIMIT $2)
+"""
+
+
+async def prune(connection: Any, retention_seconds: float, limit: int) -> tuple[int, int]:
+    """Deliveries done for longer than the retention, then per-job endpoints done with:
+    how many of each were deleted."""
+    deliveries = await connection.execute(_PRUNE, retention_seconds, limit)
+    endpoints = await connection.execute(_PRUNE_PER_JOB, retention_seconds, limit)
+    return int(deliveries.split()[-1]), int(endpoints.split()[-1])
