@@ -31,6 +31,7 @@ from urllib.parse import urljoin, urlsplit
 import h11
 
 from services.kit.addresses import Address, AddressPolicy
+from services.kit.outbound import system_resolver
 from services.media.domain import CONTENT_TYPES
 from services.media.errors import ImportRefused
 
@@ -63,13 +64,6 @@ def import_tls(ca_file: str = "") -> ssl.SSLContext:
     if ca_file:
         context.load_verify_locations(cafile=ca_file)
     return context
-
-
-async def system_resolver(host: str, port: int) -> list[str]:
-    infos = await asyncio.get_running_loop().getaddrinfo(
-        host, port, type=0, proto=0, flags=0, family=0
-    )
-    return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
 @dataclass(frozen=True)
