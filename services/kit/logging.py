@@ -51,16 +51,21 @@ def configure(level: str, service: str) -> None:
 
 
 class EventLogger:
-    """``log.info("job_claimed", job_id=...)``: the action first, then its fields."""
+    """``log.info("job_claimed", job_id=...)``: the action first, then its fields. A call
+    at a level the logger does not write returns after one cached level check, before any
+    record or formatting (a disabled debug line costs about a quarter of a microsecond; see
+    docs/benchmarks.md)."""
 
     def __init__(self, name: str) -> None:
         self._logger = logging.getLogger(name)
 
     def debug(self, action: str, **fields: Any) -> None:
-        self._logger.debug(action, extra={"fields": fields})
+        if self._logger.isEnabledFor(logging.DEBUG):
+            self._logger.debug(action, extra={"fields": fields})
 
     def info(self, action: str, **fields: Any) -> None:
-        self._logger.info(action, extra={"fields": fields})
+        if self._logger.isEnabledFor(logging.INFO):
+            self._logger.info(action, extra={"fields": fields})
 
     def warning(self, action: str, **fields: Any) -> None:
         self._logger.warning(action, extra={"fields": fields})

@@ -82,6 +82,32 @@ def test_event_logger_passes_fields(caplog: pytest.LogCaptureFixture) -> None:
     assert caplog.records[-1].fields == {"job_id": "j2"}  # type: ignore[attr-defined]
 
 
+def test_a_debug_line_is_written_only_when_debug_is_on(caplog: pytest.LogCaptureFixture) -> None:
+    log = get_logger("atelier.test.debug")
+    with caplog.at_level(logging.INFO):
+        log.debug("attempt_ended", job_id="j3")
+    assert [r for r in caplog.records if r.name == "atelier.test.debug"] == []
+    with caplog.at_level(logging.DEBUG):
+        log.debug("attempt_ended", job_id="j3")
+    [record] = [r for r in caplog.records if r.name == "atelier.test.debug"]
+    assert (record.levelno, record.fields) == (logging.DEBUG, {"job_id": "j3"})  # type: ignore[attr-defined]
+
+
+def test_a_disabled_line_makes_no_record(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = get_logger("atelier.test.disabled")
+
+    def made(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a record was made for a disabled level")
+
+    # The level check comes first: no record is built, nothing is formatted.
+    monkeypatch.setattr(logging.getLogger("atelier.test.disabled"), "_log", made)
+    with caplog.at_level(logging.WARNING):
+        log.debug("attempt_ended", job_id="j4")
+        log.info("attempt_ended", job_id="j4")
+
+
 def test_a_long_violation_list_is_capped_with_a_count_of_the_rest() -> None:
     violations = [FieldViolation(f"outputs[{i}].sha256", "must be hex") for i in range(500)]
     error = invalid_argument("INVALID_WORKER_REQUEST", violations)
