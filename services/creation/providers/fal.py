@@ -12,8 +12,8 @@ whose ``images`` are downloaded. ``cancel`` is ``PUT .../cancel``.
 
 fal takes no idempotency key and no client reference on submit: a submit whose answer was
 lost cannot be found by us and is an unknown outcome (NEEDS_ATTENTION); the attempt's
-``submit_started`` log line (job id, time) lets an operator match it in fal's request list
-for the endpoint.
+``submit_outcome_unknown`` warning (job id, ``submit_started_at``) lets an operator match
+it in fal's request list for the endpoint.
 """
 
 from __future__ import annotations

@@ -13,8 +13,9 @@ The catalog's ``provider_model`` picks the route (see hosted/models.py for the o
 
 Replicate takes no idempotency key and no client reference on create, so a create whose
 answer was lost cannot be found by us: it is an unknown outcome (NEEDS_ATTENTION). The
-attempt logs ``submit_started`` with the job id and time, which an operator matches
-against the account's prediction list (``GET /v1/predictions``, newest first).
+attempt's ``submit_outcome_unknown`` warning carries the job id and the submit's start
+(``submit_started_at``), which an operator matches against the account's prediction list
+(``GET /v1/predictions``, newest first).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import asyncio
 import enum
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Protocol, TypeVar
 
 from services.creation.domain import retry_delay
@@ -283,23 +283,34 @@ class AttemptDriver:
         job = self._job
         self._on_point("before_submit")
         await self._port.mark_submitting(provider.version)
-        # With the time, what an operator matches against the provider's own request list
-        # when the answer to this submit is lost (neither vendor takes a client reference).
-        log.info(
-            "submit_started",
-            job_id=job.job_id,
-            attempt=job.attempt,
-            provider=provider.code,
-            provider_version=provider.version,
-            provider_model=request.provider_model,
-        )
+        # What an operator matches against the provider's own request list when the answer
+        # to a submit is lost (neither vendor takes a client reference): the time, attempt,
+        # adapter version and model. A line per job at INFO was most of the engine's log
+        # cost, and only a lost answer needs it, so it is DEBUG here and the same fields
+        # go with the WARNING submit_outcome_unknown below. A worker killed mid-submit logs
+        # nothing; its job keeps the window in the database: provider_version on the row,
+        # the RUNNING event of the claim and the reaper's NEEDS_ATTENTION event.
+        started_at = datetime.now(UTC)
+        submitted = {
+            "job_id": job.job_id,
+            "attempt": job.attempt,
+            "provider": provider.code,
+            "provider_version": provider.version,
+            "provider_model": request.provider_model,
+        }
+        log.debug("submit_started", **submitted)
         try:
             request_id = await self._provider_call(
                 provider.submit(request, self._attempt.submit_key), "submit"
             )
         except ProviderError as error:
             if error.outcome_unknown and not provider.supports_idempotent_submit:
-                log.warning("submit_outcome_unknown", job_id=job.job_id, code=error.code)
+                log.warning(
+                    "submit_outcome_unknown",
+                    code=error.code,
+                    submit_started_at=started_at.isoformat(timespec="milliseconds"),
+                    **submitted,
+                )
                 return await self._port.mark_outcome_unknown(error)
             raise AttemptFailed(
                 error.code,
@@ -417,7 +428,8 @@ class AttemptDriver:
         if self._port.cancel_requested.is_set():
             return await self._port.acknowledge_cancel()
         outcome = await self._port.fail(failure)
-        log.info(
+        # The error is on the job (error_code, its events); attempts are counted by outcome.
+        log.debug(
             "attempt_failed", job_id=job.job_id, code=failure.code, retryable=failure.retryable
         )
         return outcome

@@ -89,9 +89,12 @@ class Reaper:
                 self._engine, self._clock(), self._batch, idempotent, self._tell_provider
             )
             # Counted once the batch committed: a rolled-back decision is no decision.
+            # Each decision is a job event by ``reaper`` and counted; only the one an
+            # operator must act on (NEEDS_ATTENTION) is an INFO line, the rest DEBUG.
             for item in batch:
                 _DECIDED[item.decision].inc()
-                log.info(
+                line = log.info if item.decision is ReapDecision.ATTENTION else log.debug
+                line(
                     "job_reaped",
                     job_id=item.job.job_id,
                     status=item.job.status.value,

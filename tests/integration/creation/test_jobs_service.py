@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from atelier.creation.v1 import (
@@ -103,18 +104,24 @@ def request(asset_id: str, key: str = "") -> creation_service_pb2.SubmitJobReque
     )
 
 
-def logged(caplog: pytest.LogCaptureFixture, action: str) -> list[dict[str, Any]]:
+def logged(
+    caplog: pytest.LogCaptureFixture, action: str, level: int = logging.INFO
+) -> list[dict[str, Any]]:
     return [
         dict(getattr(r, "fields", {}))
         for r in caplog.records
-        if r.getMessage() == action and r.name.startswith("services.creation")
+        if r.getMessage() == action
+        and r.name.startswith("services.creation")
+        and r.levelno == level
     ]
 
 
 async def test_submit_replay_and_cancel_log_their_actions(
     stack: Stack, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO)
+    # A new job's line is DEBUG (its first job event is the record); the rest are INFO.
+    caplog.set_level(logging.DEBUG)
+    submitted_before = REGISTRY.get_sample_value("atelier_jobs_submitted_total") or 0.0
     user = new_user()
     asset = await put_asset(stack.media, user)
     credentials = user_token(user)
@@ -128,7 +135,9 @@ async def test_submit_replay_and_cancel_log_their_actions(
         await stub.CancelJob(cancel, metadata=credentials)  # changes nothing, says nothing
     assert cancelled.job.status == job_pb2.JOB_STATUS_CANCELLED
     job_id = first.job.job_id
-    assert logged(caplog, "job_submitted") == [
+    # Counted once: the replay created no job.
+    assert REGISTRY.get_sample_value("atelier_jobs_submitted_total") == submitted_before + 1
+    assert logged(caplog, "job_submitted", logging.DEBUG) == [
         {
             "job_id": job_id,
             "user_id": user,

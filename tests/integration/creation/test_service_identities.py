@@ -209,7 +209,7 @@ async def test_a_grant_names_the_operator_identity(stack: Stack, engine: AsyncEn
 async def test_a_backend_acting_for_a_user_is_logged_and_recorded(
     stack: Stack, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.DEBUG)  # job_submitted is a DEBUG line
     user = new_user()
     asset = await put_asset(stack.media, user, CREATION)
     acting = (("authorization", f"Bearer {BACKEND}"), ("atelier-on-behalf-of", user))

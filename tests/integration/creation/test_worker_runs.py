@@ -6,9 +6,11 @@ request, and a NOTIFY that wakes the worker long before its poll would."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
+import pytest
 from sqlalchemy import select
 
 from services.creation.domain import Status
@@ -182,9 +184,12 @@ async def test_a_final_failure_fails_at_once(rig: Engine) -> None:
 
 
 async def test_an_unknown_submit_outcome_needs_attention_with_one_submit(
-    rig: Engine,
+    rig: Engine, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO)
     job = await rig.submit()
+    now = datetime.now(UTC)
+    before = now.replace(microsecond=now.microsecond // 1000 * 1000)  # the line's precision
 
     async def submit(request: GenerationRequest, key: str) -> str:
         raise ProviderError("TIMEOUT", "no answer", retryable=True, outcome_unknown=True)
@@ -200,6 +205,20 @@ async def test_an_unknown_submit_outcome_needs_attention_with_one_submit(
         None,
     )
     assert rig.provider.submits == [(job.job_id, f"{job.job_id}:1")]
+    # What an operator matches in the provider's request list is in the warning (the
+    # line of every submit, submit_started, is DEBUG and not written here).
+    [warning] = [r for r in caplog.records if r.getMessage() == "submit_outcome_unknown"]
+    fields = warning.fields  # type: ignore[attr-defined]
+    assert warning.levelno == logging.WARNING
+    assert {k: fields[k] for k in ("job_id", "attempt", "provider", "code")} == {
+        "job_id": job.job_id,
+        "attempt": 1,
+        "provider": "stub",
+        "code": "TIMEOUT",
+    }
+    assert {"provider_version", "provider_model"} <= fields.keys()
+    assert before <= datetime.fromisoformat(fields["submit_started_at"]) <= datetime.now(UTC)
+    assert not [r for r in caplog.records if r.getMessage() == "submit_started"]
     # The points stay reserved until an operator decides.
     assert (await side_rows(rig.db, job.job_id))["ledger"] == [("reserve", 5)]
 

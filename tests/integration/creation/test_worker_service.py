@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from atelier.creation.v1 import creation_service_pb2, creation_service_pb2_grpc, job_pb2
@@ -54,6 +55,11 @@ def test_roles_worker_and_all_run_the_engine_given_a_registry(creation_url: str)
     ]
 
 
+def succeeded_attempts() -> float:
+    sample = REGISTRY.get_sample_value("atelier_worker_attempts_total", {"outcome": "succeeded"})
+    return sample or 0.0
+
+
 async def test_a_job_submitted_over_grpc_runs_to_succeeded(
     engine: AsyncEngine, creation_url: str, media: MediaHarness
 ) -> None:
@@ -62,6 +68,7 @@ async def test_a_job_submitted_over_grpc_runs_to_succeeded(
     provider = FakeProvider()
     app = build(settings, "all", providers={"stub": provider})
     running = RunningService(app, settings.common, ListenSettings(0, 0, 0))
+    succeeded_before = succeeded_attempts()
     await running.start()
     try:
         user = new_user()
@@ -93,6 +100,8 @@ async def test_a_job_submitted_over_grpc_runs_to_succeeded(
                 await asyncio.sleep(0.02)
     finally:
         await running.stop()
+    # Its attempt is counted by outcome (the line saying so is DEBUG).
+    assert succeeded_attempts() == succeeded_before + 1
     assert len(got.job.outputs) == 1 and got.job.outputs[0].asset_id
     assert got.job.progress_percent == 100
     async with httpx.AsyncClient() as http:
