@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 from aiohttp import web
+from prometheus_client import Counter
 
 from services.kit.logging import get_logger
 from services.kit.sizes import byte_size
@@ -43,6 +44,11 @@ from services.media.storage.local import LocalStorage
 from services.media.storage.signing import OBJECTS_PATH, Verdict
 
 log = get_logger(__name__)
+# Counted; its line is DEBUG: the asset's completion checks the object and records it.
+OBJECTS_UPLOADED = Counter(
+    "atelier_media_objects_uploaded",
+    "Objects the local backend's HTTP listener stored from a signed PUT",
+)
 
 READ_BYTES = 256 * 1024
 _SECURITY_HEADERS = {"X-Content-Type-Options": "nosniff"}
@@ -178,7 +184,8 @@ class ObjectHttpServer:
                 400, Reason.INCOMPLETE_BODY, "fewer bytes arrived than Content-Length"
             ) from None
         await self._unless_deleted_meanwhile(key)
-        log.info("object_uploaded", size_bytes=length)
+        OBJECTS_UPLOADED.inc()
+        log.debug("object_uploaded", size_bytes=length)
         return web.Response(status=200)
 
     async def _unless_deleted_meanwhile(self, key: str) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy import text
 
 from atelier.media.v1 import (
@@ -526,10 +527,22 @@ async def put_upload(reserved: pb.ReserveOutputUploadResponse, data: bytes) -> N
     assert sent.status_code == 200, sent.text
 
 
+def counters() -> tuple[float, float]:
+    """Output uploads reserved, and outputs made ready from an upload, so far."""
+    reserved = REGISTRY.get_sample_value(
+        "atelier_media_uploads_reserved_total", {"purpose": "ai_output"}
+    )
+    ready = REGISTRY.get_sample_value(
+        "atelier_media_assets_ready_total", {"purpose": "ai_output", "way": "upload"}
+    )
+    return reserved or 0.0, ready or 0.0
+
+
 async def test_an_output_upload_is_reserved_put_and_completed_with_a_thumbnail(
     media: MediaHarness,
 ) -> None:
     png, owner = noisy_png(300, 200), str(uuid.uuid4())
+    counted = counters()
     async with media.internal_channel() as channel:
         stub = Stub(channel)
         reserved = await reserve_output(stub, owner, png)
@@ -565,6 +578,9 @@ async def test_an_output_upload_is_reserved_put_and_completed_with_a_thumbnail(
         assert again == ready
         replayed = await reserve_output(stub, owner, png)
         assert replayed.asset.status == asset_pb2.ASSET_STATUS_READY and not replayed.upload_url
+        # Counted (their lines are DEBUG): two reservations signed a PUT, one asset made
+        # ready; neither the answers for the ready asset nor the refusals count.
+        assert counters() == (counted[0] + 2, counted[1] + 1)
         urls = await stub.GetAssetUrl(pb.GetAssetUrlRequest(asset_id=asset_id), metadata=SERVICE)
         assert urls.thumbnail_url
         async with httpx.AsyncClient() as client:

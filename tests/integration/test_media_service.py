@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
+from prometheus_client import REGISTRY
 
 from atelier.media.v1 import (
     asset_pb2,
@@ -121,7 +122,19 @@ async def uploaded(
 # -- the round trip, on both backends ----------------------------------------------------
 
 
+def input_counters() -> tuple[float, float]:
+    """Client uploads reserved, and inputs made ready from an upload, so far."""
+    reserved = REGISTRY.get_sample_value(
+        "atelier_media_uploads_reserved_total", {"purpose": "ai_input"}
+    )
+    ready = REGISTRY.get_sample_value(
+        "atelier_media_assets_ready_total", {"purpose": "ai_input", "way": "upload"}
+    )
+    return reserved or 0.0, ready or 0.0
+
+
 async def test_upload_complete_get_download(media: MediaHarness) -> None:
+    counted = input_counters()
     async with media.public_channel() as channel:
         stub = media_service_pb2_grpc.MediaServiceStub(channel)
         digest = hashlib.sha256(JPEG).hexdigest()
@@ -141,6 +154,8 @@ async def test_upload_complete_get_download(media: MediaHarness) -> None:
         assert asset.size_bytes == len(JPEG)
         assert asset.sha256 == digest
         assert asset.HasField("ready_time")
+        # Counted; the lines saying so are DEBUG.
+        assert input_counters() == (counted[0] + 1, counted[1] + 1)
 
         got = await stub.GetAsset(
             media_service_pb2.GetAssetRequest(asset_id=asset.asset_id), metadata=bearer(ALICE)
