@@ -171,10 +171,10 @@ async def submit(
         raise
     outcome = row["submit_outcome"]
     if outcome == "replay":
-        return _replay(job_from_row(row["job"]), command)
+        return _replay(job_from_row(row), command)
     if outcome != "ok":
         raise _refusal(row, limits, now)
-    return Submitted(job_from_row(row["job"]), replayed=False)
+    return Submitted(job_from_row(row), replayed=False)
 
 
 async def _submit_with_webhook(
