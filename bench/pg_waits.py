@@ -18,10 +18,18 @@ import argparse
 import asyncio
 import contextlib
 import signal
+import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import asyncpg  # type: ignore[import-untyped]
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from services.dev.postgres import connect_kwargs
+
+LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 ACTIVITY = """
 SELECT application_name, state, coalesce(wait_event_type, '-') AS wait_type,
@@ -37,7 +45,7 @@ FROM pg_locks WHERE NOT granted
 
 
 async def sample(url: str, databases: str, interval: float, seconds: float) -> None:
-    connection = await asyncpg.connect(url)
+    connection = await asyncpg.connect(**connect_kwargs(url))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -69,12 +77,12 @@ async def sample(url: str, databases: str, interval: float, seconds: float) -> N
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--database-url", default=LOCAL_POSTGRES, help="any database of the server")
     parser.add_argument("--databases", default="atelier_bench_%", help="a LIKE pattern")
     parser.add_argument("--interval", type=float, default=0.01)
     parser.add_argument("--seconds", type=float, default=600.0)
     args = parser.parse_args()
-    asyncio.run(sample(args.url, args.databases, args.interval, args.seconds))
+    asyncio.run(sample(args.database_url, args.databases, args.interval, args.seconds))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.submit_throughput import LOCAL_POSTGRES, submit_call_arguments
 from services.creation.store.submit_statement import SUBMIT_CALL
 from services.dev import postgres
+from services.dev.postgres import connect_kwargs
 from services.dev.stack import SERVICES
 from services.kit import migrations
 
@@ -46,9 +47,9 @@ def cut(latencies: list[float]) -> str:
 
 
 async def bench(url: str, per_client: int, rounds: int) -> None:
-    admin = await asyncpg.connect(url)
+    admin = await asyncpg.connect(**connect_kwargs(url))
     triggers = [(r["relname"], r["tgname"]) for r in await admin.fetch(WAKE_UP_TRIGGERS)]
-    pool = await asyncpg.create_pool(url, min_size=16, max_size=16)
+    pool = await asyncpg.create_pool(**connect_kwargs(url), min_size=16, max_size=16)
     first: list[float] = []
 
     async def phase() -> tuple[float, list[float]]:
@@ -93,7 +94,7 @@ async def bench(url: str, per_client: int, rounds: int) -> None:
     finally:
         await pool.close()
     for _ in range(3):
-        connection = await asyncpg.connect(url)
+        connection = await asyncpg.connect(**connect_kwargs(url))
         try:
             timings = []
             for _ in range(2):
@@ -120,8 +121,7 @@ def main() -> None:
     try:
         for service in SERVICES:
             migrations.upgrade(service, url)
-        plain = url.replace("postgresql+asyncpg://", "postgresql://")
-        asyncio.run(bench(plain, args.per_client, args.rounds))
+        asyncio.run(bench(url, args.per_client, args.rounds))
     finally:
         postgres.drop_database(args.database_url, name)
 

@@ -25,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCHES = {
     "submit_throughput": (["--requests", "20"], "SubmitJob gRPC"),
     "submit_issuers": (["--requests", "20"], "ratios: ES256 / HS256"),
+    "submit_queue": (["--per-client", "3", "--rounds", "2"], "notifying commit off"),
+    "pg_waits": (["--seconds", "0.2"], "samples every 10 ms"),
     "outbox_relay": (["--rows", "20"], "burst of"),
     "engine_drain": (["--jobs", "300", "--processes", "1"], "ratio per job   1 proc"),
     "pickup_latency": (["--jobs", "20", "--rate", "40"], "worker  p50"),
@@ -62,6 +64,8 @@ BENCHES = {
 TAKES_DATABASE_URL = {
     "submit_throughput",
     "submit_issuers",
+    "submit_queue",
+    "pg_waits",
     "outbox_relay",
     "engine_drain",
     "pickup_latency",
