@@ -134,6 +134,11 @@ class _Connection:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
     protocol: h11.Connection = field(default_factory=lambda: h11.Connection(h11.CLIENT))
+    # Exchanges answered on it so far: 0 means fresh (h11's states are IDLE again after
+    # every cycle, so they cannot tell a kept connection from a new one).
+    answered: int = 0
+    # Whether any byte of the current exchange's answer has arrived.
+    heard: bool = False
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -279,7 +284,8 @@ class OutboundClient:
         body: bytes,
     ) -> Answer:
         protocol = connection.protocol
-        fresh = protocol.our_state is h11.IDLE and protocol.their_state is h11.IDLE
+        fresh = connection.answered == 0
+        connection.heard = False
         try:
             data = protocol.send(request)
             data += protocol.send(h11.Data(data=body)) if body else b""
@@ -287,23 +293,28 @@ class OutboundClient:
             connection.writer.write(data)
             await connection.writer.drain()
             answer, reusable = await self._answer(connection, fresh)
-        except h11.ProtocolError:
+        except (h11.ProtocolError, ssl.SSLError, OSError) as error:
             connection.close()
-            raise OutboundFailed("BAD_RESPONSE", "the server's answer is not HTTP/1.1") from None
-        except ssl.SSLError as error:
-            connection.close()
-            raise OutboundFailed("TLS_FAILED", f"TLS with {target.host} failed: {error}") from None
+            if not fresh and not connection.heard:
+                # A kept connection that failed before a byte of answer: the server had
+                # dropped it (closed, reset, restarted). Not this request's failure.
+                raise _Stale() from None
+            if isinstance(error, h11.ProtocolError):
+                raise OutboundFailed(
+                    "BAD_RESPONSE", "the server's answer is not HTTP/1.1"
+                ) from None
+            if isinstance(error, ssl.SSLError):
+                raise OutboundFailed(
+                    "TLS_FAILED", f"TLS with {target.host} failed: {error}"
+                ) from None
+            raise OutboundFailed("CONNECTION_FAILED", f"the connection failed: {error}") from None
         except (_Stale, asyncio.CancelledError):
             connection.close()
             raise
-        except OSError as error:
-            connection.close()
-            if not fresh:
-                raise _Stale() from None
-            raise OutboundFailed("CONNECTION_FAILED", f"the connection failed: {error}") from None
         except BaseException:
             connection.close()
             raise
+        connection.answered += 1
         if reusable and len(host.idle) < self._policy.keep_alive:
             protocol.start_next_cycle()
             host.idle.append(connection)
@@ -321,6 +332,7 @@ class OutboundClient:
             event = protocol.next_event()
             if event is h11.NEED_DATA:
                 data = await connection.reader.read(READ_BYTES)
+                connection.heard = connection.heard or bool(data)
                 if not data and not status and not fresh:
                     # A kept connection the server had closed: nothing was answered.
                     raise _Stale()
