@@ -52,7 +52,7 @@ breaking: $(STAMP)
 # Kubernetes schemas (kubernetes-validate) and our schemas for KEDA's kinds. The alert
 # rules, their unit tests and the dashboard's queries go through promtool.
 deploy-check: $(STAMP) promtool
-	$(BIN)/python scripts/deploy_check.py
+	$(BIN)/python -m scripts.deploy_check
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

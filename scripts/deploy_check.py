@@ -14,6 +14,7 @@ tests/contract/test_deploy.py import its pieces.
   their unit tests (alerts_test.yml). The Grafana dashboard's queries, which promtool
   cannot read in place, are written out as recording rules and checked the same way.
   `make promtool` puts promtool in the virtual environment; without it the check fails.
+- Rules no schema expresses (scripts/deploy_rules.py) are checked on every render.
 - Rendering needs kustomize: no pinned kustomize binary installs from PyPI for this
   Python (pykustomize needs 3.14), so `kubectl kustomize` renders, when kubectl is on the
   PATH. Without it the Kubernetes part is skipped and says so.
@@ -32,6 +33,8 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 import yaml
+
+from scripts import deploy_rules
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"
@@ -347,6 +350,7 @@ def main() -> int:
         rendered = {}
     for overlay, docs in rendered.items():
         problems += [f"{overlay}: {p}" for doc in docs for p in schema_problems(doc)]
+        problems += [f"{overlay}: {p}" for p in deploy_rules.problems(docs)]
         print(f"deploy-check: overlay {overlay}: {len(docs)} manifests rendered and validated")
     for problem in problems:
         print(problem, file=sys.stderr)

@@ -199,7 +199,7 @@ def test_with_the_jobs_environment_a_service_still_refuses_to_start(tmp_path: Pa
         check=False,
     )
     assert refused.returncode == 2, refused.stderr
-    # The service's own credential is a secret the Job does not mount. (No HS256 secret is
-    # asked for: the prod overlay trusts an identity provider, ATELIER_JWT_ISSUERS.)
+    # The service's own credential and the token check's key (or the identity providers
+    # of the settings ConfigMap, which the Job does not read) are what the Job lacks.
     assert re.search(r"ATELIER_SERVICE_(TOKEN|CREDENTIAL) must", refused.stderr), refused.stderr
-    assert "ATELIER_JWT_SECRET" not in refused.stderr
+    assert "ATELIER_JWT_SECRET must be set in prod" in refused.stderr

@@ -508,15 +508,15 @@ def test_the_migration_job_runs_before_the_rollout(rendered: tuple[str, list[Man
     assert container["args"] == ["migrate", "all"]
     assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
     assert job["metadata"]["annotations"]["argocd.argoproj.io/hook"] == "PreSync"
-    # docs/operations.md applies these first, by label: the Job and the settings it reads.
+    # docs/operations.md applies it first, by label, alone: it reads no ConfigMap the
+    # rollout brings (a PreSync hook runs before the sync applies one, scripts/deploy_rules.py).
     first = {
         doc["metadata"]["name"]
         for doc in docs
-        if doc["metadata"].get("labels", {}).get("app.kubernetes.io/component")
-        in ("migration", "settings")
+        if doc["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "migration"
     }
-    [settings_ref] = container["envFrom"]
-    assert first == {job["metadata"]["name"], settings_ref["configMapRef"]["name"]}
+    assert first == {job["metadata"]["name"]}
+    assert "envFrom" not in container
     # The image of the rollout it prepares.
     images = {
         c["image"]
