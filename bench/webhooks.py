@@ -10,12 +10,14 @@ Against a throwaway database (creation's schema):
 - **job path**: ``--jobs`` jobs each go through five versions as the services write them
   (the submit function; running; two progress updates; cancelled), one statement each on
   one connection, first with no endpoint, then with one endpoint subscribed to every event
-  (five deliveries per job, written by the job change triggers in each statement),
+  (the job change triggers mark each change's outbox row; five deliveries per job),
   ``--rounds`` times over, interleaved, each phase from an empty delivery table.
   Printed: CPU milliseconds per job of PostgreSQL (the backends serving the database) and
   of the writer (this process), medians, and what the endpoint adds: the median of each
   round's difference (its two phases ran back to back, so the machine's drift cancels).
-  The deliverer does not run meanwhile: this is the cost on the job's own path.
+  The deliverer does not run meanwhile: this is the cost on the job's own path. Then the
+  **fan-out** of the marked changes to their deliveries, as the deliverers' rounds run
+  it (creation.fan_out_webhooks in batches), off the job's path: CPU milliseconds per job.
 - **delivery**: ``--deliveries`` pending deliveries of realistic jobs to one endpoint
   (max_in_flight 64) on a local receiver (its own process, HTTP/1.1 keep-alive, answering
   204), delivered by one deliverer (creation's component, in this process, on uvloop):
@@ -45,7 +47,7 @@ from bench.cpu import CpuMeter
 from bench.engine_drain import on_services_loop, quiet_logging
 from bench.submit_throughput import postgres_backends
 from services.creation.media_client import MediaClient
-from services.creation.webhooks.deliverer import WebhookDeliverer
+from services.creation.webhooks.deliverer import FAN_OUT_BATCH, WebhookDeliverer
 from services.creation.webhooks.settings import WebhookSettings
 from services.creation.webhooks.signing import new_secret
 from services.dev import postgres
@@ -142,6 +144,24 @@ async def job_path(dsn: str, database: str, jobs: int) -> dict[str, float]:
         await connection.close()
 
 
+async def fan_out(dsn: str, database: str, jobs: int) -> dict[str, float]:
+    """CPU milliseconds per job of PostgreSQL and of this caller to fan the marked job
+    changes out to their deliveries, as a deliverer's rounds do (batches of its size)."""
+    connection = await asyncpg.connect(dsn)
+    try:
+        meter = CpuMeter(
+            {"postgres": lambda: postgres_backends(database), "caller": lambda: [os.getpid()]}
+        )
+        meter.start()
+        while await connection.fetchval(
+            "SELECT taken FROM creation.fan_out_webhooks($1)", FAN_OUT_BATCH
+        ):
+            pass
+        return meter.per_op(jobs)
+    finally:
+        await connection.close()
+
+
 async def delivery(
     dsn: str, url: str, database: str, receiver_pid: int, count: int, receiver_url: str
 ) -> None:
@@ -215,7 +235,7 @@ async def bench(
     receiver_url = f"http://127.0.0.1:{port}/hooks"
     connection = await asyncpg.connect(dsn)
     try:
-        figures: dict[str, list[dict[str, float]]] = {"none": [], "one": []}
+        figures: dict[str, list[dict[str, float]]] = {"none": [], "one": [], "fan-out": []}
         await job_path(dsn, database, max(10, args.jobs // 10))  # warm up
         for _ in range(args.rounds):
             # Each phase starts from an empty delivery table (its growth is not the
@@ -227,6 +247,7 @@ async def bench(
                 ENDPOINT, str(uuid.uuid4()), receiver_url, EVERY_EVENT, new_secret(), 8
             )
             figures["one"].append(await job_path(dsn, database, args.jobs))
+            figures["fan-out"].append(await fan_out(dsn, database, args.jobs))
     finally:
         await connection.close()
 
@@ -246,6 +267,13 @@ async def bench(
         f" {median('one', 'postgres'):.3f} + writer {median('one', 'writer'):.3f};"
         f" added per job {statistics.median(added):.3f} (target <= 0.3; each round's:"
         f" {_listed(added)})",
+        flush=True,
+    )
+    # Off the job's path: the deliverers' batches (their cost per delivery beside it).
+    print(
+        f"fan-out (by the deliverers, 5 deliveries a job): CPU ms per job, medians:"
+        f" PostgreSQL {median('fan-out', 'postgres'):.3f}"
+        f" + caller {median('fan-out', 'caller'):.3f}",
         flush=True,
     )
     await delivery(dsn, url, database, receiver_pid, args.deliveries, receiver_url)

@@ -355,10 +355,21 @@ outbox = Table(
     Column("payload", JSONB, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("delivered_at", DateTime(timezone=True)),
+    # The change's webhook event type and the job's model (migration 0029): what the
+    # deliverers' fan-out matches endpoints by; marked while some endpoint was enabled.
+    Column("event_type", Text),
+    Column("model_id", Text),
+    Column("webhooks_pending", Boolean, nullable=False, server_default=text("false")),
     UniqueConstraint("job_id", "version", name="uq_outbox_job_id_version"),
 )
 # The relay's queue: undelivered rows in order.
 Index("ix_outbox_undelivered", outbox.c.outbox_id, postgresql_where=outbox.c.delivered_at.is_(None))
+# The webhook fan-out's queue: marked rows in order.
+Index(
+    "ix_outbox_webhooks_pending",
+    outbox.c.outbox_id,
+    postgresql_where=outbox.c.webhooks_pending,
+)
 # The relay's pruning: delivered rows, oldest delivery first.
 Index(
     "ix_outbox_delivered",
@@ -462,8 +473,8 @@ Index("ix_remote_calls_created", remote_calls.c.created_at)
 # Webhooks (docs/webhooks.md). An endpoint is registered by an operator (AdminService:
 # its own secret) or made by a trusted caller's submit for one job (job_id set: signed
 # with the key of signing_owner, webhook_signing_keys). The job change triggers
-# (sql/job_changes.sql) write one delivery per (endpoint, event) in the change's own
-# transaction; creation's webhook deliverer sends them.
+# (sql/job_changes.sql) mark the change's outbox row; creation's webhook deliverer fans
+# it out to one delivery per (endpoint, event) and sends them.
 WEBHOOK_EVENT_TYPES = (
     "job.queued",
     "job.running",

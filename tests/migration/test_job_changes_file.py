@@ -51,7 +51,7 @@ def functions_of(script: str) -> dict[str, str]:
 
 def test_the_database_runs_the_job_changes_file(scratch_database: str) -> None:
     migrations.upgrade("creation", scratch_database)
-    assert len(functions()) == 5
+    assert len(functions()) == 7
     assert "job_message" in functions()
     for name, source in functions().items():
         assert fetch(scratch_database, FUNCTION_SOURCE, name) == source, name

@@ -1,7 +1,9 @@
-"""Migration 0027: the job change triggers (sql/job_changes.sql) fan each new version out
-to the webhook endpoints that want it, one delivery per (endpoint, event) with the outbox
-row's payload, in the writer's own transaction; the deliverers are woken at commit; the
-downgrade brings back 0025's triggers and takes the tables away."""
+"""Migrations 0027 and 0029: while a webhook endpoint is enabled, the job change triggers
+(sql/job_changes.sql) mark each new version's outbox row with its event type and wake the
+deliverers at commit, and write no delivery themselves; creation.fan_out_webhooks, which
+the deliverers run, turns marked rows into one delivery per (endpoint, event) that wants
+it, with the outbox row's payload. 0029's downgrade fans out what is marked and brings
+back 0027's triggers; 0027's brings back 0025's and takes the tables away."""
 
 from __future__ import annotations
 
@@ -29,13 +31,15 @@ ENDPOINT = """
 """
 DELIVERIES = """
     SELECT d.endpoint_id::text, d.event_type, d.job_version, d.payload::text,
-           o.payload::text AS outbox_payload, d.xmin::text = o.xmin::text AS same_transaction,
+           o.payload::text AS outbox_payload,
            d.message_id, d.state, d.user_id, d.occurred_at = o.created_at AS same_time
     FROM creation.webhook_deliveries AS d
     JOIN creation.outbox AS o ON o.job_id = d.job_id AND o.version = d.job_version
     WHERE d.job_id = $1::uuid ORDER BY d.job_version, d.endpoint_id
 """
 JOB_OF = "SELECT job_id::text FROM creation.jobs WHERE user_id = $1"
+FAN_OUT = "SELECT taken, written FROM creation.fan_out_webhooks($1)"
+MARKED = "SELECT count(*) FROM creation.outbox WHERE webhooks_pending"
 START = """
     UPDATE creation.jobs SET status = 'running', version = version + 1, attempt = 1,
         step = 'submitting', lease_owner = 'w1', lease_epoch = 1,
@@ -102,6 +106,13 @@ async def deliveries(connection: asyncpg.Connection, job_id: str) -> list[dict[s
     return [dict(row) for row in await connection.fetch(DELIVERIES, job_id)]
 
 
+async def fanned(connection: asyncpg.Connection, job_id: str) -> list[dict[str, Any]]:
+    """The job's deliveries once every marked change is fanned out."""
+    while (await connection.fetchrow(FAN_OUT, 100))["taken"]:
+        pass
+    return await deliveries(connection, job_id)
+
+
 def test_without_endpoints_a_job_change_writes_no_delivery(scratch_database: str) -> None:
     migrations.upgrade("creation", scratch_database)
 
@@ -109,18 +120,21 @@ def test_without_endpoints_a_job_change_writes_no_delivery(scratch_database: str
         job_id = await submit(connection, "u-none")
         await connection.execute(START, job_id)
         await connection.execute(PROGRESS, job_id)
-        assert await deliveries(connection, job_id) == []
         # A disabled endpoint is as good as none.
         await endpoint(connection, ["job.queued", "job.running"], enabled=False)
         other = await submit(connection, "u-disabled")
         await connection.execute(START, other)
+        # No change is marked for the deliverers, so fanning out finds nothing.
+        assert await connection.fetchval(MARKED) == 0
+        assert tuple(await connection.fetchrow(FAN_OUT, 100)) == (0, 0)
+        assert await deliveries(connection, job_id) == []
         assert await deliveries(connection, other) == []
         assert await connection.fetchval("SELECT count(*) FROM creation.outbox") == 5
 
     play(scratch_database, scenario)
 
 
-def test_a_matching_endpoint_gets_each_new_version_with_the_outbox_payload_in_its_transaction(
+def test_a_matching_endpoint_gets_each_new_version_with_the_outbox_payload_off_the_jobs_path(
     scratch_database: str,
 ) -> None:
     migrations.upgrade("creation", scratch_database)
@@ -133,6 +147,13 @@ def test_a_matching_endpoint_gets_each_new_version_with_the_outbox_payload_in_it
         job_id = await submit(connection, "u-all")
         for change in (START, BEAT, PROGRESS, CANCEL, DELETE):
             await connection.execute(change, job_id)
+        # The job's own statements wrote no delivery: they marked their outbox rows.
+        assert await deliveries(connection, job_id) == []
+        assert await connection.fetchval(MARKED) == 5
+        # Fanned out in batches (two, then the rest): each row once.
+        assert tuple(await connection.fetchrow(FAN_OUT, 2)) == (2, 2)
+        assert tuple(await connection.fetchrow(FAN_OUT, 100)) == (3, 3)
+        assert tuple(await connection.fetchrow(FAN_OUT, 100)) == (0, 0)
         found = await deliveries(connection, job_id)
         # The beat moved no version: no event.
         assert [(d["event_type"], d["job_version"]) for d in found] == [
@@ -145,19 +166,29 @@ def test_a_matching_endpoint_gets_each_new_version_with_the_outbox_payload_in_it
         for delivery in found:
             assert delivery["endpoint_id"] == every
             assert json.loads(delivery["payload"]) == json.loads(delivery["outbox_payload"])
-            assert delivery["same_transaction"] and delivery["same_time"]
+            assert delivery["same_time"]
             assert delivery["state"] == "pending" and delivery["user_id"] == "u-all"
             assert delivery["message_id"].startswith("msg_")
         assert len({d["message_id"] for d in found}) == len(found)
         assert json.loads(found[-1]["payload"])["deleted"] is True
 
-        # A change rolled back takes its deliveries with it.
+        # A change rolled back takes its mark with it: nothing to fan out.
         transaction = connection.transaction()
         await transaction.start()
         rolled = await submit(connection, "u-rolled-back")
-        assert len(await deliveries(connection, rolled)) == 1
+        assert await connection.fetchval(MARKED) == 1
         await transaction.rollback()
-        assert await deliveries(connection, rolled) == []
+        assert await connection.fetchval(MARKED) == 0
+        assert await fanned(connection, rolled) == []
+        # An endpoint disabled before a change is fanned out does not get it.
+        late = await submit(connection, "u-late")
+        await connection.execute(
+            "UPDATE creation.webhook_endpoints SET enabled = false,"
+            " disabled_reason = 'operator' WHERE endpoint_id = $1",
+            every,
+        )
+        assert tuple(await connection.fetchrow(FAN_OUT, 100)) == (1, 0)
+        assert await deliveries(connection, late) == []
 
     play(scratch_database, scenario)
 
@@ -186,7 +217,7 @@ def test_endpoints_get_only_the_events_users_models_and_job_they_name(
         def by_endpoint(found: list[dict[str, Any]]) -> set[tuple[str, str]]:
             return {(d["endpoint_id"], d["event_type"]) for d in found}
 
-        assert by_endpoint(await deliveries(connection, u1)) == {
+        assert by_endpoint(await fanned(connection, u1)) == {
             (for_u1, "job.queued"),
             (for_model, "job.queued"),
         }
@@ -199,7 +230,7 @@ def test_endpoints_get_only_the_events_users_models_and_job_they_name(
         for job_id in (u1, planned):
             await connection.execute(START, job_id)
             await connection.execute(PROGRESS, job_id)
-        running = [d for d in await deliveries(connection, u1) if d["job_version"] > 1]
+        running = [d for d in await fanned(connection, u1) if d["job_version"] > 1]
         assert by_endpoint(running) == {(running_only, "job.running")}
         running = [d for d in await deliveries(connection, planned) if d["job_version"] > 1]
         assert by_endpoint(running) == {(running_only, "job.running"), (per_job, "job.running")}
@@ -208,7 +239,7 @@ def test_endpoints_get_only_the_events_users_models_and_job_they_name(
     play(scratch_database, scenario)
 
 
-def test_new_deliveries_wake_the_deliverers_at_commit_and_job_changes_without_do_not(
+def test_marked_changes_and_new_deliveries_wake_the_deliverers_at_commit_others_do_not(
     scratch_database: str,
 ) -> None:
     migrations.upgrade("creation", scratch_database)
@@ -226,6 +257,20 @@ def test_new_deliveries_wake_the_deliverers_at_commit_and_job_changes_without_do
             await endpoint(connection, ["job.queued"])
             await submit(connection, "u-loud")
             await asyncio.wait_for(woken.get(), 30)
+            # The fan-out's new deliveries wake the others (the endpoints have work).
+            assert tuple(await connection.fetchrow(FAN_OUT, 100)) == (1, 1)
+            await asyncio.wait_for(woken.get(), 30)
+            # A heartbeat moves no version: it wakes no one, endpoint or not.
+            job_id = await connection.fetchval(JOB_OF, "u-loud")
+            await connection.execute(START, job_id)
+            await asyncio.wait_for(woken.get(), 30)
+            await connection.execute(BEAT, job_id)
+            await listener.execute("SELECT 1")
+            assert woken.empty()
+            await connection.fetchrow(FAN_OUT, 100)
+            await listener.execute("SELECT 1")
+            while not woken.empty():
+                woken.get_nowait()
             # A finished delivery made pending again (a redelivery) wakes them too.
             await connection.execute(
                 "UPDATE creation.webhook_deliveries SET state = 'failed', completed_at = now()"
@@ -255,6 +300,7 @@ def test_the_rows_refuse_what_the_design_forbids(scratch_database: str) -> None:
             )
         hook = await endpoint(connection, ["job.queued"])
         job_id = await submit(connection, "u-rules")
+        assert len(await fanned(connection, job_id)) == 1
         with pytest.raises(asyncpg.CheckViolationError, match="excerpt_short"):
             await connection.execute(
                 "UPDATE creation.webhook_deliveries SET last_response_excerpt = repeat('x', 257)"
@@ -274,6 +320,56 @@ def test_the_rows_refuse_what_the_design_forbids(scratch_database: str) -> None:
         assert await deliveries(connection, job_id) == []
 
     play(scratch_database, scenario)
+
+
+def test_two_fan_outs_at_once_take_different_rows(scratch_database: str) -> None:
+    migrations.upgrade("creation", scratch_database)
+
+    async def scenario(connection: asyncpg.Connection) -> None:
+        await endpoint(connection, ["job.queued"])
+        jobs = [await submit(connection, f"u-pair-{n}") for n in range(4)]
+        url = scratch_database.replace("postgresql+asyncpg://", "postgresql://")
+        other = await asyncpg.connect(url)
+        try:
+            # One replica's fan-out holds its two rows (its transaction still open)...
+            async with other.transaction():
+                assert tuple(await other.fetchrow(FAN_OUT, 2)) == (2, 2)
+                # ...the other, at the same time, skips them: no wait, no double.
+                assert tuple(await connection.fetchrow(FAN_OUT, 100)) == (2, 2)
+            assert tuple(await connection.fetchrow(FAN_OUT, 100)) == (0, 0)
+        finally:
+            await other.close()
+        for job_id in jobs:
+            assert len(await deliveries(connection, job_id)) == 1
+
+    play(scratch_database, scenario)
+
+
+def test_downgrading_0029_fans_out_what_is_marked_and_brings_back_0027s_triggers(
+    scratch_database: str,
+) -> None:
+    migrations.upgrade("creation", scratch_database)
+
+    async def marked(connection: asyncpg.Connection) -> None:
+        await endpoint(connection, ["job.queued"])
+        await submit(connection, "u-marked")
+        assert await connection.fetchval(MARKED) == 1
+
+    play(scratch_database, marked)
+    migrations.downgrade("creation", scratch_database, "0028")
+    frozen = functions_of((FROZEN / "job_changes_0027.sql").read_text())
+
+    async def scenario(connection: asyncpg.Connection) -> None:
+        for name in ("write_job_inserts", "write_job_updates"):
+            assert await connection.fetchval(FUNCTION_SOURCE, name) == frozen[name]
+        marked_job = await connection.fetchval(JOB_OF, "u-marked")
+        assert len(await deliveries(connection, marked_job)) == 1
+        # 0027's triggers write the deliveries in the job's own statement again.
+        job_id = await submit(connection, "u-0028")
+        assert len(await deliveries(connection, job_id)) == 1
+
+    play(scratch_database, scenario)
+    migrations.upgrade("creation", scratch_database)
 
 
 def test_downgrading_0027_brings_back_0025s_triggers_and_takes_the_tables(

@@ -9,18 +9,19 @@
 --     an operator asked to cancel (the event names who asked; so does the CANCELLED one);
 --   * the ledger entry the change calls for: a reservation for a new job, a capture at
 --     success, a release at failure or cancellation (once each: uq_points_ledger_job_id_kind);
---   * exactly one outbox row per new version, its payload built by creation.job_message;
---   * for each new version, one webhook delivery (creation.webhook_deliveries) per enabled
---     endpoint that wants it: its event type named (a submit is job.queued, a new status
---     'job.' || status, a deletion job.deleted, any other new version job.progress), the
---     job's user and model within its filters (empty: all), and, for a per-job endpoint,
---     this job. Same payload as the outbox row. Only looked for while some endpoint is
---     enabled: a system with none pays one probe of an empty table per statement.
+--   * exactly one outbox row per new version, its payload built by creation.job_message,
+--     with the change's webhook event type (a submit is job.queued, a new status
+--     'job.' || status, a deletion job.deleted, any other new version job.progress) and
+--     the job's model. While some webhook endpoint is enabled the row is marked
+--     webhooks_pending and the deliverers are woken at commit; they fan it out to one
+--     delivery per endpoint that wants it (creation.fan_out_webhooks, below), off the
+--     job's path: a job change writes the same rows whatever the number of endpoints.
+--     A system with no enabled endpoint pays one probe of an empty table per statement.
 --
 -- A change written by hand in SQL that names no one (no change_* columns set, on a new
 -- row) is the database role's, as an operator's. A user's event names the service
 -- identity that acted for the user (change_via, atelier-on-behalf-of) in `via`; other
--- actors' events never do. Migration 0027 loads this file;
+-- actors' events never do. Migration 0029 loads this file;
 -- tests/migration checks the installed functions against it. To change it: copy this
 -- file to migrations/frozen/job_changes_<the revision that loads it now>.sql and point
 -- that revision at the copy, edit this file, and load it from a new revision.
@@ -117,27 +118,15 @@ BEGIN
          n.updated_at
   FROM inserted_jobs AS n
   ORDER BY n.user_id COLLATE "C", n.job_id;
-  -- The outbox's statement trigger sends NOTIFY at commit (the deliveries' trigger too).
-  WITH sent AS (
-    INSERT INTO creation.outbox (job_id, user_id, version, payload, created_at)
-    SELECT n.job_id, n.user_id, n.version, creation.job_message(n), n.updated_at
-    FROM inserted_jobs AS n
-    RETURNING job_id, user_id, version, payload, created_at
-  )
-  INSERT INTO creation.webhook_deliveries (
-    endpoint_id, job_id, user_id, job_version, event_type, payload, occurred_at,
-    next_attempt_at)
-  SELECT e.endpoint_id, s.job_id, s.user_id, s.version, 'job.queued', s.payload,
-         s.created_at, now()
-  FROM sent AS s
-  JOIN inserted_jobs AS n ON n.job_id = s.job_id
-  JOIN creation.webhook_endpoints AS e
-    ON e.enabled AND (e.job_id IS NULL OR e.job_id = n.job_id)
-   AND 'job.queued' = ANY (e.event_types)
-   AND (cardinality(e.user_ids) = 0 OR n.user_id = ANY (e.user_ids))
-   AND (cardinality(e.model_ids) = 0 OR n.model_id = ANY (e.model_ids))
-  -- A one-time filter: nothing of this is run while no endpoint is enabled.
-  WHERE hooked;
+  -- The outbox's statement trigger sends NOTIFY at commit.
+  INSERT INTO creation.outbox (
+    job_id, user_id, version, payload, created_at, event_type, model_id, webhooks_pending)
+  SELECT n.job_id, n.user_id, n.version, creation.job_message(n), n.updated_at,
+         'job.queued', n.model_id, hooked
+  FROM inserted_jobs AS n;
+  IF hooked THEN
+    PERFORM creation.wake_webhooks();
+  END IF;
   RETURN NULL;
 END
 $$;
@@ -188,28 +177,72 @@ BEGIN
     WHERE c.status_changed AND creation.ledger_effect(c.status) IS NOT NULL
     -- In user order (see write_job_inserts).
     ORDER BY c.user_id COLLATE "C", c.job_id
+  )
+  -- The outbox's statement trigger sends NOTIFY at commit.
+  INSERT INTO creation.outbox (
+    job_id, user_id, version, payload, created_at, event_type, model_id, webhooks_pending)
+  SELECT c.job_id, c.user_id, c.version, c.payload, c.updated_at, c.event_type, c.model_id,
+         hooked
+  FROM changed AS c;
+  -- FOUND: some version moved (a heartbeat wakes no one).
+  IF hooked AND FOUND THEN
+    PERFORM creation.wake_webhooks();
+  END IF;
+  RETURN NULL;
+END
+$$;
+
+-- The deliverers' wake-up at commit (PostgreSQL folds a transaction's equal notifications
+-- into one), bounded as the outbox's is (migration 0024): a commit stuck behind the
+-- notification queue ends by the statement timeout, not lock_timeout.
+CREATE OR REPLACE FUNCTION creation.wake_webhooks() RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+  IF current_setting('statement_timeout') <> '0' THEN
+    PERFORM set_config('lock_timeout', '0', true);
+  END IF;
+  PERFORM pg_notify('creation_webhooks', '');
+END
+$$;
+
+-- The webhook fan-out, run by the deliverers (any number of replicas), never by a job's
+-- writer: up to p_limit outbox rows marked webhooks_pending, oldest first, skipping rows
+-- another replica holds, are unmarked, and each gets one delivery per enabled endpoint
+-- that wants it: its event type among the endpoint's, the job's user and model within its
+-- filters (empty: all), and, for a per-job endpoint, this job. The delivery carries the
+-- outbox row's payload. The endpoints are those enabled when the row is fanned out (a
+-- moment after the change's commit, while the deliverers run). Returns how many rows it
+-- took and how many deliveries it wrote; in the caller's transaction, so both commit
+-- together or neither does.
+CREATE OR REPLACE FUNCTION creation.fan_out_webhooks(p_limit integer)
+RETURNS TABLE (taken integer, written integer)
+LANGUAGE sql AS $$
+  WITH due AS (
+    SELECT outbox_id FROM creation.outbox WHERE webhooks_pending
+    ORDER BY outbox_id LIMIT p_limit
+    FOR UPDATE SKIP LOCKED
   ),
-  -- A one-time filter: nothing of this is run while no endpoint is enabled.
-  hook AS (
+  took AS (
+    UPDATE creation.outbox AS o SET webhooks_pending = false
+    FROM due WHERE o.outbox_id = due.outbox_id
+    RETURNING o.job_id, o.user_id, o.model_id, o.version, o.event_type, o.payload,
+              o.created_at
+  ),
+  wrote AS (
     INSERT INTO creation.webhook_deliveries (
       endpoint_id, job_id, user_id, job_version, event_type, payload, occurred_at,
       next_attempt_at)
-    SELECT e.endpoint_id, c.job_id, c.user_id, c.version, c.event_type, c.payload,
-           c.updated_at, now()
-    FROM changed AS c
+    SELECT e.endpoint_id, t.job_id, t.user_id, t.version, t.event_type, t.payload,
+           t.created_at, now()
+    FROM took AS t
     JOIN creation.webhook_endpoints AS e
-      ON e.enabled AND (e.job_id IS NULL OR e.job_id = c.job_id)
-     AND c.event_type = ANY (e.event_types)
-     AND (cardinality(e.user_ids) = 0 OR c.user_id = ANY (e.user_ids))
-     AND (cardinality(e.model_ids) = 0 OR c.model_id = ANY (e.model_ids))
-    WHERE hooked
+      ON e.enabled AND (e.job_id IS NULL OR e.job_id = t.job_id)
+     AND t.event_type = ANY (e.event_types)
+     AND (cardinality(e.user_ids) = 0 OR t.user_id = ANY (e.user_ids))
+     AND (cardinality(e.model_ids) = 0 OR t.model_id = ANY (e.model_ids))
+    RETURNING 1
   )
-  -- The outbox's statement trigger sends NOTIFY at commit (the deliveries' trigger too).
-  INSERT INTO creation.outbox (job_id, user_id, version, payload, created_at)
-  SELECT c.job_id, c.user_id, c.version, c.payload, c.updated_at
-  FROM changed AS c;
-  RETURN NULL;
-END
+  SELECT (SELECT count(*) FROM took)::integer, (SELECT count(*) FROM wrote)::integer
 $$;
 
 -- Statement triggers: one run per writer's statement, whatever its number of rows (so a

@@ -82,12 +82,13 @@ async def take(connection: Any, now: datetime, limit: int, traced: bool = False)
     )
 
 
-# Rides ix_outbox_delivered; rows a pruning replica holds are skipped, not awaited.
+# Rides ix_outbox_delivered; rows a pruning replica holds are skipped, not awaited. A row
+# the webhook deliverers have not fanned out yet stays, however old (they may be down).
 _PRUNE = text(
     """
     DELETE FROM creation.outbox WHERE outbox_id IN (
         SELECT outbox_id FROM creation.outbox
-        WHERE delivered_at < :before
+        WHERE delivered_at < :before AND NOT webhooks_pending
         ORDER BY delivered_at
         LIMIT :limit
         FOR UPDATE SKIP LOCKED

@@ -157,6 +157,15 @@ class Attempted:
     failing: bool = False
 
 
+async def fan_out(connection: Any, limit: int) -> int:
+    """Fans out up to ``limit`` marked outbox rows to their deliveries (one statement:
+    creation.fan_out_webhooks); how many rows it took."""
+    taken = await connection.fetchval(
+        "SELECT taken FROM creation.fan_out_webhooks($1::integer)", limit
+    )
+    return int(taken)
+
+
 async def claim(connection: Any, limit: int, claim_seconds: float) -> list[Claimed]:
     rows = await connection.fetch(_CLAIM, claim_seconds, limit)
     return [Claimed(*row) for row in rows]

@@ -7,9 +7,12 @@ anywhere), builds each body (body.py: one call to media signs the outputs of a w
 claim), signs it (signing.py) and POSTs it behind the SSRF guard (kit/outbound.py), each
 attempt its own task: a slow endpoint holds only its own slots. Outcomes are recorded in
 batches, fenced by the claim; a deliverer that dies leaves its claims to lapse, and the
-next one sends those deliveries again (at least once: the same webhook-id). A NOTIFY on
-``creation_webhooks`` (the deliveries' triggers send it at commit) wakes it, a poll is
-the fallback, and a recorded batch wakes it too (its endpoints have room again).
+next one sends those deliveries again (at least once: the same webhook-id). Each round
+first fans the job changes marked since the last one out to their deliveries
+(``creation.fan_out_webhooks``: the job's own statements write no delivery). A NOTIFY on
+``creation_webhooks`` (sent at the commit of a marked job change and of new deliveries)
+wakes it, a poll is the fallback, and a recorded batch wakes it too (its endpoints have
+room again).
 
 Secrets are never logged; of an answer, only its status and an excerpt of at most 256
 characters are kept.
@@ -58,6 +61,9 @@ PRUNE_PERIOD = 300.0
 # How long the recorder waits for more outcomes before writing a short batch.
 GATHER_SECONDS = 0.01
 PRUNE_BATCH = 1000
+# Outbox rows fanned out to deliveries per statement, and statements per claim round.
+FAN_OUT_BATCH = 500
+FAN_OUT_BATCHES = 8
 
 # The outcomes of an attempt, and why the deliverer disables an endpoint (metric labels).
 OUTCOMES = ("succeeded", "retried", "failed")
@@ -169,6 +175,11 @@ class WebhookDeliverer:
         limit = min(self._settings.batch, free)
         try:
             async with driver_connection(self._engine) as connection:
+                # Job changes since the last round become deliveries first (a bounded number
+                # of batches a round: a large backlog does not keep the claim waiting).
+                for _ in range(FAN_OUT_BATCHES):
+                    if await store.fan_out(connection, FAN_OUT_BATCH) < FAN_OUT_BATCH:
+                        break
                 claimed = await store.claim(connection, limit, self._settings.claim_seconds)
         except Exception as error:
             outage = classify(error)

@@ -10,7 +10,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.store import webhook_deliveries
 from services.kit.db import driver_connection
-from tests.integration.creation.webhook_kit import change, endpoint, reset, rows, submit
+from tests.integration.creation.webhook_kit import (
+    change,
+    endpoint,
+    fan_out,
+    reset,
+    rows,
+    submit,
+)
 
 RETENTION = 30 * 86400.0
 CANCEL = """
@@ -45,6 +52,7 @@ async def test_a_per_job_endpoint_goes_once_its_job_is_long_done_and_nothing_is_
     }
     for job in (long_done, lately_done, pending):
         await change(engine, CANCEL, job)
+    await fan_out(engine)
     async with driver_connection(engine) as connection:
         # Delivered long ago, except the one still pending; the jobs' last change 40 days
         # back, but the lately done one's (moving no version writes nothing else).

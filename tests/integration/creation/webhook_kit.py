@@ -14,6 +14,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.media_client import MediaClient
+from services.creation.store import webhook_deliveries
 from services.creation.webhooks.deliverer import WebhookDeliverer
 from services.creation.webhooks.settings import WebhookSettings
 from services.creation.webhooks.signing import new_secret
@@ -116,6 +117,14 @@ async def submit(engine: AsyncEngine, count: int = 1, user: str | None = None) -
 async def change(engine: AsyncEngine, statement: str, job_id: str) -> None:
     async with driver_connection(engine) as connection:
         await connection.execute(statement, job_id)
+
+
+async def fan_out(engine: AsyncEngine) -> None:
+    """What a deliverer's round does first: every marked job change becomes its deliveries
+    (for tests that read or write deliveries with no deliverer running)."""
+    async with driver_connection(engine) as connection:
+        while await webhook_deliveries.fan_out(connection, 500):
+            pass
 
 
 async def rows(engine: AsyncEngine, where: str = "true", *args: Any) -> list[dict[str, Any]]:

@@ -249,7 +249,7 @@ def upgrade() -> None:
         " WHEN (NEW.state = 'pending' AND OLD.state <> 'pending')"
         " EXECUTE FUNCTION creation.notify_webhooks()"
     )
-    _load(CREATION / "sql" / "job_changes.sql")
+    _load(FROZEN / "job_changes_0027.sql")
 
 
 def downgrade() -> None:
