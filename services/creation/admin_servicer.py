@@ -9,6 +9,7 @@ from grpc import aio
 
 from atelier.creation.v1 import admin_service_pb2, admin_service_pb2_grpc
 from services.creation import convert, submission
+from services.creation.admin_convert import inspection_message
 from services.creation.errors import Reason
 from services.creation.operators import Operators
 from services.creation.store.admin import AttentionCursor, Decision, EventCursor
@@ -26,7 +27,10 @@ _DECISIONS = {
     admin_service_pb2.RESOLUTION_RETRY: Decision.RETRY,
     admin_service_pb2.RESOLUTION_FAIL: Decision.FAIL,
     admin_service_pb2.RESOLUTION_CANCEL: Decision.CANCEL,
+    admin_service_pb2.RESOLUTION_ADOPT: Decision.ADOPT,
 }
+# A provider's request id, as an operator pastes it (fal's holds slashes).
+MAX_REQUEST_ID = 200
 MAX_TEXT = 500
 # The needs-attention queue, oldest change first.
 ATTENTION_PAGES = KeysetCodec(
@@ -76,6 +80,27 @@ def _operator(named: str, problems: list[FieldViolation]) -> str:
     return identity
 
 
+def _provider_request_id(
+    value: str, decision: Decision | None, problems: list[FieldViolation]
+) -> str:
+    """Required with ADOPT, refused with any other decision."""
+    value = value.strip()
+    if decision is not Decision.ADOPT:
+        if value:
+            problems.append(FieldViolation("provider_request_id", "is only for RESOLUTION_ADOPT"))
+        return value
+    if not value:
+        problems.append(FieldViolation("provider_request_id", "is required to adopt"))
+    elif len(value) > MAX_REQUEST_ID or not value.isprintable() or " " in value:
+        problems.append(
+            FieldViolation(
+                "provider_request_id",
+                f"must be 1-{MAX_REQUEST_ID} printable characters without spaces",
+            )
+        )
+    return value
+
+
 def _check(problems: list[FieldViolation]) -> None:
     if problems:
         raise invalid_argument(Reason.INVALID_ADMIN_REQUEST, problems)
@@ -110,13 +135,25 @@ class AdminServicer(WebhookAdminMethods, admin_service_pb2_grpc.AdminServiceServ
         job_id = _job_id(request.job_id, problems)
         decision = _DECISIONS.get(request.resolution)
         if decision is None:
-            problems.append(FieldViolation("resolution", "must be RETRY, FAIL or CANCEL"))
+            problems.append(FieldViolation("resolution", "must be ADOPT, RETRY, FAIL or CANCEL"))
+        request_id = _provider_request_id(request.provider_request_id, decision, problems)
         operator = _operator(request.operator, problems)
         reason = _text("reason", request.reason, problems)
         if decision is None or problems:
             raise invalid_argument(Reason.INVALID_ADMIN_REQUEST, problems)
-        job = await self._operators.resolve(job_id, decision, operator, reason)
+        if decision is Decision.ADOPT:
+            job = await self._operators.adopt(job_id, request_id, operator, reason)
+        else:
+            job = await self._operators.resolve(job_id, decision, operator, reason)
         return admin_service_pb2.ResolveJobResponse(job=convert.job_message(job))
+
+    async def InspectJob(
+        self, request: admin_service_pb2.InspectJobRequest, context: Context
+    ) -> admin_service_pb2.InspectJobResponse:
+        problems: list[FieldViolation] = []
+        job_id = _job_id(request.job_id, problems)
+        _check(problems)
+        return inspection_message(await self._operators.inspect(job_id))
 
     async def ListJobEvents(
         self, request: admin_service_pb2.ListJobEventsRequest, context: Context

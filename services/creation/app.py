@@ -78,7 +78,12 @@ def components(
     return [
         Worker(database.engine, media, providers, settings, clock=clock, on_point=on_point),
         Reaper(
-            database.engine, providers, settings.reaper_period_seconds, clock=clock, media=media
+            database.engine,
+            providers,
+            settings.reaper_period_seconds,
+            clock=clock,
+            media=media,
+            auto_adopt=settings.auto_adopt_providers,
         ),
     ]
 
@@ -116,7 +121,8 @@ def build(
     on_point: PointHook = no_point,
 ) -> ServiceApp:
     """``providers`` (code → adapter) runs the job engine in roles worker and all; None
-    leaves it out."""
+    leaves it out. The API's AdminService asks them what a job's provider holds
+    (InspectJob, RESOLUTION_ADOPT's check)."""
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}")
     # Named by role: pg_stat_activity then tells the API's connections from the workers'.
@@ -165,7 +171,7 @@ def build(
             )
         )
     cleanup = [media.close, notify.close, database.close]
-    if role in ("worker", "all") and providers is not None:
+    if providers is not None:
         cleanup.append(functools.partial(_close_providers, providers))
     if role == "worker":
         return ServiceApp(
@@ -219,7 +225,7 @@ def build(
                 admin_service_pb2.DESCRIPTOR.services_by_name["AdminService"],
                 admin_service_pb2_grpc.add_AdminServiceServicer_to_server,
                 AdminServicer(
-                    Operators(database.engine, settings.welcome_points, clock),
+                    Operators(database.engine, settings.welcome_points, clock, providers),
                     WebhookOperators(database.engine, clock),
                     url_rule,
                     webhook_identities,
@@ -313,10 +319,10 @@ async def _catalog_problem(settings: CreationSettings, registry: ProviderRegistr
 
 def main(role: str = "all") -> int:
     settings = CreationSettings.from_env()
-    providers: ProviderRegistry | None = None
+    # Every role has the adapters: workers run jobs with them, the API looks requests up.
+    providers = build_registry(settings)
     on_point: PointHook = no_point
     if role in ("worker", "all"):
-        providers = build_registry(settings)
         problem = asyncio.run(_catalog_problem(settings, providers))
         if problem is not None:
             print(f"atelier serve creation: {problem}", file=sys.stderr)

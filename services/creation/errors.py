@@ -39,6 +39,10 @@ class Reason:
     WEBHOOK_DELIVERY_NOT_FOUND = "WEBHOOK_DELIVERY_NOT_FOUND"
     WEBHOOK_NOT_PERMITTED = "WEBHOOK_NOT_PERMITTED"
     WEBHOOK_SIGNING_KEY_MISSING = "WEBHOOK_SIGNING_KEY_MISSING"
+    PROVIDER_REQUEST_NOT_FOUND = "PROVIDER_REQUEST_NOT_FOUND"
+    PROVIDER_REQUEST_OF_ANOTHER_JOB = "PROVIDER_REQUEST_OF_ANOTHER_JOB"
+    PROVIDER_UNAVAILABLE = "PROVIDER_UNAVAILABLE"
+    JOB_CANCEL_REQUESTED = "JOB_CANCEL_REQUESTED"
 
 
 class CreationError(DomainError):
@@ -232,6 +236,52 @@ class JobNotFinished(CreationError):
             f"only a finished job can be deleted (this one is {self.status}); cancel it first",
             metadata={"status": self.status},
         )
+
+
+class JobCancelRequested(CreationError):
+    """RESOLUTION_ADOPT on a job whose owner asked to cancel it while it waited."""
+
+    def to_api_error(self) -> ApiError:
+        return ApiError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            Reason.JOB_CANCEL_REQUESTED,
+            "the job's owner asked to cancel it: resolve it with RESOLUTION_CANCEL",
+        )
+
+
+class ProviderRequestNotFound(CreationError):
+    """RESOLUTION_ADOPT named a request the job's provider says it does not hold."""
+
+    def __init__(self, provider_code: str) -> None:
+        super().__init__(provider_code)
+        self.provider_code = provider_code
+
+    def to_api_error(self) -> ApiError:
+        return ApiError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            Reason.PROVIDER_REQUEST_NOT_FOUND,
+            f"provider {self.provider_code!r} holds no such request",
+            violations=[FieldViolation("provider_request_id", "the provider has no such request")],
+        )
+
+
+class ProviderRequestOfAnotherJob(CreationError):
+    """RESOLUTION_ADOPT named a request the provider holds for another job."""
+
+    def to_api_error(self) -> ApiError:
+        return ApiError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            Reason.PROVIDER_REQUEST_OF_ANOTHER_JOB,
+            "the provider holds that request for another job",
+            violations=[FieldViolation("provider_request_id", "belongs to another job")],
+        )
+
+
+class ProviderUnavailable(DependencyUnavailable, CreationError):
+    """The job's provider did not answer a lookup RESOLUTION_ADOPT needed."""
+
+    def __init__(self, provider_code: str, cause: str = "") -> None:
+        super().__init__(Reason.PROVIDER_UNAVAILABLE, f"provider {provider_code}", cause)
 
 
 class JobNotAwaitingOperator(CreationError):

@@ -1,11 +1,17 @@
-"""What operators do (AdminService): the needs-attention queue, decisions on it, a job's
-audit trail, and point grants. Each decision and grant is logged with its ids."""
+"""What operators do (AdminService): the needs-attention queue, decisions on it (adopting
+the provider's request among them), a job's inspection and audit trail, and point grants.
+Each decision and grant is logged with its ids."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.creation.domain import Event, Job
+from services.creation.domain import Actor, Event, Job, Status
+from services.creation.provider_requests import ProviderRequests, ProviderView
+from services.creation.providers.base import Provider
 from services.creation.store import admin as admin_store
 from services.creation.store import ledger
 from services.creation.store.admin import AttentionCursor, Decision, EventCursor
@@ -16,15 +22,62 @@ log = get_logger(__name__)
 
 # Operator grants live in their own key space, apart from the welcome grant's.
 OPERATOR_GRANT_PREFIX = "operator:"
+# InspectJob shows at most this many of a job's events (a job has a handful).
+INSPECTED_EVENTS = 500
+
+
+@dataclass(frozen=True)
+class Inspection:
+    """One job as an operator sees it before deciding."""
+
+    job: Job
+    events: list[Event]
+    provider: ProviderView
 
 
 class Operators:
     def __init__(
-        self, engine: AsyncEngine, welcome_points: int, clock: Clock = system_clock
+        self,
+        engine: AsyncEngine,
+        welcome_points: int,
+        clock: Clock = system_clock,
+        providers: Mapping[str, Provider] | None = None,
     ) -> None:
         self._engine = engine
         self._welcome_points = welcome_points
         self._clock = clock
+        self._requests = ProviderRequests(providers or {})
+
+    async def inspect(self, job_id: str) -> Inspection:
+        job = await admin_store.read_job(self._engine, job_id)
+        events, _ = await admin_store.list_events(self._engine, job_id, INSPECTED_EVENTS, None)
+        return Inspection(job, events, await self._requests.view(job))
+
+    async def adopt(self, job_id: str, request_id: str, operator: str, reason: str) -> Job:
+        """RESOLUTION_ADOPT: checked with the provider where its adapter can look, then
+        written (the store checks the status again under the row lock)."""
+        job = await admin_store.read_job(self._engine, job_id)
+        if job.status is Status.NEEDS_ATTENTION:
+            await self._requests.check_adoptable(job, request_id)
+        adopted = await admin_store.adopt(
+            self._engine,
+            job_id,
+            request_id,
+            actor=Actor.OPERATOR,
+            actor_id=operator,
+            reason=f"adopted provider request {request_id}: {reason}",
+            now=self._clock(),
+        )
+        log.info(
+            "job_resolved",
+            job_id=job_id,
+            decision=Decision.ADOPT.value,
+            operator=operator,
+            provider_request_id=request_id,
+            status=adopted.status.value,
+            version=adopted.version,
+        )
+        return adopted
 
     async def attention(
         self, limit: int, after: AttentionCursor | None

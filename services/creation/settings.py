@@ -271,6 +271,29 @@ class RelaySettings:
         )
 
 
+# Automatic recovery is on for the stub (its lookup is exact) and off for the hosted
+# vendors, whose adapters cannot look a request up by our reference at all.
+AUTO_ADOPT_DEFAULT = frozenset({"stub"})
+# The adapters whose lookup may be trusted to adopt without a person.
+AUTO_ADOPT_CAPABLE = ("stub",)
+
+
+def _auto_adopt(reader: EnvReader) -> frozenset[str]:
+    """ATELIER_AUTO_ADOPT: comma-separated provider codes, or "none"."""
+    raw = reader.string("AUTO_ADOPT", ",".join(sorted(AUTO_ADOPT_DEFAULT))).strip()
+    if raw.lower() in ("", "none"):
+        return frozenset()
+    codes = frozenset(code.strip() for code in raw.split(",") if code.strip())
+    unable = sorted(codes - set(AUTO_ADOPT_CAPABLE))
+    reader.require(
+        not unable,
+        "AUTO_ADOPT",
+        f"names providers whose adapter cannot look requests up ({', '.join(unable)});"
+        f" capable: {', '.join(AUTO_ADOPT_CAPABLE)}, or none",
+    )
+    return codes & frozenset(AUTO_ADOPT_CAPABLE)
+
+
 @dataclass(frozen=True)
 class CreationSettings:
     common: CommonSettings
@@ -298,6 +321,9 @@ class CreationSettings:
     providers: ProviderSettings = ProviderSettings()
     remote: RemoteSettings = field(default_factory=RemoteSettings)
     webhooks: WebhookSettings = field(default_factory=WebhookSettings)
+    # The provider codes whose NEEDS_ATTENTION jobs the reaper adopts on its own when the
+    # adapter's lookup finds exactly one request for the job (ATELIER_AUTO_ADOPT).
+    auto_adopt_providers: frozenset[str] = AUTO_ADOPT_DEFAULT
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> CreationSettings:
@@ -344,6 +370,7 @@ class CreationSettings:
             providers=ProviderSettings.read(reader),
             remote=RemoteSettings.read(reader),
             webhooks=WebhookSettings.read(reader, common.env),
+            auto_adopt_providers=_auto_adopt(reader),
         )
         # A heartbeat must come well inside the lease, or live jobs would be reaped.
         reader.require(

@@ -10,8 +10,16 @@ from typing import Any
 import httpx
 import pytest
 
-from services.creation.providers.base import Done, Failed, ProviderError, Running
+from services.creation.providers.base import (
+    Done,
+    Failed,
+    ProviderError,
+    Running,
+    lookup_note,
+    lookup_of,
+)
 from services.creation.providers.fal import FalProvider
+from services.creation.settings import ProviderSettings
 from tests.unit.hosted_kit import (
     FAL_KEY,
     OUTPUT_PNG,
@@ -311,3 +319,10 @@ async def test_cancel_puts_to_the_request_and_an_already_completed_one_is_fine()
     await adapter.cancel("fal-ai/flux/requests/r-2")
     assert [r.method for r in vendor.seen] == ["PUT", "PUT"]
     await adapter.close()
+
+
+async def test_fal_cannot_look_a_request_up_by_our_reference() -> None:
+    adapter = FalProvider(ProviderSettings())
+    await adapter.close()
+    assert lookup_of(adapter) is None
+    assert "fal's dashboard" in lookup_note(adapter)

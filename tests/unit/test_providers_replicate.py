@@ -11,7 +11,14 @@ from typing import Any
 import httpx
 import pytest
 
-from services.creation.providers.base import Done, Failed, ProviderError, Running
+from services.creation.providers.base import (
+    Done,
+    Failed,
+    ProviderError,
+    Running,
+    lookup_note,
+    lookup_of,
+)
 from services.creation.providers.replicate import ReplicateProvider, create_route
 from services.creation.settings import ProviderSettings, VendorSettings
 from tests.unit.hosted_kit import (
@@ -493,3 +500,12 @@ async def test_without_a_token_every_call_is_refused_before_anything_is_sent() -
     )
     assert vendor.seen == []
     await adapter.close()
+
+
+async def test_replicate_cannot_look_a_prediction_up_by_our_reference() -> None:
+    # Replicate keeps no client reference on a prediction: no lookup, and the note says
+    # where an operator looks instead.
+    adapter = ReplicateProvider(ProviderSettings())
+    await adapter.close()
+    assert lookup_of(adapter) is None
+    assert "GET /v1/predictions" in lookup_note(adapter)

@@ -378,3 +378,54 @@ async def test_a_state_directory_it_cannot_use_makes_the_stub_unavailable(
         assert not raised.value.outcome_unknown
     # Nothing was accepted, so nothing reached the ledger.
     assert read_ledger(tmp_path / "ledger") == {}
+
+
+JOB_A = "0b7e2f7e-8d57-4c51-9d3e-3a4c7c1b2a01"
+JOB_B = "0b7e2f7e-8d57-4c51-9d3e-3a4c7c1b2a02"
+
+
+async def test_the_stub_finds_a_jobs_requests_by_our_reference(tmp_path: Path) -> None:
+    clock = Clock()
+    stub = StubProvider(settings(tmp_path, duration_seconds=10), clock)
+    first = await stub.submit(request(job_id=JOB_A), f"{JOB_A}:1")
+    clock.now += 1
+    second = await stub.submit(replace(request(job_id=JOB_A), attempt=2), f"{JOB_A}:2")
+    other = await stub.submit(request(job_id=JOB_B), f"{JOB_B}:1")
+    # Another instance over the same directory (another process) finds the same.
+    found = await StubProvider(settings(tmp_path, duration_seconds=10), clock).find_requests(JOB_A)
+    assert [(r.request_id, r.job_id, r.attempt) for r in found] == [
+        (first, JOB_A, 1),
+        (second, JOB_A, 2),
+    ]
+    assert [r.state.value for r in found] == ["running", "running"]
+    assert found[0].progress == 10 and found[1].progress == 0
+    assert [r.request_id for r in await stub.find_requests(JOB_B)] == [other]
+    assert await stub.find_requests("not-a-job-id/../..") == []
+
+
+async def test_the_stub_describes_a_request_without_rendering_it(tmp_path: Path) -> None:
+    clock = Clock()
+    stub = StubProvider(settings(tmp_path, duration_seconds=1), clock)
+    request_id = await stub.submit(request(job_id=JOB_A), f"{JOB_A}:1")
+    clock.now += 5
+    described = await stub.describe(request_id)
+    assert described is not None
+    assert (described.job_id, described.state.value, described.progress) == (
+        JOB_A,
+        "succeeded",
+        100,
+    )
+    await stub.cancel(request_id)
+    cancelled = await stub.describe(request_id)
+    assert cancelled is not None and cancelled.state.value == "cancelled"
+    assert await stub.describe("0" * 32) is None
+    assert await stub.describe("../etc/passwd") is None
+
+
+async def test_a_listing_whose_request_was_never_written_is_skipped(tmp_path: Path) -> None:
+    # A crash between the listing and the request file leaves a name and nothing else.
+    stub = StubProvider(settings(tmp_path), Clock())
+    listing = tmp_path / "state" / "by-job" / JOB_A
+    listing.mkdir(parents=True)
+    (listing / ("f" * 32)).touch()
+    assert await stub.find_requests(JOB_A) == []

@@ -142,3 +142,14 @@ def test_migrating_still_checks_what_it_reads() -> None:
         reader.finish()
     assert "ATELIER_DATABASE_URL must be a postgresql:// URL" in str(caught.value)
     assert "ATELIER_DB_CONNECT_TIMEOUT must be between 0.1 and 120 seconds" in str(caught.value)
+
+
+def test_automatic_recovery_is_on_for_the_stub_alone_by_default() -> None:
+    assert CreationSettings.from_env({}).auto_adopt_providers == frozenset({"stub"})
+    off = CreationSettings.from_env({"ATELIER_AUTO_ADOPT": "none"})
+    assert off.auto_adopt_providers == frozenset()
+
+
+def test_automatic_recovery_refuses_adapters_that_cannot_look_up() -> None:
+    with pytest.raises(SettingsError, match="ATELIER_AUTO_ADOPT names providers whose adapter"):
+        CreationSettings.from_env({"ATELIER_AUTO_ADOPT": "stub,replicate"})

@@ -8,9 +8,11 @@ submit (see DESIGN.md, "The provider is two-phase").
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from datetime import datetime
+from typing import Protocol, runtime_checkable
 
 from services.creation.parameters import Parameters
 
@@ -121,3 +123,58 @@ class Provider(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+class RequestState(enum.StrEnum):
+    """A provider request's state as its provider describes it (without its output)."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class ProviderRequestInfo:
+    """One request as the provider holds it, by our reference: the job (and attempt) it
+    was submitted for, as we sent them at submit."""
+
+    request_id: str
+    job_id: str
+    state: RequestState
+    progress: int = 0
+    # The job attempt that submitted it; 0 when the provider did not keep it.
+    attempt: int = 0
+    submitted_at: datetime | None = None
+    detail: str = ""
+
+
+@runtime_checkable
+class RequestLookup(Protocol):
+    """An adapter whose provider can find requests by our reference (the job id we sent
+    at submit, as metadata or idempotency key) and describe one without fetching its
+    output. What makes an unknown submit outcome knowable: InspectJob, RESOLUTION_ADOPT's
+    check, and the reaper's automatic recovery use it. Adapters whose vendor keeps no
+    client reference do not implement it and say why in ``lookup_note``."""
+
+    async def find_requests(self, job_id: str) -> Sequence[ProviderRequestInfo]:
+        """Every request the provider holds for ``job_id``, oldest first."""
+        ...
+
+    async def describe(self, request_id: str) -> ProviderRequestInfo | None:
+        """The request, None when the provider holds no such request."""
+        ...
+
+
+NO_LOOKUP_NOTE = "this adapter cannot look requests up by our reference"
+
+
+def lookup_of(provider: Provider) -> RequestLookup | None:
+    """The provider's lookup, None when it has none."""
+    return provider if isinstance(provider, RequestLookup) else None
+
+
+def lookup_note(provider: Provider) -> str:
+    """Why ``provider`` cannot look requests up, and where an operator looks instead."""
+    note = getattr(provider, "lookup_note", "")
+    return note if isinstance(note, str) and note else NO_LOOKUP_NOTE

@@ -133,6 +133,14 @@ class FalProvider(HostedAdapter):
     supports_idempotent_submit = False
     key_setting = "ATELIER_FAL_KEY"
     auth_scheme = "Key"
+    # No RequestLookup: a queued request carries no client reference and fal lists none
+    # by one (the module's docstring).
+    lookup_note = (
+        "fal keeps no client reference on a queued request, so it cannot be found by job"
+        " id: match the job's submit_outcome_unknown log line (job id, submit_started_at)"
+        " against the endpoint's requests in fal's dashboard, then adopt"
+        " '<owner>/<app>/requests/<request id>'"
+    )
 
     @staticmethod
     def vendor_of(settings: ProviderSettings) -> VendorSettings:

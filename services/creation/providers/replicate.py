@@ -97,6 +97,14 @@ class ReplicateProvider(HostedAdapter):
     supports_idempotent_submit = False
     key_setting = "ATELIER_REPLICATE_API_TOKEN"
     auth_scheme = "Bearer"
+    # No RequestLookup: a prediction carries no client reference, and the list of
+    # predictions filters by source and time only (the module's docstring).
+    lookup_note = (
+        "Replicate keeps no client reference on a prediction, so it cannot be found by job"
+        " id: match the job's submit_outcome_unknown log line (job id, submit_started_at)"
+        " against the account's predictions (GET /v1/predictions, newest first), then adopt"
+        " the prediction id"
+    )
 
     @staticmethod
     def vendor_of(settings: ProviderSettings) -> VendorSettings:

@@ -10,8 +10,8 @@ from typing import Any
 from sqlalchemy import and_, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.creation.domain import Actor, Event, Job, Status
-from services.creation.errors import JobNotAwaitingOperator, JobNotFound
+from services.creation.domain import Actor, Event, Job, Status, Step
+from services.creation.errors import JobCancelRequested, JobNotAwaitingOperator, JobNotFound
 from services.creation.job_errors import error_columns
 from services.creation.store.predicates import status_is
 from services.creation.store.rows import job_from_row
@@ -61,6 +61,7 @@ class Decision(enum.StrEnum):
     RETRY = "retry"
     FAIL = "fail"
     CANCEL = "cancel"
+    ADOPT = "adopt"
 
 
 def _resolution_values(
@@ -95,9 +96,67 @@ def _resolution_values(
     )
 
 
+async def read_job(engine: AsyncEngine, job_id: str) -> Job:
+    """The job as it is now (rides pk_jobs); JobNotFound when there is none."""
+    rows = await fetch(engine, select(jobs).where(jobs.c.job_id == job_id))
+    if not rows:
+        raise JobNotFound()
+    return job_from_row(rows[0]._mapping)
+
+
+def _adoption_values(request_id: str, now: datetime) -> dict[str, Any]:
+    """Back to the queue holding ``request_id``: the next worker claims it without a new
+    attempt and polls the request (as after a RESUME), never submitting."""
+    return {
+        "status": Status.QUEUED.value,
+        "step": Step.GENERATING.value,
+        "provider_request_id": request_id,
+        "next_attempt_at": now,
+        "error_code": None,
+        "error_message": None,
+        "error_reason": None,
+        "error_retryable": None,
+    }
+
+
+async def adopt(
+    engine: AsyncEngine,
+    job_id: str,
+    request_id: str,
+    *,
+    actor: Actor,
+    actor_id: str,
+    reason: str,
+    now: datetime,
+) -> Job:
+    """Puts a NEEDS_ATTENTION job back to polling ``request_id`` (an operator's decision,
+    or the reaper's automatic recovery). A job whose owner asked to cancel meanwhile is
+    refused: the owner's cancel is the decision to make."""
+    async with engine.begin() as connection:
+        job = await lock_job(connection, jobs.c.job_id == job_id)
+        if job is None:
+            raise JobNotFound()
+        if job.status is not Status.NEEDS_ATTENTION:
+            raise JobNotAwaitingOperator(job.status.value)
+        if job.cancel_requested:
+            raise JobCancelRequested()
+        return await write(
+            connection,
+            job,
+            _adoption_values(request_id, now),
+            actor=actor,
+            actor_id=actor_id,
+            reason=reason,
+            now=now,
+        )
+
+
 async def resolve(
     engine: AsyncEngine, job_id: str, decision: Decision, operator: str, reason: str, now: datetime
 ) -> Job:
+    """RETRY, FAIL or CANCEL (ADOPT is ``adopt``: it carries a request id)."""
+    if decision is Decision.ADOPT:
+        raise ValueError("adopt a request with store.admin.adopt")
     async with engine.begin() as connection:
         job = await lock_job(connection, jobs.c.job_id == job_id)
         if job is None:

@@ -3,7 +3,12 @@ died or froze), by step — retry, resume polling, NEEDS_ATTENTION when a submit
 is unknown, cancel. Safe with any number of replicas: each batch is taken with SKIP
 LOCKED. A dead worker's job whose owner asked to cancel tells its provider first when the
 provider holds a request. Each decision is an event by ``reaper``. Each sweep also deletes
-the outputs listed for purging that a crashed worker could not delete itself."""
+the outputs listed for purging that a crashed worker could not delete itself.
+
+Automatic recovery (``auto_adopt``, ATELIER_AUTO_ADOPT): a job this sweep sent to
+NEEDS_ATTENTION whose adapter's lookup finds exactly one request for it is adopted at
+once — back to polling that request, never a new submit. None found, several, or no
+answer: it stays for a person to decide."""
 
 from __future__ import annotations
 
@@ -14,9 +19,12 @@ from collections.abc import Mapping
 from prometheus_client import Counter, Gauge
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.creation.domain import Job, ReapDecision
+from services.creation.domain import Actor, Job, ReapDecision
+from services.creation.errors import JobCancelRequested, JobNotAwaitingOperator
 from services.creation.media_client import MediaClient
+from services.creation.provider_requests import ProviderRequests
 from services.creation.providers.base import Provider, ProviderError
+from services.creation.store import admin as admin_store
 from services.creation.store import leases
 from services.creation.worker import output_purger
 from services.kit.clock import Clock, system_clock
@@ -32,6 +40,11 @@ DECISIONS = Counter(
     ["decision"],
 )
 _DECIDED = {decision: DECISIONS.labels(decision.value) for decision in ReapDecision}
+ADOPTIONS = Counter(
+    "atelier_reaper_adoptions",
+    "NEEDS_ATTENTION jobs the reaper adopted on its own (automatic recovery): the lookup"
+    " found exactly one provider request for the job",
+)
 LAST_SWEEP = Gauge(
     "atelier_reaper_last_sweep_timestamp_seconds",
     "Unix time the reaper of this process last completed a sweep",
@@ -53,8 +66,11 @@ class Reaper:
         clock: Clock = system_clock,
         batch: int = BATCH,
         media: MediaClient | None = None,
+        auto_adopt: frozenset[str] = frozenset(),
     ) -> None:
         self._engine = engine
+        self._auto_adopt = auto_adopt
+        self._requests = ProviderRequests(providers)
         self._media = media
         self._providers = providers
         self._period = period_seconds
@@ -100,7 +116,11 @@ class Reaper:
                     status=item.job.status.value,
                     decision=item.decision.value,
                 )
-            reaped.extend(item.job for item in batch)
+            for item in batch:
+                if item.decision is ReapDecision.ATTENTION:
+                    reaped.append(await self._recover(item.job))
+                else:
+                    reaped.append(item.job)
             if len(batch) < self._batch or self._stopping.is_set():
                 break
         if self._media is not None:
@@ -109,6 +129,31 @@ class Reaper:
         self.sweeps += 1
         LAST_SWEEP.set_to_current_time()
         return reaped
+
+    async def _recover(self, job: Job) -> Job:
+        """The job adopted when automatic recovery is on for its provider and the lookup
+        finds exactly one request; otherwise as it is (NEEDS_ATTENTION)."""
+        if job.provider_code not in self._auto_adopt:
+            return job
+        request_id = await self._requests.sole_request(job)
+        if request_id is None:
+            return job
+        try:
+            adopted = await admin_store.adopt(
+                self._engine,
+                job.job_id,
+                request_id,
+                actor=Actor.REAPER,
+                actor_id="reaper",
+                reason=f"automatic recovery: provider {job.provider_code} holds exactly one"
+                f" request for the job ({request_id})",
+                now=self._clock(),
+            )
+        except (JobNotAwaitingOperator, JobCancelRequested):
+            return job  # someone decided first, or the owner asked to cancel
+        ADOPTIONS.inc()
+        log.info("job_adopted", job_id=job.job_id, provider_request_id=request_id, by="reaper")
+        return adopted
 
     async def _purge_outputs(self, media: MediaClient) -> None:
         try:

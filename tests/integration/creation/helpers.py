@@ -4,7 +4,7 @@ and the service itself on real listeners."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -15,6 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.app import build
+from services.creation.providers.base import Provider
 from services.creation.settings import CreationSettings
 from services.creation.store.jobs import SubmitLimits
 from services.creation.submission import SubmitCommand, validate
@@ -110,10 +111,17 @@ class CreationHarness:
 
 @asynccontextmanager
 async def running_creation(
-    database_url: str, media_address: str | None = None, **extra: str
+    database_url: str,
+    media_address: str | None = None,
+    *,
+    role: str = "all",
+    providers: Mapping[str, Provider] | None = None,
+    **extra: str,
 ) -> AsyncIterator[CreationHarness]:
     """The creation service as `atelier serve creation` builds it; media is wherever
-    ``media_address`` says (by default a port where nothing listens, as for notify)."""
+    ``media_address`` says (by default a port where nothing listens, as for notify).
+    ``providers`` are the adapters AdminService looks requests up with (and, in roles
+    worker and all, the engine's)."""
     settings = CreationSettings.from_env(
         {
             "ATELIER_DATABASE_URL": database_url,
@@ -126,7 +134,8 @@ async def running_creation(
         }
     )
     clock = SettableClock(T0)
-    running = RunningService(build(settings, clock=clock), settings.common, ListenSettings(0, 0, 0))
+    app = build(settings, role, clock=clock, providers=providers)
+    running = RunningService(app, settings.common, ListenSettings(0, 0, 0))
     await running.start()
     try:
         yield CreationHarness(running, clock)

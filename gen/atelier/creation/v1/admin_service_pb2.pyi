@@ -38,6 +38,13 @@ class _ResolutionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Resolution
     """Fail it; reserved points are released."""
     RESOLUTION_CANCEL: _Resolution.ValueType  # 3
     """Cancel it; reserved points are released."""
+    RESOLUTION_ADOPT: _Resolution.ValueType  # 4
+    """Take the provider request the first attempt made (provider_request_id, found by
+    InspectJob or read from the vendor's dashboard): the job goes back to polling it, with
+    no new submit; its output lands as usual and the points are captured once. Where the
+    adapter can look requests up, a request it does not hold, or holds for another job,
+    is refused (FAILED_PRECONDITION).
+    """
 
 class Resolution(_Resolution, metaclass=_ResolutionEnumTypeWrapper):
     """What an operator decides for a job that needs attention."""
@@ -50,7 +57,82 @@ RESOLUTION_FAIL: Resolution.ValueType  # 2
 """Fail it; reserved points are released."""
 RESOLUTION_CANCEL: Resolution.ValueType  # 3
 """Cancel it; reserved points are released."""
+RESOLUTION_ADOPT: Resolution.ValueType  # 4
+"""Take the provider request the first attempt made (provider_request_id, found by
+InspectJob or read from the vendor's dashboard): the job goes back to polling it, with
+no new submit; its output lands as usual and the points are captured once. Where the
+adapter can look requests up, a request it does not hold, or holds for another job,
+is refused (FAILED_PRECONDITION).
+"""
 Global___Resolution: _TypeAlias = Resolution  # noqa: Y015
+
+class _ProviderRequestSource:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ProviderRequestSourceEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ProviderRequestSource.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PROVIDER_REQUEST_SOURCE_UNSPECIFIED: _ProviderRequestSource.ValueType  # 0
+    """Not set."""
+    PROVIDER_REQUEST_SOURCE_RECORDED: _ProviderRequestSource.ValueType  # 1
+    """The job recorded it (the worker stored it after submit, or an operator adopted it)."""
+    PROVIDER_REQUEST_SOURCE_FOUND: _ProviderRequestSource.ValueType  # 2
+    """The adapter's lookup by our reference found it; the job has not recorded it."""
+    PROVIDER_REQUEST_SOURCE_RECORDED_AND_FOUND: _ProviderRequestSource.ValueType  # 3
+    """Both: recorded, and found by the lookup."""
+
+class ProviderRequestSource(_ProviderRequestSource, metaclass=_ProviderRequestSourceEnumTypeWrapper):
+    """Where InspectJob heard of a provider request."""
+
+PROVIDER_REQUEST_SOURCE_UNSPECIFIED: ProviderRequestSource.ValueType  # 0
+"""Not set."""
+PROVIDER_REQUEST_SOURCE_RECORDED: ProviderRequestSource.ValueType  # 1
+"""The job recorded it (the worker stored it after submit, or an operator adopted it)."""
+PROVIDER_REQUEST_SOURCE_FOUND: ProviderRequestSource.ValueType  # 2
+"""The adapter's lookup by our reference found it; the job has not recorded it."""
+PROVIDER_REQUEST_SOURCE_RECORDED_AND_FOUND: ProviderRequestSource.ValueType  # 3
+"""Both: recorded, and found by the lookup."""
+Global___ProviderRequestSource: _TypeAlias = ProviderRequestSource  # noqa: Y015
+
+class _ProviderRequestState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ProviderRequestStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ProviderRequestState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PROVIDER_REQUEST_STATE_UNSPECIFIED: _ProviderRequestState.ValueType  # 0
+    """Not asked (the adapter cannot describe a request without polling it)."""
+    PROVIDER_REQUEST_STATE_RUNNING: _ProviderRequestState.ValueType  # 1
+    """Queued or generating."""
+    PROVIDER_REQUEST_STATE_SUCCEEDED: _ProviderRequestState.ValueType  # 2
+    """Finished with output the job can take."""
+    PROVIDER_REQUEST_STATE_FAILED: _ProviderRequestState.ValueType  # 3
+    """Finished without output."""
+    PROVIDER_REQUEST_STATE_CANCELLED: _ProviderRequestState.ValueType  # 4
+    """Cancelled at the provider."""
+    PROVIDER_REQUEST_STATE_NOT_FOUND: _ProviderRequestState.ValueType  # 5
+    """The provider has no such request."""
+    PROVIDER_REQUEST_STATE_UNREACHABLE: _ProviderRequestState.ValueType  # 6
+    """The provider did not answer (detail says how)."""
+
+class ProviderRequestState(_ProviderRequestState, metaclass=_ProviderRequestStateEnumTypeWrapper):
+    """A provider request's state at the provider, asked when InspectJob ran."""
+
+PROVIDER_REQUEST_STATE_UNSPECIFIED: ProviderRequestState.ValueType  # 0
+"""Not asked (the adapter cannot describe a request without polling it)."""
+PROVIDER_REQUEST_STATE_RUNNING: ProviderRequestState.ValueType  # 1
+"""Queued or generating."""
+PROVIDER_REQUEST_STATE_SUCCEEDED: ProviderRequestState.ValueType  # 2
+"""Finished with output the job can take."""
+PROVIDER_REQUEST_STATE_FAILED: ProviderRequestState.ValueType  # 3
+"""Finished without output."""
+PROVIDER_REQUEST_STATE_CANCELLED: ProviderRequestState.ValueType  # 4
+"""Cancelled at the provider."""
+PROVIDER_REQUEST_STATE_NOT_FOUND: ProviderRequestState.ValueType  # 5
+"""The provider has no such request."""
+PROVIDER_REQUEST_STATE_UNREACHABLE: ProviderRequestState.ValueType  # 6
+"""The provider did not answer (detail says how)."""
+Global___ProviderRequestState: _TypeAlias = ProviderRequestState  # noqa: Y015
 
 @_typing.final
 class ListAttentionJobsRequest(_message.Message):
@@ -116,6 +198,7 @@ class ResolveJobRequest(_message.Message):
     RESOLUTION_FIELD_NUMBER: _builtins.int
     OPERATOR_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    PROVIDER_REQUEST_ID_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job to resolve; it must be NEEDS_ATTENTION."""
     resolution: Global___Resolution.ValueType
@@ -124,6 +207,8 @@ class ResolveJobRequest(_message.Message):
     """The operator's name, recorded in the audit trail."""
     reason: _builtins.str
     """Why, recorded in the audit trail."""
+    provider_request_id: _builtins.str
+    """With RESOLUTION_ADOPT, required: the provider's request id to poll. Otherwise empty."""
     def __init__(
         self,
         *,
@@ -131,10 +216,11 @@ class ResolveJobRequest(_message.Message):
         resolution: Global___Resolution.ValueType = ...,
         operator: _builtins.str = ...,
         reason: _builtins.str = ...,
+        provider_request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "operator", b"operator", "reason", b"reason", "resolution", b"resolution"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "operator", b"operator", "provider_request_id", b"provider_request_id", "reason", b"reason", "resolution", b"resolution"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -163,6 +249,191 @@ class ResolveJobResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ResolveJobResponse: _TypeAlias = ResolveJobResponse  # noqa: Y015
+
+@_typing.final
+class InspectJobRequest(_message.Message):
+    """Request for InspectJob."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """The job to inspect (any status)."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InspectJobRequest: _TypeAlias = InspectJobRequest  # noqa: Y015
+
+@_typing.final
+class InspectJobResponse(_message.Message):
+    """Response for InspectJob."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    INTERNALS_FIELD_NUMBER: _builtins.int
+    EVENTS_FIELD_NUMBER: _builtins.int
+    PROVIDER_REQUESTS_FIELD_NUMBER: _builtins.int
+    LOOKUP_SUPPORTED_FIELD_NUMBER: _builtins.int
+    LOOKUP_NOTE_FIELD_NUMBER: _builtins.int
+    lookup_supported: _builtins.bool
+    """Whether the job's adapter can look requests up by our reference; when false, a
+    request the job has not recorded cannot be found from here (lookup_note says why
+    and where to look instead).
+    """
+    lookup_note: _builtins.str
+    """Why the lookup was not possible, or failed this time; empty when it ran."""
+    @_builtins.property
+    def job(self) -> _job_pb2.Job:
+        """The job as its owner sees it."""
+
+    @_builtins.property
+    def internals(self) -> Global___JobInternals:
+        """What only operators see of it."""
+
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[_job_pb2.JobEvent]:
+        """Its audit trail, oldest first (at most the first 500 events)."""
+
+    @_builtins.property
+    def provider_requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProviderRequest]:
+        """The provider's requests for the job: the recorded one and those the lookup found,
+        each once, with their live status.
+        """
+
+    def __init__(
+        self,
+        *,
+        job: _job_pb2.Job | None = ...,
+        internals: Global___JobInternals | None = ...,
+        events: _abc.Iterable[_job_pb2.JobEvent] | None = ...,
+        provider_requests: _abc.Iterable[Global___ProviderRequest] | None = ...,
+        lookup_supported: _builtins.bool = ...,
+        lookup_note: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["internals", b"internals", "job", b"job"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "internals", b"internals", "job", b"job", "lookup_note", b"lookup_note", "lookup_supported", b"lookup_supported", "provider_requests", b"provider_requests"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InspectJobResponse: _TypeAlias = InspectJobResponse  # noqa: Y015
+
+@_typing.final
+class JobInternals(_message.Message):
+    """The parts of a job its owner never sees, for an operator."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    PROVIDER_CODE_FIELD_NUMBER: _builtins.int
+    PROVIDER_MODEL_FIELD_NUMBER: _builtins.int
+    PROVIDER_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    LEASE_OWNER_FIELD_NUMBER: _builtins.int
+    LEASE_EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    LEASE_EPOCH_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    step: _builtins.str
+    """The worker's position in its attempt ("preparing", "submitting", "generating",
+    "storing", "done"); empty before the first claim.
+    """
+    provider_code: _builtins.str
+    """The adapter that runs the job's model (the catalog's provider code)."""
+    provider_model: _builtins.str
+    """The vendor's model (route) the adapter calls."""
+    provider_request_id: _builtins.str
+    """The provider request the job polls; empty when none is recorded."""
+    lease_owner: _builtins.str
+    """The worker holding the lease; empty when none does."""
+    lease_epoch: _builtins.int
+    """The lease's fencing epoch (one more per claim)."""
+    error_code: _builtins.str
+    """The error's internal code (a provider's, or atelier's own); empty without an error."""
+    error_message: _builtins.str
+    """The error's message, as recorded."""
+    @_builtins.property
+    def lease_expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When that lease expires; unset without a lease."""
+
+    def __init__(
+        self,
+        *,
+        step: _builtins.str = ...,
+        provider_code: _builtins.str = ...,
+        provider_model: _builtins.str = ...,
+        provider_request_id: _builtins.str = ...,
+        lease_owner: _builtins.str = ...,
+        lease_expire_time: _timestamp_pb2.Timestamp | None = ...,
+        lease_epoch: _builtins.int = ...,
+        error_code: _builtins.str = ...,
+        error_message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease_expire_time", b"lease_expire_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "lease_epoch", b"lease_epoch", "lease_expire_time", b"lease_expire_time", "lease_owner", b"lease_owner", "provider_code", b"provider_code", "provider_model", b"provider_model", "provider_request_id", b"provider_request_id", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobInternals: _TypeAlias = JobInternals  # noqa: Y015
+
+@_typing.final
+class ProviderRequest(_message.Message):
+    """One request at the job's provider."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    PROGRESS_PERCENT_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    SUBMIT_TIME_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    """The provider's request id (what RESOLUTION_ADOPT takes)."""
+    source: Global___ProviderRequestSource.ValueType
+    """Where InspectJob heard of it."""
+    state: Global___ProviderRequestState.ValueType
+    """Its state at the provider now."""
+    progress_percent: _builtins.int
+    """Progress (0-100) while it runs, as the provider reports it."""
+    attempt: _builtins.int
+    """The job attempt that submitted it, as the provider recorded our reference; 0 when
+    unknown.
+    """
+    detail: _builtins.str
+    """The provider's words on it (an error, a note); may be empty."""
+    @_builtins.property
+    def submit_time(self) -> _timestamp_pb2.Timestamp:
+        """When the provider accepted it; unset when unknown."""
+
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        source: Global___ProviderRequestSource.ValueType = ...,
+        state: Global___ProviderRequestState.ValueType = ...,
+        progress_percent: _builtins.int = ...,
+        attempt: _builtins.int = ...,
+        submit_time: _timestamp_pb2.Timestamp | None = ...,
+        detail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["submit_time", b"submit_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "detail", b"detail", "progress_percent", b"progress_percent", "request_id", b"request_id", "source", b"source", "state", b"state", "submit_time", b"submit_time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProviderRequest: _TypeAlias = ProviderRequest  # noqa: Y015
 
 @_typing.final
 class ListJobEventsRequest(_message.Message):

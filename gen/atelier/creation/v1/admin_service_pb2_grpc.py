@@ -46,6 +46,11 @@ class AdminServiceStub:
                 request_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.ResolveJobRequest.SerializeToString,
                 response_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.ResolveJobResponse.FromString,
                 _registered_method=True)
+        self.InspectJob = channel.unary_unary(
+                '/atelier.creation.v1.AdminService/InspectJob',
+                request_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.InspectJobRequest.SerializeToString,
+                response_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.InspectJobResponse.FromString,
+                _registered_method=True)
         self.ListJobEvents = channel.unary_unary(
                 '/atelier.creation.v1.AdminService/ListJobEvents',
                 request_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.ListJobEventsRequest.SerializeToString,
@@ -116,7 +121,19 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ResolveJob(self, request, context):
-        """Decides a NEEDS_ATTENTION job: retry it, fail it or cancel it.
+        """Decides a NEEDS_ATTENTION job: adopt the provider request it already has, retry it,
+        fail it or cancel it. RESOLUTION_RETRY submits to the provider again and may pay it
+        twice when the first submit reached it: look first (InspectJob) and adopt what it
+        finds.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def InspectJob(self, request, context):
+        """Everything known of one job for an operator's decision: the job, its internal
+        state (step, lease, provider request), its events, and what its provider holds for
+        it now, recorded or found by our reference (the job id) where the adapter can look.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -214,6 +231,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ResolveJob,
                     request_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.ResolveJobRequest.FromString,
                     response_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.ResolveJobResponse.SerializeToString,
+            ),
+            'InspectJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.InspectJob,
+                    request_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.InspectJobRequest.FromString,
+                    response_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.InspectJobResponse.SerializeToString,
             ),
             'ListJobEvents': grpc.unary_unary_rpc_method_handler(
                     servicer.ListJobEvents,
@@ -327,6 +349,33 @@ class AdminService:
             '/atelier.creation.v1.AdminService/ResolveJob',
             atelier_dot_creation_dot_v1_dot_admin__service__pb2.ResolveJobRequest.SerializeToString,
             atelier_dot_creation_dot_v1_dot_admin__service__pb2.ResolveJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InspectJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atelier.creation.v1.AdminService/InspectJob',
+            atelier_dot_creation_dot_v1_dot_admin__service__pb2.InspectJobRequest.SerializeToString,
+            atelier_dot_creation_dot_v1_dot_admin__service__pb2.InspectJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

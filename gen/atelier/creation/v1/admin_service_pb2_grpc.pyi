@@ -38,7 +38,16 @@ class AdminServiceStub:
     ListAttentionJobs: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.ListAttentionJobsRequest, _admin_service_pb2.ListAttentionJobsResponse]
     """Lists jobs waiting for an operator's decision, oldest first."""
     ResolveJob: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.ResolveJobRequest, _admin_service_pb2.ResolveJobResponse]
-    """Decides a NEEDS_ATTENTION job: retry it, fail it or cancel it."""
+    """Decides a NEEDS_ATTENTION job: adopt the provider request it already has, retry it,
+    fail it or cancel it. RESOLUTION_RETRY submits to the provider again and may pay it
+    twice when the first submit reached it: look first (InspectJob) and adopt what it
+    finds.
+    """
+    InspectJob: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.InspectJobRequest, _admin_service_pb2.InspectJobResponse]
+    """Everything known of one job for an operator's decision: the job, its internal
+    state (step, lease, provider request), its events, and what its provider holds for
+    it now, recorded or found by our reference (the job id) where the adapter can look.
+    """
     ListJobEvents: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.ListJobEventsRequest, _admin_service_pb2.ListJobEventsResponse]
     """Lists a job's audit trail, oldest first."""
     GrantPoints: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.GrantPointsRequest, _admin_service_pb2.GrantPointsResponse]
@@ -78,7 +87,16 @@ class AdminServiceAsyncStub(AdminServiceStub):
     ListAttentionJobs: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.ListAttentionJobsRequest, _admin_service_pb2.ListAttentionJobsResponse]  # type: ignore[assignment]
     """Lists jobs waiting for an operator's decision, oldest first."""
     ResolveJob: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.ResolveJobRequest, _admin_service_pb2.ResolveJobResponse]  # type: ignore[assignment]
-    """Decides a NEEDS_ATTENTION job: retry it, fail it or cancel it."""
+    """Decides a NEEDS_ATTENTION job: adopt the provider request it already has, retry it,
+    fail it or cancel it. RESOLUTION_RETRY submits to the provider again and may pay it
+    twice when the first submit reached it: look first (InspectJob) and adopt what it
+    finds.
+    """
+    InspectJob: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.InspectJobRequest, _admin_service_pb2.InspectJobResponse]  # type: ignore[assignment]
+    """Everything known of one job for an operator's decision: the job, its internal
+    state (step, lease, provider request), its events, and what its provider holds for
+    it now, recorded or found by our reference (the job id) where the adapter can look.
+    """
     ListJobEvents: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.ListJobEventsRequest, _admin_service_pb2.ListJobEventsResponse]  # type: ignore[assignment]
     """Lists a job's audit trail, oldest first."""
     GrantPoints: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.GrantPointsRequest, _admin_service_pb2.GrantPointsResponse]  # type: ignore[assignment]
@@ -127,7 +145,22 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_service_pb2.ResolveJobRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_service_pb2.ResolveJobResponse, _abc.Awaitable[_admin_service_pb2.ResolveJobResponse]]:
-        """Decides a NEEDS_ATTENTION job: retry it, fail it or cancel it."""
+        """Decides a NEEDS_ATTENTION job: adopt the provider request it already has, retry it,
+        fail it or cancel it. RESOLUTION_RETRY submits to the provider again and may pay it
+        twice when the first submit reached it: look first (InspectJob) and adopt what it
+        finds.
+        """
+
+    @_abc_1.abstractmethod
+    def InspectJob(
+        self,
+        request: _admin_service_pb2.InspectJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_service_pb2.InspectJobResponse, _abc.Awaitable[_admin_service_pb2.InspectJobResponse]]:
+        """Everything known of one job for an operator's decision: the job, its internal
+        state (step, lease, provider request), its events, and what its provider holds for
+        it now, recorded or found by our reference (the job id) where the adapter can look.
+        """
 
     @_abc_1.abstractmethod
     def ListJobEvents(

@@ -111,6 +111,22 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     signing key yet. An operator makes one (AdminService.RotateWebhookSecret with
     signing_owner); then submit again.
     """
+    ERROR_REASON_PROVIDER_REQUEST_NOT_FOUND: _ErrorReason.ValueType  # 69
+    """FAILED_PRECONDITION, AdminService only: RESOLUTION_ADOPT named a request the job's
+    provider says it does not hold. Inspect the job again (InspectJob).
+    """
+    ERROR_REASON_PROVIDER_REQUEST_OF_ANOTHER_JOB: _ErrorReason.ValueType  # 70
+    """FAILED_PRECONDITION, AdminService only: RESOLUTION_ADOPT named a request the provider
+    holds for another job. Adopt only a request InspectJob lists for this job.
+    """
+    ERROR_REASON_PROVIDER_UNAVAILABLE: _ErrorReason.ValueType  # 71
+    """UNAVAILABLE with RetryInfo, AdminService only: the job's provider did not answer the
+    check RESOLUTION_ADOPT makes. Try again.
+    """
+    ERROR_REASON_JOB_CANCEL_REQUESTED: _ErrorReason.ValueType  # 72
+    """FAILED_PRECONDITION, AdminService only: RESOLUTION_ADOPT on a job whose owner asked to
+    cancel it while it waited. Resolve it with RESOLUTION_CANCEL.
+    """
     ERROR_REASON_INVALID_PAGE_SIZE: _ErrorReason.ValueType  # 19
     """--- Pages (list methods) ---
 
@@ -408,6 +424,22 @@ ERROR_REASON_WEBHOOK_SIGNING_KEY_MISSING: ErrorReason.ValueType  # 68
 """FAILED_PRECONDITION: SubmitJob's webhook came from an identity that has no webhook
 signing key yet. An operator makes one (AdminService.RotateWebhookSecret with
 signing_owner); then submit again.
+"""
+ERROR_REASON_PROVIDER_REQUEST_NOT_FOUND: ErrorReason.ValueType  # 69
+"""FAILED_PRECONDITION, AdminService only: RESOLUTION_ADOPT named a request the job's
+provider says it does not hold. Inspect the job again (InspectJob).
+"""
+ERROR_REASON_PROVIDER_REQUEST_OF_ANOTHER_JOB: ErrorReason.ValueType  # 70
+"""FAILED_PRECONDITION, AdminService only: RESOLUTION_ADOPT named a request the provider
+holds for another job. Adopt only a request InspectJob lists for this job.
+"""
+ERROR_REASON_PROVIDER_UNAVAILABLE: ErrorReason.ValueType  # 71
+"""UNAVAILABLE with RetryInfo, AdminService only: the job's provider did not answer the
+check RESOLUTION_ADOPT makes. Try again.
+"""
+ERROR_REASON_JOB_CANCEL_REQUESTED: ErrorReason.ValueType  # 72
+"""FAILED_PRECONDITION, AdminService only: RESOLUTION_ADOPT on a job whose owner asked to
+cancel it while it waited. Resolve it with RESOLUTION_CANCEL.
 """
 ERROR_REASON_INVALID_PAGE_SIZE: ErrorReason.ValueType  # 19
 """--- Pages (list methods) ---

@@ -7,6 +7,11 @@ shares the directory can answer a poll for it, and recomputes the same output (t
 generation is deterministic). Files stay until the directory is cleaned (``var/`` in
 development), like a provider's retention; a cancel drops the input at once.
 
+Each request is also listed under ``by-job/<job id>/`` (an empty file named by the request
+id), written before the request itself: the stub finds a job's requests by our reference
+the way a vendor that keeps client metadata would, and a crash between the two leaves only
+a listing that names no request, which lookups skip.
+
 The ledger (optional) is one line per accepted submit, ``job_id request_id``, appended
 with O_APPEND so that lines from several processes never interleave: tests read it to
 assert how many times each job reached the provider.
@@ -24,6 +29,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 _REQUEST_ID = re.compile(r"^[0-9a-f]{32}$")
+_JOB_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
 @dataclass(frozen=True)
@@ -67,11 +73,21 @@ class RequestStore:
             return None
         return self._directory / f"{request_id}.req"
 
+    def _listing(self, job_id: str) -> Path | None:
+        # Only job ids (UUIDs) name a folder: nothing else can reach the file system.
+        if not _JOB_ID.fullmatch(job_id):
+            return None
+        return self._directory / "by-job" / job_id
+
     def save(self, request: StubRequest, input_data: bytes) -> None:
         path = self._path(request.request_id)
         if path is None:
             raise ValueError(f"not a stub request id: {request.request_id!r}")
         self._directory.mkdir(parents=True, exist_ok=True)
+        listing = self._listing(request.job_id)
+        if listing is not None:
+            listing.mkdir(parents=True, exist_ok=True)
+            (listing / request.request_id).touch()
         partial = path.with_name(f"{path.name}.{uuid.uuid4().hex}.part")
         try:
             with partial.open("wb") as file:
@@ -93,6 +109,18 @@ class RequestStore:
             return None
         header, _, input_data = raw.partition(b"\n")
         return StubRequest(**json.loads(header)), input_data
+
+    def for_job(self, job_id: str) -> list[StubRequest]:
+        """The requests accepted for ``job_id``, oldest first."""
+        listing = self._listing(job_id)
+        if listing is None or not listing.is_dir():
+            return []
+        found = []
+        for entry in listing.iterdir():
+            loaded = self.load(entry.name)
+            if loaded is not None and loaded[0].job_id == job_id:
+                found.append(loaded[0])
+        return sorted(found, key=lambda r: (r.submitted_at, r.request_id))
 
     def cancel(self, request_id: str) -> None:
         """Marks a known request cancelled and drops its input; unknown ids are ignored."""

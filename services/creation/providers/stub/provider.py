@@ -7,13 +7,18 @@ state directory gets the same answer, so a worker that resumes after a crash pol
 never submits again. A request id it cannot find (another machine's, or a cleaned
 directory) is answered ``Failed("REQUEST_UNKNOWN", retryable=True)``: the stub positively
 has nothing running for it, so a fresh attempt is safe and is the only way to an image.
+
+The stub can look its requests up by our reference (``find_requests``, ``describe``), as
+a vendor that keeps the job id sent as metadata would: InspectJob, RESOLUTION_ADOPT and the
+reaper's automatic recovery rely on it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 from services.creation.providers.base import (
@@ -22,6 +27,8 @@ from services.creation.providers.base import (
     GenerationRequest,
     PollResult,
     ProviderError,
+    ProviderRequestInfo,
+    RequestState,
     Running,
 )
 from services.creation.providers.failures import FAILURES
@@ -152,6 +159,41 @@ class StubProvider:
         if elapsed >= duration:
             return 100
         return min(99, int(100 * elapsed / duration))
+
+    async def find_requests(self, job_id: str) -> Sequence[ProviderRequestInfo]:
+        await self._latency()
+        try:
+            found = await asyncio.to_thread(self._store.for_job, job_id)
+        except OSError as error:
+            raise _unavailable("list the job's requests", error) from None
+        return [self._info(request) for request in found]
+
+    async def describe(self, request_id: str) -> ProviderRequestInfo | None:
+        await self._latency()
+        try:
+            found = await asyncio.to_thread(self._store.load, request_id)
+        except OSError as error:
+            raise _unavailable("read the request", error) from None
+        return None if found is None else self._info(found[0])
+
+    def _info(self, request: StubRequest) -> ProviderRequestInfo:
+        """The request as the stub describes it, without rendering its output."""
+        progress = self._progress(request)
+        if request.cancelled:
+            state = RequestState.CANCELLED
+        elif progress < 100:
+            state = RequestState.RUNNING
+        else:
+            # The render runs at poll; an unreadable input fails only then.
+            state = RequestState.SUCCEEDED
+        return ProviderRequestInfo(
+            request_id=request.request_id,
+            job_id=request.job_id,
+            state=state,
+            progress=progress,
+            attempt=request.attempt,
+            submitted_at=datetime.fromtimestamp(request.submitted_at, UTC),
+        )
 
     async def cancel(self, request_id: str) -> None:
         await self._latency()
