@@ -482,7 +482,9 @@ def remote_then_in_process(api: Stack, ledger: Path) -> StartWorker:
     def start(name: str, crash_at: str) -> WorkerProcess:
         env = {"ATELIER_STUB_DURATION": "1", "ATELIER_STUB_LEDGER": str(ledger)}
         if not crash_at:
-            return start_worker(api, f"survivor-{name}", {**ENGINE_ENV, **env})
+            # Automatic recovery off: the matrix's lost submit waits for a person.
+            survivor = {**ENGINE_ENV, **env, "ATELIER_AUTO_ADOPT": "none"}
+            return start_worker(api, f"survivor-{name}", survivor)
         remote = {
             **REMOTE_ENV,
             **env,

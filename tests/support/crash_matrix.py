@@ -29,7 +29,9 @@ KILL_POINTS = [
     # Nothing reached the provider: the next worker runs a new attempt.
     ("before_submit", "JOB_STATUS_SUCCEEDED", 0),
     # The provider has the request, but its id was never stored: the outcome is
-    # unknown, so an operator decides; no second submit, the points stay held.
+    # unknown, so an operator decides; no second submit, the points stay held. (The
+    # survivors run with automatic recovery off, ATELIER_AUTO_ADOPT=none: with it on, the
+    # reaper adopts the stub's request, which test_worker_crashes.py asserts apart.)
     ("after_submit", "JOB_STATUS_NEEDS_ATTENTION", 10),
     # The id was stored: the next worker resumes polling it.
     ("polling", "JOB_STATUS_SUCCEEDED", 0),

@@ -38,6 +38,8 @@ class WorkerProcess:
 
     child: Child
     internal_address: str
+    # Where its /metrics answers.
+    metrics_port: int = 0
 
     @property
     def name(self) -> str:
@@ -68,7 +70,11 @@ def start_worker(api: Stack, name: str, env: Mapping[str, str]) -> WorkerProcess
     }
     argv = [sys.executable, "-m", "services.creation", "--role", "worker"]
     child = spawn(name, argv, full, api.work_dir / "logs")
-    return WorkerProcess(child, f"127.0.0.1:{ports['ATELIER_CREATION_INTERNAL_PORT']}")
+    return WorkerProcess(
+        child,
+        f"127.0.0.1:{ports['ATELIER_CREATION_INTERNAL_PORT']}",
+        int(ports["ATELIER_CREATION_METRICS_PORT"]),
+    )
 
 
 async def until(
