@@ -51,6 +51,7 @@ from services.creation.webhooks.deliverer import WebhookDeliverer
 from services.creation.worker.context import PointHook, no_point
 from services.creation.worker.loop import Worker
 from services.creation.worker.reaper import Reaper
+from services.kit.addresses import AddressPolicy
 from services.kit.auth import RoutedAuthenticator, ServiceAuthenticator, WorkerPoolAuthenticator
 from services.kit.clock import Clock, system_clock
 from services.kit.components import Component
@@ -206,7 +207,10 @@ def build(
         i.name for i in settings.common.service_identities if i.per_job_webhooks
     )
     # https only, unless the deliverer may call plain http (ATELIER_WEBHOOK_ALLOW_HTTP).
-    url_rule = UrlRule(allow_http=settings.webhooks.allow_http)
+    url_rule = UrlRule(
+        allow_http=settings.webhooks.allow_http,
+        addresses=AddressPolicy.allowing(settings.webhooks.allowed_networks),
+    )
     return ServiceApp(
         name="creation",
         public=[

@@ -3,6 +3,8 @@ webhook alike), checked field by field; every problem is a field violation."""
 
 from __future__ import annotations
 
+import dataclasses
+import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -11,6 +13,7 @@ from atelier.creation.v1 import creation_service_pb2
 from services.creation.errors import Reason, WebhookNotPermitted
 from services.creation.submission import JobWebhook, has_control_characters, is_catalog_id
 from services.creation.tables import WEBHOOK_EVENT_TYPES
+from services.kit.addresses import AddressPolicy
 from services.kit.auth import Principal, principal_id_problem
 from services.kit.errors import FieldViolation, invalid_argument
 
@@ -28,9 +31,13 @@ MAX_OVERLAP_SECONDS = 7 * 86400.0
 
 @dataclass(frozen=True)
 class UrlRule:
-    """Whether plain http is allowed (ATELIER_WEBHOOK_ALLOW_HTTP: dev and test only)."""
+    """Whether plain http is allowed (ATELIER_WEBHOOK_ALLOW_HTTP: dev and test only), and
+    the addresses the deliverer may reach (ATELIER_WEBHOOK_ALLOWED_NETWORKS beside the
+    public ones): a URL naming an address literally is refused at once when the deliverer
+    would refuse it (a name is resolved, and checked, at each delivery)."""
 
     allow_http: bool = False
+    addresses: AddressPolicy = dataclasses.field(default_factory=AddressPolicy)
 
 
 def check_url(field: str, url: str, rule: UrlRule, problems: list[FieldViolation]) -> str:
@@ -63,7 +70,22 @@ def check_url(field: str, url: str, rule: UrlRule, problems: list[FieldViolation
         problems.append(FieldViolation(field, "must not carry a user or password"))
     elif parts.fragment:
         problems.append(FieldViolation(field, "must not carry a fragment"))
+    else:
+        why = _literal_refused(parts.hostname, rule.addresses)
+        if why is not None:
+            problems.append(
+                FieldViolation(field, f"names an address webhooks may not reach: {why}")
+            )
     return url
+
+
+def _literal_refused(host: str, addresses: AddressPolicy) -> str | None:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None  # a name
+    why = addresses.why_refused(address)
+    return None if why is None else f"{address} is {why}"
 
 
 def check_event_types(

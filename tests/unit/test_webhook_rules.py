@@ -14,22 +14,47 @@ from services.creation.webhook_rules import (
     check_event_types,
     check_url,
 )
+from services.kit.addresses import AddressPolicy
 from services.kit.auth import Principal
 from services.kit.errors import ApiError, FieldViolation
 
 
-def url_problems(url: str, allow_http: bool = False) -> list[str]:
+def url_problems(url: str, allow_http: bool = False, allowed: tuple[str, ...] = ()) -> list[str]:
     problems: list[FieldViolation] = []
-    check_url("url", url, UrlRule(allow_http), problems)
+    check_url("url", url, UrlRule(allow_http, AddressPolicy.allowing(allowed)), problems)
     return [p.description for p in problems]
 
 
 @pytest.mark.parametrize(
     "url",
-    ["https://hooks.example.com/x", "https://10.0.0.1:8443/a?b=c", "https://[::1]/hook"],
+    ["https://hooks.example.com/x", "https://93.184.215.14:8443/a?b=c", "https://localhost/h"],
 )
 def test_https_urls_pass(url: str) -> None:
+    """A name passes whatever it resolves to now: it is resolved and checked at each
+    delivery."""
     assert url_problems(url) == []
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("https://169.254.169.254/latest/meta-data", "link-local"),
+        ("https://[::1]/hook", "loopback"),
+        ("https://10.0.0.1:8443/a", "private"),
+        ("https://[::ffff:169.254.169.254]/x", "IPv6 form of 169.254.169.254"),
+        ("https://0.0.0.0/x", "unspecified"),
+    ],
+)
+def test_a_url_naming_an_address_the_deliverer_refuses_is_refused_at_once(
+    url: str, words: str
+) -> None:
+    (problem,) = url_problems(url)
+    assert problem.startswith("names an address webhooks may not reach") and words in problem
+
+
+def test_a_literal_address_in_the_allowed_networks_passes() -> None:
+    assert url_problems("https://10.0.0.1:8443/a", allowed=("10.0.0.0/8",)) == []
+    assert url_problems("http://127.0.0.1:9000/a", True, ("127.0.0.0/8",)) == []
 
 
 @pytest.mark.parametrize(
@@ -52,7 +77,7 @@ def test_bad_urls_are_named(url: str, allow_http: bool, words: str) -> None:
 
 
 def test_plain_http_only_where_allowed() -> None:
-    assert url_problems("http://127.0.0.1:8080/hooks", allow_http=True) == []
+    assert url_problems("http://hooks.test:8080/hooks", allow_http=True) == []
 
 
 def test_event_types_default_and_refusals() -> None:

@@ -33,6 +33,7 @@ from tests.integration.creation.helpers import (
     running_creation,
     user_token,
 )
+from tests.integration.creation.webhook_kit import eventually
 from tests.support.rpc import bad_request, bearer, error_info
 
 CREATION = "creation-credential-" + "c" * 24
@@ -198,6 +199,9 @@ async def test_create_get_list_update_delete(
         ({"url": ""}, "endpoint.url", "required"),
         ({"url": "https://user:pw@hooks.example.com/"}, "endpoint.url", "user"),
         ({"url": "https:///nohost"}, "endpoint.url", "host"),
+        # An address the deliverer would refuse, named literally: refused at once.
+        ({"url": "https://169.254.169.254/latest/meta-data/"}, "endpoint.url", "link-local"),
+        ({"url": "https://[fd00::1]/hooks"}, "endpoint.url", "private"),
         ({"event_types": []}, "endpoint.event_types", "at least one"),
         ({"event_types": ["job.exploded"]}, "endpoint.event_types", "not one of"),
         ({"event_types": ["job.queued", "job.queued"]}, "endpoint.event_types", "once"),
@@ -545,7 +549,7 @@ def acting(credential: str, user: str) -> tuple[tuple[str, str], ...]:
 
 
 async def test_a_per_job_webhook_from_a_permitted_backend(
-    creation: CreationHarness, admin: admin_service_pb2_grpc.AdminServiceStub
+    creation: CreationHarness, admin: admin_service_pb2_grpc.AdminServiceStub, engine: AsyncEngine
 ) -> None:
     user = new_user()
     async with creation.public_channel() as channel:
@@ -612,7 +616,9 @@ async def test_a_per_job_webhook_from_a_permitted_backend(
         admin_pb.ListWebhookEndpointsRequest(), metadata=OP
     )
     assert list(registered.endpoints) == []
-    # Written before the job, so its job.queued is delivered too.
+    # Written before the job, so its job.queued is delivered too (once the deliverer the
+    # harness runs has fanned the job's change out).
+    await eventually(engine, "d.job_id = $1::uuid", 1, 30, job.job_id)
     deliveries = (
         await admin.ListWebhookDeliveries(
             admin_pb.ListWebhookDeliveriesRequest(job_id=job.job_id), metadata=OP
