@@ -36,6 +36,8 @@ SERVICES = ("creation", "media", "notify")
 # order collected: the longest go first, so that none of them starts late and ends the run
 # alone. Ranked by their time in a three-worker run (2026-11-30): 215 s down to ~50 s.
 LONGEST_FIRST = [
+    # Builds the images and runs the pods (a container runtime): mostly waiting.
+    "tests/deploy/test_pods.py",
     "tests/acceptance/test_benches_run.py",
     "tests/acceptance/test_remote_workers.py",
     "tests/acceptance/test_cli.py",

