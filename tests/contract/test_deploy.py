@@ -555,8 +555,8 @@ def test_the_dockerfile_passes_hadolint() -> None:
 def test_the_dockerfile_is_pinned_multi_stage_and_secret_free() -> None:
     text = DOCKERFILE.read_text()
     assert re.search(r"python:3\.\d+\.\d+-slim-\w+@sha256:[0-9a-f]{64}", text)
-    # build, the two environments (service, edge), the one picked, run.
-    assert len(re.findall(r"^FROM ", text, re.M)) == 5
+    # deps, the two variants' extras (service, edge), the one picked, build, run.
+    assert len(re.findall(r"^FROM ", text, re.M)) == 6
     assert text.splitlines()[-1].startswith("CMD")
     # BuildKit would pull a `# syntax=` frontend from a registry (none answers offline).
     assert not re.search(r"^#\s*syntax\s*=", text, re.M | re.I)

@@ -88,7 +88,7 @@ def build(tag: str, *, variant: str = "service") -> float:
         "build",
         "--network=host",
         f"--build-arg=PYTHON_IMAGE={BASE_IMAGE}",
-        f"--build-arg=VENV={variant}",
+        f"--build-arg=VARIANT={variant}",
         "-f",
         str(DOCKERFILE),
         "-t",
