@@ -10,6 +10,10 @@ CPU per job of each process and of PostgreSQL, and, as the anchor measured in th
 run, a bare grpc.aio echo server's calls/s at 16 clients.
 
     .venv/bin/python bench/end_to_end.py [--jobs 3000] [--workers 2] [--database-url URL]
+        [--storage local|s3]
+
+``--storage s3`` keeps media's objects on an S3-protocol server (moto, in this process, as
+the tests use) instead of the local backend's directory.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from atelier_client import AsyncClient, AtelierError, RetryPolicy
 from bench.anchors import echo_call, echo_server
 from bench.engine_drain import cpu_seconds
+from bench.media_throughput import start_moto
 from bench.scratch import scratch_folder
 from bench.submit_throughput import store_input
 from services.dev import postgres
@@ -179,8 +184,18 @@ def main() -> None:
         action="store_true",
         help="a PostgreSQL of the bench's own (a shared server may run out of connections)",
     )
+    parser.add_argument(
+        "--storage",
+        choices=("local", "s3"),
+        default="local",
+        help="media's object storage: its local directory, or S3 (a moto server)",
+    )
     args = parser.parse_args()
     work = scratch_folder("atelier-e2e-")
+    moto: object | None = None
+    storage_env: dict[str, str] = {}
+    if args.storage == "s3":
+        moto, storage_env = start_moto()
     if args.embedded:
         admin = postgres.start_embedded(work / "pg")
     else:
@@ -197,7 +212,7 @@ def main() -> None:
         work_dir=work,
         log_dir=work / "logs",
         creation_role="api",
-        extra_env=LIMITS_LIFTED,
+        extra_env={**LIMITS_LIFTED, **storage_env},
     )
     stack.migrate()
     stack.start()
@@ -207,12 +222,15 @@ def main() -> None:
         with echo_server() as echo_address:
             echo = asyncio.run(echo_anchor(echo_address, 3200))
         asyncio.run(bench(stack, workers, args.jobs))
+        print(f"storage: {args.storage}")
         print(f"anchor: bare grpc.aio echo at {CLIENTS} clients {echo:.0f} calls/s")
     finally:
         for worker in workers:
             worker.stop()
         stack.stop()
         postgres.drop_database(admin, name)
+        if moto is not None:
+            moto.stop()  # type: ignore[attr-defined]
 
 
 if __name__ == "__main__":

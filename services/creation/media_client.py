@@ -201,6 +201,23 @@ class MediaClient:
             return None
         return DownloadUrl(reply.download_url, from_timestamp(reply.expire_time))
 
+    async def readable_url(self, asset_id: str) -> DownloadUrl:
+        """A signed download URL of a ready asset a worker must read: AssetUnreadable when
+        media says it cannot be read (missing, deleted, not ready), MediaUnavailable when
+        media does not answer."""
+        try:
+            reply = await self._stub.GetAssetUrl(
+                media_internal_service_pb2.GetAssetUrlRequest(asset_id=asset_id),
+                **self._client.call_options(),
+            )
+        except grpc.aio.AioRpcError as error:
+            if error.code() in _UNREADABLE:
+                raise _unreadable(asset_id, error) from None
+            raise _unavailable("GetAssetUrl", RemoteFailure.of(error)) from None
+        if not reply.download_url:
+            raise AssetUnreadable(f"input asset {asset_id}: not ready")
+        return DownloadUrl(reply.download_url, from_timestamp(reply.expire_time))
+
     async def output_urls(self, asset_ids: Sequence[str]) -> dict[str, OutputUrls]:
         """Fresh URLs of the ready assets among ``asset_ids`` (a page of jobs' outputs),
         in one call to media per MAX_URL_BATCH ids. Assets media cannot sign are absent;

@@ -17,8 +17,15 @@ from services.kit.settings import (
 )
 
 # Where a test or a demo may kill a worker (see providers/stub/faults.py): the stub owns
-# the first three, the worker the last two.
-CRASH_POINTS = ("before_submit", "after_submit", "polling", "after_output", "before_complete")
+# the first three, the worker the last three.
+CRASH_POINTS = (
+    "before_submit",
+    "after_submit",
+    "polling",
+    "after_upload",
+    "after_output",
+    "before_complete",
+)
 STUB_CALLS = ("submit", "poll", "cancel")
 
 

@@ -252,8 +252,14 @@ class Stack:
             return
         for listener in (self.ports.public, self.ports.internal):
             wait_until(child, grpc_serving(f"127.0.0.1:{listener[child.name]}"), timeout)
-        if child.name == "media":
+        if child.name == "media" and self._media_storage() != "s3":
             wait_until(child, accepting(self.ports.media_http), timeout)
+
+    def _media_storage(self) -> str:
+        """media's backend as its process sees it: only the local one has a listener."""
+        return self.extra_env.get(
+            "ATELIER_MEDIA_STORAGE", os.environ.get("ATELIER_MEDIA_STORAGE", "local")
+        )
 
     def child(self, name: str) -> Child:
         return next(c for c in self.children if c.name == name)

@@ -119,7 +119,15 @@ async def test_a_job_submitted_through_the_edge_is_one_trace_across_the_services
 
     # Each service exports on its own schedule: wait for every one the job passed through,
     # not just notify's, before judging the tree.
-    media_calls = {("media", "GetAssetInfo"), ("media", "ReadAsset"), ("media", "PutAsset")}
+    media_calls = {
+        ("media", method)
+        for method in (
+            "GetAssetInfo",
+            "GetAssetUrl",
+            "ReserveOutputUpload",
+            "CompleteOutputUpload",
+        )
+    }
     await collector.wait_for(
         lambda: (
             ingested() >= set(range(1, final + 1))

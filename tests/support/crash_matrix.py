@@ -35,13 +35,15 @@ KILL_POINTS = [
     ("after_submit", "JOB_STATUS_NEEDS_ATTENTION", 10),
     # The id was stored: the next worker resumes polling it.
     ("polling", "JOB_STATUS_SUCCEEDED", 0),
-    # One output (after_output) or both (before_complete) landed: the next worker
-    # resumes the attempt and lands onto the same assets.
+    # The first output's bytes were PUT but never committed (after_upload), one output
+    # (after_output) or both (before_complete) landed: the next worker resumes the
+    # attempt and lands onto the same assets (the uploaded object is committed as it is).
+    ("after_upload", "JOB_STATUS_SUCCEEDED", 0),
     ("after_output", "JOB_STATUS_SUCCEEDED", 0),
     ("before_complete", "JOB_STATUS_SUCCEEDED", 0),
 ]
 # The points where outputs have landed: a cancel then must delete them.
-LANDED_POINTS = ["after_output", "before_complete"]
+LANDED_POINTS = ["after_upload", "after_output", "before_complete"]
 
 FINAL = {
     "JOB_STATUS_SUCCEEDED",
@@ -127,17 +129,20 @@ async def cancelled_after_landed_outputs(
     landed_as: list[str] | None = None,
 ) -> None:
     """The worker dies with outputs landed, media holding them as ``landed_as`` says
-    (by default: ready, one after_output, both before_complete, as an in-process worker
-    lands them one by one); the owner cancels; the reaper cancels the job (telling the
-    provider) and deletes what the dead worker landed: nothing orphaned, the points
-    released."""
+    (by default: one uploading after_upload, one ready after_output, both ready
+    before_complete, as an in-process worker lands them one by one); the owner cancels;
+    the reaper cancels the job (telling the provider) and deletes what the dead worker
+    landed: nothing orphaned, the points released."""
     url = f"http://127.0.0.1:{api.ports.envoy}"
     user, job_id = await submit(api, http)
     doomed = start(f"cancel-{point}", point)
     assert await exited(doomed, within=30) == -9
     landed = await ai_outputs(api, user.user_id)
     if landed_as is None:
-        landed_as = ["ready"] * (1 if point == "after_output" else OUTPUTS)
+        landed_as = {
+            "after_upload": ["uploading"],
+            "after_output": ["ready"],
+        }.get(point, ["ready"] * OUTPUTS)
     assert sorted(landed.values()) == landed_as
     cancel = await http.post(f"{url}/v1/jobs/{job_id}:cancel", headers=user.headers, json={})
     assert cancel.json()["job"]["cancelRequested"] is True

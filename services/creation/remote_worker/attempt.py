@@ -13,7 +13,8 @@ someone else's now.
 
 ``on_point`` is called at the in-process attempt's named points, at the same places
 (before_submit ahead of reporting SUBMITTING, after_submit before the request id is
-reported, polling, after_output once an output is uploaded, before_complete ahead of
+reported, polling, after_upload and after_output once an output is uploaded (CompleteJob
+commits them all), before_complete ahead of
 CompleteJob), so the crash matrix (ATELIER_STUB_CRASH_AT) kills a remote worker at each."""
 
 from __future__ import annotations
@@ -222,6 +223,7 @@ class WorkerServicePort:
         for output, upload in zip(outputs, uploads, strict=True):
             if upload.upload_url:  # empty: a replay found it complete already
                 await self._upload(output, upload)
+                self._on_point("after_upload")
             self._on_point("after_output")
         return [upload.asset_id for upload in uploads]
 

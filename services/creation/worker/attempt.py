@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import TypeVar
@@ -188,12 +189,17 @@ class FencedPort:
         return self._lease.cancel_requested
 
     async def read_input(self) -> InputImage:
+        """The input's bytes from its signed download URL (the object store, or media's
+        object listener): media signs it, the bytes never cross its gRPC listener."""
         job = self._job
         if job.input_asset_id is None:
             raise AttemptFailed("INPUT_UNREADABLE", "the job has no input", retryable=False)
+        media, transfer = self._context.media, self._context.transfer
+        what = f"input asset {job.input_asset_id}"
         try:
-            read = await self._context.media.read_asset(
-                job.input_asset_id, self._settings.worker.max_input_bytes
+            signed = await media.readable_url(job.input_asset_id)
+            data, content_type = await transfer.download(
+                signed.url, self._settings.worker.max_input_bytes, what
             )
         except AssetUnreadable as error:
             raise AttemptFailed("INPUT_UNREADABLE", str(error), retryable=False) from None
@@ -201,7 +207,7 @@ class FencedPort:
             raise AttemptFailed(
                 "MEDIA_UNAVAILABLE", "media did not hand over the input", retryable=True
             ) from None
-        return InputImage(read.data, read.content_type)
+        return InputImage(data, content_type)
 
     async def input_url(self) -> str | None:
         if self._settings.providers.input_mode != "url" or self._job.input_asset_id is None:
@@ -247,24 +253,37 @@ class FencedPort:
         self._lease.report(percent)  # the lease keeper's next beat writes it
 
     async def land_outputs(self, outputs: Sequence[OutputImage]) -> list[str] | None:
-        job = self._job
+        """Each output reserved with media (its size, type and hash declared), PUT to the
+        signed URL media answers, then committed (media checks the stored object and
+        makes it READY for the job's user), one after another, each under its key."""
         landed: list[str] = []
         for index, output in enumerate(outputs):
             try:
-                asset_id = await self._context.media.put_asset(
-                    job.user_id,
-                    "ai_output",
-                    output.content_type,
-                    output.data,
-                    idempotency_key=output_key(job.job_id, job.attempt, index),
-                )
+                landed.append(await self._land(index, output))
             except AssetRefused as error:
                 raise AttemptFailed("OUTPUT_REJECTED", str(error), retryable=True) from None
             except MediaUnavailable:
                 return None
-            landed.append(asset_id)
             self._context.on_point("after_output")
         return landed
+
+    async def _land(self, index: int, output: OutputImage) -> str:
+        job, media = self._job, self._context.media
+        key = output_key(job.job_id, job.attempt, index)
+        upload = await media.reserve_output(
+            job.user_id,
+            output.content_type,
+            len(output.data),
+            hashlib.sha256(output.data).hexdigest(),
+            key,
+        )
+        if upload.url:  # none: a resumed attempt found this output committed already
+            await self._context.transfer.upload(upload, output.data)
+            # Uploaded, not committed: a worker killed here leaves an uploading asset,
+            # which the attempt's resumption commits, its end purges, or, failing both,
+            # media's housekeeping removes once the reservation expires.
+            self._context.on_point("after_upload")
+        return await media.complete_output(job.user_id, upload.asset_id, key)
 
     async def complete(self, asset_ids: list[str]) -> str | None:
         value = outputs_value(asset_ids)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.media_client import MediaClient
+from services.creation.object_transfer import ObjectTransfer
 from services.creation.providers.base import Provider
 from services.creation.providers.limits import ProviderLimits
 from services.creation.settings import CreationSettings
@@ -18,7 +19,7 @@ from services.creation.worker.fenced_writer import FencedWriter
 from services.kit.clock import Clock
 
 # Called at each named point of an attempt (before_submit, after_submit, polling,
-# after_output, before_complete): the stub provider's crash injection hooks in here.
+# after_upload, after_output, before_complete): the stub provider's crash injection hooks in here.
 PointHook = Callable[[str], None]
 
 
@@ -79,3 +80,5 @@ class AttemptContext:
     outcomes: RecentOutcomes = field(default_factory=RecentOutcomes)
     # Each provider's concurrency cap and submit rate in this process (limits.py).
     limits: ProviderLimits = field(default_factory=ProviderLimits)
+    # The signed URLs' HTTP client: inputs and outputs go through it, not media's gRPC.
+    transfer: ObjectTransfer = field(default_factory=ObjectTransfer)

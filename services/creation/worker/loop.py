@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.domain import Job
 from services.creation.media_client import MediaClient
+from services.creation.object_transfer import ObjectTransfer
 from services.creation.providers.base import Provider
 from services.creation.providers.limits import ProviderLimits
 from services.creation.settings import CreationSettings
@@ -92,6 +93,7 @@ class Worker:
             writer=FencedWriter(engine, clock),
             on_point=on_point,
             limits=ProviderLimits(settings.providers.limits),
+            transfer=ObjectTransfer(),
         )
         self._attempts: set[asyncio.Task[str]] = set()
         self._slot_freed = asyncio.Event()
@@ -121,6 +123,7 @@ class Worker:
             self.keeper.stop()
             await self.listener.stop(0)
             await asyncio.gather(*helpers, return_exceptions=True)
+            await self.context.transfer.close()
             log.info("worker_stopped", worker_id=self.worker_id)
 
     async def stop(self, deadline: float) -> None:

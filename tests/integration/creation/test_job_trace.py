@@ -132,7 +132,9 @@ async def test_a_job_is_one_trace_from_the_callers_submit_to_notify(
     (attempt,) = of_job(spans, "job attempt", job_id)
     assert (trace_id(attempt), parent_id(attempt)) == (CALLER_TRACE, span_id(submit))
     assert (attempt.attributes or {})["atelier.attempt_outcome"] == "succeeded"
-    for method in ("ReadAsset", "PutAsset"):
+    # Its input read by a signed URL, its output reserved and committed: the bytes go by
+    # HTTP, beside the trace.
+    for method in ("GetAssetUrl", "ReserveOutputUpload", "CompleteOutputUpload"):
         (call,) = [
             s
             for s in kind(spans, f"atelier.media.v1.MediaInternalService/{method}", SpanKind.CLIENT)

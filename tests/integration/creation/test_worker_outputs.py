@@ -6,6 +6,7 @@ same transaction, purged by the worker or, after a crash, by the reaper)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 import time
 from datetime import timedelta
@@ -74,7 +75,8 @@ async def test_a_job_of_three_outputs_lands_all_three_in_order(rig: Engine) -> N
 
 async def test_an_attempt_that_fails_after_landing_deletes_what_it_landed(rig: Engine) -> None:
     """The second output is refused by media after the first landed: the attempt fails
-    (no attempts left) and the first output is deleted; the purge list is empty after."""
+    (no attempts left) and both are deleted (the first ready, the second's reservation
+    still uploading); the purge list is empty after."""
     job = await rig.submit(max_attempts=1, num_outputs=2)
     refused = OutputImage(b"not an image at all", "image/png", 64, 48)
 
@@ -91,7 +93,7 @@ async def test_an_attempt_that_fails_after_landing_deletes_what_it_landed(rig: E
             assert time.monotonic() < deadline, "the attempt left its purge listed"
             await asyncio.sleep(0.01)
     assert (done.status, done.error_code, done.outputs) == (Status.FAILED, "OUTPUT_REJECTED", ())
-    assert list((await rig.outputs(job.user_id)).values()) == ["deleted"]
+    assert list((await rig.outputs(job.user_id)).values()) == ["deleted", "deleted"]
     assert (await side_rows(rig.db, job.job_id))["ledger"] == [("reserve", 10), ("release", 10)]
 
 
@@ -111,7 +113,8 @@ async def test_a_retry_after_landing_lands_fresh_assets_and_keeps_none_of_the_fi
         done = await rig.until_job(job.job_id, lambda j: j.status.terminal)
     assert (done.status, done.attempt, len(done.outputs)) == (Status.SUCCEEDED, 2, 2)
     found = await rig.outputs(job.user_id)
-    assert sorted(found.values()) == ["deleted", "ready", "ready"]
+    # The first attempt's landed output and its refused one's reservation.
+    assert sorted(found.values()) == ["deleted", "deleted", "ready", "ready"]
     assert {a for a, status in found.items() if status == "ready"} == set(done.outputs)
 
 
@@ -127,16 +130,17 @@ async def test_a_late_landing_under_a_purged_key_brings_nothing_back(rig: Engine
     async with running(rig.worker()):
         done = await rig.until_job(job.job_id, lambda j: j.status.terminal)
     assert done.status is Status.FAILED
-    late = rig.media_client.put_asset(
+    data = picture(50).data
+    late = rig.media_client.reserve_output(
         job.user_id,
-        "ai_output",
         "image/png",
-        picture(50).data,
-        idempotency_key=output_key(job.job_id, done.attempt, 0),
+        len(data),
+        hashlib.sha256(data).hexdigest(),
+        output_key(job.job_id, done.attempt, 0),
     )
     with pytest.raises(AssetRefused, match="ASSET_DELETED"):
         await late
-    assert list((await rig.outputs(job.user_id)).values()) == ["deleted"]
+    assert list((await rig.outputs(job.user_id)).values()) == ["deleted", "deleted"]
 
 
 async def test_the_sweep_purges_what_a_crashed_worker_left_listed(rig: Engine) -> None:

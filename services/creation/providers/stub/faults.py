@@ -7,10 +7,12 @@ Crash points (``ATELIER_STUB_CRASH_AT``), in the order one attempt meets them:
 - ``after_submit``: the provider accepted (request stored, ledger line written) but the
   worker never got the request id back, so never stored it;
 - ``polling``: at the start of every poll (the request id is stored by then);
+- ``after_upload``: the worker PUT an output's bytes to its signed URL, before committing
+  it through media (the asset is still uploading);
 - ``after_output``: the worker landed the output through media, before completing;
 - ``before_complete``: just before the worker's completing transaction.
 
-The stub calls the first three itself; the worker calls the last two (calling a point
+The stub calls the first three itself; the worker calls the last three (calling a point
 twice is harmless: the process is gone after the first).
 """
 
