@@ -3,10 +3,12 @@ convert's messages, as every other RPC does)."""
 
 from __future__ import annotations
 
+from google.protobuf import duration_pb2
+
 from atelier.creation.v1 import admin_service_pb2
 from services.creation import convert
 from services.creation.domain import Job
-from services.creation.operators import Inspection
+from services.creation.operators import Inspection, QueueOverview
 from services.creation.provider_requests import LiveState, SeenRequest
 from services.kit.timestamps import to_timestamp_or_none
 
@@ -64,4 +66,20 @@ def inspection_message(inspection: Inspection) -> admin_service_pb2.InspectJobRe
         provider_requests=[request_message(r) for r in view.requests],
         lookup_supported=view.lookup_supported,
         lookup_note=view.note,
+    )
+
+
+def overview_message(overview: QueueOverview) -> admin_service_pb2.GetQueueOverviewResponse:
+    age = duration_pb2.Duration()
+    age.FromMilliseconds(int(overview.oldest_queued_age_seconds * 1000))
+    return admin_service_pb2.GetQueueOverviewResponse(
+        queued=overview.queued,
+        queued_due=overview.queued_due,
+        oldest_queued_age=age,
+        needs_attention=overview.needs_attention,
+        running=overview.running,
+        running_jobs=[
+            admin_service_pb2.RunningJob(job=convert.job_message(j), internals=internals_message(j))
+            for j in overview.running_jobs
+        ],
     )

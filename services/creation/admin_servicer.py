@@ -9,10 +9,11 @@ from grpc import aio
 
 from atelier.creation.v1 import admin_service_pb2, admin_service_pb2_grpc
 from services.creation import convert, submission
-from services.creation.admin_convert import inspection_message
+from services.creation.admin_convert import inspection_message, overview_message
 from services.creation.errors import Reason
 from services.creation.operators import Operators
 from services.creation.store.admin import AttentionCursor, Decision, EventCursor
+from services.creation.store.ledger_entries import EntryCursor
 from services.creation.webhook_admin import WebhookOperators
 from services.creation.webhook_rules import UrlRule
 from services.creation.webhook_servicer import WebhookAdminMethods
@@ -38,6 +39,8 @@ ATTENTION_PAGES = KeysetCodec(
 )
 # A job's events, oldest first; bound to the job.
 EVENT_PAGES = KeysetCodec("job_events", EventCursor, event_id=Integer())
+# A user's ledger for an operator, newest first; bound to the user.
+USER_LEDGER_PAGES = KeysetCodec("user_ledger", EntryCursor, entry_id=Integer())
 
 
 def _text(name: str, value: str, problems: list[FieldViolation], *, required: bool = True) -> str:
@@ -154,6 +157,56 @@ class AdminServicer(WebhookAdminMethods, admin_service_pb2_grpc.AdminServiceServ
         job_id = _job_id(request.job_id, problems)
         _check(problems)
         return inspection_message(await self._operators.inspect(job_id))
+
+    async def GetCaller(
+        self, request: admin_service_pb2.GetCallerRequest, context: Context
+    ) -> admin_service_pb2.GetCallerResponse:
+        caller = current_principal()
+        return admin_service_pb2.GetCallerResponse(identity=caller.identity, role=caller.role)
+
+    async def GetQueueOverview(
+        self, request: admin_service_pb2.GetQueueOverviewRequest, context: Context
+    ) -> admin_service_pb2.GetQueueOverviewResponse:
+        limit = page_size(request.running_page_size, default=50, maximum=200)
+        return overview_message(await self._operators.overview(limit))
+
+    async def SearchJobs(
+        self, request: admin_service_pb2.SearchJobsRequest, context: Context
+    ) -> admin_service_pb2.SearchJobsResponse:
+        problems: list[FieldViolation] = []
+        limit = page_size(request.page_size, default=20, maximum=100)
+        query = request.WhichOneof("query")
+        if query == "job_id":
+            job_id = _job_id(request.job_id, problems)
+            _check(problems)
+            found = await self._operators.find_job(job_id)
+        elif query == "user_id":
+            user_id = _user_id(request.user_id, problems)
+            _check(problems)
+            found = await self._operators.user_jobs(user_id, limit)
+        else:
+            raise invalid_argument(
+                Reason.INVALID_ADMIN_REQUEST, [FieldViolation("query", "set job_id or user_id")]
+            )
+        return admin_service_pb2.SearchJobsResponse(jobs=[convert.job_message(j) for j in found])
+
+    async def ListUserLedger(
+        self, request: admin_service_pb2.ListUserLedgerRequest, context: Context
+    ) -> admin_service_pb2.ListUserLedgerResponse:
+        problems: list[FieldViolation] = []
+        user_id = _user_id(request.user_id, problems)
+        _check(problems)
+        limit = page_size(request.page_size, default=20, maximum=100)
+        after = (
+            USER_LEDGER_PAGES.decode(request.page_token, user_id) if request.page_token else None
+        )
+        balance, entries, cursor = await self._operators.user_ledger(user_id, limit, after)
+        return admin_service_pb2.ListUserLedgerResponse(
+            available_points=balance.available,
+            reserved_points=balance.reserved,
+            ledger_entries=[convert.ledger_entry_message(e) for e in entries],
+            next_page_token=USER_LEDGER_PAGES.encode(cursor, user_id) if cursor else "",
+        )
 
     async def ListJobEvents(
         self, request: admin_service_pb2.ListJobEventsRequest, context: Context

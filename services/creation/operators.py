@@ -10,11 +10,16 @@ from dataclasses import dataclass
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.domain import Actor, Event, Job, Status
+from services.creation.errors import JobNotFound
+from services.creation.list_filter import JobFilter
 from services.creation.provider_requests import ProviderRequests, ProviderView
 from services.creation.providers.base import Provider
 from services.creation.store import admin as admin_store
-from services.creation.store import ledger
+from services.creation.store import admin_reads, backlog, ledger, ledger_entries
+from services.creation.store import jobs as job_store
 from services.creation.store.admin import AttentionCursor, Decision, EventCursor
+from services.creation.store.ledger import Balance
+from services.creation.store.ledger_entries import EntryCursor, LedgerEntry
 from services.kit.clock import Clock, system_clock
 from services.kit.logging import get_logger
 
@@ -35,6 +40,18 @@ class Inspection:
     provider: ProviderView
 
 
+@dataclass(frozen=True)
+class QueueOverview:
+    """The queue as the console's first screen shows it."""
+
+    queued: int
+    queued_due: int
+    oldest_queued_age_seconds: float
+    needs_attention: int
+    running: int
+    running_jobs: list[Job]
+
+
 class Operators:
     def __init__(
         self,
@@ -47,6 +64,34 @@ class Operators:
         self._welcome_points = welcome_points
         self._clock = clock
         self._requests = ProviderRequests(providers or {})
+
+    async def overview(self, running_limit: int) -> QueueOverview:
+        level = await backlog.read_backlog(self._engine)
+        running, leased = await admin_reads.running_jobs(self._engine, running_limit)
+        return QueueOverview(
+            queued=sum(q.queued for q in level.queue),
+            queued_due=sum(q.due for q in level.queue),
+            oldest_queued_age_seconds=max((q.oldest_age_seconds for q in level.queue), default=0),
+            needs_attention=level.needs_attention,
+            running=running,
+            running_jobs=leased,
+        )
+
+    async def find_job(self, job_id: str) -> list[Job]:
+        try:
+            return [await admin_store.read_job(self._engine, job_id)]
+        except JobNotFound:
+            return []
+
+    async def user_jobs(self, user_id: str, limit: int) -> list[Job]:
+        found, _ = await job_store.list_for_user(self._engine, user_id, JobFilter(), limit, None)
+        return found
+
+    async def user_ledger(
+        self, user_id: str, limit: int, after: EntryCursor | None
+    ) -> tuple[Balance, list[LedgerEntry], EntryCursor | None]:
+        entries, cursor = await ledger_entries.list_for_user(self._engine, user_id, limit, after)
+        return await admin_reads.user_balance(self._engine, user_id), entries, cursor
 
     async def inspect(self, job_id: str) -> Inspection:
         job = await admin_store.read_job(self._engine, job_id)

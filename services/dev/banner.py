@@ -21,6 +21,7 @@ atelier is running.
   media (gRPC)               127.0.0.1:{ports.public["media"]}
   media objects (HTTP)       127.0.0.1:{ports.media_http} (signed URLs, also via the edge)
   notify (gRPC)              127.0.0.1:{ports.public["notify"]}
+  operator's console         http://127.0.0.1:{ports.console} (sign in: {DEV_OPERATOR} below)
 
 development token (user dev-user, 24 h):
   export TOKEN={token}

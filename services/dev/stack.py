@@ -1,5 +1,6 @@
-"""The whole system on one machine: migrations, the three services as separate processes
-and Envoy in front. `atelier dev` runs it in the foreground; acceptance tests start it on
+"""The whole system on one machine: migrations, the three services as separate processes,
+Envoy in front and the operator's console beside them (on its own port, never behind the
+edge). `atelier dev` runs it in the foreground; acceptance tests start it on
 free ports against a throwaway database."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.console.settings import DEFAULT_CONSOLE_PORT
 from services.dev import apns_peer, edge, running
 from services.dev.credentials import StackCredentials
 from services.dev.processes import (
@@ -40,6 +42,8 @@ class StackPorts:
     envoy_admin: int
     # media's plain-HTTP listener for the local storage backend's signed URLs.
     media_http: int
+    # The operator's console (services/console), on the internal side: no edge route.
+    console: int = DEFAULT_CONSOLE_PORT
 
     @classmethod
     def from_env(cls, reader: EnvReader) -> StackPorts:
@@ -52,6 +56,7 @@ class StackPorts:
             envoy=port(reader, "EDGE_PORT", ENVOY_PORT),
             envoy_admin=port(reader, "EDGE_ADMIN_PORT", ENVOY_ADMIN_PORT),
             media_http=port(reader, "MEDIA_HTTP_PORT", MEDIA_HTTP_PORT),
+            console=port(reader, "CONSOLE_PORT", DEFAULT_CONSOLE_PORT),
         )
 
     @classmethod
@@ -63,6 +68,7 @@ class StackPorts:
             envoy=free_port(),
             envoy_admin=free_port(),
             media_http=free_port(),
+            console=free_port(),
         )
 
     def service_env(self) -> dict[str, str]:
@@ -92,6 +98,7 @@ class StackPorts:
             "EDGE_PORT": self.envoy,
             "EDGE_ADMIN_PORT": self.envoy_admin,
             "MEDIA_HTTP_PORT": self.media_http,
+            "CONSOLE_PORT": self.console,
         }
 
     def ensure_free(self, host: str = "127.0.0.1") -> None:
@@ -182,6 +189,9 @@ class Stack:
                     options=self.edge_options,
                 ),
             )
+            console = self._spawn_console()
+            self.children.append(console)
+            wait_until(console, accepting(self.ports.console), timeout)
             envoy = spawn("envoy", edge.argv(config), {}, self.log_dir)
             self.children.append(envoy)
             wait_until(envoy, http_ok(f"http://127.0.0.1:{self.ports.envoy_admin}/ready"), timeout)
@@ -246,6 +256,14 @@ class Stack:
         role = ["--role", self.creation_role] if name == "creation" else []
         argv = [sys.executable, "-m", f"services.{name}", *role]
         return spawn(name, argv, self._service_env(name), self.log_dir)
+
+    def _spawn_console(self) -> Child:
+        env = {
+            "ATELIER_ENV": "dev",
+            "ATELIER_CONSOLE_PORT": str(self.ports.console),
+            "ATELIER_CREATION_INTERNAL_ADDRESS": f"127.0.0.1:{self.ports.internal['creation']}",
+        }
+        return spawn("console", [sys.executable, "-m", "services.console"], env, self.log_dir)
 
     def _wait_ready(self, child: Child, timeout: float) -> None:
         if child.name not in SERVICES:

@@ -153,7 +153,9 @@ def test_dev_runs_everything_on_embedded_defaults(tmp_path: Path) -> None:
         process.send_signal(signal.SIGINT)
         tail = read_until(process, b"stopped:", timeout=60).decode()
         assert process.wait(timeout=30) == 0
-        assert re.search(r"stopped: envoy \(0\), notify \(0\), media \(0\), creation \(0\)", tail)
+        assert re.search(
+            r"stopped: envoy \(0\), console \(0\), notify \(0\), media \(0\), creation \(0\)", tail
+        ), tail
         # The embedded PostgreSQL went down with it.
         assert not (tmp_path / "var" / "postgres" / "postmaster.pid").exists()
     finally:

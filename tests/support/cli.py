@@ -50,6 +50,7 @@ def dev_ports() -> dict[str, str]:
             "EDGE_PORT",
             "EDGE_ADMIN_PORT",
             "MEDIA_HTTP_PORT",
+            "CONSOLE_PORT",
             *(
                 f"{s}_{kind}_PORT"
                 for s in ("CREATION", "MEDIA", "NOTIFY")

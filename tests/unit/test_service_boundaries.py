@@ -2,7 +2,7 @@
 
 The rules, per package under services/ (checked on every import statement, absolute or
 relative, and every literal ``importlib.import_module``):
-- creation, media, notify: themselves, services.kit, gen's modules (``atelier.*``), the
+- creation, media, notify, console: themselves, services.kit, gen's modules (``atelier.*``), the
   standard library and third-party packages. Their ``__main__.py`` is the launcher's entry
   point and may import services.cli too.
 - kit: itself only (a service's code in the kit would make every service depend on it).
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 SERVICES_ROOT = Path(__file__).resolve().parents[2] / "services"
-SERVICES = ("creation", "media", "notify")
+SERVICES = ("creation", "media", "notify", "console")
 # Top-level modules of services/ that belong to the launcher.
 LAUNCHER_MODULES = ("cli", "dev", "edge_config", "edge_static")
 

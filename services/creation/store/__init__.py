@@ -3,6 +3,7 @@
 # What other packages import from here (tests/unit/test_package_surfaces.py).
 __all__ = [
     "admin",
+    "admin_reads",
     "backlog",
     "catalog",
     "deletions",

@@ -8,16 +8,17 @@ lookup finds exactly one request, and leaves the job to a person otherwise."""
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import grpc
 import pytest
 from sqlalchemy import update
 
-from atelier.creation.v1 import admin_service_pb2, admin_service_pb2_grpc, job_pb2
+from atelier.creation.v1 import admin_service_pb2, admin_service_pb2_grpc, job_pb2, ledger_pb2
 from services.creation.domain import Job, Status, Step
 from services.creation.providers.base import GenerationRequest, Provider
 from services.creation.providers.replicate import ReplicateProvider
@@ -347,3 +348,54 @@ async def test_a_hosted_job_says_its_adapter_cannot_look_requests_up(
     assert not inspected.lookup_supported
     assert "Replicate keeps no client reference" in inspected.lookup_note
     assert list(inspected.provider_requests) == []
+
+
+async def test_the_consoles_reads_show_the_queue_a_users_jobs_and_points(rig: Rig) -> None:
+    caller = await rig.admin.GetCaller(admin_pb.GetCallerRequest(), metadata=as_alice())
+    assert (caller.identity, caller.role) == ("alice", "operator")
+    waiting, _ = await lost_submit(rig)
+    queued = await rig.engine.submit(user=waiting.user_id)
+    running = await rig.engine.submit()
+    (leased,) = await leases.claim(rig.engine.db, "busy-worker", 1, TTL, system_clock())
+    assert leased.job_id == queued.job_id or leased.job_id == running.job_id
+    view = await rig.admin.GetQueueOverview(admin_pb.GetQueueOverviewRequest(), metadata=as_alice())
+    assert (view.queued, view.needs_attention, view.running) == (1, 1, 1)
+    assert view.oldest_queued_age.ToTimedelta() >= timedelta(0)
+    (shown,) = view.running_jobs
+    assert (shown.job.job_id, shown.internals.lease_owner) == (leased.job_id, "busy-worker")
+    assert shown.internals.lease_expire_time.ToDatetime(tzinfo=UTC) == leased.lease_expires_at
+
+    by_user = await rig.admin.SearchJobs(
+        admin_pb.SearchJobsRequest(user_id=waiting.user_id), metadata=as_alice()
+    )
+    assert {j.job_id for j in by_user.jobs} == {waiting.job_id, queued.job_id}
+    by_id = await rig.admin.SearchJobs(
+        admin_pb.SearchJobsRequest(job_id=waiting.job_id), metadata=as_alice()
+    )
+    assert [j.job_id for j in by_id.jobs] == [waiting.job_id]
+    nobody = await rig.admin.SearchJobs(
+        admin_pb.SearchJobsRequest(job_id=str(uuid.uuid4())), metadata=as_alice()
+    )
+    assert list(nobody.jobs) == []
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await rig.admin.SearchJobs(admin_pb.SearchJobsRequest(), metadata=as_alice())
+    assert error_info(refused.value).reason == "INVALID_ADMIN_REQUEST"
+
+    points = await rig.admin.ListUserLedger(
+        admin_pb.ListUserLedgerRequest(user_id=waiting.user_id, page_size=2), metadata=as_alice()
+    )
+    # 100 welcome points, two jobs of 5 reserved (the one waiting holds its points).
+    assert (points.available_points, points.reserved_points) == (90, 10)
+    assert len(points.ledger_entries) == 2 and points.next_page_token
+    rest = await rig.admin.ListUserLedger(
+        admin_pb.ListUserLedgerRequest(
+            user_id=waiting.user_id, page_size=2, page_token=points.next_page_token
+        ),
+        metadata=as_alice(),
+    )
+    kinds = [e.kind for e in [*points.ledger_entries, *rest.ledger_entries]]
+    assert kinds.count(ledger_pb2.LEDGER_ENTRY_KIND_GRANT) == 1
+    stranger = await rig.admin.ListUserLedger(
+        admin_pb.ListUserLedgerRequest(user_id="never-seen"), metadata=as_alice()
+    )
+    assert (stranger.available_points, list(stranger.ledger_entries)) == (0, [])

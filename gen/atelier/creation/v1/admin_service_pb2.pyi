@@ -4,6 +4,7 @@ isort:skip_file
 """
 
 from atelier.creation.v1 import job_pb2 as _job_pb2
+from atelier.creation.v1 import ledger_pb2 as _ledger_pb2
 from atelier.creation.v1 import webhook_pb2 as _webhook_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
@@ -434,6 +435,271 @@ class ProviderRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ProviderRequest: _TypeAlias = ProviderRequest  # noqa: Y015
+
+@_typing.final
+class GetCallerRequest(_message.Message):
+    """Request for GetCaller."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetCallerRequest: _TypeAlias = GetCallerRequest  # noqa: Y015
+
+@_typing.final
+class GetCallerResponse(_message.Message):
+    """Response for GetCaller."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    IDENTITY_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    identity: _builtins.str
+    """The calling service identity's name (ATELIER_SERVICE_IDENTITIES); empty for the
+    shared service credential, which names nobody.
+    """
+    role: _builtins.str
+    """Its role ("operator", "creation", "backend", ...); empty without an identity."""
+    def __init__(
+        self,
+        *,
+        identity: _builtins.str = ...,
+        role: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["identity", b"identity", "role", b"role"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetCallerResponse: _TypeAlias = GetCallerResponse  # noqa: Y015
+
+@_typing.final
+class GetQueueOverviewRequest(_message.Message):
+    """Request for GetQueueOverview."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNNING_PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    running_page_size: _builtins.int
+    """Maximum running jobs to list, soonest lease expiry first (1 to 200; 0 means 50)."""
+    def __init__(
+        self,
+        *,
+        running_page_size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["running_page_size", b"running_page_size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetQueueOverviewRequest: _TypeAlias = GetQueueOverviewRequest  # noqa: Y015
+
+@_typing.final
+class GetQueueOverviewResponse(_message.Message):
+    """Response for GetQueueOverview."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUED_FIELD_NUMBER: _builtins.int
+    QUEUED_DUE_FIELD_NUMBER: _builtins.int
+    OLDEST_QUEUED_AGE_FIELD_NUMBER: _builtins.int
+    NEEDS_ATTENTION_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
+    RUNNING_JOBS_FIELD_NUMBER: _builtins.int
+    queued: _builtins.int
+    """Jobs queued (every priority)."""
+    queued_due: _builtins.int
+    """Of them, those whose next attempt is due now (the rest wait out a backoff)."""
+    needs_attention: _builtins.int
+    """Jobs in NEEDS_ATTENTION."""
+    running: _builtins.int
+    """Jobs running now."""
+    @_builtins.property
+    def oldest_queued_age(self) -> _duration_pb2.Duration:
+        """Since the oldest queued job was submitted; zero when none is queued."""
+
+    @_builtins.property
+    def running_jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunningJob]:
+        """Running jobs, soonest lease expiry first (at most running_page_size)."""
+
+    def __init__(
+        self,
+        *,
+        queued: _builtins.int = ...,
+        queued_due: _builtins.int = ...,
+        oldest_queued_age: _duration_pb2.Duration | None = ...,
+        needs_attention: _builtins.int = ...,
+        running: _builtins.int = ...,
+        running_jobs: _abc.Iterable[Global___RunningJob] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["oldest_queued_age", b"oldest_queued_age"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["needs_attention", b"needs_attention", "oldest_queued_age", b"oldest_queued_age", "queued", b"queued", "queued_due", b"queued_due", "running", b"running", "running_jobs", b"running_jobs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetQueueOverviewResponse: _TypeAlias = GetQueueOverviewResponse  # noqa: Y015
+
+@_typing.final
+class RunningJob(_message.Message):
+    """A running job and its lease."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    INTERNALS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def job(self) -> _job_pb2.Job:
+        """The job."""
+
+    @_builtins.property
+    def internals(self) -> Global___JobInternals:
+        """Its worker, lease expiry and step."""
+
+    def __init__(
+        self,
+        *,
+        job: _job_pb2.Job | None = ...,
+        internals: Global___JobInternals | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["internals", b"internals", "job", b"job"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["internals", b"internals", "job", b"job"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunningJob: _TypeAlias = RunningJob  # noqa: Y015
+
+@_typing.final
+class SearchJobsRequest(_message.Message):
+    """Request for SearchJobs."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    USER_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """One job by id."""
+    user_id: _builtins.str
+    """A user's jobs, newest first."""
+    page_size: _builtins.int
+    """Maximum jobs to return (1 to 100; 0 means 20)."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        user_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "query", b"query", "user_id", b"user_id"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "page_size", b"page_size", "query", b"query", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_query: _TypeAlias = _typing.Literal["job_id", "user_id"]  # noqa: Y015
+    _WhichOneofArgType_query: _TypeAlias = _typing.Literal["query", b"query"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_query) -> _WhichOneofReturnType_query | None: ...
+
+Global___SearchJobsRequest: _TypeAlias = SearchJobsRequest  # noqa: Y015
+
+@_typing.final
+class SearchJobsResponse(_message.Message):
+    """Response for SearchJobs."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOBS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[_job_pb2.Job]:
+        """The jobs found (for a job id, that job or none)."""
+
+    def __init__(
+        self,
+        *,
+        jobs: _abc.Iterable[_job_pb2.Job] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SearchJobsResponse: _TypeAlias = SearchJobsResponse  # noqa: Y015
+
+@_typing.final
+class ListUserLedgerRequest(_message.Message):
+    """Request for ListUserLedger."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The user whose points to read."""
+    page_size: _builtins.int
+    """Maximum entries to return (1 to 100; 0 means 20)."""
+    page_token: _builtins.str
+    """next_page_token from a previous call (for the same user)."""
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListUserLedgerRequest: _TypeAlias = ListUserLedgerRequest  # noqa: Y015
+
+@_typing.final
+class ListUserLedgerResponse(_message.Message):
+    """Response for ListUserLedger."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AVAILABLE_POINTS_FIELD_NUMBER: _builtins.int
+    RESERVED_POINTS_FIELD_NUMBER: _builtins.int
+    LEDGER_ENTRIES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    available_points: _builtins.int
+    """Points the user may spend now (a user never seen has 0: reading grants nothing)."""
+    reserved_points: _builtins.int
+    """Points held by the user's unfinished jobs."""
+    next_page_token: _builtins.str
+    """Pass as page_token to get the next page; empty on the last page."""
+    @_builtins.property
+    def ledger_entries(self) -> _containers.RepeatedCompositeFieldContainer[_ledger_pb2.LedgerEntry]:
+        """Entries, newest first."""
+
+    def __init__(
+        self,
+        *,
+        available_points: _builtins.int = ...,
+        reserved_points: _builtins.int = ...,
+        ledger_entries: _abc.Iterable[_ledger_pb2.LedgerEntry] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["available_points", b"available_points", "ledger_entries", b"ledger_entries", "next_page_token", b"next_page_token", "reserved_points", b"reserved_points"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListUserLedgerResponse: _TypeAlias = ListUserLedgerResponse  # noqa: Y015
 
 @_typing.final
 class ListJobEventsRequest(_message.Message):

@@ -51,6 +51,26 @@ class AdminServiceStub:
                 request_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.InspectJobRequest.SerializeToString,
                 response_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.InspectJobResponse.FromString,
                 _registered_method=True)
+        self.GetCaller = channel.unary_unary(
+                '/atelier.creation.v1.AdminService/GetCaller',
+                request_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.GetCallerRequest.SerializeToString,
+                response_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.GetCallerResponse.FromString,
+                _registered_method=True)
+        self.GetQueueOverview = channel.unary_unary(
+                '/atelier.creation.v1.AdminService/GetQueueOverview',
+                request_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.GetQueueOverviewRequest.SerializeToString,
+                response_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.GetQueueOverviewResponse.FromString,
+                _registered_method=True)
+        self.SearchJobs = channel.unary_unary(
+                '/atelier.creation.v1.AdminService/SearchJobs',
+                request_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.SearchJobsRequest.SerializeToString,
+                response_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.SearchJobsResponse.FromString,
+                _registered_method=True)
+        self.ListUserLedger = channel.unary_unary(
+                '/atelier.creation.v1.AdminService/ListUserLedger',
+                request_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.ListUserLedgerRequest.SerializeToString,
+                response_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.ListUserLedgerResponse.FromString,
+                _registered_method=True)
         self.ListJobEvents = channel.unary_unary(
                 '/atelier.creation.v1.AdminService/ListJobEvents',
                 request_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.ListJobEventsRequest.SerializeToString,
@@ -134,6 +154,36 @@ class AdminServiceServicer:
         """Everything known of one job for an operator's decision: the job, its internal
         state (step, lease, provider request), its events, and what its provider holds for
         it now, recorded or found by our reference (the job id) where the adapter can look.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetCaller(self, request, context):
+        """Who the caller is: the service identity its credential names, and its role (the
+        operator's console signs in with it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetQueueOverview(self, request, context):
+        """The queue now: its depth and oldest job, the jobs waiting for an operator, and the
+        running jobs with their leases.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SearchJobs(self, request, context):
+        """Finds jobs by id, or a user's jobs (newest first), deleted ones aside.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListUserLedger(self, request, context):
+        """A user's points: balance and ledger entries (grants among them), newest first.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -236,6 +286,26 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.InspectJob,
                     request_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.InspectJobRequest.FromString,
                     response_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.InspectJobResponse.SerializeToString,
+            ),
+            'GetCaller': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCaller,
+                    request_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.GetCallerRequest.FromString,
+                    response_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.GetCallerResponse.SerializeToString,
+            ),
+            'GetQueueOverview': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetQueueOverview,
+                    request_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.GetQueueOverviewRequest.FromString,
+                    response_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.GetQueueOverviewResponse.SerializeToString,
+            ),
+            'SearchJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.SearchJobs,
+                    request_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.SearchJobsRequest.FromString,
+                    response_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.SearchJobsResponse.SerializeToString,
+            ),
+            'ListUserLedger': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListUserLedger,
+                    request_deserializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.ListUserLedgerRequest.FromString,
+                    response_serializer=atelier_dot_creation_dot_v1_dot_admin__service__pb2.ListUserLedgerResponse.SerializeToString,
             ),
             'ListJobEvents': grpc.unary_unary_rpc_method_handler(
                     servicer.ListJobEvents,
@@ -376,6 +446,114 @@ class AdminService:
             '/atelier.creation.v1.AdminService/InspectJob',
             atelier_dot_creation_dot_v1_dot_admin__service__pb2.InspectJobRequest.SerializeToString,
             atelier_dot_creation_dot_v1_dot_admin__service__pb2.InspectJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCaller(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atelier.creation.v1.AdminService/GetCaller',
+            atelier_dot_creation_dot_v1_dot_admin__service__pb2.GetCallerRequest.SerializeToString,
+            atelier_dot_creation_dot_v1_dot_admin__service__pb2.GetCallerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetQueueOverview(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atelier.creation.v1.AdminService/GetQueueOverview',
+            atelier_dot_creation_dot_v1_dot_admin__service__pb2.GetQueueOverviewRequest.SerializeToString,
+            atelier_dot_creation_dot_v1_dot_admin__service__pb2.GetQueueOverviewResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SearchJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atelier.creation.v1.AdminService/SearchJobs',
+            atelier_dot_creation_dot_v1_dot_admin__service__pb2.SearchJobsRequest.SerializeToString,
+            atelier_dot_creation_dot_v1_dot_admin__service__pb2.SearchJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListUserLedger(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atelier.creation.v1.AdminService/ListUserLedger',
+            atelier_dot_creation_dot_v1_dot_admin__service__pb2.ListUserLedgerRequest.SerializeToString,
+            atelier_dot_creation_dot_v1_dot_admin__service__pb2.ListUserLedgerResponse.FromString,
             options,
             channel_credentials,
             insecure,

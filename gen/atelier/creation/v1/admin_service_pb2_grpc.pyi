@@ -48,6 +48,18 @@ class AdminServiceStub:
     state (step, lease, provider request), its events, and what its provider holds for
     it now, recorded or found by our reference (the job id) where the adapter can look.
     """
+    GetCaller: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.GetCallerRequest, _admin_service_pb2.GetCallerResponse]
+    """Who the caller is: the service identity its credential names, and its role (the
+    operator's console signs in with it).
+    """
+    GetQueueOverview: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.GetQueueOverviewRequest, _admin_service_pb2.GetQueueOverviewResponse]
+    """The queue now: its depth and oldest job, the jobs waiting for an operator, and the
+    running jobs with their leases.
+    """
+    SearchJobs: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.SearchJobsRequest, _admin_service_pb2.SearchJobsResponse]
+    """Finds jobs by id, or a user's jobs (newest first), deleted ones aside."""
+    ListUserLedger: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.ListUserLedgerRequest, _admin_service_pb2.ListUserLedgerResponse]
+    """A user's points: balance and ledger entries (grants among them), newest first."""
     ListJobEvents: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.ListJobEventsRequest, _admin_service_pb2.ListJobEventsResponse]
     """Lists a job's audit trail, oldest first."""
     GrantPoints: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.GrantPointsRequest, _admin_service_pb2.GrantPointsResponse]
@@ -97,6 +109,18 @@ class AdminServiceAsyncStub(AdminServiceStub):
     state (step, lease, provider request), its events, and what its provider holds for
     it now, recorded or found by our reference (the job id) where the adapter can look.
     """
+    GetCaller: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.GetCallerRequest, _admin_service_pb2.GetCallerResponse]  # type: ignore[assignment]
+    """Who the caller is: the service identity its credential names, and its role (the
+    operator's console signs in with it).
+    """
+    GetQueueOverview: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.GetQueueOverviewRequest, _admin_service_pb2.GetQueueOverviewResponse]  # type: ignore[assignment]
+    """The queue now: its depth and oldest job, the jobs waiting for an operator, and the
+    running jobs with their leases.
+    """
+    SearchJobs: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.SearchJobsRequest, _admin_service_pb2.SearchJobsResponse]  # type: ignore[assignment]
+    """Finds jobs by id, or a user's jobs (newest first), deleted ones aside."""
+    ListUserLedger: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.ListUserLedgerRequest, _admin_service_pb2.ListUserLedgerResponse]  # type: ignore[assignment]
+    """A user's points: balance and ledger entries (grants among them), newest first."""
     ListJobEvents: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.ListJobEventsRequest, _admin_service_pb2.ListJobEventsResponse]  # type: ignore[assignment]
     """Lists a job's audit trail, oldest first."""
     GrantPoints: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.GrantPointsRequest, _admin_service_pb2.GrantPointsResponse]  # type: ignore[assignment]
@@ -161,6 +185,42 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         state (step, lease, provider request), its events, and what its provider holds for
         it now, recorded or found by our reference (the job id) where the adapter can look.
         """
+
+    @_abc_1.abstractmethod
+    def GetCaller(
+        self,
+        request: _admin_service_pb2.GetCallerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_service_pb2.GetCallerResponse, _abc.Awaitable[_admin_service_pb2.GetCallerResponse]]:
+        """Who the caller is: the service identity its credential names, and its role (the
+        operator's console signs in with it).
+        """
+
+    @_abc_1.abstractmethod
+    def GetQueueOverview(
+        self,
+        request: _admin_service_pb2.GetQueueOverviewRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_service_pb2.GetQueueOverviewResponse, _abc.Awaitable[_admin_service_pb2.GetQueueOverviewResponse]]:
+        """The queue now: its depth and oldest job, the jobs waiting for an operator, and the
+        running jobs with their leases.
+        """
+
+    @_abc_1.abstractmethod
+    def SearchJobs(
+        self,
+        request: _admin_service_pb2.SearchJobsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_service_pb2.SearchJobsResponse, _abc.Awaitable[_admin_service_pb2.SearchJobsResponse]]:
+        """Finds jobs by id, or a user's jobs (newest first), deleted ones aside."""
+
+    @_abc_1.abstractmethod
+    def ListUserLedger(
+        self,
+        request: _admin_service_pb2.ListUserLedgerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_service_pb2.ListUserLedgerResponse, _abc.Awaitable[_admin_service_pb2.ListUserLedgerResponse]]:
+        """A user's points: balance and ledger entries (grants among them), newest first."""
 
     @_abc_1.abstractmethod
     def ListJobEvents(

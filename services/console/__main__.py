@@ -1,0 +1,5 @@
+import sys
+
+from services.console.app import main
+
+sys.exit(main())

@@ -1,0 +1,44 @@
+"""The console's settings (ATELIER_CONSOLE_*), validated at start."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from services.kit.settings import DEFAULT_PORTS, EnvReader, port
+
+DEFAULT_CONSOLE_PORT = 8090
+
+
+@dataclass(frozen=True)
+class ConsoleSettings:
+    # Where the console listens: loopback by default; a pod binds its own address, and
+    # no edge route or network policy admits the public to it.
+    host: str
+    port: int
+    # creation's internal listener, where AdminService answers.
+    creation_internal_address: str
+    # Each AdminService call's deadline.
+    call_timeout_seconds: float
+    # How long a credential's GetCaller answer (an operator or not) is trusted.
+    caller_ttl_seconds: float
+    log_level: str
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ConsoleSettings:
+        reader = EnvReader(environ)
+        creation = DEFAULT_PORTS["creation"].internal_port
+        settings = cls(
+            host=reader.string("CONSOLE_HOST", "127.0.0.1"),
+            port=port(reader, "CONSOLE_PORT", DEFAULT_CONSOLE_PORT),
+            creation_internal_address=reader.string(
+                "CREATION_INTERNAL_ADDRESS", f"127.0.0.1:{creation}"
+            ),
+            call_timeout_seconds=reader.seconds("CONSOLE_CALL_TIMEOUT", 15, minimum=1, maximum=120),
+            caller_ttl_seconds=reader.seconds("CONSOLE_CALLER_TTL", 30, minimum=0, maximum=600),
+            log_level=reader.string(
+                "LOG_LEVEL", "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR")
+            ),
+        )
+        reader.finish()
+        return settings
