@@ -11,14 +11,25 @@ from aiohttp import web
 
 from services.console.server import Console
 from services.console.settings import ConsoleSettings
+from services.kit.internal_tls import client_credentials
 from services.kit.logging import configure, get_logger
 from services.kit.settings import SettingsError
 
 log = get_logger(__name__)
 
 
+def creation_channel(settings: ConsoleSettings) -> grpc.aio.Channel:
+    """The channel to creation's internal listener: mutual TLS when the deployment has it
+    (ATELIER_INTERNAL_TLS_*), plaintext otherwise."""
+    tls = client_credentials(settings.internal_tls)
+    address = settings.creation_internal_address
+    if tls is None:
+        return grpc.aio.insecure_channel(address)
+    return grpc.aio.secure_channel(address, tls)
+
+
 async def serve(settings: ConsoleSettings) -> None:
-    channel = grpc.aio.insecure_channel(settings.creation_internal_address)
+    channel = creation_channel(settings)
     console = Console(channel, settings.call_timeout_seconds, settings.caller_ttl_seconds)
     runner = web.AppRunner(console.app(), access_log=None)
     await runner.setup()

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from services.kit.internal_tls import read_internal_tls
 from services.kit.settings import DEFAULT_PORTS, EnvReader, port
+from services.kit.tls import ServerCertificateFiles
 
 DEFAULT_CONSOLE_PORT = 8090
 
@@ -23,6 +25,8 @@ class ConsoleSettings:
     # How long a credential's GetCaller answer (an operator or not) is trusted.
     caller_ttl_seconds: float
     log_level: str
+    # The internal listeners' mutual TLS (ATELIER_INTERNAL_TLS_*), None: plaintext.
+    internal_tls: ServerCertificateFiles | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ConsoleSettings:
@@ -39,6 +43,7 @@ class ConsoleSettings:
             log_level=reader.string(
                 "LOG_LEVEL", "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR")
             ),
+            internal_tls=read_internal_tls(reader),
         )
         reader.finish()
         return settings

@@ -15,9 +15,13 @@ from pathlib import Path
 
 import grpc
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
 from atelier.creation.v1 import creation_service_pb2_grpc
 from atelier.media.v1 import asset_pb2, media_internal_service_pb2, media_internal_service_pb2_grpc
+from services.console.app import creation_channel
+from services.console.server import Console
+from services.console.settings import ConsoleSettings
 from services.kit.identities import entry
 from services.kit.settings import SettingsError
 from services.kit.tls import channel_credentials
@@ -165,3 +169,33 @@ def test_a_certificate_without_the_ca_is_refused_at_start(pki: Pki, tmp_path: Pa
     assert "ATELIER_INTERNAL_TLS_CA must be set with ATELIER_INTERNAL_TLS_CERT" in str(
         refused.value
     )
+
+
+async def test_the_console_reaches_admin_service_over_mutual_tls(pki: Pki, stack: Stack) -> None:
+    address = f"127.0.0.1:{stack.creation.running.internal_port}"
+    env = {f"ATELIER_{k}": v for k, v in pki.settings(pki.creation).items()}
+    settings = ConsoleSettings.from_env({**env, "ATELIER_CREATION_INTERNAL_ADDRESS": address})
+    assert settings.internal_tls is not None
+    channel = creation_channel(settings)
+    console = Console(channel, call_timeout_seconds=5, caller_ttl_seconds=0)
+    try:
+        async with TestClient(TestServer(console.app())) as client:
+            signed_in = await client.post(
+                "/api/GetCaller", headers={"authorization": f"Bearer {OPERATOR}"}, json={}
+            )
+            assert signed_in.status == 200
+            assert (await signed_in.json())["identity"] == "alice"
+    finally:
+        await channel.close(None)
+    # Without the certificate the same listener never answers the console's call.
+    plain = ConsoleSettings.from_env({"ATELIER_CREATION_INTERNAL_ADDRESS": address})
+    channel = creation_channel(plain)
+    console = Console(channel, call_timeout_seconds=5, caller_ttl_seconds=0)
+    try:
+        async with TestClient(TestServer(console.app())) as client:
+            refused = await client.post(
+                "/api/GetCaller", headers={"authorization": f"Bearer {OPERATOR}"}, json={}
+            )
+            assert refused.status == 503
+    finally:
+        await channel.close(None)
