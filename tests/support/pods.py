@@ -32,6 +32,7 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.dev import postgres
 from tests.support.container_runtime import docker
 
 Manifest = dict[str, Any]
@@ -438,15 +439,23 @@ class PodRunner:
         ), pod.logs()
 
 
-def local_target(url: str) -> tuple[str, int] | str:
-    """Where a PostgreSQL or Redis URL of the test session's points: (host, port) or a
-    unix socket's path."""
-    if url.startswith("unix://"):
-        return url.removeprefix("unix://").split("?")[0]
-    found = re.match(r"^\w+://(?:[^@/]*@)?([^:/?]+)(?::(\d+))?", url)
-    assert found, url
-    default = 6379 if url.startswith("redis") else 5432
-    return found.group(1), int(found.group(2) or default)
+def reachable_url(url: str, forwarder: Forwarder, gateway: str) -> str:
+    """A PostgreSQL or Redis URL of the test session's (loopback or unix socket) as the pods
+    reach it: through a port of ``forwarder`` on the network's gateway."""
+    if url.startswith("redis") or url.startswith("unix://"):
+        if url.startswith("unix://"):
+            port = forwarder.forward(url.removeprefix("unix://").split("?")[0])
+            return f"redis://{gateway}:{port}/0"
+        found = re.match(r"^(rediss?://(?:[^@/]*@)?)([^:/?]+)(?::(\d+))?(.*)$", url)
+        assert found, url
+        port = forwarder.forward((found[2], int(found[3] or 6379)))
+        return f"{found[1]}{gateway}:{port}{found[4]}"
+    where = postgres.connect_kwargs(url)
+    host, server_port = str(where["host"]), int(str(where["port"]))
+    target = f"{host}/.s.PGSQL.{server_port}" if host.startswith("/") else (host, server_port)
+    port = forwarder.forward(target)
+    password = f":{where['password']}" if where["password"] else ""
+    return f"postgresql://{where['user']}{password}@{gateway}:{port}/{where['database']}"
 
 
 @contextmanager
