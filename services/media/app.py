@@ -1,5 +1,6 @@
 """Assembles the media service: storage backend, asset operations, both servicers,
-housekeeping and, for the local backend, the HTTP listener that serves signed URLs."""
+housekeeping, the thumbnail maker and, for the local backend, the HTTP listener that
+serves signed URLs."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from services.media.storage.s3 import S3Storage
 from services.media.storage.signing import UrlSigner
 from services.media.store.assets import AssetStore
 from services.media.thumbnail_backfill import ThumbnailBackfill
+from services.media.thumbnail_queue import ThumbnailQueue
 from services.media.thumbnails import Thumbnailer
 
 
@@ -55,8 +57,19 @@ def build(
     )
     storage = storage or open_storage(settings)
     store = AssetStore(database.engine)
-    # One for uploads and the backfill: its slots bound the decodes in memory at once.
+    # Its slots bound the decodes in memory at once.
     thumbnailer = Thumbnailer(settings.max_image_pixels)
+    thumbnails = ThumbnailQueue(
+        ThumbnailBackfill(
+            store,
+            storage,
+            thumbnailer,
+            batch=settings.thumbnail_backfill_batch,
+            chunk_bytes=settings.chunk_bytes,
+        ),
+        clock,
+        settings.thumbnail_poll_seconds,
+    )
     assets = Assets(
         store,
         storage,
@@ -69,7 +82,7 @@ def build(
             chunk_bytes=settings.chunk_bytes,
         ),
         clock,
-        thumbnailer,
+        on_output_ready=thumbnails.wake,
     )
     housekeeper = Housekeeper(
         store,
@@ -78,13 +91,6 @@ def build(
         batch_size=settings.housekeeping_batch,
         abandoned_write_age=timedelta(seconds=settings.abandoned_write_age_seconds),
         clock=clock,
-        backfill=ThumbnailBackfill(
-            store,
-            storage,
-            thumbnailer,
-            batch=settings.thumbnail_backfill_batch,
-            chunk_bytes=settings.chunk_bytes,
-        ),
     )
     importer = Importer(
         assets,
@@ -99,7 +105,10 @@ def build(
         ),
         settings.chunk_bytes,
     )
-    components: list[Component] = [TaskComponent("housekeeping", housekeeper.housekeeping_loop)]
+    components: list[Component] = [
+        TaskComponent("housekeeping", housekeeper.housekeeping_loop),
+        TaskComponent("thumbnails", thumbnails.make_thumbnails),
+    ]
     if isinstance(storage, LocalStorage):
         objects = ObjectHttpServer(storage, settings.common.host, settings.http_port, rows=store)
         components.append(TaskComponent("object_http", objects.serve_objects))

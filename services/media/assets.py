@@ -49,7 +49,13 @@ from services.media.errors import (
     UploadExpired,
     UploadRequestReused,
 )
-from services.media.images import ImageInspector
+from services.media.image_headers import (
+    FIRST_READ_BYTES,
+    LONGEST_READ_BYTES,
+    NeedMore,
+    header_dimensions,
+)
+from services.media.images import Dimensions, ImageInspector
 from services.media.spool import Spooled, SpoolLimitExceeded, read_chunks, spool
 from services.media.storage import (
     DownloadWindows,
@@ -62,7 +68,6 @@ from services.media.storage import (
     WholeObject,
 )
 from services.media.store.assets import AssetStore, Signable
-from services.media.thumbnails import Thumbnail, Thumbnailer
 
 log = get_logger(__name__)
 # The per-asset lines of a job's path (an upload reserved, an asset made ready) are DEBUG:
@@ -97,6 +102,10 @@ SPOOL_MEMORY_BYTES = 1024 * 1024
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+def _nobody() -> None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -165,15 +174,17 @@ class Assets:
         inspector: ImageInspector,
         limits: Limits,
         clock: Clock = utc_now,
-        thumbnailer: Thumbnailer | None = None,
+        on_output_ready: Callable[[], None] = _nobody,
     ) -> None:
-        """``thumbnailer``: makes the previews of generated outputs (None: no previews)."""
+        """``on_output_ready``: called when an output became ready (the thumbnail maker
+        wakes: it makes the previews of generated outputs in the background)."""
         self._store = store
         self._storage = storage
         self._inspector = inspector
+        self._max_pixels = inspector.max_pixels
         self._limits = limits
         self._clock = clock
-        self._thumbnailer = thumbnailer
+        self._on_output_ready = on_output_ready
 
     def _new_asset(
         self,
@@ -256,15 +267,20 @@ class Assets:
         return await self._complete(asset, asset.declared_size_bytes)
 
     async def _complete(self, asset: Asset, declared: int) -> Asset:
-        """Checks an uploaded object against its declaration and marks the asset ready
-        (with the thumbnail an output gets, stored first)."""
+        """Checks an uploaded object against its declaration and marks the asset ready.
+        An output is judged from its stored object's metadata and header (its bytes are
+        never read whole here; media makes its thumbnail in the background); a client's
+        upload is read and decoded in full."""
         asset_id = asset.asset_id
         _require_completable(asset, self._clock())
         stat = await self._storage.stat(asset.object_key)
         if stat is None:
             raise await self._why_missing(asset_id)
         try:
-            facts, thumbnail = await self._verify_upload(asset, declared, stat)
+            if asset.purpose is Purpose.AI_OUTPUT:
+                facts = await self._verify_output(asset, declared, stat)
+            else:
+                facts = await self._verify_upload(asset, declared, stat)
         except ObjectNotFound:
             raise await self._why_missing(asset_id) from None
         except ContentRejected as rejected:
@@ -274,12 +290,7 @@ class Assets:
                 await self._storage.delete(asset.object_key)
             log.info("upload_rejected", asset_id=str(asset_id), reason=rejected.reason)
             raise
-        # A repeat after a crash finds the thumbnail it stored: the same bytes made it.
-        with contextlib.suppress(ObjectExists):
-            await self._store_thumbnail(asset, thumbnail)
-        ready = await self._store.mark_ready(
-            asset_id, facts, self._clock(), asset.rejected_uploads, _content_type(thumbnail)
-        )
+        ready = await self._store.mark_ready(asset_id, facts, self._clock(), asset.rejected_uploads)
         if ready is None:
             # Someone else completed it, housekeeping removed it, or a racing check
             # rejected the bytes we read, while we checked.
@@ -288,20 +299,37 @@ class Assets:
                 _require_completable(current, self._clock())
             raise UploadChanged()
         _READY[ready.purpose, "upload"].inc()
+        if ready.purpose is Purpose.AI_OUTPUT:
+            self._on_output_ready()
         log.debug("upload_completed", asset_id=str(asset_id), size_bytes=facts.size_bytes)
         return ready
 
-    async def _verify_upload(
-        self, asset: Asset, declared: int, stat: ObjectStat
-    ) -> tuple[ContentFacts, Thumbnail | None]:
-        if stat.size_bytes != declared:
-            raise _size_mismatch(declared, stat.size_bytes)
-        stored_type = (stat.content_type or asset.content_type).split(";")[0].strip().lower()
-        if stored_type != asset.content_type:
+    async def _verify_output(self, asset: Asset, declared: int, stat: ObjectStat) -> ContentFacts:
+        """An uploaded output, judged without reading it whole: its size and type as the
+        store keeps them, its hash as the store checked it at the PUT (the URL was signed
+        with it), its format and pixel count from its header (a bomb is refused here)."""
+        _require_declared(asset, declared, stat)
+        if asset.declared_sha256 is None:
+            raise ContentRejected(Reason.HASH_MISMATCH, "an output must declare its sha256")
+        if stat.sha256 is not None and stat.sha256 != asset.declared_sha256:
             raise ContentRejected(
-                Reason.CONTENT_TYPE_MISMATCH,
-                f"the upload was sent as {stored_type}, but {asset.content_type} was declared",
+                Reason.HASH_MISMATCH, "the bytes' SHA-256 differs from the declared sha256"
             )
+        dimensions = await self._header_dimensions(asset, declared)
+        return ContentFacts(declared, asset.declared_sha256, dimensions.width, dimensions.height)
+
+    async def _header_dimensions(self, asset: Asset, size: int) -> Dimensions:
+        wanted = min(size, FIRST_READ_BYTES)
+        while True:
+            head = await self._storage.read_head(asset.object_key, wanted)
+            whole = len(head) >= size or wanted >= LONGEST_READ_BYTES
+            try:
+                return header_dimensions(head, asset.content_type, self._max_pixels, whole)
+            except NeedMore:
+                wanted = min(size, LONGEST_READ_BYTES)
+
+    async def _verify_upload(self, asset: Asset, declared: int, stat: ObjectStat) -> ContentFacts:
+        _require_declared(asset, declared, stat)
         try:
             spooled = await self._spool(
                 self._storage.stream(asset.object_key, self._limits.chunk_bytes), declared
@@ -318,11 +346,9 @@ class Assets:
             dimensions = await self._inspector.inspect(
                 spooled.file, asset.content_type, spooled.in_memory
             )
-            thumbnail = await self._thumbnail(asset.purpose, asset.content_type, spooled)
         finally:
             spooled.close()
-        facts = ContentFacts(spooled.size, spooled.sha256, dimensions.width, dimensions.height)
-        return facts, thumbnail
+        return ContentFacts(spooled.size, spooled.sha256, dimensions.width, dimensions.height)
 
     async def _why_missing(self, asset_id: uuid.UUID) -> MediaError:
         """No object: not uploaded yet, unless the upload meanwhile expired or was removed
@@ -370,8 +396,10 @@ class Assets:
             _require_completable(stored, self._clock())
             assert stored.upload_expires_at is not None
             asset, expires_at = stored, stored.upload_expires_at
+        # Signed with the hash: the store refuses other bytes at the PUT, so the commit
+        # need not read them.
         request = await self._storage.presign_put(
-            asset.object_key, content_type, size_bytes, expires_at
+            asset.object_key, content_type, size_bytes, expires_at, sha256=sha256
         )
         _RESERVED[Purpose.AI_OUTPUT].inc()
         log.debug("output_upload_reserved", asset_id=str(asset.asset_id), size_bytes=size_bytes)
@@ -423,18 +451,17 @@ class Assets:
                 spooled.file, content_type, spooled.in_memory
             )
             facts = ContentFacts(spooled.size, spooled.sha256, dimensions.width, dimensions.height)
-            thumbnail = await self._thumbnail(purpose, content_type, spooled)
             if idempotency_key is None:
-                ready = await self._put_new(
-                    owner_user_id, purpose, content_type, spooled, facts, thumbnail
-                )
+                ready = await self._put_new(owner_user_id, purpose, content_type, spooled, facts)
             else:
                 ready = await self._put_keyed(
-                    owner_user_id, purpose, content_type, spooled, facts, idempotency_key, thumbnail
+                    owner_user_id, purpose, content_type, spooled, facts, idempotency_key
                 )
         finally:
             spooled.close()
         _READY[purpose, "put"].inc()
+        if purpose is Purpose.AI_OUTPUT:
+            self._on_output_ready()
         log.debug(
             "asset_stored",
             asset_id=str(ready.asset_id),
@@ -443,19 +470,6 @@ class Assets:
         )
         return ready
 
-    async def _thumbnail(
-        self, purpose: Purpose, content_type: str, spooled: Spooled
-    ) -> Thumbnail | None:
-        """A generated output's preview; None for inputs, or when it cannot be made (the
-        output is still stored: a grid shows it without a preview rather than lose it)."""
-        if self._thumbnailer is None or purpose is not Purpose.AI_OUTPUT:
-            return None
-        try:
-            return await self._thumbnailer.make(spooled.file, content_type)
-        except ContentRejected as refused:
-            log.warning("thumbnail_not_made", reason=refused.reason)
-            return None
-
     async def _put_new(
         self,
         owner_user_id: str,
@@ -463,19 +477,15 @@ class Assets:
         content_type: str,
         spooled: Spooled,
         facts: ContentFacts,
-        thumbnail: Thumbnail | None,
     ) -> Asset:
         asset, _ = self._new_asset(owner_user_id, purpose, content_type)
         await self._store.insert_uploading(asset)
         try:
             await self._store_object(asset, spooled)
-            await self._store_thumbnail(asset, thumbnail)
         except BaseException:
             await asyncio.shield(self._discard(asset))
             raise
-        ready = await self._store.mark_ready(
-            asset.asset_id, facts, self._clock(), 0, _content_type(thumbnail)
-        )
+        ready = await self._store.mark_ready(asset.asset_id, facts, self._clock(), 0)
         if ready is None:
             # Housekeeping judged it abandoned (the store took longer than the TTL).
             await self._remove_objects(asset)
@@ -490,7 +500,6 @@ class Assets:
         spooled: Spooled,
         facts: ContentFacts,
         key: str,
-        thumbnail: Thumbnail | None,
     ) -> Asset:
         """The row is claimed under the key first, with the bytes' hash declared: a repeat
         with the same bytes finds it and returns it (or finishes it, when the first call
@@ -509,11 +518,7 @@ class Assets:
         # the row declares their hash) and died before the asset was marked ready.
         with contextlib.suppress(ObjectExists):
             await self._store_object(asset, spooled)
-        with contextlib.suppress(ObjectExists):
-            await self._store_thumbnail(asset, thumbnail)
-        ready = await self._store.mark_ready(
-            asset.asset_id, facts, self._clock(), 0, _content_type(thumbnail)
-        )
+        ready = await self._store.mark_ready(asset.asset_id, facts, self._clock(), 0)
         if ready is not None:
             return ready
         # Someone finished it first (a racing repeat), or it was deleted meanwhile.
@@ -530,12 +535,6 @@ class Assets:
             else WholeObject(data, self._limits.chunk_bytes)
         )
         await self._storage.put(asset.object_key, chunks, asset.content_type)
-
-    async def _store_thumbnail(self, asset: Asset, thumbnail: Thumbnail | None) -> None:
-        if thumbnail is None:
-            return
-        chunks = WholeObject(thumbnail.data, self._limits.chunk_bytes)
-        await self._storage.put(thumbnail_key(asset.object_key), chunks, thumbnail.content_type)
 
     async def _remove_objects(self, asset: Asset) -> None:
         """The asset's object and its thumbnail's (whether or not one was made)."""
@@ -654,10 +653,6 @@ class Assets:
         return asset
 
 
-def _content_type(thumbnail: Thumbnail | None) -> str | None:
-    return None if thumbnail is None else thumbnail.content_type
-
-
 def _require_completable(asset: Asset, now: datetime) -> None:
     if asset.status == Status.READY:
         raise UploadAlreadyCompleted()
@@ -706,6 +701,18 @@ def _require_ready(asset: Asset) -> Asset:
     if asset.status != Status.READY:
         raise AssetNotReady()
     return asset
+
+
+def _require_declared(asset: Asset, declared: int, stat: ObjectStat) -> None:
+    """The stored object's size and type are the declared ones."""
+    if stat.size_bytes != declared:
+        raise _size_mismatch(declared, stat.size_bytes)
+    stored_type = (stat.content_type or asset.content_type).split(";")[0].strip().lower()
+    if stored_type != asset.content_type:
+        raise ContentRejected(
+            Reason.CONTENT_TYPE_MISMATCH,
+            f"the upload was sent as {stored_type}, but {asset.content_type} was declared",
+        )
 
 
 def _size_mismatch(declared: int, found: int | None) -> ContentRejected:

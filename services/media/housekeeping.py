@@ -10,8 +10,9 @@ client leaves behind stays forever:
 - unfinished writes older than the abandoned-write age: the local backend's
   ``.incoming/*.part`` files, S3's incomplete multipart uploads. A write in progress is
   younger (a local write refreshes its file with every chunk), so it is never touched;
-- outputs stored before media made thumbnails get theirs, a bounded number per round
-  (services/media/thumbnail_backfill.py).
+- given a backfill, outputs without a thumbnail get theirs, a bounded number per round
+  (services/media/thumbnail_backfill.py; the service runs it as a component of its own,
+  services/media/thumbnail_queue.py, so a preview follows its output within moments).
 
 What S3 cannot do: a presigned URL cannot be revoked. Until its expiry, the holder of an
 upload URL of a deleted asset can PUT an object again, and a download URL handed out

@@ -19,6 +19,7 @@ so a client that was handed a URL can always connect.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 import socket
 import time
@@ -54,6 +55,7 @@ READ_BYTES = 256 * 1024
 _SECURITY_HEADERS = {"X-Content-Type-Options": "nosniff"}
 # What we sign: an expiry in epoch seconds, a size in bytes. Nothing longer is ours.
 _SIGNED_NUMBER = re.compile(r"[0-9]{1,15}")
+_SIGNED_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class AssetRows(Protocol):
@@ -62,6 +64,10 @@ class AssetRows(Protocol):
 
 class IncompleteBody(Exception):
     """The client sent fewer bytes than it declared."""
+
+
+class OtherBytes(Exception):
+    """The body's SHA-256 is not the one the upload URL was signed for."""
 
 
 def _single(request: web.BaseRequest, name: str) -> str:
@@ -135,7 +141,13 @@ class ObjectHttpServer:
             return internal_answer()
 
     def _check(
-        self, request: web.BaseRequest, method: str, key: str, content_type: str, size: int | None
+        self,
+        request: web.BaseRequest,
+        method: str,
+        key: str,
+        content_type: str,
+        size: int | None,
+        sha256: str | None = None,
     ) -> None:
         """Returns when the request is signed for exactly this; else raises Refused."""
         missing = "the URL is not a signed media URL"
@@ -151,6 +163,7 @@ class ObjectHttpServer:
             size=size,
             signature=signature,
             now=self._clock(),
+            sha256=sha256,
         )
         if verdict is Verdict.BAD_SIGNATURE:
             raise Refused(403, Reason.SIGNATURE_MISMATCH, _mismatch(method, content_type))
@@ -160,8 +173,9 @@ class ObjectHttpServer:
     async def _put(self, request: web.BaseRequest) -> web.StreamResponse:
         key = _object_key(request)
         signed_size = _signed_number(request, "size", "the URL is not a signed upload URL")
+        sha256 = _signed_sha256(request)
         content_type = request.headers.get("Content-Type", "")
-        self._check(request, "PUT", key, content_type, signed_size)
+        self._check(request, "PUT", key, content_type, signed_size, sha256)
         if self._rows is not None:
             status = await self._rows.status_by_key(key)
             if status is Status.READY:
@@ -176,7 +190,11 @@ class ObjectHttpServer:
                 413, Reason.TOO_LARGE, f"at most {byte_size(signed_size)} may be uploaded"
             )
         try:
-            await self._storage.put(key, _body(request, length), content_type)
+            await self._storage.put(key, _body(request, length, sha256), content_type)
+        except OtherBytes:
+            raise Refused(
+                400, Reason.HASH_MISMATCH, "the bytes' SHA-256 differs from the declared sha256"
+            ) from None
         except ObjectExists:
             raise Refused(412, Reason.OBJECT_EXISTS, "the object was already uploaded") from None
         except (IncompleteBody, ConnectionError):
@@ -247,10 +265,29 @@ def _gone(status: Status | None) -> Refused:
     return Refused(404, Reason.NO_SUCH_OBJECT, "no such object")
 
 
-async def _body(request: web.BaseRequest, length: int) -> AsyncIterator[bytes]:
+def _signed_sha256(request: web.BaseRequest) -> str | None:
+    """The hash an upload URL was signed with (None: it was signed without one)."""
+    text = _single(request, "sha256")
+    if not text:
+        return None
+    if not _SIGNED_SHA256.fullmatch(text):
+        raise Refused(403, Reason.SIGNATURE_MISMATCH, "sha256 is not what was signed")
+    return text
+
+
+async def _body(request: web.BaseRequest, length: int, sha256: str | None) -> AsyncIterator[bytes]:
+    """The body as it arrives; with ``sha256``, hashed on the way. A mismatch raises
+    after the last chunk, before the storage publishes the object (it writes to a
+    temporary file and discards it when this raises): other bytes never appear under
+    the key."""
     received = 0
+    digest = hashlib.sha256() if sha256 is not None else None
     async for chunk in request.content.iter_chunked(READ_BYTES):
         received += len(chunk)
+        if digest is not None:
+            digest.update(chunk)
         yield chunk
     if received != length:
         raise IncompleteBody()
+    if digest is not None and digest.hexdigest() != sha256:
+        raise OtherBytes()

@@ -106,6 +106,10 @@ class ImageInspector:
         self._max_pixels = max_pixels
         self._slots = asyncio.Semaphore(concurrency)
 
+    @property
+    def max_pixels(self) -> int:
+        return self._max_pixels
+
     async def inspect(
         self, file: IO[bytes], content_type: str, in_memory: bool = False
     ) -> Dimensions:

@@ -65,6 +65,7 @@ class MediaSettings:
     housekeeping_batch: int
     abandoned_write_age_seconds: int
     thumbnail_backfill_batch: int
+    thumbnail_poll_seconds: float
     # ImportAsset: the fetch's time limit, the networks a test allows beside public
     # addresses (never in prod), and a CA file trusted beside the system's (tests).
     import_timeout_seconds: float = 10.0
@@ -135,10 +136,16 @@ class MediaSettings:
             abandoned_write_age_seconds=reader.integer(
                 "MEDIA_ABANDONED_WRITE_AGE", 3600, minimum=60, maximum=PRESIGN_MAX_SECONDS
             ),
-            # Outputs stored without a thumbnail (before migration 0005) given one per
-            # housekeeping round, at most; 0 turns the backfill off.
+            # Ready outputs without a thumbnail that the thumbnail maker takes per round,
+            # at most (every new output, and those stored before migration 0005); 0 turns
+            # thumbnails off.
             thumbnail_backfill_batch=reader.integer(
                 "MEDIA_THUMBNAIL_BACKFILL_BATCH", 20, minimum=0, maximum=1000
+            ),
+            # How often the thumbnail maker looks for outputs another replica committed
+            # (one committed here wakes it at once).
+            thumbnail_poll_seconds=reader.seconds(
+                "MEDIA_THUMBNAIL_POLL", 1.0, minimum=0.05, maximum=60
             ),
             import_timeout_seconds=reader.seconds(
                 "MEDIA_IMPORT_TIMEOUT", 10, minimum=0.5, maximum=60

@@ -1,6 +1,7 @@
-"""Thumbnails for the outputs stored before media made them (migration 0005), so a
-history grid shows a preview for old jobs too. A housekeeping pass: each round takes at
-most ``batch`` outputs (0: off), a few at a time.
+"""Thumbnails for ready outputs that have none: every output committed since thumbnails
+left the job's path (media makes them in the background, thumbnail_queue.py runs the
+rounds), and those stored before media made them at all (migration 0005). Each round
+takes at most ``batch`` outputs (0: off), a few at a time.
 
 Claiming stamps ``thumbnail_claimed_at`` in one statement (its row locks taken with SKIP
 LOCKED and released at once): replicas take disjoint rows, and no row lock or pooled
@@ -57,6 +58,8 @@ class BackfillRound:
     made: int
     # Marked: gone or not decodable, never tried again.
     failed: int
+    # Claimed in all (a full round: more may be waiting).
+    taken: int = 0
 
 
 class ThumbnailBackfill:
@@ -102,10 +105,15 @@ class ThumbnailBackfill:
         done = BackfillRound(
             made=outcomes.count("made"),
             failed=outcomes.count(OBJECT_MISSING) + outcomes.count(NOT_DECODABLE),
+            taken=taken,
         )
-        if outcomes:
+        if done.failed:
             log.info("thumbnails_backfilled", made=done.made, failed=done.failed)
         return done
+
+    @property
+    def batch(self) -> int:
+        return self._batch
 
     async def _release(self, claimed: list[ThumbnailWanted], now: datetime) -> None:
         # Best effort: with the database down too, the claims simply go stale.

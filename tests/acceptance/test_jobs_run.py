@@ -27,7 +27,7 @@ from services.dev.stack import Stack
 from tests.acceptance.test_jobs_edge import User, job_body, put_input
 from tests.support.pictures import encode, scene
 from tests.support.rpc import bad_request, bearer, error_info
-from tests.support.stacks import job_in, stack_of_its_own
+from tests.support.stacks import job_in, job_with_thumbnails, stack_of_its_own
 
 HEARTBEAT_SECONDS = 1.0
 STUB_MAX_PIXELS = 1_000_000
@@ -105,6 +105,9 @@ async def outputs_a_client_can_cache_and_lay_out(
         found: list[dict[str, Any]] = got.json()["job"]["outputs"]
         return found
 
+    # The thumbnail follows the job (media makes it in the background): read once it
+    # is there, so both reads see the same outputs.
+    await job_with_thumbnails(http, url, user.headers, job_id)
     read_at = datetime.now(UTC)
     first, second = await outputs(), await outputs()
     if first[0]["urlExpireTime"] != second[0]["urlExpireTime"]:

@@ -453,19 +453,25 @@ async def test_a_remote_worker_completes_jobs_and_replays_a_dropped_claim(
         job_ids, 1
     )
     # Each output was reserved with its size declared and PUT by the worker (PutAsset's
-    # assets declare none), then completed with a thumbnail, before its job succeeded.
+    # assets declare none), then completed before its job succeeded; its thumbnail
+    # follows, made by media in the background.
     outputs = [uuid.UUID(o) for j in finished.values() for o in j.outputs]
-    async with db.connect() as connection:
-        rows = (
-            await connection.execute(
-                text(
-                    "SELECT status, declared_size_bytes = size_bytes, thumbnail_content_type,"
-                    " idempotency_key LIKE 'creation:job:%' FROM media.assets"
-                    " WHERE asset_id = ANY(:ids)"
-                ),
-                {"ids": outputs},
-            )
-        ).all()
+    deadline = time.monotonic() + 30
+    while True:
+        async with db.connect() as connection:
+            rows = (
+                await connection.execute(
+                    text(
+                        "SELECT status, declared_size_bytes = size_bytes, thumbnail_content_type,"
+                        " idempotency_key LIKE 'creation:job:%' FROM media.assets"
+                        " WHERE asset_id = ANY(:ids)"
+                    ),
+                    {"ids": outputs},
+                )
+            ).all()
+        if all(r.thumbnail_content_type for r in rows) or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
     assert [tuple(r) for r in rows] == [("ready", True, "image/webp", True)] * len(job_ids)
     events = await read_events(db, job_ids)
     for history in events.values():

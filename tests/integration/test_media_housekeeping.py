@@ -203,6 +203,10 @@ async def test_objects_of_deleted_assets_are_removed_once_in_batches(
     owner = f"owner-{uuid.uuid4()}"
     orphans = [await put_png(media, owner) for _ in range(7)]
     kept = await put_png(media, owner)
+    # Each output gets its thumbnail from the thumbnail maker, beside its object.
+    await media.make_thumbnails()
+    for asset in [*orphans, kept]:
+        assert await media.storage.stat(thumbnail_key(asset.object_key)) is not None
     for asset in orphans:
         # What a crash between DeleteAsset's two steps leaves: the row says deleted, the
         # object is still there.

@@ -1,8 +1,9 @@
 """Thumbnails of generated outputs and GetAssetUrls, on both storage backends, over a real
-in-process media: PutAsset of an output stores a WebP preview beside the object and
-records it; GetAssetUrls signs many assets at once (the picture and its thumbnail, both
-downloadable), leaving out what is not ready; GetAssetUrl and the public GetAsset hand out
-the thumbnail too; deleting the asset removes both objects."""
+in-process media: once an output is stored, the thumbnail maker (one round of it here)
+stores a WebP preview beside the object and records it; GetAssetUrls signs many assets
+at once (the picture and its thumbnail, both downloadable), leaving out what is not
+ready; GetAssetUrl and the public GetAsset hand out the thumbnail too; deleting the
+asset removes both objects."""
 
 from __future__ import annotations
 
@@ -72,6 +73,7 @@ async def test_an_output_gets_a_thumbnail_that_every_url_call_hands_out(
         output = await put(stub, picture, asset_pb2.ASSET_PURPOSE_AI_OUTPUT)
         other = await put(stub, picture, asset_pb2.ASSET_PURPOSE_AI_OUTPUT)
         photo = await put(stub, picture, asset_pb2.ASSET_PURPOSE_AI_INPUT)
+        await media.make_thumbnails()
         key = await object_key_of(media, output.asset_id)
         assert await media.storage.stat(thumbnail_key(key)) is not None
 
@@ -134,6 +136,7 @@ async def test_urls_stay_the_same_within_a_window_and_say_what_the_image_is(
     async with media.internal_channel() as internal, media.public_channel() as public:
         stub = Stub(internal)
         output = await put(stub, picture, asset_pb2.ASSET_PURPOSE_AI_OUTPUT)
+        await media.make_thumbnails()
         ask = pb.GetAssetUrlsRequest(asset_ids=[output.asset_id])
 
         media.clock.now = start + timedelta(seconds=2)

@@ -7,7 +7,10 @@ back through its signed GET URL, never through ReadAsset."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import hashlib
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -159,6 +162,7 @@ async def test_an_upload_killed_before_its_commit_is_committed_by_the_resumed_at
     ],
 )
 async def test_a_hostile_output_is_refused_and_never_ready(
+    bucket: S3Settings | None,
     media: MediaHarness,
     client: MediaClient,
     transfer: ObjectTransfer,
@@ -168,6 +172,18 @@ async def test_a_hostile_output_is_refused_and_never_ready(
     sent: bytes | None,
 ) -> None:
     owner = str(uuid.uuid4())
+    if sent is not None and bucket is not None:
+        # S3 checks the signed x-amz-checksum-sha256 itself and answers BadDigest to other
+        # bytes; moto does not check it. What this test can see: the PUT is signed with
+        # the declared hash, so S3 would refuse them.
+        upload = await client.reserve_output(
+            owner, content_type, len(data), hashlib.sha256(data).hexdigest(), "creation:k:other"
+        )
+        checksum = base64.b64encode(hashlib.sha256(data).digest()).decode()
+        assert upload.headers["x-amz-checksum-sha256"] == checksum
+        signed_headers = upload.url.split("X-Amz-SignedHeaders=")[1].split("&")[0]
+        assert "x-amz-checksum-sha256" in signed_headers.split("%3B")
+        return
     with pytest.raises(AssetRefused):
         await land(client, transfer, owner, data, content_type, sent=sent)
     assert "ready" not in await statuses(media, owner), name
@@ -205,3 +221,94 @@ async def test_a_body_over_the_signed_size_is_refused_at_the_put(
     else:
         assert answer.status_code in (400, 403, 413), answer.text
     assert "ready" not in await statuses(media, owner)
+
+
+@pytest.fixture
+async def thumbnailing_media(
+    bucket: S3Settings | None, media_url: str, tmp_path: Path
+) -> AsyncIterator[MediaHarness]:
+    """media with its thumbnail maker running, as in service."""
+    settings = media_settings(
+        media_url,
+        tmp_path,
+        MAX_UPLOAD_BYTES=str(MAX_UPLOAD),
+        MEDIA_THUMBNAIL_BACKFILL_BATCH="20",
+        MEDIA_THUMBNAIL_POLL="0.2",
+        **PATIENT,
+    )
+    async with running_media(settings, None if bucket is None else S3Storage(bucket)) as harness:
+        yield harness
+
+
+def patient_client(media: MediaHarness) -> MediaClient:
+    return MediaClient(
+        f"127.0.0.1:{media.running.internal_port}", DEV_SERVICE_TOKEN, timeout_seconds=10
+    )
+
+
+async def thumbnail_state(media: MediaHarness, asset_id: str) -> tuple[str | None, str | None]:
+    async with media.engine.connect() as connection:
+        row = (
+            await connection.exec_driver_sql(
+                "SELECT thumbnail_content_type, thumbnail_failure FROM media.assets"
+                " WHERE asset_id = $1",
+                (uuid.UUID(asset_id),),
+            )
+        ).one()
+    return row.thumbnail_content_type, row.thumbnail_failure
+
+
+async def until_thumbnail_settled(
+    media: MediaHarness, asset_id: str
+) -> tuple[str | None, str | None]:
+    deadline = time.monotonic() + 20
+    while True:
+        state = await thumbnail_state(media, asset_id)
+        if state != (None, None):
+            return state
+        assert time.monotonic() < deadline, "the thumbnail maker never took the output"
+        await asyncio.sleep(0.05)
+
+
+async def test_the_thumbnail_follows_the_commit_in_the_background(
+    thumbnailing_media: MediaHarness, transfer: ObjectTransfer
+) -> None:
+    """The commit answers READY without a preview; media makes it afterwards, and from
+    then on the output's URLs include it."""
+    media = thumbnailing_media
+    client = patient_client(media)
+    try:
+        owner = str(uuid.uuid4())
+        asset_id = await land(client, transfer, owner, image_bytes("PNG", 400, 300))
+        assert await until_thumbnail_settled(media, asset_id) == ("image/webp", None)
+        urls = await client.output_urls([asset_id])
+        thumbnail = urls[asset_id].thumbnail
+        assert thumbnail is not None
+        async with httpx.AsyncClient() as http:
+            got = await http.get(thumbnail.url)
+        assert got.status_code == 200 and got.content[:4] == b"RIFF"
+    finally:
+        await client.close()
+
+
+async def test_the_commit_reads_the_header_only_and_the_thumbnail_maker_finds_a_broken_body(
+    thumbnailing_media: MediaHarness, transfer: ObjectTransfer
+) -> None:
+    """A PNG whose header is sound and whose pixel data is not: the commit judges the
+    header (format, size, pixel count) and makes it READY without decoding a pixel; the
+    thumbnail maker, which does decode, marks it not decodable, and it never gets a
+    preview (its picture's URL still works)."""
+    media = thumbnailing_media
+    client = patient_client(media)
+    try:
+        data = bytearray(image_bytes("PNG", 200, 150))
+        start = data.index(b"IDAT") + 4
+        data[start : start + 64] = b"\x00" * 64  # the compressed pixels, wiped
+        asset_id = await land(client, transfer, str(uuid.uuid4()), bytes(data))
+        info = await client.asset_info(asset_id)
+        assert info is not None and info.status == "ready"
+        assert await until_thumbnail_settled(media, asset_id) == (None, "not_decodable")
+        urls = await client.output_urls([asset_id])
+        assert urls[asset_id].image.url and urls[asset_id].thumbnail is None
+    finally:
+        await client.close()

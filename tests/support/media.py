@@ -35,6 +35,8 @@ from services.media.housekeeping import Housekeeper
 from services.media.settings import MediaSettings
 from services.media.storage import ObjectStorage
 from services.media.store.assets import AssetStore
+from services.media.thumbnail_backfill import ThumbnailBackfill
+from services.media.thumbnails import Thumbnailer
 
 
 def image_bytes(fmt: str, width: int = 64, height: int = 48, **save: object) -> bytes:
@@ -141,6 +143,18 @@ class MediaHarness:
             self.store, self.storage, period_seconds=60, batch_size=batch_size, clock=self.clock
         )
 
+    async def make_thumbnails(self) -> int:
+        """One round of the thumbnail maker (off in these tests unless a test turns it
+        on): every ready output without a thumbnail gets one. How many were made."""
+        backfill = ThumbnailBackfill(
+            self.store,
+            self.storage,
+            Thumbnailer(self.settings.max_image_pixels),
+            batch=1000,
+            chunk_bytes=self.settings.chunk_bytes,
+        )
+        return (await backfill.run(self.clock.now)).made
+
 
 def media_settings(database_url: str, work: Path, **extra: str) -> MediaSettings:
     http_port = free_port()
@@ -153,7 +167,8 @@ def media_settings(database_url: str, work: Path, **extra: str) -> MediaSettings
             "ATELIER_MEDIA_PUBLIC_BASE_URL": f"http://127.0.0.1:{http_port}",
             # Tests sweep when they choose to; the loop's first sweep runs at start only.
             "ATELIER_MEDIA_HOUSEKEEPING_PERIOD": "3600",
-            # Nor does that sweep make thumbnails of rows a test wrote as old outputs.
+            # Nor does the thumbnail maker run (it would also take rows a test wrote as
+            # old outputs): a test makes thumbnails with make_thumbnails, or turns it on.
             "ATELIER_MEDIA_THUMBNAIL_BACKFILL_BATCH": "0",
             # Decoding and storing a picture can outlast the 3 s default on a loaded
             # machine; the tests whose subject is a deadline set their own.

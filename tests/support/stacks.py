@@ -67,3 +67,25 @@ async def job_in(
             return job
         assert time.monotonic() < deadline, f"still {job['status']} after {within} s"
         await asyncio.sleep(0.05)
+
+
+async def job_with_thumbnails(
+    http: httpx.AsyncClient,
+    edge_url: str,
+    headers: Mapping[str, str],
+    job_id: str,
+    within: float = 30.0,
+) -> dict[str, Any]:
+    """The succeeded job, read through the edge, once every output carries its thumbnail
+    URL: media makes thumbnails in the background, after the job succeeded (until then an
+    output has its picture's URL only). Fails after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        job: dict[str, Any] = (
+            await http.get(f"{edge_url}/v1/jobs/{job_id}", headers=dict(headers))
+        ).json()["job"]
+        outputs = job.get("outputs", [])
+        if job["status"] == "JOB_STATUS_SUCCEEDED" and all(o.get("thumbnailUrl") for o in outputs):
+            return job
+        assert time.monotonic() < deadline, f"no thumbnails after {within} s: {job}"
+        await asyncio.sleep(0.05)

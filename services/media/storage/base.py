@@ -72,6 +72,9 @@ class ObjectStat:
     size_bytes: int
     # As stored with the object; None where the backend keeps none (local).
     content_type: str | None
+    # The SHA-256 (hex) the store checked the upload against, when it reports one (S3
+    # with a checksum; the local listener checks a signed hash before publishing).
+    sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -108,15 +111,28 @@ class ObjectStorage(Protocol):
 
     async def stat(self, key: str) -> ObjectStat | None: ...
 
+    async def read_head(self, key: str, max_bytes: int) -> bytes:
+        """The object's first ``max_bytes`` bytes (all of a smaller one), read without the
+        rest. Raises ObjectNotFound."""
+        ...
+
     async def delete(self, key: str) -> None:
         """Removes the object; removing a missing one succeeds."""
         ...
 
     async def presign_put(
-        self, key: str, content_type: str, size_bytes: int, expires_at: datetime
+        self,
+        key: str,
+        content_type: str,
+        size_bytes: int,
+        expires_at: datetime,
+        sha256: str | None = None,
     ) -> SignedRequest:
         """A PUT that creates the object with exactly this content type and at most (S3:
-        exactly) this many bytes, and never replaces an existing object."""
+        exactly) this many bytes, and never replaces an existing object. With ``sha256``
+        (hex), the store refuses a body of other bytes: S3 checks the signed
+        ``x-amz-checksum-sha256``, media's listener the signed hash, before the object
+        appears."""
         ...
 
     async def presign_get(

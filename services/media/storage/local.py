@@ -105,6 +105,12 @@ class LocalStorage:
         size = await _io(_size_if_present, self.path_of(key))
         return None if size is None else ObjectStat(size_bytes=size, content_type=None)
 
+    async def read_head(self, key: str, max_bytes: int) -> bytes:
+        head = await _io(_read_head, self.path_of(key), max_bytes)
+        if head is None:
+            raise ObjectNotFound(key)
+        return head
+
     async def delete(self, key: str) -> None:
         await _io(self.path_of(key).unlink, missing_ok=True)
 
@@ -115,10 +121,17 @@ class LocalStorage:
         return await _io(_remove_stale_parts, self.root / INCOMING, older_than.timestamp(), limit)
 
     async def presign_put(
-        self, key: str, content_type: str, size_bytes: int, expires_at: datetime
+        self,
+        key: str,
+        content_type: str,
+        size_bytes: int,
+        expires_at: datetime,
+        sha256: str | None = None,
     ) -> SignedRequest:
         self.path_of(key)
-        url = self.signer.put_url(key, content_type, size_bytes, int(expires_at.timestamp()))
+        url = self.signer.put_url(
+            key, content_type, size_bytes, int(expires_at.timestamp()), sha256=sha256
+        )
         return SignedRequest("PUT", url, {"Content-Type": content_type})
 
     async def presign_get(
@@ -165,6 +178,14 @@ def _open_and_read(path: Path, chunk_bytes: int) -> tuple[BinaryIO | None, bytes
         file.close()
         return None, chunk
     return file, chunk
+
+
+def _read_head(path: Path, max_bytes: int) -> bytes | None:
+    try:
+        with path.open("rb") as file:
+            return file.read(max_bytes)
+    except FileNotFoundError:
+        return None
 
 
 def _size_if_present(path: Path) -> int | None:

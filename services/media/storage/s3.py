@@ -15,6 +15,7 @@ presigns only while one is asked for (``_SIGNING_TIME``).
 from __future__ import annotations
 
 import asyncio
+import base64
 import math
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
 from contextlib import AsyncExitStack, contextmanager
@@ -289,12 +290,33 @@ class S3Storage:
         client, _ = await self._clients()
         try:
             with _answering():
-                head = await client.head_object(Bucket=self.bucket, Key=key)
+                head = await client.head_object(Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
         except ClientError as error:
             if _code(error) in _MISSING:
                 return None
             raise
-        return ObjectStat(size_bytes=head["ContentLength"], content_type=head.get("ContentType"))
+        checksum = head.get("ChecksumSHA256")
+        return ObjectStat(
+            size_bytes=head["ContentLength"],
+            content_type=head.get("ContentType"),
+            sha256=None if not checksum else base64.b64decode(checksum).hex(),
+        )
+
+    async def read_head(self, key: str, max_bytes: int) -> bytes:
+        client, _ = await self._clients()
+        try:
+            with _answering():
+                response = await client.get_object(
+                    Bucket=self.bucket, Key=key, Range=f"bytes=0-{max_bytes - 1}"
+                )
+                async with response["Body"] as body:
+                    return bytes(await body.read())
+        except ClientError as error:
+            if _code(error) in _MISSING:
+                raise ObjectNotFound(key) from None
+            if _code(error) == "InvalidRange":  # an empty object has no byte 0
+                return b""
+            raise
 
     async def delete(self, key: str) -> None:
         client, _ = await self._clients()
@@ -333,25 +355,34 @@ class S3Storage:
         return aborted
 
     async def presign_put(
-        self, key: str, content_type: str, size_bytes: int, expires_at: datetime
+        self,
+        key: str,
+        content_type: str,
+        size_bytes: int,
+        expires_at: datetime,
+        sha256: str | None = None,
     ) -> SignedRequest:
         _, signer = await self._clients()
-        url = await signer.generate_presigned_url(
-            "put_object",
-            Params={
-                "Bucket": self.bucket,
-                "Key": key,
-                "ContentType": content_type,
-                "ContentLength": size_bytes,
-                "IfNoneMatch": "*",
-            },
-            ExpiresIn=_seconds_until(expires_at),
-        )
+        params: dict[str, Any] = {
+            "Bucket": self.bucket,
+            "Key": key,
+            "ContentType": content_type,
+            "ContentLength": size_bytes,
+            "IfNoneMatch": "*",
+        }
         headers = {
             "Content-Type": content_type,
             "Content-Length": str(size_bytes),
             "If-None-Match": "*",
         }
+        if sha256 is not None:
+            # Signed: S3 refuses (BadDigest) a body whose SHA-256 is not this one.
+            checksum = base64.b64encode(bytes.fromhex(sha256)).decode()
+            params["ChecksumSHA256"] = checksum
+            headers["x-amz-checksum-sha256"] = checksum
+        url = await signer.generate_presigned_url(
+            "put_object", Params=params, ExpiresIn=_seconds_until(expires_at)
+        )
         return SignedRequest("PUT", url, headers)
 
     async def presign_get(

@@ -1171,8 +1171,13 @@ export interface components {
             readonly urlExpireTime?: string;
             /**
              * @description A download URL for a small preview of the image (WebP, longest side at most 256 px,
-             *     EXIF orientation applied), made by media when the output landed; windowed like url;
-             *     set wherever url is, empty where media made no preview (or a URL is not handed out).
+             *     EXIF orientation applied); windowed like url; set wherever url is once the preview
+             *     exists. media makes it in the background after the output is committed, so a job is
+             *     SUCCEEDED before its thumbnails exist: until then (typically a second or two) this
+             *     is empty while url is set, and a state sent at SUCCEEDED (a watch stream's last
+             *     state, a webhook) may lack it. Show url (or a placeholder) and read the job again
+             *     (GetJob, ListJobs) for the preview. Also empty where media made none (an image it
+             *     could not decode) or a URL is not handed out.
              */
             readonly thumbnailUrl: string;
             /**

@@ -146,9 +146,11 @@ class MediaInternalServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CompleteOutputUpload(self, request, context):
-        """Checks an output upload as CompleteUpload checks a client's (size, SHA-256, type, a
-        decodable image), makes its thumbnail and marks it READY. Idempotent: a READY asset
-        is answered as it is.
+        """Checks an output upload from the stored object without reading it whole (its size
+        and type as stored, the SHA-256 the store checked at the PUT, format and pixel count
+        from its header: a bomb is refused before any decode) and marks it READY; media
+        makes its thumbnail in the background afterwards. Idempotent: a READY asset is
+        answered as it is.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -62,9 +62,11 @@ class MediaInternalServiceStub:
     ALREADY_EXISTS IDEMPOTENCY_KEY_REUSED.
     """
     CompleteOutputUpload: _grpc.UnaryUnaryMultiCallable[_media_internal_service_pb2.CompleteOutputUploadRequest, _media_internal_service_pb2.CompleteOutputUploadResponse]
-    """Checks an output upload as CompleteUpload checks a client's (size, SHA-256, type, a
-    decodable image), makes its thumbnail and marks it READY. Idempotent: a READY asset
-    is answered as it is.
+    """Checks an output upload from the stored object without reading it whole (its size
+    and type as stored, the SHA-256 the store checked at the PUT, format and pixel count
+    from its header: a bomb is refused before any decode) and marks it READY; media
+    makes its thumbnail in the background afterwards. Idempotent: a READY asset is
+    answered as it is.
     """
     ImportAsset: _grpc.UnaryUnaryMultiCallable[_media_internal_service_pb2.ImportAssetRequest, _media_internal_service_pb2.ImportAssetResponse]
     """Fetches an https URL server-side and stores what it answers as the owner's READY
@@ -118,9 +120,11 @@ class MediaInternalServiceAsyncStub(MediaInternalServiceStub):
     ALREADY_EXISTS IDEMPOTENCY_KEY_REUSED.
     """
     CompleteOutputUpload: _aio.UnaryUnaryMultiCallable[_media_internal_service_pb2.CompleteOutputUploadRequest, _media_internal_service_pb2.CompleteOutputUploadResponse]  # type: ignore[assignment]
-    """Checks an output upload as CompleteUpload checks a client's (size, SHA-256, type, a
-    decodable image), makes its thumbnail and marks it READY. Idempotent: a READY asset
-    is answered as it is.
+    """Checks an output upload from the stored object without reading it whole (its size
+    and type as stored, the SHA-256 the store checked at the PUT, format and pixel count
+    from its header: a bomb is refused before any decode) and marks it READY; media
+    makes its thumbnail in the background afterwards. Idempotent: a READY asset is
+    answered as it is.
     """
     ImportAsset: _aio.UnaryUnaryMultiCallable[_media_internal_service_pb2.ImportAssetRequest, _media_internal_service_pb2.ImportAssetResponse]  # type: ignore[assignment]
     """Fetches an https URL server-side and stores what it answers as the owner's READY
@@ -213,9 +217,11 @@ class MediaInternalServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _media_internal_service_pb2.CompleteOutputUploadRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_media_internal_service_pb2.CompleteOutputUploadResponse, _abc.Awaitable[_media_internal_service_pb2.CompleteOutputUploadResponse]]:
-        """Checks an output upload as CompleteUpload checks a client's (size, SHA-256, type, a
-        decodable image), makes its thumbnail and marks it READY. Idempotent: a READY asset
-        is answered as it is.
+        """Checks an output upload from the stored object without reading it whole (its size
+        and type as stored, the SHA-256 the store checked at the PUT, format and pixel count
+        from its header: a bomb is refused before any decode) and marks it READY; media
+        makes its thumbnail in the background afterwards. Idempotent: a READY asset is
+        answered as it is.
         """
 
     @_abc_1.abstractmethod
