@@ -3,17 +3,19 @@
 Starts the real stack with creation's API alone (``--role api``), plus 2 creation worker
 processes (``--role worker``) on the same throwaway database, with the stub provider at
 zero latency and zero duration (done on the first poll; it still transforms the input
-with Pillow and returns real bytes, which media stores through PutAsset). 16 clients (one
-user each, limits lifted) submit ``--jobs`` jobs as fast as they are answered; the clock
-stops when the last job is SUCCEEDED. Printed: jobs/s end to end, the submit rate alone,
-CPU per job of each process and of PostgreSQL, and, as the anchor measured in the same
-run, a bare grpc.aio echo server's calls/s at 16 clients.
+with Pillow and returns real bytes, which the worker PUTs to media's signed URLs). 16
+clients (one user each, limits lifted) submit ``--jobs`` jobs as fast as they are
+answered; the clock stops when the last job is SUCCEEDED. Printed: jobs/s end to end,
+the submit rate alone, CPU per job of each process and of PostgreSQL, and, as the anchor
+measured in the same run, a bare grpc.aio echo server's calls/s at 16 clients.
 
     .venv/bin/python bench/end_to_end.py [--jobs 3000] [--workers 2] [--database-url URL]
         [--storage local|s3]
 
-``--storage s3`` keeps media's objects on an S3-protocol server (moto, in this process, as
-the tests use) instead of the local backend's directory.
+CPU is read once media has made every thumbnail of the run (it makes them after a job
+succeeded), so media's figure includes them. ``--storage s3`` keeps media's objects on
+an S3-protocol server (moto, in this process, as the tests use) instead of the local
+backend's directory.
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ CLIENTS = 16
 UNFINISHED = """
     SELECT EXISTS (SELECT 1 FROM creation.jobs WHERE status = 'queued')
         OR EXISTS (SELECT 1 FROM creation.jobs WHERE status = 'running')"""
+# Outputs media has yet to make a thumbnail of (it makes them after the job succeeded).
+WITHOUT_THUMBNAIL = """
+    SELECT count(*) FROM media.assets WHERE status = 'ready' AND purpose = 'ai_output'
+        AND thumbnail_content_type IS NULL AND thumbnail_failure IS NULL"""
 LIMITS_LIFTED = {
     "ATELIER_DAILY_QUOTA": "100000",
     "ATELIER_IN_FLIGHT_LIMIT": "1000",
@@ -149,6 +155,12 @@ async def bench(stack: Stack, workers: list[Child], jobs: int) -> None:
         submitted = time.perf_counter() - began
         await until_done()
         elapsed = time.perf_counter() - began
+        # media's CPU counts the thumbnails of these jobs too: read once they are made.
+        pending = await watcher.fetchval(WITHOUT_THUMBNAIL)
+        while pending and time.perf_counter() - began < 600:
+            await asyncio.sleep(0.05)
+            pending = await watcher.fetchval(WITHOUT_THUMBNAIL)
+        thumbnails_after = time.perf_counter() - began - elapsed
         total = jobs // CLIENTS * CLIENTS
         succeeded = await watcher.fetchval(
             "SELECT count(*) FROM creation.jobs WHERE status = 'succeeded'"
@@ -168,6 +180,7 @@ async def bench(stack: Stack, workers: list[Child], jobs: int) -> None:
     print(f"end to end: {total / elapsed:.0f} jobs/s (submits alone {total / submitted:.0f}/s)")
     print(f"succeeded: {succeeded} of {total + CLIENTS * 4} (with the warm-up)")
     print(f"submits answered UNAVAILABLE and tried again: {retried}")
+    print(f"thumbnails all made {thumbnails_after:.1f} s after the last job succeeded")
     for name, pid in processes.items():
         spent = cpu_seconds(pid) - before[name]
         print(f"  CPU {name:<18} {spent / total * 1000:6.3f} ms/job")

@@ -105,10 +105,9 @@ def build(
         ),
         settings.chunk_bytes,
     )
-    components: list[Component] = [
-        TaskComponent("housekeeping", housekeeper.housekeeping_loop),
-        TaskComponent("thumbnails", thumbnails.make_thumbnails),
-    ]
+    components: list[Component] = [TaskComponent("housekeeping", housekeeper.housekeeping_loop)]
+    if settings.thumbnail_backfill_batch > 0:  # 0: thumbnails are off
+        components.append(TaskComponent("thumbnails", thumbnails.make_thumbnails))
     if isinstance(storage, LocalStorage):
         objects = ObjectHttpServer(storage, settings.common.host, settings.http_port, rows=store)
         components.append(TaskComponent("object_http", objects.serve_objects))

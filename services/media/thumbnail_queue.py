@@ -41,7 +41,9 @@ class ThumbnailQueue:
         """The background task: rounds until the queue is empty, then a wait for a wake-up
         or the poll. A dependency down is one line and a pause, never the end of it."""
         if self._backfill.batch == 0:
-            return  # thumbnails are off (ATELIER_MEDIA_THUMBNAIL_BACKFILL_BATCH=0)
+            # Thumbnails are off (ATELIER_MEDIA_THUMBNAIL_BACKFILL_BATCH=0): nothing to do
+            # until stopped (a component that ends is a failure).
+            await asyncio.Event().wait()
         while True:
             self._wake.clear()
             try:

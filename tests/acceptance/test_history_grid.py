@@ -111,7 +111,13 @@ async def test_a_history_grid_is_one_call_with_pictures_and_thumbnails(
     # The stream and the list hand out the same URLs within a window (3600 s), so the
     # grid's image cache hits for a picture first seen on the stream.
     if streamed["urlExpireTime"] == output["urlExpireTime"]:  # not across a window's end
-        assert streamed == output
+        if streamed.get("thumbnailUrl"):
+            assert streamed == output
+        else:  # sent before media had made the preview: the rest is the same
+            preview = ("thumbnailUrl", "thumbnailUrlExpireTime")
+            assert {k: v for k, v in streamed.items() if k not in preview} == {
+                k: v for k, v in output.items() if k not in preview
+            }
 
 
 async def a_succeeded_job(running: Stack, http: httpx.AsyncClient) -> tuple[User, str]:
