@@ -305,10 +305,18 @@ async def test_the_protocol_replays_claims_and_refuses_leases_it_does_not_hold(
             grpc.StatusCode.INVALID_ARGUMENT,
             "INVALID_WORKER_REQUEST",
         )
-        # Uploads that are not what was declared (not an image; other bytes of the same
-        # size) are refused, and the job does not succeed.
+        # Uploads that are not what was declared are refused, and the job does not
+        # succeed: not an image, by the commit; other bytes of the same size, at the PUT
+        # already (the URL is signed with the declared hash), so the commit finds none.
         for sent in (junk, junk.upper()):
-            await put_upload(upload, sent)
+            if sent == junk:
+                await put_upload(upload, sent)
+            else:
+                async with httpx.AsyncClient() as http:
+                    answer = await http.put(
+                        upload.upload_url, headers=dict(upload.upload_headers), content=sent
+                    )
+                assert answer.status_code == 400 and answer.json()["error"] == "HASH_MISMATCH"
             complete.request_id = str(uuid.uuid4())
             del complete.output_asset_ids[1:]
             assert await refused(stub.CompleteJob(complete, metadata=gpu)) == (
