@@ -5,6 +5,7 @@ relay and the job engine (see docs/ and DESIGN.md's layout)."""
 __all__ = [
     "domain",
     "media_client",
+    "object_transfer",
     "parameters",
     "providers",
     "queue_standing",

@@ -35,6 +35,7 @@ BENCHES = {
     # call deadline (this run checks the script, not the service's pace).
     "media_job_path": (["--ops", "20", "--concurrency", "2"], "PutAsset"),
     "media_throughput": (["--rounds", "1", "--size-mb", "1"], "PutAsset"),
+    "output_memory": (["--rounds", "1"], "20 MiB outputs"),
     "notify_streams": (["--streams", "1", "10", "--updates", "5", "--storm", "0"], "streams"),
     "push_planning": (["--jobs", "5", "--versions", "2"], "apply"),
     # The sender's warm-up takes the first batch: more pushes than one batch.
