@@ -133,13 +133,20 @@ async def job_path(dsn: str, database: str, jobs: int) -> dict[str, float]:
             {"postgres": lambda: postgres_backends(database), "writer": lambda: [os.getpid()]}
         )
         user = f"bench-{uuid.uuid4().hex[:8]}"
+        wal = "SELECT pg_current_wal_insert_lsn()"
         meter.start()
+        started_at = await connection.fetchval(wal)
         for _ in range(jobs):
             job_id = str(uuid.uuid4())
             await connection.fetchval(SUBMIT, user, job_id)
             for change in CHANGES:
                 await connection.execute(change, job_id)
-        return meter.per_op(jobs)
+        spent = meter.per_op(jobs)
+        # WAL is the cluster's: a clean figure needs a server of the bench's own.
+        written = await connection.fetchval(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1)", started_at
+        )
+        return {**spent, "wal": float(written) / jobs}
     finally:
         await connection.close()
 
@@ -257,7 +264,7 @@ async def bench(
     # Each round's difference (its two phases ran back to back: the machine's drift
     # cancels).
     added = [
-        sum(one.values()) - sum(none.values())
+        one["postgres"] + one["writer"] - none["postgres"] - none["writer"]
         for none, one in zip(figures["none"], figures["one"], strict=True)
     ]
     print(
@@ -267,6 +274,13 @@ async def bench(
         f" {median('one', 'postgres'):.3f} + writer {median('one', 'writer'):.3f};"
         f" added per job {statistics.median(added):.3f} (target <= 0.3; each round's:"
         f" {_listed(added)})",
+        flush=True,
+    )
+    # Load-independent: what the job's statements write, in bytes of WAL (the whole
+    # server's: pass --database-url of a server of the bench's own for a clean figure).
+    print(
+        f"job path WAL bytes per job, medians: no endpoint {median('none', 'wal'):,.0f};"
+        f" one endpoint on every event {median('one', 'wal'):,.0f}",
         flush=True,
     )
     # Off the job's path: the deliverers' batches (their cost per delivery beside it).
