@@ -81,10 +81,12 @@ def _identities(docs: list[Manifest], credentials: dict[str, str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster(
-    postgres_admin_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Cluster]:
+def cluster(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     container_runtime.require()
+    # The pods get a PostgreSQL server of their own: their pools (up to ~36 connections)
+    # would otherwise come out of the shared server's max_connections, which the rest of
+    # the suite, running beside this module, needs (a clean run hit "too many clients").
+    postgres_admin_url = postgres.start_embedded(tmp_path_factory.mktemp("pods-pg") / "data")
     build_seconds = {
         "service": container_runtime.build(container_runtime.SERVICE_IMAGE),
         "edge": container_runtime.build(container_runtime.EDGE_IMAGE, variant="edge"),
