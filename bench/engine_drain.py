@@ -33,7 +33,8 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
@@ -41,7 +42,8 @@ import asyncpg  # type: ignore[import-untyped]
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.creation.media_client import AssetBytes, MediaClient
+from services.creation.media_client import AssetBytes, DownloadUrl, MediaClient, OutputUpload
+from services.creation.object_transfer import ObjectTransfer
 from services.creation.providers.base import (
     Done,
     GenerationRequest,
@@ -103,6 +105,23 @@ class ExistingOutputMedia:
     ) -> str:
         return OUTPUT_ASSET
 
+    async def readable_url(self, asset_id: str) -> DownloadUrl:
+        return DownloadUrl("bench:input", datetime.now(UTC) + timedelta(hours=1))
+
+    async def reserve_output(
+        self,
+        owner_user_id: str,
+        content_type: str,
+        size_bytes: int,
+        sha256: str,
+        idempotency_key: str,
+    ) -> OutputUpload:
+        # No URL: the output counts as committed already, nothing is uploaded.
+        return OutputUpload(OUTPUT_ASSET, "", "PUT", {}, None)
+
+    async def complete_output(self, owner_user_id: str, asset_id: str, idempotency_key: str) -> str:
+        return OUTPUT_ASSET
+
     async def delete_asset(self, asset_id: str) -> None:
         return None
 
@@ -111,6 +130,25 @@ class ExistingOutputMedia:
 
     async def close(self) -> None:
         return None
+
+
+class InstantTransfer:
+    """The input's bytes with no HTTP call (there is no media here to serve them)."""
+
+    async def download(self, url: str, max_bytes: int, what: str) -> tuple[bytes, str]:
+        return b"\x89PNG", "image/png"
+
+    async def upload(self, upload: OutputUpload, data: bytes) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+def without_media(worker: Worker) -> Worker:
+    """The worker with ExistingOutputMedia's objects moved by InstantTransfer."""
+    worker.context = replace(worker.context, transfer=cast(ObjectTransfer, InstantTransfer()))
+    return worker
 
 
 # --- the worker processes -----------------------------------------------------------------
@@ -131,7 +169,9 @@ async def engine_worker(url: str, concurrency: int, claim_batch: int) -> None:
     database = Database(url, "bench-engine", limits=settings.common.database)
     await _fill_pool(database)
     providers: dict[str, Provider] = {"stub": InstantProvider()}
-    worker = Worker(database.engine, cast(MediaClient, ExistingOutputMedia()), providers, settings)
+    worker = without_media(
+        Worker(database.engine, cast(MediaClient, ExistingOutputMedia()), providers, settings)
+    )
     await _ready_then_go()
     running = asyncio.create_task(worker.run())
     await _until_told_to_stop()

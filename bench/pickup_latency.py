@@ -36,6 +36,7 @@ from bench.engine_drain import (
     InstantProvider,
     on_services_loop,
     quiet_logging,
+    without_media,
 )
 from services.creation.domain import Job
 from services.creation.media_client import MediaClient
@@ -76,8 +77,8 @@ async def worker(url: str) -> None:
     )
     database = Database(url, "bench-pickup", limits=settings.common.database)
     providers: dict[str, Provider] = {"stub": InstantProvider()}
-    running = TimedWorker(
-        database.engine, cast(MediaClient, ExistingOutputMedia()), providers, settings
+    running = without_media(
+        TimedWorker(database.engine, cast(MediaClient, ExistingOutputMedia()), providers, settings)
     )
     task = asyncio.create_task(running.run())
     await asyncio.sleep(1)  # the listener is connected by now
