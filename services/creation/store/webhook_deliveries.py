@@ -38,7 +38,7 @@ room AS (
          ) AS room
   FROM pending AS p
   JOIN creation.webhook_endpoints AS e ON e.endpoint_id = p.endpoint_id
-  WHERE e.enabled AND EXISTS (
+  WHERE e.endpoint_id = ANY ($3::uuid[]) AND e.enabled AND EXISTS (
     SELECT FROM creation.webhook_deliveries AS d
     WHERE d.endpoint_id = e.endpoint_id AND d.state = 'pending' AND d.next_attempt_at <= now()
   )
@@ -166,8 +166,37 @@ async def fan_out(connection: Any, limit: int) -> int:
     return int(taken)
 
 
+# The endpoints a claim is for, locked first in a statement of their own: the claim's
+# statement then counts what is in flight from a snapshot taken after the locks, so it
+# sees every claim another replica committed before releasing one (counted in the same
+# statement as the lock, a replica could miss the claims of the one it waited behind
+# and take the endpoint's room twice).
+_LOCK_ENDPOINTS = """
+WITH RECURSIVE pending AS (
+  (SELECT d.endpoint_id FROM creation.webhook_deliveries AS d
+   WHERE d.state = 'pending' ORDER BY d.endpoint_id LIMIT 1)
+  UNION ALL
+  SELECT (SELECT d.endpoint_id FROM creation.webhook_deliveries AS d
+          WHERE d.state = 'pending' AND d.endpoint_id > p.endpoint_id
+          ORDER BY d.endpoint_id LIMIT 1)
+  FROM pending AS p WHERE p.endpoint_id IS NOT NULL
+)
+SELECT e.endpoint_id FROM pending AS p
+JOIN creation.webhook_endpoints AS e ON e.endpoint_id = p.endpoint_id
+WHERE e.enabled AND EXISTS (
+  SELECT FROM creation.webhook_deliveries AS d
+  WHERE d.endpoint_id = e.endpoint_id AND d.state = 'pending' AND d.next_attempt_at <= now()
+)
+FOR UPDATE OF e SKIP LOCKED
+"""
+
+
 async def claim(connection: Any, limit: int, claim_seconds: float) -> list[Claimed]:
-    rows = await connection.fetch(_CLAIM, claim_seconds, limit)
+    async with connection.transaction():
+        locked = [row[0] for row in await connection.fetch(_LOCK_ENDPOINTS)]
+        if not locked:
+            return []
+        rows = await connection.fetch(_CLAIM, claim_seconds, limit, locked)
     return [Claimed(*row) for row in rows]
 
 
