@@ -9,6 +9,13 @@ tests/contract/test_deploy.py import its pieces.
   (their names, types and required fields; unknown fields refused). That is less than
   KEDA's full schema: a field KEDA added or renamed after these were written is refused
   here, and KEDA's own server-side validation still has the last word.
+- The operators' kinds we use (prometheus-operator's ServiceMonitor and PrometheusRule,
+  CloudNativePG's Cluster and ScheduledBackup) are checked against their upstream CRDs'
+  openAPIV3Schema, vendored in deploy/crds/ (SOURCES.md: where from, licence), strictly
+  (unknown fields refused, as `kubectl apply --validate=strict` does; their CEL rules are
+  left to the API server).
+- The PrometheusRule is generated from deploy/observability/alerts.yml
+  (scripts/prometheus_rule.py): its groups must equal the file's.
 - The Prometheus alert rules (deploy/observability/alerts.yml) go through Prometheus' own
   promtool: `promtool check rules` (with its lints, fatal) and `promtool test rules` on
   their unit tests (alerts_test.yml). The Grafana dashboard's queries, which promtool
@@ -22,6 +29,7 @@ tests/contract/test_deploy.py import its pieces.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import subprocess
@@ -34,7 +42,7 @@ import jsonschema
 import kubernetes_validate
 import yaml
 
-from scripts import deploy_rules
+from scripts import deploy_rules, prometheus_rule
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"
@@ -42,6 +50,7 @@ OVERLAYS = ("dev", "prod")
 DOCKERFILE = ROOT / "deploy" / "image" / "Dockerfile"
 OBSERVABILITY = ROOT / "deploy" / "observability"
 ALERTS = OBSERVABILITY / "alerts.yml"
+CRDS = ROOT / "deploy" / "crds"
 ALERT_TESTS = OBSERVABILITY / "alerts_test.yml"
 DASHBOARD = OBSERVABILITY / "dashboard.json"
 # What Grafana's rate interval stands for when a dashboard query is checked.
@@ -210,6 +219,42 @@ POSTGRESQL_TRIGGER_METADATA = {
 }
 
 
+def _strict(node: Any) -> Any:
+    """A CRD's structural schema as JSON Schema that refuses what the API server would
+    prune or refuse: an object with properties and no additionalProperties takes no other
+    field; int-or-string is either."""
+    if isinstance(node, list):
+        return [_strict(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    schema = {k: _strict(v) for k, v in node.items()}
+    if schema.pop("x-kubernetes-int-or-string", False):
+        schema.pop("anyOf", None)
+        schema["type"] = ["integer", "string"]
+    if (
+        schema.get("type") == "object"
+        and "properties" in schema
+        and "additionalProperties" not in schema
+        and not schema.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        schema["additionalProperties"] = False
+    return schema
+
+
+@functools.cache
+def crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
+    """The vendored CRDs' schemas by (apiVersion, kind)."""
+    schemas = {}
+    for path in sorted(CRDS.glob("*.json")):
+        crd = json.loads(path.read_text())
+        schema = _strict(crd["openAPIV3Schema"])
+        # metadata is the API server's (ObjectMeta), not the CRD's: a name at least.
+        schema["properties"]["metadata"] = _METADATA
+        schema["required"] = sorted({*schema.get("required", []), "apiVersion", "kind", "spec"})
+        schemas[(f"{crd['group']}/{crd['version']}", crd["kind"])] = schema
+    return schemas
+
+
 class Unavailable(Exception):
     """A tool the check needs is not on this machine."""
 
@@ -240,6 +285,10 @@ def schema_problems(doc: dict[str, Any]) -> list[str]:
     kind = doc.get("kind", "?")
     name = doc.get("metadata", {}).get("name", "?")
     where = f"{kind}/{name}"
+    crd = crd_schemas().get((doc.get("apiVersion", "?"), kind))
+    if crd is not None:
+        validator = jsonschema.Draft7Validator(crd)
+        return [f"{where}: {e.json_path}: {e.message}" for e in validator.iter_errors(doc)]
     if kind in KEDA_SCHEMAS:
         validator = jsonschema.Draft202012Validator(KEDA_SCHEMAS[kind])
         problems = [f"{where}: {e.json_path}: {e.message}" for e in validator.iter_errors(doc)]
@@ -334,6 +383,20 @@ def observability() -> list[str]:
     )
 
 
+def prometheus_rule_drift(docs: list[dict[str, Any]]) -> list[str]:
+    """The rendered PrometheusRule carries alerts.yml's groups exactly (it is generated
+    from them: python -m scripts.prometheus_rule)."""
+    rules = [d for d in docs if d["kind"] == "PrometheusRule"]
+    if len(rules) != 1:
+        return [f"PrometheusRule: {len(rules)} rendered, one expected (the alerts)"]
+    if rules[0]["spec"]["groups"] != prometheus_rule.groups():
+        return [
+            f"PrometheusRule/{rules[0]['metadata']['name']}: its groups differ from "
+            "deploy/observability/alerts.yml's (run python -m scripts.prometheus_rule)"
+        ]
+    return []
+
+
 def main() -> int:
     problems = [f"Dockerfile: {line}" for line in hadolint()]
     try:
@@ -351,6 +414,7 @@ def main() -> int:
     for overlay, docs in rendered.items():
         problems += [f"{overlay}: {p}" for doc in docs for p in schema_problems(doc)]
         problems += [f"{overlay}: {p}" for p in deploy_rules.problems(docs)]
+        problems += [f"{overlay}: {p}" for p in prometheus_rule_drift(docs)]
         print(f"deploy-check: overlay {overlay}: {len(docs)} manifests rendered and validated")
     for problem in problems:
         print(problem, file=sys.stderr)

@@ -349,6 +349,61 @@ def postgres_connections_fit_the_budget(docs: list[Manifest]) -> list[str]:
     return problems
 
 
+# The container port each Deployment serves Prometheus text on (services/kit/settings.py's
+# <SERVICE>_METRICS_PORT; the edge's monitoring listener in front of Envoy's stats).
+METRICS_PORT_NAME = {"edge": "monitoring"}
+DEFAULT_METRICS_PORT_NAME = "metrics"
+
+
+def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def every_deployment_is_scraped(docs: list[Manifest]) -> list[str]:
+    """Each Deployment names its metrics port on its container, a Service selecting its
+    pods carries that port, and a ServiceMonitor (or a PodMonitor on the pods) scrapes
+    it: a port missing anywhere on the way is a role Prometheus never sees."""
+    problems = []
+    services = [d for d in docs if d["kind"] == "Service"]
+    monitors = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    pod_monitors = [d for d in docs if d["kind"] == "PodMonitor"]
+    for doc in docs:
+        if doc["kind"] != "Deployment":
+            continue
+        name = doc["metadata"]["name"]
+        port_name = METRICS_PORT_NAME.get(name, DEFAULT_METRICS_PORT_NAME)
+        template = doc["spec"]["template"]
+        labels = template["metadata"].get("labels", {})
+        container = template["spec"]["containers"][0]
+        ports = {p.get("name"): p["containerPort"] for p in container.get("ports", [])}
+        if port_name not in ports:
+            problems.append(f"Deployment/{name}: no container port named {port_name}")
+            continue
+        scraped = any(
+            _selects(m["spec"]["selector"].get("matchLabels", {}), labels)
+            and any(e.get("port") == port_name for e in m["spec"].get("podMetricsEndpoints", []))
+            for m in pod_monitors
+        )
+        for service in services:
+            if not _selects(service["spec"].get("selector", {}), labels):
+                continue
+            service_labels = service["metadata"].get("labels", {})
+            for port in service["spec"].get("ports", []):
+                if port.get("targetPort") not in (port_name, ports[port_name]):
+                    continue
+                scraped = scraped or any(
+                    _selects(m["spec"]["selector"].get("matchLabels", {}), service_labels)
+                    and any(e.get("port") == port.get("name") for e in m["spec"]["endpoints"])
+                    for m in monitors
+                )
+        if not scraped:
+            problems.append(
+                f"Deployment/{name}: no ServiceMonitor scrapes its {port_name} port "
+                f"({ports[port_name]}) through a Service (nor a PodMonitor on its pods)"
+            )
+    return problems
+
+
 RULES: tuple[Rule, ...] = (
     hooks_read_only_what_exists_before_the_sync,
     envoy_heap_fits_its_memory_limit,
@@ -357,6 +412,7 @@ RULES: tuple[Rule, ...] = (
     edge_keeps_accepting_until_load_balancers_deregister_it,
     every_deployment_autoscales,
     postgres_connections_fit_the_budget,
+    every_deployment_is_scraped,
 )
 
 

@@ -98,6 +98,7 @@ def test_the_manifests_pass_the_kubernetes_and_keda_schemas(
     kinds = {doc["kind"] for doc in docs}
     assert {"Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy", "Job"} <= kinds
     assert {"ScaledObject", "TriggerAuthentication"} <= kinds
+    assert {"ServiceMonitor", "PrometheusRule"} <= kinds
 
 
 def test_the_schema_check_refuses_broken_manifests(rendered: tuple[str, list[Manifest]]) -> None:
@@ -111,6 +112,16 @@ def test_the_schema_check_refuses_broken_manifests(rendered: tuple[str, list[Man
     inline = copy.deepcopy(named(docs, "ScaledObject", "creation-worker"))
     inline["spec"]["triggers"][0]["metadata"]["connection"] = "postgresql://u:p@db/atelier"
     assert deploy_check.schema_problems(inline)
+    # prometheus-operator's kinds, against its CRDs' schemas (deploy/crds/).
+    monitor = copy.deepcopy(named(docs, "ServiceMonitor", "media"))
+    monitor["spec"]["endpoints"][0]["interval"] = "thirty seconds"
+    assert deploy_check.schema_problems(monitor)
+    monitor = copy.deepcopy(named(docs, "ServiceMonitor", "media"))
+    monitor["spec"]["endpoints"][0]["targetport"] = "metrics"
+    assert deploy_check.schema_problems(monitor)
+    rule = copy.deepcopy(named(docs, "PrometheusRule", "atelier-alerts"))
+    rule["spec"]["groups"][0]["rules"][0]["for"] = 300
+    assert deploy_check.schema_problems(rule)
 
 
 def test_every_process_is_an_atelier_command_that_parses(

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from scripts import deploy_check, deploy_rules
+from scripts import deploy_check, deploy_rules, prometheus_rule
+from services.kit.settings import DEFAULT_PORTS
 
 Manifest = dict[str, Any]
 
@@ -229,3 +230,77 @@ def test_the_stream_figures_agree(rendered: list[Manifest]) -> None:
     assert f"over {threshold:,} on one replica" in observability
     assert f"past {target:,} on average" in observability
     assert f"planned for {capacity:,} streams" in observability
+
+
+def test_a_deployment_nobody_scrapes_is_refused(rendered: list[Manifest]) -> None:
+    # As it was: metrics ports on the containers, on no Service, no ServiceMonitor.
+    docs = [
+        d
+        for d in copy.deepcopy(rendered)
+        if d["kind"] != "ServiceMonitor"
+        and not (d["kind"] == "Service" and d["metadata"]["name"].endswith("-metrics"))
+    ]
+    problems = deploy_rules.every_deployment_is_scraped(docs)
+    assert sorted(problems) == sorted(
+        f"Deployment/{name}: no ServiceMonitor scrapes its {port} port ({number}) through "
+        "a Service (nor a PodMonitor on its pods)"
+        for name, port, number in (
+            ("creation-api", "metrics", 9461),
+            ("creation-worker", "metrics", 9461),
+            ("media", "metrics", 9462),
+            ("notify", "metrics", 9463),
+            ("edge", "monitoring", 9902),
+        )
+    )
+    # A ServiceMonitor on the wrong port name scrapes nothing; a port undeclared on the
+    # container is refused as such.
+    docs = copy.deepcopy(rendered)
+    named(docs, "ServiceMonitor", "notify")["spec"]["endpoints"][0]["port"] = "grpc-internal"
+    [problem] = deploy_rules.every_deployment_is_scraped(docs)
+    assert problem.startswith("Deployment/notify: no ServiceMonitor")
+    docs = copy.deepcopy(rendered)
+    [container] = named(docs, "Deployment", "media")["spec"]["template"]["spec"]["containers"]
+    container["ports"] = [p for p in container["ports"] if p["name"] != "metrics"]
+    assert deploy_rules.every_deployment_is_scraped(docs) == [
+        "Deployment/media: no container port named metrics"
+    ]
+    # A PodMonitor on the pods' port is as good.
+    docs = [d for d in copy.deepcopy(rendered) if d["kind"] != "ServiceMonitor"]
+    docs += [
+        {
+            "kind": "PodMonitor",
+            "metadata": {"name": name},
+            "spec": {
+                "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
+                "podMetricsEndpoints": [{"port": "monitoring" if name == "edge" else "metrics"}],
+            },
+        }
+        for name in ("creation-api", "creation-worker", "media", "notify", "edge")
+    ]
+    assert deploy_rules.every_deployment_is_scraped(docs) == []
+
+
+def test_the_metrics_ports_are_the_ones_the_services_listen_on(rendered: list[Manifest]) -> None:
+    for name, service in (
+        ("creation-api", "creation"),
+        ("creation-worker", "creation"),
+        ("media", "media"),
+        ("notify", "notify"),
+    ):
+        container = named(rendered, "Deployment", name)["spec"]["template"]["spec"]["containers"][0]
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert ports["metrics"] == DEFAULT_PORTS[service].metrics_port, name
+        [port] = named(rendered, "Service", f"{name}-metrics")["spec"]["ports"]
+        assert port["port"] == ports["metrics"] and port["targetPort"] == "metrics"
+
+
+def test_the_prometheus_rule_carries_the_alerts_file(rendered: list[Manifest]) -> None:
+    assert deploy_check.prometheus_rule_drift(rendered) == []
+    # The committed file is what the script writes now (nobody edited it by hand).
+    assert prometheus_rule.TARGET.read_text() == prometheus_rule.text()
+    # An alert added to alerts.yml and not regenerated: the check says so.
+    docs = copy.deepcopy(rendered)
+    rule = named(docs, "PrometheusRule", prometheus_rule.NAME)
+    rule["spec"]["groups"][0]["rules"].pop()
+    [problem] = deploy_check.prometheus_rule_drift(docs)
+    assert "differ from deploy/observability/alerts.yml" in problem

@@ -242,6 +242,45 @@ def test_every_deployments_pod_becomes_ready_and_live(cluster: Cluster, deployme
     assert host["Memory"] > 0 and host["NanoCpus"] > 0
 
 
+# What each role's metrics port must show: our own metrics for the services, Envoy's for
+# the edge (its monitoring listener in front of the admin interface's /stats/prometheus).
+METRIC_PREFIX = {"edge": "envoy_"}
+
+
+@pytest.mark.parametrize("deployment", DEPLOYMENTS)
+def test_every_pods_declared_metrics_port_answers_prometheus_text(
+    cluster: Cluster, deployment: str
+) -> None:
+    """Scraped as its ServiceMonitor says (the metrics Service's port and path): a wrong
+    port number in the manifests (the container's or the Service's) fails here."""
+    pod = cluster.pods[deployment]
+    [service] = [
+        d
+        for d in cluster.runner.docs
+        if d["kind"] == "Service" and d["metadata"]["name"] == f"{deployment}-metrics"
+    ]
+    [monitor] = [
+        d
+        for d in cluster.runner.docs
+        if d["kind"] == "ServiceMonitor" and d["metadata"]["name"] == deployment
+    ]
+    [endpoint] = monitor["spec"]["endpoints"]
+    [port] = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
+    target = port["targetPort"]
+    number = pod.port(target) if isinstance(target, str) else int(target)
+    assert number == port["port"], (deployment, port)
+    answer = httpx.get(f"http://{pod.ip}:{number}{endpoint['path']}", timeout=10)
+    assert answer.status_code == 200, answer.text[:500]
+    assert answer.headers["content-type"].startswith("text/plain"), answer.headers
+    prefix = METRIC_PREFIX.get(deployment, "atelier_")
+    samples = [
+        line
+        for line in answer.text.splitlines()
+        if line.startswith(prefix) and not line.startswith("#")
+    ]
+    assert samples, f"{deployment}: no {prefix} sample in:\n{answer.text[:1000]}"
+
+
 def _photo() -> bytes:
     image = Image.new("RGB", (96, 64), (200, 120, 40))
     buffer = io.BytesIO()

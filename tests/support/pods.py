@@ -153,7 +153,7 @@ class Pod:
                 return False
             return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
         if "httpGet" in probe:
-            port = self._port(probe["httpGet"]["port"])
+            port = self.port(probe["httpGet"]["port"])
             try:
                 answer = httpx.get(
                     f"http://{self.ip}:{port}{probe['httpGet'].get('path', '/')}", timeout=timeout
@@ -163,7 +163,8 @@ class Pod:
             return 200 <= answer.status_code < 400
         raise AssertionError(f"{self.name}: a probe this runner does not know: {probe}")
 
-    def _port(self, port: int | str) -> int:
+    def port(self, port: int | str) -> int:
+        """A container port's number, by number or by name."""
         if isinstance(port, int):
             return port
         [number] = [p["containerPort"] for p in self.main.get("ports", []) if p["name"] == port]
