@@ -10,6 +10,8 @@ its job back rather than fail it)."""
 
 from __future__ import annotations
 
+import ssl
+
 import httpx
 
 from services.creation.errors import MediaUnavailable
@@ -35,10 +37,18 @@ def _store_is_busy(status: int) -> bool:
 
 
 class ObjectTransfer:
-    """One pooled HTTP client for every attempt of the process."""
+    """One pooled HTTP client for every attempt of the process. It trusts the system's CAs,
+    and ``ca_file``'s too when given (ATELIER_OBJECT_CA_FILE: URLs signed for an edge or a
+    store with a private CA)."""
 
-    def __init__(self, timeout_seconds: float = TRANSFER_TIMEOUT_SECONDS) -> None:
+    def __init__(
+        self, timeout_seconds: float = TRANSFER_TIMEOUT_SECONDS, ca_file: str = ""
+    ) -> None:
+        tls = ssl.create_default_context()
+        if ca_file:
+            tls.load_verify_locations(cafile=ca_file)
         self._client = httpx.AsyncClient(
+            verify=tls,
             timeout=httpx.Timeout(timeout_seconds, connect=CONNECT_TIMEOUT_SECONDS),
             limits=httpx.Limits(max_connections=128, max_keepalive_connections=64),
             # The URLs are media's or the object store's: no proxy sits between them.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from services.creation.providers.failures import FAILURES
 from services.creation.remote.settings import RemoteSettings
@@ -90,9 +91,18 @@ class WorkerSettings:
     provider_poll_seconds: float
     drain_seconds: float
     max_input_bytes: int
+    # A PEM CA file trusted beside the system's for the signed object URLs (an edge or
+    # object store with a private CA, as the dev overlay's self-signed edge); "" none.
+    object_ca_file: str = ""
 
     @classmethod
     def read(cls, reader: EnvReader) -> WorkerSettings:
+        object_ca_file = reader.string("OBJECT_CA_FILE", "")
+        reader.require(
+            not object_ca_file or Path(object_ca_file).is_file(),
+            "OBJECT_CA_FILE",
+            f"names no file ({object_ca_file})",
+        )
         return cls(
             # Attempts one process runs at once.
             concurrency=reader.integer("WORKER_CONCURRENCY", 8, minimum=1, maximum=256),
@@ -112,6 +122,7 @@ class WorkerSettings:
             max_input_bytes=reader.byte_count(
                 "WORKER_MAX_INPUT_BYTES", 20 * 1024 * 1024, minimum=1024, maximum=512 * 1024 * 1024
             ),
+            object_ca_file=object_ca_file,
         )
 
 

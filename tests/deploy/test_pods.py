@@ -47,7 +47,8 @@ ROOT = Path(__file__).resolve().parents[2]
 OVERLAY = "dev"
 DEPLOYMENTS = ("creation-api", "creation-worker", "media", "notify", "edge")
 EDGE_HTTPS = 8443
-MEDIA_OBJECTS = 50072
+# The dev overlay's ATELIER_MEDIA_PUBLIC_BASE_URL (deploy/k8s/overlays/dev/settings.env).
+SIGNED_URLS = "https://edge:8443"
 
 
 @dataclass
@@ -120,23 +121,11 @@ def cluster(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                     ("atelier-service-credentials", "notify"): credentials["notify"],
                     ("atelier-edge-tls", "tls.crt"): cert.read_text(),
                     ("atelier-edge-tls", "tls.key"): key.read_text(),
+                    # What the workers trust for the signed URLs (ATELIER_OBJECT_CA_FILE).
+                    ("atelier-edge-tls", "ca.crt"): ca.ca_path.read_text(),
                 }
             )
             _identities(docs, credentials)
-            # The signed URLs' address: media's object listener in this cluster (the overlay's
-            # is a port-forward to the edge). Not the edge: since the workers fetch inputs and
-            # put outputs through the signed URLs themselves, they would have to trust the
-            # edge's self-signed certificate, and their HTTP client trusts only the public
-            # CAs (services/creation/object_transfer.py) -- a defect of the dev overlay left
-            # open, reported in issue 31's notes.
-            [settings] = [
-                d
-                for d in docs
-                if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("atelier-settings")
-            ]
-            media_objects = f"http://{runner.address('media')}:{MEDIA_OBJECTS}"
-            settings["data"]["ATELIER_MEDIA_PUBLIC_BASE_URL"] = media_objects
-
             code, output = runner.run_to_completion("Job", "atelier-migrate")
             pods: dict[str, Pod] = {}
             ready: dict[str, float] = {}
@@ -281,6 +270,13 @@ def test_every_pods_declared_metrics_port_answers_prometheus_text(
     assert samples, f"{deployment}: no {prefix} sample in:\n{answer.text[:1000]}"
 
 
+def from_outside(cluster: Cluster, url: str) -> str:
+    """A signed URL as the test reaches it: the edge's address for its in-cluster name
+    (the certificate names both)."""
+    assert url.startswith(f"{SIGNED_URLS}/"), url
+    return cluster.edge_url + url.removeprefix(SIGNED_URLS)
+
+
 def _photo() -> bytes:
     image = Image.new("RGB", (96, 64), (200, 120, 40))
     buffer = io.BytesIO()
@@ -307,9 +303,14 @@ def test_a_job_runs_end_to_end_through_the_edge_pod(cluster: Cluster) -> None:
         )
         assert created.status_code == 200, created.text
         upload = created.json()
-        media_objects = f"http://{cluster.runner.address('media')}:{MEDIA_OBJECTS}"
-        assert upload["uploadUrl"].startswith(f"{media_objects}/media-objects/")
-        put = http.put(upload["uploadUrl"], content=photo, headers=upload["uploadHeaders"])
+        # The overlay's signed URLs: the edge by the name the workers resolve in the
+        # cluster (and trust by ATELIER_OBJECT_CA_FILE); the test, outside, by its address.
+        assert upload["uploadUrl"].startswith(f"{SIGNED_URLS}/media-objects/")
+        put = http.put(
+            from_outside(cluster, upload["uploadUrl"]),
+            content=photo,
+            headers=upload["uploadHeaders"],
+        )
         assert put.status_code == 200, put.text
         asset_id = upload["asset"]["assetId"]
         done = http.post(f"{url}/v1/uploads/{asset_id}:complete", headers=auth, json={})
@@ -340,7 +341,7 @@ def test_a_job_runs_end_to_end_through_the_edge_pod(cluster: Cluster) -> None:
         [output] = job["outputs"]  # type: ignore[misc]
         asset = http.get(f"{url}/v1/assets/{output['assetId']}", headers=auth)
         assert asset.status_code == 200, asset.text
-        download = http.get(asset.json()["downloadUrl"])
+        download = http.get(from_outside(cluster, asset.json()["downloadUrl"]))
         assert download.status_code == 200, download.text
         picture = Image.open(io.BytesIO(download.content))
         assert picture.size == (512, 512)

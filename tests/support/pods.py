@@ -329,6 +329,12 @@ class PodRunner:
             name = volume["secret"]["secretName"]
             items = {key: value for (secret, key), value in self.secrets.items() if secret == name}
             assert items, f"the test has no Secret {name}"
+        # Only the keys listed, under their paths, when the volume lists them.
+        if "items" in volume.get("configMap", volume.get("secret", {})):
+            listed = volume.get("configMap", volume.get("secret", {}))["items"]
+            missing = [i["key"] for i in listed if i["key"] not in items]
+            assert not missing, f"{pod} {volume['name']}: no key {missing}"
+            items = {i["path"]: items[i["key"]] for i in listed}
         for key, value in items.items():
             (directory / key).write_text(value)
             (directory / key).chmod(0o644)

@@ -93,7 +93,7 @@ class Worker:
             writer=FencedWriter(engine, clock),
             on_point=on_point,
             limits=ProviderLimits(settings.providers.limits),
-            transfer=ObjectTransfer(),
+            transfer=ObjectTransfer(ca_file=settings.worker.object_ca_file),
         )
         self._attempts: set[asyncio.Task[str]] = set()
         self._slot_freed = asyncio.Event()
