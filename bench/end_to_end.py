@@ -10,7 +10,13 @@ the submit rate alone, CPU per job of each process and of PostgreSQL, and, as th
 measured in the same run, a bare grpc.aio echo server's calls/s at 16 clients.
 
     .venv/bin/python bench/end_to_end.py [--jobs 3000] [--workers 2] [--database-url URL]
-        [--storage local|s3]
+        [--storage local|s3] [--size 64]
+
+The jobs ask for ``--size`` square outputs, by default the 64 px input's own size. The
+stub plays the provider inside the worker processes, so the workers' CPU includes the
+rendering a vendor would do on its own machines (at 512 px that is 17-66 ms a job by
+style, more than everything else together): the bench times the same render in its own
+process beforehand and prints it beside a total without it.
 
 CPU is read once media has made every thumbnail of the run (it makes them after a job
 succeeded), so media's figure includes them. ``--storage s3`` keeps media's objects on
@@ -22,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
+import statistics
 import sys
 import time
 import uuid
@@ -29,6 +37,7 @@ from pathlib import Path
 
 import asyncpg  # type: ignore[import-untyped]
 import grpc
+from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -38,6 +47,7 @@ from bench.engine_drain import cpu_seconds
 from bench.media_throughput import start_moto
 from bench.scratch import scratch_folder
 from bench.submit_throughput import store_input
+from services.creation.providers.stub.styles import render
 from services.dev import postgres
 from services.dev.processes import Child, free_port, spawn
 from services.dev.stack import Stack, StackPorts
@@ -47,6 +57,7 @@ from services.kit.settings import DEV_JWT_SECRET
 
 LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 CLIENTS = 16
+STYLE = "watercolor"
 UNFINISHED = """
     SELECT EXISTS (SELECT 1 FROM creation.jobs WHERE status = 'queued')
         OR EXISTS (SELECT 1 FROM creation.jobs WHERE status = 'running')"""
@@ -97,7 +108,20 @@ async def echo_anchor(address: str, calls: int) -> float:
         return calls / (time.perf_counter() - began)
 
 
-async def bench(stack: Stack, workers: list[Child], jobs: int) -> None:
+def stub_render_ms(size: int) -> float:
+    """CPU of the stub's own render of one bench job (the provider's work), median of 20."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (64, 64), (10, 20, 30)).save(buffer, "PNG")
+    data = buffer.getvalue()
+    spent = []
+    for _ in range(20):
+        began = time.process_time()
+        render(data, STYLE, 1, 50_000_000, (size, size))
+        spent.append(time.process_time() - began)
+    return statistics.median(spent) * 1000
+
+
+async def bench(stack: Stack, workers: list[Child], jobs: int, size: int) -> None:
     users = [f"e2e-{uuid.uuid4().hex[:8]}-{i}" for i in range(CLIENTS)]
     tokens = [issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", u, 3600) for u in users]
     assets = [await store_input(stack.ports.internal["media"], u) for u in users]
@@ -121,11 +145,11 @@ async def bench(stack: Stack, workers: list[Child], jobs: int) -> None:
     async def submit(client: int) -> None:
         await callers[client].submit(
             model_id="stub-fast",
-            style_id="watercolor",
+            style_id=STYLE,
             input_asset_id=assets[client],
             prompt="bench",
-            width=512,
-            height=512,
+            width=size,
+            height=size,
         )
 
     async def until_done() -> None:
@@ -181,10 +205,16 @@ async def bench(stack: Stack, workers: list[Child], jobs: int) -> None:
     print(f"succeeded: {succeeded} of {total + CLIENTS * 4} (with the warm-up)")
     print(f"submits answered UNAVAILABLE and tried again: {retried}")
     print(f"thumbnails all made {thumbnails_after:.1f} s after the last job succeeded")
+    summed = database
     for name, pid in processes.items():
         spent = cpu_seconds(pid) - before[name]
+        summed += spent
         print(f"  CPU {name:<18} {spent / total * 1000:6.3f} ms/job")
     print(f"  CPU {'postgresql':<18} {database / total * 1000:6.3f} ms/job")
+    rendering = stub_render_ms(size)
+    print(f"  CPU {'all processes':<18} {summed / total * 1000:6.3f} ms/job")
+    print(f"    of which the stub provider's render (a vendor's work) {rendering:.3f} ms/job")
+    print(f"  CPU {'atelier alone':<18} {summed / total * 1000 - rendering:6.3f} ms/job")
 
 
 def main() -> None:
@@ -202,6 +232,12 @@ def main() -> None:
         choices=("local", "s3"),
         default="local",
         help="media's object storage: its local directory, or S3 (a moto server)",
+    )
+    parser.add_argument(
+        "--size",
+        type=int,
+        default=64,
+        help="the outputs' width and height (default: the 64 px input's own size)",
     )
     args = parser.parse_args()
     work = scratch_folder("atelier-e2e-")
@@ -234,7 +270,7 @@ def main() -> None:
         workers = [start_worker(stack, i) for i in range(args.workers)]
         with echo_server() as echo_address:
             echo = asyncio.run(echo_anchor(echo_address, 3200))
-        asyncio.run(bench(stack, workers, args.jobs))
+        asyncio.run(bench(stack, workers, args.jobs, args.size))
         print(f"storage: {args.storage}")
         print(f"anchor: bare grpc.aio echo at {CLIENTS} clients {echo:.0f} calls/s")
     finally:
