@@ -86,7 +86,7 @@ chromium:
 	@if [ ! -x $(CHROMIUM) ]; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 			echo "installing Debian's chromium for the playground's browser test"; \
-			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+			apt-get -o DPkg::Lock::Timeout=600 update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq chromium >/dev/null; \
 		else \
 			echo "$(CHROMIUM) is missing: install Debian's chromium (sudo apt-get install chromium); the playground's browser test needs it" >&2; \
 			exit 1; \
@@ -105,7 +105,7 @@ $(TS_CLIENT)/node_modules/.installed: $(TS_CLIENT)/package.json $(TS_CLIENT)/pac
 	@if ! command -v node >/dev/null || ! command -v npm >/dev/null; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 			echo "installing Debian's nodejs and npm for the TypeScript client"; \
-			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; \
+			apt-get -o DPkg::Lock::Timeout=600 update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq nodejs npm >/dev/null; \
 		else \
 			echo "node and npm are missing: install them (sudo apt-get install nodejs npm); the TypeScript client's tests need them" >&2; \
 			exit 1; \

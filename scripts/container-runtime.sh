@@ -58,8 +58,8 @@ command -v debootstrap >/dev/null || missing+=(debootstrap)
 command -v docker >/dev/null || missing+=(docker.io)
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "container runtime: installing Debian's ${missing[*]}"
-  apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+  apt-get -o DPkg::Lock::Timeout=600 update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
     "${missing[@]}" >/dev/null
 fi
 
