@@ -189,6 +189,10 @@ async def bench(stack: Stack, workers: list[Child], jobs: int, size: int) -> Non
         succeeded = await watcher.fetchval(
             "SELECT count(*) FROM creation.jobs WHERE status = 'succeeded'"
         )
+        unsuccessful = await watcher.fetch(
+            "SELECT status, error_code, error_reason, count(*) FROM creation.jobs"
+            " WHERE status <> 'succeeded' GROUP BY 1, 2, 3 ORDER BY 4 DESC"
+        )
         backends = [
             r["pid"]
             for r in await watcher.fetch(
@@ -203,6 +207,8 @@ async def bench(stack: Stack, workers: list[Child], jobs: int, size: int) -> Non
     print(f"{total} jobs, {CLIENTS} clients, {len(workers)} worker processes")
     print(f"end to end: {total / elapsed:.0f} jobs/s (submits alone {total / submitted:.0f}/s)")
     print(f"succeeded: {succeeded} of {total + CLIENTS * 4} (with the warm-up)")
+    for row in unsuccessful:
+        print(f"  not succeeded: {row[3]} {row[0]} {row[1] or ''} {row[2] or ''}".rstrip())
     print(f"submits answered UNAVAILABLE and tried again: {retried}")
     print(f"thumbnails all made {thumbnails_after:.1f} s after the last job succeeded")
     summed = database
