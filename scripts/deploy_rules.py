@@ -280,10 +280,29 @@ def every_deployment_autoscales(docs: list[Manifest]) -> list[str]:
     return problems
 
 
-# The PostgreSQL the manifests are written for: max_connections less those kept for
-# superusers and operators (psql, backups, the migration Job while a rollout runs).
+# The PostgreSQL the manifests are written for when they carry none (a managed one):
+# max_connections less those kept for superusers and operators (psql, backups, the
+# migration Job while a rollout runs). With the data tier's CloudNativePG Cluster the
+# figures are its own (max_connections, superuser_reserved_connections and
+# reserved_connections).
 POSTGRES_MAX_CONNECTIONS = 500
 POSTGRES_RESERVED_CONNECTIONS = 10
+
+
+def postgres_connections(docs: list[Manifest]) -> tuple[int, int, str]:
+    """(max_connections, those reserved, where the figures come from)."""
+    clusters = [d for d in docs if d["kind"] == "Cluster" and "cnpg.io" in d["apiVersion"]]
+    if not clusters:
+        return POSTGRES_MAX_CONNECTIONS, POSTGRES_RESERVED_CONNECTIONS, "the stated budget"
+    [cluster] = clusters
+    parameters = cluster["spec"].get("postgresql", {}).get("parameters", {})
+    most = int(parameters.get("max_connections", 100))  # PostgreSQL's default
+    reserved = int(parameters.get("superuser_reserved_connections", 3)) + int(
+        parameters.get("reserved_connections", 0)
+    )
+    return most, reserved, f"Cluster/{cluster['metadata']['name']}"
+
+
 DEFAULT_POOL_SIZE = 20  # services/kit/settings.py, ATELIER_DB_POOL_SIZE
 # The LISTEN connections a process holds beside its pool (services/kit/listen.py users):
 # creation's relay and webhook deliverer in every role, the worker loop in the worker
@@ -340,11 +359,12 @@ def postgres_connections_fit_the_budget(docs: list[Manifest]) -> list[str]:
                     f"default {DEFAULT_POOL_SIZE} is sized for no role)"
                 )
     total, terms = connection_budget(docs)
-    allowed = POSTGRES_MAX_CONNECTIONS - POSTGRES_RESERVED_CONNECTIONS
+    most, reserved, source = postgres_connections(docs)
+    allowed = most - reserved
     if total > allowed:
         problems.append(
             f"PostgreSQL: up to {total} connections ({' + '.join(terms)}) exceed the "
-            f"{allowed} a max_connections of {POSTGRES_MAX_CONNECTIONS} leaves"
+            f"{allowed} a max_connections of {most} leaves ({source})"
         )
     return problems
 
