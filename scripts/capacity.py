@@ -298,6 +298,57 @@ def roles(docs: list[Manifest]) -> dict[str, Role]:
     return found
 
 
+@dataclass(frozen=True)
+class DataTier:
+    """What the overlay provisions for PostgreSQL and Redis (components/data-tier), or
+    None for each it leaves to a managed service."""
+
+    max_connections: int
+    reserved_connections: int
+    connections_source: str
+    postgres_instances: int | None
+    postgres_cpu: float | None  # requested per instance
+    postgres_storage_gib: float | None
+    postgres_wal_gib: float | None
+    redis_cpu_limit: float | None
+    redis_maxmemory_mib: float | None
+
+
+# Redis' memory units (redis.conf): kb, mb, gb are powers of 1024; k, m, g of 1000.
+REDIS_UNITS = {"kb": 2**10, "mb": 2**20, "gb": 2**30, "k": 1e3, "m": 1e6, "g": 1e9}
+
+
+def redis_bytes(value: str) -> float:
+    text = value.strip().lower()
+    for suffix, factor in REDIS_UNITS.items():
+        if text.endswith(suffix):
+            return float(text.removesuffix(suffix)) * factor
+    return float(text)
+
+
+def data_tier(docs: list[Manifest]) -> DataTier:
+    most, reserved, source = deploy_rules.postgres_connections(docs)
+    instances = cpu = storage = wal = None
+    clusters = [d for d in docs if d["kind"] == "Cluster" and "cnpg.io" in d["apiVersion"]]
+    if clusters:
+        spec = clusters[0]["spec"]
+        instances = int(spec.get("instances", 1))
+        requests = spec.get("resources", {}).get("requests", {})
+        cpu = deploy_rules.quantity_cpus(requests["cpu"]) if "cpu" in requests else None
+        storage = deploy_rules.quantity_bytes(spec["storage"]["size"]) / 2**30
+        if "walStorage" in spec:
+            wal = deploy_rules.quantity_bytes(spec["walStorage"]["size"]) / 2**30
+    redis_cpu = redis_memory = None
+    redis = deploy_rules.named(docs, "StatefulSet", "redis")
+    if redis is not None:
+        [container] = redis["spec"]["template"]["spec"]["containers"]
+        redis_cpu = deploy_rules.quantity_cpus(container["resources"]["limits"]["cpu"])
+        args = [str(a) for a in container.get("args", [])]
+        if "--maxmemory" in args:
+            redis_memory = redis_bytes(args[args.index("--maxmemory") + 1]) / 2**20
+    return DataTier(most, reserved, source, instances, cpu, storage, wal, redis_cpu, redis_memory)
+
+
 def connections_at_most_replicas(found: dict[str, Role]) -> int:
     """Every kind at its autoscaler's most replicas, plus KEDA's one: what deploy-check
     budgets (deploy_rules.connection_budget)."""
@@ -403,10 +454,12 @@ def size(scenario: Scenario, found: dict[str, Role]) -> tuple[list[Sizing], dict
     return sizings, database
 
 
-def connections_needed(sizings: list[Sizing], found: dict[str, Role]) -> int:
+def connections_needed(sizings: list[Sizing], found: dict[str, Role], reserved: int) -> int:
+    """Every replica's pool and LISTEN connections, KEDA's one, and those PostgreSQL keeps
+    for superusers and operators: what max_connections must be."""
     used = v("pooled_connections_used")
     total = sum(math.ceil(found[s.kind].connections * used) * s.replicas for s in sizings)
-    return total + 1 + deploy_rules.POSTGRES_RESERVED_CONNECTIONS
+    return total + 1 + reserved
 
 
 # -- the tables ----------------------------------------------------------------------------
@@ -495,12 +548,23 @@ def tables(docs: list[Manifest]) -> str:
             for kind, r in found.items()
         ],
     )
+    tier = data_tier(docs)
     lines += [
         "",
         f"At the most replicas these open {connections_at_most_replicas(found)} connections "
-        f"(deploy-check's budget: {deploy_rules.POSTGRES_MAX_CONNECTIONS} less "
-        f"{deploy_rules.POSTGRES_RESERVED_CONNECTIONS} kept for operators).",
+        f"(deploy-check's budget: max_connections {tier.max_connections} less "
+        f"{tier.reserved_connections} reserved, from {tier.connections_source}).",
     ]
+    if tier.postgres_instances is not None:
+        lines += [
+            "",
+            f"The data tier (components/data-tier): PostgreSQL {tier.postgres_instances} "
+            f"instances (a primary and its standbys), {tier.postgres_cpu or 0:g} CPU "
+            f"requested each, {tier.postgres_storage_gib or 0:g} GiB of data volume and "
+            f"{tier.postgres_wal_gib or 0:g} GiB of WAL volume; Redis one replica, "
+            f"{tier.redis_cpu_limit or 0:g} CPU limit, maxmemory "
+            f"{tier.redis_maxmemory_mib or 0:g} MiB.",
+        ]
     lines += ["", "### Inputs: other figures", ""]
     lines += _table(
         ["input", "value", "source"],
@@ -537,39 +601,76 @@ def tables(docs: list[Manifest]) -> str:
             for s in sizings
         ],
     )
-    lines += ["", "### PostgreSQL and Redis", ""]
-    allowed = deploy_rules.POSTGRES_MAX_CONNECTIONS
+    lines += ["", "### PostgreSQL", ""]
     ceiling = v("notifying_commits_ceiling")
+
+    def days_of_storage(d: dict[str, float]) -> str:
+        if tier.postgres_storage_gib is None:
+            return "-"
+        room = tier.postgres_storage_gib * 2**30 / 1e9 - d["outbox_gb_standing"]
+        days = math.floor(room / d["retained_gb_per_day"]) if room > 0 else 0
+        return f"{days:,} days" if days > 1 else f"**{days} day{'' if days == 1 else 's'}**"
+
+    def wal_at_peak(d: dict[str, float]) -> str:
+        hourly = d["wal_gb_per_day"] / 24 * v("peak_to_average")
+        if tier.postgres_wal_gib is None:
+            return f"{_n(hourly)} GB"
+        hours = tier.postgres_wal_gib * 2**30 / 1e9 / hourly
+        return f"{_n(hourly)} GB ({_n(hours)} h of its volume)"
+
+    def provisioned(d: dict[str, float]) -> str:
+        needed = _ceil(d["postgresql_vcpu"])
+        if tier.postgres_cpu is None:
+            return str(needed)
+        fits = "" if needed <= tier.postgres_cpu else " **over**"
+        return f"{needed} (requested {tier.postgres_cpu:g}){fits}"
+
     lines += _table(
         [
             "scenario",
             "peak jobs/s",
-            "PostgreSQL CPU (cores) / vCPU to provision",
-            "max_connections needed (of 500)",
-            "notifying commits/s (this machine's ceiling)",
+            "CPU at peak (cores)",
+            "vCPU to provision",
+            f"max_connections needed (of {tier.max_connections})",
+            f"notifying commits/s (ceiling here {ceiling:,.0f})",
             "WAL/day",
+            "WAL/hour at peak",
             "rows kept/day",
             "outbox standing",
-            "streams",
-            "Redis PUBLISH/s",
-            "Redis CPU / memory",
+            "data volume lasts",
         ],
         [
             [
                 scenario.name,
                 _n(d["peak_jobs_per_s"]),
-                f"{_n(d['postgresql_cores'])} / {_ceil(d['postgresql_vcpu'])}",
-                f"{connections_needed(sizings, found)}"
-                + ("" if connections_needed(sizings, found) <= allowed else " **over**"),
-                f"{_n(d['notifying_commits_per_s'])} ({ceiling:,.0f})",
+                _n(d["postgresql_cores"]),
+                provisioned(d),
+                f"{needed:,}" + ("" if needed <= tier.max_connections else " **over**"),
+                _n(d["notifying_commits_per_s"]),
                 f"{_n(d['wal_gb_per_day'])} GB",
+                wal_at_peak(d),
                 f"{_n(d['retained_gb_per_day'])} GB",
                 f"{_n(d['outbox_gb_standing'])} GB",
-                f"{d['streams']:,.0f}",
-                _n(d["redis_publishes_per_s"]),
-                f"{_n(d['redis_cores'])} cores / {_n(d['redis_mib'])} MiB",
+                days_of_storage(d),
             ]
             for scenario, sizings, d in results
+            for needed in [connections_needed(sizings, found, tier.reserved_connections)]
+        ],
+    )
+    lines += ["", "### Redis", ""]
+    lines += _table(
+        ["scenario", "streams", "PUBLISH/s", "CPU (cores)", "subscriptions' memory"],
+        [
+            [
+                scenario.name,
+                f"{d['streams']:,.0f}",
+                _n(d["redis_publishes_per_s"]),
+                _n(d["redis_cores"])
+                + (f" of {tier.redis_cpu_limit:g}" if tier.redis_cpu_limit else ""),
+                f"{_n(d['redis_mib'])} MiB"
+                + (f" of {tier.redis_maxmemory_mib:g}" if tier.redis_maxmemory_mib else ""),
+            ]
+            for scenario, _, d in results
         ],
     )
     return "\n".join(lines) + "\n"

@@ -35,14 +35,17 @@ def test_connections_at_the_most_replicas_are_deploy_checks_budget(prod: list[Ma
     found = capacity.roles(prod)
     budget, terms = deploy_rules.connection_budget(prod)
     assert capacity.connections_at_most_replicas(found) == budget, terms
-    # And sized at those replicas, the model asks for that budget plus the operators' room.
+    # Sized at those replicas, the model asks for that budget plus the reserved connections,
+    # which the data tier's max_connections holds.
     at_most = [
         capacity.Sizing(kind, 0.0, role.max_replicas, "most", role.max_replicas, role.max_replicas)
         for kind, role in found.items()
     ]
-    assert capacity.connections_needed(at_most, found) == (
-        budget + deploy_rules.POSTGRES_RESERVED_CONNECTIONS
-    )
+    most, reserved, _ = deploy_rules.postgres_connections(prod)
+    tier = capacity.data_tier(prod)
+    assert (tier.max_connections, tier.reserved_connections) == (most, reserved)
+    assert capacity.connections_needed(at_most, found, reserved) == budget + reserved
+    assert budget + reserved <= most
 
 
 def test_a_larger_pool_in_the_manifests_changes_the_model(prod: list[Manifest]) -> None:
@@ -69,6 +72,13 @@ def test_the_defaults_the_model_cites_are_the_services_defaults(prod: list[Manif
     assert capacity.v("provider_rate") == creation.providers.limits["fal"].rate_per_second
     assert capacity.v("outbox_retention_days") * capacity.DAY == creation.relay.retention_seconds
     assert capacity.v("keep_alive_seconds") == notify.streams.keep_alive_seconds
+
+
+def test_redis_memory_is_read_in_redis_units() -> None:
+    assert capacity.redis_bytes("200mb") == 200 * 2**20
+    assert capacity.redis_bytes("200m") == 200e6
+    assert capacity.redis_bytes("1gb") == 2**30
+    assert capacity.redis_bytes("4096") == 4096
 
 
 def test_every_input_names_its_source_and_a_range_around_its_value() -> None:
