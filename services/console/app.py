@@ -18,19 +18,31 @@ from services.kit.settings import SettingsError
 log = get_logger(__name__)
 
 
-def creation_channel(settings: ConsoleSettings) -> grpc.aio.Channel:
-    """The channel to creation's internal listener: mutual TLS when the deployment has it
+def internal_channel(settings: ConsoleSettings, address: str) -> grpc.aio.Channel:
+    """A channel to an internal listener: mutual TLS when the deployment has it
     (ATELIER_INTERNAL_TLS_*), plaintext otherwise."""
     tls = client_credentials(settings.internal_tls)
-    address = settings.creation_internal_address
     if tls is None:
         return grpc.aio.insecure_channel(address)
     return grpc.aio.secure_channel(address, tls)
 
 
+def creation_channel(settings: ConsoleSettings) -> grpc.aio.Channel:
+    """The channel to creation's internal listener (AdminService)."""
+    return internal_channel(settings, settings.creation_internal_address)
+
+
+def notify_channel(settings: ConsoleSettings) -> grpc.aio.Channel:
+    """The channel to notify's internal listener (NotifyAdminService)."""
+    return internal_channel(settings, settings.notify_internal_address)
+
+
 async def serve(settings: ConsoleSettings) -> None:
     channel = creation_channel(settings)
-    console = Console(channel, settings.call_timeout_seconds, settings.caller_ttl_seconds)
+    notify = notify_channel(settings)
+    console = Console(
+        channel, settings.call_timeout_seconds, settings.caller_ttl_seconds, notify=notify
+    )
     runner = web.AppRunner(console.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port)
@@ -45,6 +57,7 @@ async def serve(settings: ConsoleSettings) -> None:
     finally:
         await runner.cleanup()
         await channel.close(None)
+        await notify.close(None)
         log.info("console_stopped")
 
 

@@ -1,7 +1,8 @@
 """The console's HTTP listener: the page (web/console/) and ``POST /api/<Method>``, which
-calls AdminService's method with the JSON body as its request and the caller's own
-credential (``Authorization: Bearer …``) as the call's, so the RPC's policy, checks and
-audit trail are the console's too: it can do nothing the RPCs do not allow.
+calls the method of that name — creation's AdminService, or notify's NotifyAdminService
+(the failed pushes) — with the JSON body as its request and the caller's own credential
+(``Authorization: Bearer …``) as the call's, so the RPC's policy, checks and audit trail
+are the console's too: it can do nothing the RPCs do not allow.
 
 Only a named operator identity may use it: the credential's GetCaller must answer role
 ``operator`` (cached per credential hash for a short while). No credential, a user's
@@ -23,12 +24,13 @@ from typing import Any
 import grpc
 from aiohttp import web
 from google.protobuf import json_format, message_factory
-from google.protobuf.descriptor import MethodDescriptor
+from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
 from google.protobuf.message import Message
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from atelier.creation.v1 import admin_service_pb2
+from atelier.notify.v1 import notify_admin_service_pb2
 from services.kit.logging import get_logger
 
 log = get_logger(__name__)
@@ -36,6 +38,7 @@ log = get_logger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
 WEB = ROOT / "web" / "console"
 ADMIN = admin_service_pb2.DESCRIPTOR.services_by_name["AdminService"]
+NOTIFY_ADMIN = notify_admin_service_pb2.DESCRIPTOR.services_by_name["NotifyAdminService"]
 MAX_BODY = 64 * 1024
 OPERATOR_REQUIRED = "OPERATOR_REQUIRED"
 
@@ -132,19 +135,30 @@ class Method:
     descriptor: MethodDescriptor
     request: type[Message]
     response: type[Message]
+    channel: grpc.aio.Channel
+
+    @property
+    def path(self) -> str:
+        return f"/{self.descriptor.containing_service.full_name}/{self.descriptor.name}"
 
 
-def _methods() -> dict[str, Method]:
-    """Every unary AdminService method, by name (all of them are)."""
-    return {
-        method.name: Method(
-            method,
-            message_factory.GetMessageClass(method.input_type),
-            message_factory.GetMessageClass(method.output_type),
-        )
-        for method in ADMIN.methods
-        if not method.server_streaming and not method.client_streaming
-    }
+def _methods(services: list[tuple[ServiceDescriptor, grpc.aio.Channel]]) -> dict[str, Method]:
+    """Every unary method of the services (all of theirs are), by name; a name two
+    services share would be ambiguous, so it is a programming error."""
+    methods: dict[str, Method] = {}
+    for service, channel in services:
+        for method in service.methods:
+            if method.server_streaming or method.client_streaming:
+                continue
+            if method.name in methods:
+                raise ValueError(f"two services of the console name {method.name}")
+            methods[method.name] = Method(
+                method,
+                message_factory.GetMessageClass(method.input_type),
+                message_factory.GetMessageClass(method.output_type),
+                channel,
+            )
+    return methods
 
 
 class CallerCache:
@@ -177,13 +191,23 @@ def _bearer(request: web.Request) -> str | None:
 
 
 class Console:
+    """``channel``: creation's internal listener (AdminService, and GetCaller for every
+    sign-in); ``notify``: notify's internal listener (NotifyAdminService), None to leave
+    the failed pushes out."""
+
     def __init__(
-        self, channel: grpc.aio.Channel, call_timeout_seconds: float, caller_ttl_seconds: float
+        self,
+        channel: grpc.aio.Channel,
+        call_timeout_seconds: float,
+        caller_ttl_seconds: float,
+        notify: grpc.aio.Channel | None = None,
     ) -> None:
-        self._channel = channel
         self._timeout = call_timeout_seconds
         self._callers = CallerCache(caller_ttl_seconds)
-        self._methods = _methods()
+        services = [(ADMIN, channel)]
+        if notify is not None:
+            services.append((NOTIFY_ADMIN, notify))
+        self._methods = _methods(services)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY)
@@ -200,8 +224,8 @@ class Console:
         )
 
     async def _invoke(self, method: Method, message: Message, credential: str) -> Message:
-        call = self._channel.unary_unary(
-            f"/{ADMIN.full_name}/{method.descriptor.name}",
+        call = method.channel.unary_unary(
+            method.path,
             request_serializer=type(message).SerializeToString,
             response_deserializer=method.response.FromString,
         )

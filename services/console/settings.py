@@ -20,6 +20,8 @@ class ConsoleSettings:
     port: int
     # creation's internal listener, where AdminService answers.
     creation_internal_address: str
+    # notify's internal listener, where NotifyAdminService (the failed pushes) answers.
+    notify_internal_address: str
     # Each AdminService call's deadline.
     call_timeout_seconds: float
     # How long a credential's GetCaller answer (an operator or not) is trusted.
@@ -32,12 +34,14 @@ class ConsoleSettings:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ConsoleSettings:
         reader = EnvReader(environ)
         creation = DEFAULT_PORTS["creation"].internal_port
+        notify = DEFAULT_PORTS["notify"].internal_port
         settings = cls(
             host=reader.string("CONSOLE_HOST", "127.0.0.1"),
             port=port(reader, "CONSOLE_PORT", DEFAULT_CONSOLE_PORT),
             creation_internal_address=reader.string(
                 "CREATION_INTERNAL_ADDRESS", f"127.0.0.1:{creation}"
             ),
+            notify_internal_address=reader.string("NOTIFY_INTERNAL_ADDRESS", f"127.0.0.1:{notify}"),
             call_timeout_seconds=reader.seconds("CONSOLE_CALL_TIMEOUT", 15, minimum=1, maximum=120),
             caller_ttl_seconds=reader.seconds("CONSOLE_CALLER_TTL", 30, minimum=0, maximum=600),
             log_level=reader.string(

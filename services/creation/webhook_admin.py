@@ -149,12 +149,20 @@ class WebhookOperators:
             after=after,
         )
 
-    async def redeliver_one(self, delivery_id: int, operator: str) -> int:
+    async def redeliver_one(self, delivery_id: int, operator: str, reason: str) -> int:
         count = await store.redeliver_one(self._engine, delivery_id)
-        log.info("webhooks_redelivered", delivery_id=delivery_id, count=count, operator=operator)
+        log.info(
+            "webhooks_redelivered",
+            delivery_id=delivery_id,
+            count=count,
+            operator=operator,
+            reason=reason,
+        )
         return count
 
-    async def redeliver_failed(self, endpoint_id: str, since: datetime, operator: str) -> int:
+    async def redeliver_failed(
+        self, endpoint_id: str, since: datetime, operator: str, reason: str
+    ) -> int:
         count = await store.redeliver_failed(self._engine, endpoint_id, since)
         log.info(
             "webhooks_redelivered",
@@ -162,5 +170,6 @@ class WebhookOperators:
             since=since.isoformat(),
             count=count,
             operator=operator,
+            reason=reason,
         )
         return count

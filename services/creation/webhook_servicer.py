@@ -19,6 +19,7 @@ from services.creation.store.webhooks import (
     EndpointCursor,
     EndpointFields,
 )
+from services.creation.submission import has_control_characters
 from services.creation.webhook_admin import WebhookOperators
 from services.kit.auth import current_principal
 from services.kit.errors import FieldViolation, invalid_argument
@@ -47,11 +48,25 @@ _STATES = {
     "failed": webhook_pb2.WEBHOOK_DELIVERY_STATE_FAILED,
 }
 _STATE_NAMES = {number: name for name, number in _STATES.items()}
+# An operator's reason, as ResolveJob takes it.
+MAX_REASON = 500
 
 
 def operator_name() -> str:
     """Who acts: the caller's identity; the shared service credential names nobody."""
     return current_principal().identity or "service-token"
+
+
+def operator_reason(value: str, problems: list[FieldViolation]) -> str:
+    """An operator action's required reason: 1-500 characters, no control characters."""
+    value = value.strip()
+    if not value:
+        problems.append(FieldViolation("reason", "is required"))
+    elif len(value) > MAX_REASON:
+        problems.append(FieldViolation("reason", f"must be at most {MAX_REASON} characters"))
+    elif has_control_characters(value):
+        problems.append(FieldViolation("reason", "must not contain control characters"))
+    return value
 
 
 def _check(problems: list[FieldViolation]) -> None:
@@ -341,11 +356,12 @@ class WebhookAdminMethods:
             endpoint_id = _uuid("endpoint_id", request.endpoint_id, problems)
             if not request.HasField("since"):
                 problems.append(FieldViolation("since", "is required with endpoint_id"))
+        reason = operator_reason(request.reason, problems)
         _check(problems)
         operator = operator_name()
         if target == "delivery_id":
-            count = await self._webhooks.redeliver_one(request.delivery_id, operator)
+            count = await self._webhooks.redeliver_one(request.delivery_id, operator, reason)
         else:
             since = request.since.ToDatetime(tzinfo=UTC)
-            count = await self._webhooks.redeliver_failed(endpoint_id, since, operator)
+            count = await self._webhooks.redeliver_failed(endpoint_id, since, operator, reason)
         return admin_service_pb2.RedeliverWebhooksResponse(redelivered_count=count)

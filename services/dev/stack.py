@@ -262,6 +262,7 @@ class Stack:
             "ATELIER_ENV": "dev",
             "ATELIER_CONSOLE_PORT": str(self.ports.console),
             "ATELIER_CREATION_INTERNAL_ADDRESS": f"127.0.0.1:{self.ports.internal['creation']}",
+            "ATELIER_NOTIFY_INTERNAL_ADDRESS": f"127.0.0.1:{self.ports.internal['notify']}",
         }
         return spawn("console", [sys.executable, "-m", "services.console"], env, self.log_dir)
 

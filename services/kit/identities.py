@@ -35,21 +35,23 @@ SETTING = "SERVICE_IDENTITIES"
 
 _MEDIA = "/atelier.media.v1.MediaInternalService/"
 _ADMIN = "/atelier.creation.v1.AdminService/"
+_NOTIFY_ADMIN = "/atelier.notify.v1.NotifyAdminService/"
 # The feed of every user's job changes (docs/feed.md). No role has it by default: it shows
 # every user's jobs, so each identity that reads it is named for it (``allow``).
 WATCH_ALL_JOBS = "/atelier.notify.v1.NotifyFeedService/WatchAllJobs"
 
 # What each role may call, by default. creation stores and signs every job's media and
 # feeds notify; notify signs output URLs and reads queue standings; operators run
-# AdminService; an app backend calls nothing internal unless `allow` says so (the job
-# feed, WATCH_ALL_JOBS, included: not even creation or an operator reads it by default).
+# AdminService and notify's NotifyAdminService (the failed pushes); an app backend calls
+# nothing internal unless `allow` says so (the job feed, WATCH_ALL_JOBS, included: not
+# even creation or an operator reads it by default).
 ROLE_METHODS: dict[str, tuple[str, ...]] = {
     "creation": (_MEDIA + "*", "/atelier.notify.v1.NotifyIngestService/Deliver"),
     "notify": (
         _MEDIA + "GetAssetUrls",
         "/atelier.creation.v1.QueueStandingService/GetQueueStandings",
     ),
-    "operator": (_ADMIN + "*",),
+    "operator": (_ADMIN + "*", _NOTIFY_ADMIN + "*"),
     "backend": (),
 }
 

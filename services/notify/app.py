@@ -1,9 +1,10 @@
 """Assembles the notify service: the ingest listener (creation's relay delivers job states
 to the projection, delivery.py; what moved goes to the streams' fan-out: this replica's
 streams, and through Redis every other's when configured), the client streams with their
-backstop, the job feed for internal services (feed_servicer.py, on the internal listener)
-and the APNs token RPCs (devices.py); Deliver records the pushes each update
-implies (services/notify/pushes/), and with APNs configured the sender drains them
+backstop, the job feed for internal services (feed_servicer.py, on the internal listener),
+operators' list of failed pushes (admin_servicer.py, internal too) and the APNs token
+RPCs (devices.py); Deliver records the pushes each update implies
+(services/notify/pushes/), and with APNs configured the sender drains them
 (services/notify/apns/). All SQL is in services/notify/store/."""
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from atelier.notify.v1 import (
+    notify_admin_service_pb2,
+    notify_admin_service_pb2_grpc,
     notify_feed_service_pb2,
     notify_feed_service_pb2_grpc,
     notify_ingest_service_pb2,
@@ -25,6 +28,7 @@ from services.kit.components import Component
 from services.kit.db import Database
 from services.kit.internal_tls import client_credentials
 from services.kit.server import Binding, ServiceApp, run_service
+from services.notify.admin_servicer import NotifyAdminServicer
 from services.notify.apns.assemble import build_sender
 from services.notify.delivery import Delivery, Publisher
 from services.notify.devices import Devices
@@ -36,7 +40,13 @@ from services.notify.pushes.planning import Rules
 from services.notify.queue_standings import CreationStandings
 from services.notify.servicer import NotifyServicer
 from services.notify.settings import NotifySettings
-from services.notify.store import FeedReads, ProjectionStore, StreamReads, TokenStore
+from services.notify.store import (
+    FailedPushReads,
+    FeedReads,
+    ProjectionStore,
+    StreamReads,
+    TokenStore,
+)
 from services.notify.streams.backstop import Backstop
 from services.notify.streams.change import Change, Snapshot
 from services.notify.streams.clock import StreamClock
@@ -170,6 +180,11 @@ def assemble(
                     FeedReads(engine),
                     output_urls,
                 ),
+            ),
+            Binding(
+                notify_admin_service_pb2.DESCRIPTOR.services_by_name["NotifyAdminService"],
+                notify_admin_service_pb2_grpc.add_NotifyAdminServiceServicer_to_server,
+                NotifyAdminServicer(FailedPushReads(engine)),
             ),
         ],
         readiness=database.answers,

@@ -56,3 +56,31 @@ class FeedRequest:
 
     def wants(self, model_id: str) -> bool:
         return not self.model_ids or model_id in self.model_ids
+
+
+@dataclass(frozen=True)
+class FailedPushCursor:
+    """The last failed push of a page (newest first)."""
+
+    created_at: datetime
+    push_id: int
+
+
+@dataclass(frozen=True)
+class FailedPush:
+    """A push that did not reach its device, as an operator sees it (never the token)."""
+
+    push_id: int
+    kind: str
+    status: str
+    job_id: str
+    version: int
+    user_id: str
+    token_suffix: str
+    environment: str
+    attempts: int
+    http_status: int | None
+    reason: str | None
+    apns_id: str | None
+    created_at: datetime
+    last_attempt_at: datetime | None

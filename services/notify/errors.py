@@ -37,6 +37,8 @@ class Reason:
     CURSOR_EXPIRED = "CURSOR_EXPIRED"
     # WatchAllJobs: a user or model id that cannot be one, or too many of them.
     INVALID_FEED_FILTER = "INVALID_FEED_FILTER"
+    # NotifyAdminService: a field of an operator's request is wrong (a time range).
+    INVALID_ADMIN_REQUEST = "INVALID_ADMIN_REQUEST"
 
 
 class NotifyError(DomainError):

@@ -169,6 +169,27 @@ Index(
     postgresql_where=text("status = 'pending'"),
 )
 
+
+# The pushes an operator is shown as failed (NotifyAdminService.ListFailedPushes): given
+# up on, or dropped because APNs refused their device token. Written literally, here and
+# in the list's query, so that the planner matches the partial index.
+def failed_push(table: str = "") -> str:
+    """The predicate, its columns qualified by ``table`` when given (a query that joins)."""
+    of = f"{table}." if table else ""
+    return (
+        f"{of}status = 'failed' OR ({of}status = 'dropped' AND {of}last_reason = 'BadDeviceToken')"
+    )
+
+
+FAILED_PUSH = failed_push()
+# The failed pushes, newest first (the operators' list).
+Index(
+    "ix_pushes_created_at_push_id_failed",
+    pushes.c.created_at,
+    pushes.c.push_id,
+    postgresql_where=text(FAILED_PUSH),
+)
+
 # Every attempt to send a push, as APNs answered it (written by the sender).
 push_attempts = Table(
     "push_attempts",

@@ -42,7 +42,7 @@ function seconds(duration) {
 }
 
 function short(status) {
-  return String(status || "").replace(/^(JOB_STATUS_|PROVIDER_REQUEST_STATE_|PROVIDER_REQUEST_SOURCE_|ACTOR_KIND_|LEDGER_ENTRY_KIND_)/, "").toLowerCase().replaceAll("_", " ");
+  return String(status || "").replace(/^(JOB_STATUS_|PROVIDER_REQUEST_STATE_|PROVIDER_REQUEST_SOURCE_|ACTOR_KIND_|LEDGER_ENTRY_KIND_|PUSH_KIND_|FAILED_PUSH_STATE_|APNS_ENVIRONMENT_)/, "").toLowerCase().replaceAll("_", " ");
 }
 
 function row(cells, action) {
@@ -102,8 +102,14 @@ function signOut() {
 
 // -- tabs (arrow keys move between them, as the ARIA tabs pattern says) -----------------
 
-const TABS = ["overview", "attention", "search", "webhooks"];
-const LOADERS = { overview: showOverview, attention: showAttention, search: async () => {}, webhooks: showWebhooks };
+const TABS = ["overview", "attention", "search", "webhooks", "pushes"];
+const LOADERS = {
+  overview: showOverview,
+  attention: showAttention,
+  search: async () => {},
+  webhooks: showWebhooks,
+  pushes: () => showPushes(),
+};
 
 async function select(name) {
   for (const tab of TABS) {
@@ -338,16 +344,80 @@ async function showWebhooks() {
       rows.push(
         row(
           [endpoint.url, delivery.eventType, delivery.jobId, delivery.attempts, delivery.lastError],
-          button("Redeliver", `Redeliver delivery ${delivery.deliveryId}`, async () => {
-            await call("RedeliverWebhooks", { deliveryId: delivery.deliveryId }).catch(report);
-            await showWebhooks().catch(report);
-          }),
+          button("Redeliver", `Redeliver delivery ${delivery.deliveryId}`, () => chooseRedeliver(delivery.deliveryId)),
         ),
       );
     }
   }
   $("#deliveries-empty").hidden = rows.length > 0;
   fill($("#deliveries tbody"), rows);
+}
+
+// A redelivery asks why, as a decision does; the reason is logged with the operator.
+let redelivering = null;
+
+function chooseRedeliver(deliveryId) {
+  redelivering = deliveryId;
+  $("#redeliver-id").textContent = deliveryId;
+  $("#redeliver-error").textContent = "";
+  $("#redeliver-form").hidden = false;
+  $("#redeliver-reason").focus();
+}
+
+function closeRedeliver() {
+  redelivering = null;
+  $("#redeliver-form").hidden = true;
+  $("#redeliver-reason").value = "";
+}
+
+async function redeliver(event) {
+  event.preventDefault();
+  if (redelivering === null) return;
+  const deliveryId = redelivering;
+  try {
+    const answer = await call("RedeliverWebhooks", { deliveryId, reason: $("#redeliver-reason").value.trim() });
+    closeRedeliver();
+    $("#redelivered").textContent = `Delivery ${deliveryId} redelivered (${answer.redeliveredCount})`;
+    await showWebhooks();
+  } catch (error) {
+    $("#redeliver-error").textContent = error.message;
+  }
+}
+
+// -- failed pushes (notify's NotifyAdminService) -----------------------------------------
+
+let pushesToken = "";
+
+function pushAnswer(push) {
+  const status = push.httpStatus ? `${push.httpStatus} ` : "";
+  return `${status}${push.reason || "no answer"}${push.apnsId ? ` (apns-id ${push.apnsId})` : ""}`;
+}
+
+async function showPushes({ more = false } = {}) {
+  const body = { pageSize: 50 };
+  const since = $("#pushes-since").value;
+  if (since) body.since = new Date(since).toISOString();
+  if (more) body.pageToken = pushesToken;
+  const listed = await call("ListFailedPushes", body);
+  const rows = listed.pushes.map((push) => {
+    const tr = row([
+      when(push.createTime),
+      short(push.kind),
+      `${push.jobId} v${push.jobVersion}`,
+      push.userId,
+      `…${push.deviceTokenSuffix} (${short(push.environment)})`,
+      pushAnswer(push),
+      push.attempts,
+    ]);
+    tr.lastChild.textContent = short(push.state);
+    return tr;
+  });
+  const tbody = $("#failed-pushes tbody");
+  if (more) tbody.append(...rows);
+  else fill(tbody, rows);
+  pushesToken = listed.nextPageToken;
+  $("#pushes-more").hidden = !pushesToken;
+  $("#pushes-empty").hidden = tbody.children.length > 0;
 }
 
 // -- wiring -----------------------------------------------------------------------------
@@ -363,6 +433,13 @@ function start() {
   $("#refresh-overview").addEventListener("click", () => showOverview().catch(report));
   $("#refresh-attention").addEventListener("click", () => showAttention().catch(report));
   $("#refresh-webhooks").addEventListener("click", () => showWebhooks().catch(report));
+  $("#redeliver-form").addEventListener("submit", redeliver);
+  $("#redeliver-cancel").addEventListener("click", closeRedeliver);
+  $("#pushes-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    showPushes().catch(report);
+  });
+  $("#pushes-more").addEventListener("click", () => showPushes({ more: true }).catch(report));
   $("#resolution").addEventListener("change", resolutionChanged);
   $("#resolve-form").addEventListener("submit", resolve);
   $("#search-form").addEventListener("submit", search);

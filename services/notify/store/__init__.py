@@ -12,9 +12,11 @@ public method turns a database that does not answer into notify's DatabaseFailed
 - pushes.py: notify.pushes as Deliver and registrations record them (inside their
   transactions);
 - sender.py: the APNs sender's claims and outcomes (notify.pushes, push_attempts);
+- failed_pushes.py: operators' read of the pushes that did not reach a device;
 - doctor.py: the read of `atelier push doctor`.
 """
 
+from services.notify.store.failed_pushes import FailedPushReads
 from services.notify.store.feed_reads import FeedReads
 from services.notify.store.projection import ProjectionStore
 from services.notify.store.sender import PushStore
@@ -22,6 +24,7 @@ from services.notify.store.stream_reads import StreamReads
 from services.notify.store.tokens import TokenStore
 
 __all__ = [
+    "FailedPushReads",
     "FeedReads",
     "ProjectionStore",
     "PushStore",

@@ -255,7 +255,9 @@ async def test_bad_ids_masks_and_unknown_endpoints(
         assert error.code() == grpc.StatusCode.NOT_FOUND
         assert error_info(error).reason == "WEBHOOK_ENDPOINT_NOT_FOUND"
     error = await refused(
-        admin.RedeliverWebhooks(admin_pb.RedeliverWebhooksRequest(delivery_id=999999), metadata=OP)
+        admin.RedeliverWebhooks(
+            admin_pb.RedeliverWebhooksRequest(delivery_id=999999, reason="INC-1"), metadata=OP
+        )
     )
     assert error_info(error).reason == "WEBHOOK_DELIVERY_NOT_FOUND"
     made = (await create(admin)).endpoint
@@ -282,10 +284,26 @@ async def test_bad_ids_masks_and_unknown_endpoints(
     assert "endpoint.url" in violations(error)
     error = await refused(
         admin.RedeliverWebhooks(
-            admin_pb.RedeliverWebhooksRequest(endpoint_id=made.endpoint_id), metadata=OP
+            admin_pb.RedeliverWebhooksRequest(endpoint_id=made.endpoint_id, reason="INC-1"),
+            metadata=OP,
         )
     )
     assert violations(error) == {"since": "is required with endpoint_id"}
+    # A redelivery says why: no reason, a blank one, one too long, a control character.
+    for reason, words in (
+        ("", "is required"),
+        ("   ", "is required"),
+        ("x" * 501, "at most 500"),
+        ("a\x00b", "control characters"),
+    ):
+        error = await refused(
+            admin.RedeliverWebhooks(
+                admin_pb.RedeliverWebhooksRequest(delivery_id=1, reason=reason), metadata=OP
+            )
+        )
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_info(error).reason == "INVALID_ADMIN_REQUEST"
+        assert words in violations(error)["reason"], reason
     error = await refused(
         admin.RotateWebhookSecret(
             admin_pb.RotateWebhookSecretRequest(
@@ -394,8 +412,11 @@ async def test_secrets_are_shown_by_create_and_rotate_only_and_never_logged(
 
 
 async def test_test_event_delivery_log_and_redelivery(
-    admin: admin_service_pb2_grpc.AdminServiceStub, engine: AsyncEngine
+    admin: admin_service_pb2_grpc.AdminServiceStub,
+    engine: AsyncEngine,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO)
     made = (await create(admin)).endpoint
     other = (await create(admin)).endpoint
     # Disabled, so the deliverer (every role runs one) leaves their deliveries alone: a
@@ -486,24 +507,40 @@ async def test_test_event_delivery_log_and_redelivery(
 
     # One delivery: back to pending, due now, attempts and message id kept.
     count = await admin.RedeliverWebhooks(
-        admin_pb.RedeliverWebhooksRequest(delivery_id=first.delivery_id), metadata=OP
+        admin_pb.RedeliverWebhooksRequest(
+            delivery_id=first.delivery_id, reason="INC-2: endpoint fixed"
+        ),
+        metadata=OP,
     )
     assert count.redelivered_count == 1
     # Every failed one of the endpoint since a time: only the other is left failed.
     since = timestamp_pb2.Timestamp()
     since.FromDatetime(shown.create_time.ToDatetime() - timedelta(minutes=1))
     count = await admin.RedeliverWebhooks(
-        admin_pb.RedeliverWebhooksRequest(endpoint_id=made.endpoint_id, since=since),
+        admin_pb.RedeliverWebhooksRequest(
+            endpoint_id=made.endpoint_id, since=since, reason="INC-2: all of them"
+        ),
         metadata=OP,
     )
     assert count.redelivered_count == 1
     future = timestamp_pb2.Timestamp()
     future.FromDatetime(shown.create_time.ToDatetime() + timedelta(days=1))
     count = await admin.RedeliverWebhooks(
-        admin_pb.RedeliverWebhooksRequest(endpoint_id=made.endpoint_id, since=future),
+        admin_pb.RedeliverWebhooksRequest(
+            endpoint_id=made.endpoint_id, since=future, reason="INC-2: none left"
+        ),
         metadata=OP,
     )
     assert count.redelivered_count == 0
+    # Each redelivery is recorded with who asked and why.
+    redelivered = [
+        getattr(r, "fields", {}) for r in caplog.records if r.getMessage() == "webhooks_redelivered"
+    ]
+    assert [(f.get("operator"), f.get("reason"), f.get("count")) for f in redelivered] == [
+        ("alice", "INC-2: endpoint fixed", 1),
+        ("alice", "INC-2: all of them", 1),
+        ("alice", "INC-2: none left", 0),
+    ]
     async with engine.connect() as connection:
         rows = (
             await connection.execute(

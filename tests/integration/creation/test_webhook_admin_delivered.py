@@ -120,7 +120,8 @@ async def test_a_test_event_verifies_redelivers_with_its_id_and_survives_a_rotat
     await settled(admin, endpoint_id)
     # Redelivered: the same webhook-id again.
     await admin.RedeliverWebhooks(
-        admin_pb.RedeliverWebhooksRequest(delivery_id=sent.delivery_id), metadata=OP
+        admin_pb.RedeliverWebhooksRequest(delivery_id=sent.delivery_id, reason="INC-3"),
+        metadata=OP,
     )
     await receiver.wait_until(lambda r: len(r.accepted()) == 2, WITHIN)
     assert receiver.accepted()[1].webhook_id == sent.message_id

@@ -757,7 +757,7 @@ export interface components {
          *     - `INPUT_URL_REFUSED` — creation: INVALID_ARGUMENT (field input_url): media would not import the URL: not https, an address that is not public, too many redirects, an answer other than 200, too large, not a JPEG, PNG or WebP image, too many pixels, too slow; metadata `cause` names which (media's reason). Fix the URL, or upload the photo instead.
          *     - `INSUFFICIENT_POINTS` — creation: FAILED_PRECONDITION: the model costs more points than the user has; metadata `available` and `price`. Get points or pick a cheaper model; retrying cannot help.
          *     - `INTERNAL` — creation: INTERNAL: a bug on our side, logged with its trace; the message says nothing more. Retrying may work; report it if it persists.
-         *     - `INVALID_ADMIN_REQUEST` — creation: INVALID_ARGUMENT with field violations, AdminService only: a field of an admin request is wrong.
+         *     - `INVALID_ADMIN_REQUEST` — creation: INVALID_ARGUMENT with field violations, AdminService only: a field of an admin request is wrong. / notify: INVALID_ARGUMENT with field violations, internal NotifyAdmin only: a field of an operator's request is wrong (ListFailedPushes' until not after its since).
          *     - `INVALID_AFTER_VERSION` — notify: INVALID_ARGUMENT: after_version is negative.
          *     - `INVALID_ASSET_ID` — media: asset_id is not a UUID. Fix the client.
          *     - `INVALID_CURSOR` — notify: INVALID_ARGUMENT: WatchJobs' cursor is not one the server handed out. Reconnect without a cursor.

@@ -1262,10 +1262,16 @@ class RedeliverWebhooksRequest(_message.Message):
     DELIVERY_ID_FIELD_NUMBER: _builtins.int
     ENDPOINT_ID_FIELD_NUMBER: _builtins.int
     SINCE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     delivery_id: _builtins.int
     """One delivery, whatever its state: pending again, due now."""
     endpoint_id: _builtins.str
     """Every failed delivery of this endpoint made at or after since."""
+    reason: _builtins.str
+    """Why (1-500 characters, no control characters): logged with the operator's identity
+    and the deliveries it made pending (`webhooks_redelivered`). Empty is INVALID_ARGUMENT
+    INVALID_ADMIN_REQUEST with a field violation on `reason`.
+    """
     @_builtins.property
     def since(self) -> _timestamp_pb2.Timestamp:
         """With endpoint_id, required: the earliest delivery (its create_time) sent again."""
@@ -1276,10 +1282,11 @@ class RedeliverWebhooksRequest(_message.Message):
         delivery_id: _builtins.int = ...,
         endpoint_id: _builtins.str = ...,
         since: _timestamp_pb2.Timestamp | None = ...,
+        reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["delivery_id", b"delivery_id", "endpoint_id", b"endpoint_id", "since", b"since", "target", b"target"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivery_id", b"delivery_id", "endpoint_id", b"endpoint_id", "since", b"since", "target", b"target"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivery_id", b"delivery_id", "endpoint_id", b"endpoint_id", "reason", b"reason", "since", b"since", "target", b"target"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_target: _TypeAlias = _typing.Literal["delivery_id", "endpoint_id"]  # noqa: Y015
     _WhichOneofArgType_target: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015

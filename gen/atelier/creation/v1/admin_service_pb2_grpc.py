@@ -263,7 +263,8 @@ class AdminServiceServicer:
 
     def RedeliverWebhooks(self, request, context):
         """Sends deliveries again (same message_id, attempts kept): one delivery, or every
-        failed one of an endpoint made since a time.
+        failed one of an endpoint made since a time; the reason is required and logged with
+        the operator's identity.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -86,7 +86,8 @@ class AdminServiceStub:
     """Lists the deliveries of an endpoint or of a job, newest first."""
     RedeliverWebhooks: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.RedeliverWebhooksRequest, _admin_service_pb2.RedeliverWebhooksResponse]
     """Sends deliveries again (same message_id, attempts kept): one delivery, or every
-    failed one of an endpoint made since a time.
+    failed one of an endpoint made since a time; the reason is required and logged with
+    the operator's identity.
     """
 
 @_typing.type_check_only
@@ -147,7 +148,8 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """Lists the deliveries of an endpoint or of a job, newest first."""
     RedeliverWebhooks: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.RedeliverWebhooksRequest, _admin_service_pb2.RedeliverWebhooksResponse]  # type: ignore[assignment]
     """Sends deliveries again (same message_id, attempts kept): one delivery, or every
-    failed one of an endpoint made since a time.
+    failed one of an endpoint made since a time; the reason is required and logged with
+    the operator's identity.
     """
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -313,7 +315,8 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_service_pb2.RedeliverWebhooksResponse, _abc.Awaitable[_admin_service_pb2.RedeliverWebhooksResponse]]:
         """Sends deliveries again (same message_id, attempts kept): one delivery, or every
-        failed one of an endpoint made since a time.
+        failed one of an endpoint made since a time; the reason is required and logged with
+        the operator's identity.
         """
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -68,6 +68,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """INVALID_ARGUMENT with field violations, internal NotifyFeed only: WatchAllJobs'
     user_ids or model_ids hold an id that cannot be one, or more than 100 ids.
     """
+    ERROR_REASON_INVALID_ADMIN_REQUEST: _ErrorReason.ValueType  # 42
+    """INVALID_ARGUMENT with field violations, internal NotifyAdmin only: a field of an
+    operator's request is wrong (ListFailedPushes' until not after its since).
+    """
     ERROR_REASON_INVALID_PAGE_SIZE: _ErrorReason.ValueType  # 34
     """--- Pages (ListDevices) ---
 
@@ -185,7 +189,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Every google.rpc.ErrorInfo.reason that notify (NotifyService, NotifyIngestService,
-    NotifyFeedService) can return, so clients can generate them instead of copying strings.
+    NotifyFeedService, NotifyAdminService) can return, so clients can generate them instead
+    of copying strings.
 
     The wire string: ErrorInfo.reason is the value's name without the `ERROR_REASON_`
     prefix (ERROR_REASON_DEVICE_NOT_FOUND is sent as "DEVICE_NOT_FOUND"). Clients compare that string;
@@ -248,6 +253,10 @@ have produced.
 ERROR_REASON_INVALID_FEED_FILTER: ErrorReason.ValueType  # 41
 """INVALID_ARGUMENT with field violations, internal NotifyFeed only: WatchAllJobs'
 user_ids or model_ids hold an id that cannot be one, or more than 100 ids.
+"""
+ERROR_REASON_INVALID_ADMIN_REQUEST: ErrorReason.ValueType  # 42
+"""INVALID_ARGUMENT with field violations, internal NotifyAdmin only: a field of an
+operator's request is wrong (ListFailedPushes' until not after its since).
 """
 ERROR_REASON_INVALID_PAGE_SIZE: ErrorReason.ValueType  # 34
 """--- Pages (ListDevices) ---
