@@ -15,6 +15,8 @@ from services.kit.auth import CLOCK_SKEW_SECONDS
 from services.kit.settings import CommonSettings, EnvReader, MigrationSettings, SettingsError
 
 SERVICES = ("creation", "media", "notify")
+# What `atelier serve` runs: the services, and the operator's console (no schema of its own).
+SERVABLE = (*SERVICES, "console")
 
 
 # A service process that does not say which environment it runs in is a production one:
@@ -157,7 +159,7 @@ def parser() -> argparse.ArgumentParser:
         "serve",
         help="run one service (settings from ATELIER_*; ATELIER_ENV defaults to prod here)",
     )
-    serve.add_argument("service", choices=SERVICES)
+    serve.add_argument("service", choices=SERVABLE)
     serve.add_argument(
         "--role",
         choices=("api", "worker", "all"),

@@ -13,6 +13,7 @@ from services.console.server import Console
 from services.console.settings import ConsoleSettings
 from services.kit.internal_tls import client_credentials
 from services.kit.logging import configure, get_logger
+from services.kit.metrics import serve_metrics
 from services.kit.settings import SettingsError
 
 log = get_logger(__name__)
@@ -43,6 +44,9 @@ async def serve(settings: ConsoleSettings) -> None:
     console = Console(
         channel, settings.call_timeout_seconds, settings.caller_ttl_seconds, notify=notify
     )
+    metrics = None
+    if settings.metrics_port:
+        metrics = serve_metrics(settings.host, settings.metrics_port, "CONSOLE_METRICS_PORT")
     runner = web.AppRunner(console.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port)
@@ -58,6 +62,8 @@ async def serve(settings: ConsoleSettings) -> None:
         await runner.cleanup()
         await channel.close(None)
         await notify.close(None)
+        if metrics is not None:
+            metrics.close()
         log.info("console_stopped")
 
 

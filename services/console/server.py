@@ -28,6 +28,7 @@ from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
 from google.protobuf.message import Message
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
+from prometheus_client import Counter
 
 from atelier.creation.v1 import admin_service_pb2
 from atelier.notify.v1 import notify_admin_service_pb2
@@ -36,11 +37,29 @@ from services.kit.logging import get_logger
 log = get_logger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]
-WEB = ROOT / "web" / "console"
+# The page's files: the repository's, or where the image puts them (deploy/image/Dockerfile
+# copies web/ under /opt/atelier/share, as for the edge's playground).
+WEB = next(
+    (
+        folder
+        for folder in (ROOT / "web" / "console", Path("/opt/atelier/share/web/console"))
+        if folder.is_dir()
+    ),
+    ROOT / "web" / "console",
+)
 ADMIN = admin_service_pb2.DESCRIPTOR.services_by_name["AdminService"]
 NOTIFY_ADMIN = notify_admin_service_pb2.DESCRIPTOR.services_by_name["NotifyAdminService"]
 MAX_BODY = 64 * 1024
 OPERATOR_REQUIRED = "OPERATOR_REQUIRED"
+CALLS = Counter(
+    "atelier_console_calls_total",
+    "RPCs the console made for signed-in operators, by method and gRPC code",
+    ["method", "code"],
+)
+REFUSED = Counter(
+    "atelier_console_refused_total",
+    "Console API requests refused before any RPC of theirs: no credential, not an operator",
+)
 
 # The page runs only its own script and style, talks only to its own origin, and cannot
 # be framed (the playground's policy, without any https: origin).
@@ -214,7 +233,12 @@ class Console:
         for path in PAGES:
             app.router.add_get(path, self._page)
         app.router.add_post("/api/{method}", self._call)
+        # The probes': the process answers (it holds no state a restart would lose).
+        app.router.add_get("/healthz", self._healthz)
         return app
+
+    async def _healthz(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(text="ok\n", headers={"cache-control": "no-store"})
 
     async def _page(self, request: web.Request) -> web.StreamResponse:
         file, content_type = PAGES[request.path]
@@ -263,6 +287,7 @@ class Console:
             return refusal(404, grpc.StatusCode.NOT_FOUND, "NO_SUCH_METHOD", "no such method")
         credential = _bearer(request)
         if credential is None:
+            REFUSED.inc()
             return refusal(
                 401,
                 grpc.StatusCode.UNAUTHENTICATED,
@@ -271,6 +296,7 @@ class Console:
             )
         operator = await self._operator(credential)
         if isinstance(operator, web.Response):
+            REFUSED.inc()
             return operator
         message = method.request()
         try:
@@ -283,6 +309,7 @@ class Console:
         try:
             answer = await self._invoke(method, message, credential)
         except grpc.aio.AioRpcError as error:
+            CALLS.labels(method.descriptor.name, error.code().name).inc()
             log.info(
                 "console_call_refused",
                 method=method.descriptor.name,
@@ -290,6 +317,7 @@ class Console:
                 code=error.code().name,
             )
             return rpc_refusal(error)
+        CALLS.labels(method.descriptor.name, grpc.StatusCode.OK.name).inc()
         log.info("console_call", method=method.descriptor.name, operator=operator)
         body = json_format.MessageToDict(answer, always_print_fields_with_no_presence=True)
         return web.Response(

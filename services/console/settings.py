@@ -10,6 +10,7 @@ from services.kit.settings import DEFAULT_PORTS, EnvReader, port
 from services.kit.tls import ServerCertificateFiles
 
 DEFAULT_CONSOLE_PORT = 8090
+DEFAULT_CONSOLE_METRICS_PORT = 9464
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,8 @@ class ConsoleSettings:
     # no edge route or network policy admits the public to it.
     host: str
     port: int
+    # Prometheus text at /metrics on this port (the console's calls and refusals); 0: none.
+    metrics_port: int
     # creation's internal listener, where AdminService answers.
     creation_internal_address: str
     # notify's internal listener, where NotifyAdminService (the failed pushes) answers.
@@ -38,6 +41,9 @@ class ConsoleSettings:
         settings = cls(
             host=reader.string("CONSOLE_HOST", "127.0.0.1"),
             port=port(reader, "CONSOLE_PORT", DEFAULT_CONSOLE_PORT),
+            metrics_port=reader.integer(
+                "CONSOLE_METRICS_PORT", DEFAULT_CONSOLE_METRICS_PORT, minimum=0, maximum=65535
+            ),
             creation_internal_address=reader.string(
                 "CREATION_INTERNAL_ADDRESS", f"127.0.0.1:{creation}"
             ),

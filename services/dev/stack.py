@@ -263,6 +263,8 @@ class Stack:
             "ATELIER_CONSOLE_PORT": str(self.ports.console),
             "ATELIER_CREATION_INTERNAL_ADDRESS": f"127.0.0.1:{self.ports.internal['creation']}",
             "ATELIER_NOTIFY_INTERNAL_ADDRESS": f"127.0.0.1:{self.ports.internal['notify']}",
+            # No metrics listener: stacks run side by side (tests) would share its port.
+            "ATELIER_CONSOLE_METRICS_PORT": "0",
         }
         return spawn("console", [sys.executable, "-m", "services.console"], env, self.log_dir)
 

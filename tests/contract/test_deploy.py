@@ -20,6 +20,7 @@ import yaml
 from scripts import deploy_check
 from services.cli import main as atelier_main
 from services.cli import parser as atelier_parser
+from services.console.settings import DEFAULT_CONSOLE_PORT
 from services.creation.remote.settings import DEFAULT_TLS_PORT
 from services.creation.settings import CreationSettings, WorkerSettings
 from services.creation.tables import STATUSES
@@ -141,6 +142,7 @@ def test_every_process_is_an_atelier_command_that_parses(
         ("serve", "creation", "worker"),
         ("serve", "media", "all"),
         ("serve", "notify", "all"),
+        ("serve", "console", "all"),
         ("migrate", "all", None),
         ("edge-config", None, None),
     } <= seen
@@ -187,6 +189,13 @@ def test_every_service_container_has_grpc_probes_on_its_internal_listener(
     for deployment in of_kind(docs, "Deployment"):
         for container in deployment["spec"]["template"]["spec"]["containers"]:
             ready, alive = container["readinessProbe"], container["livenessProbe"]
+            if container["args"][:2] == ["serve", "console"]:
+                # The console is HTTP (aiohttp), no gRPC server of its own: its /healthz.
+                named_ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+                assert named_ports["http"] == DEFAULT_CONSOLE_PORT
+                for probe in (ready, alive, container["startupProbe"]):
+                    assert probe["httpGet"] == {"path": "/healthz", "port": "http"}
+                continue
             if container["args"][0] != "serve":
                 # The edge: Envoy's admin /ready (fails while it drains) and liveness, both
                 # through the monitoring listener (the admin interface is on the loopback).
@@ -218,7 +227,8 @@ def test_termination_grace_outlasts_the_drain(rendered: tuple[str, list[Manifest
     assert worker.drain_seconds <= common.drain_grace_seconds
     for deployment in of_kind(docs, "Deployment"):
         pod = deployment["spec"]["template"]["spec"]
-        if pod["containers"][0]["args"][0] == "serve":
+        args = pod["containers"][0]["args"]
+        if args[0] == "serve" and args[1] != "console":  # the console has no drain
             assert pod["terminationGracePeriodSeconds"] > drain + 5, deployment["metadata"]
     # The edge drains in its preStop hook for --drain-time-s, inside its grace period.
     edge = named(docs, "Deployment", "edge")["spec"]["template"]["spec"]
@@ -435,6 +445,37 @@ def test_public_listeners_only_from_the_edge_internal_only_from_the_services(
             debug,
         )
     assert reachable(docs, (MONITORING, debug), "edge", EDGE_MONITORING_PORT)
+
+
+def test_the_console_is_internal_only(rendered: tuple[str, list[Manifest]]) -> None:
+    """The console's page and API: from a namespace labelled for operators (or a
+    port-forward), never from the world, the edge or the services; its metrics from
+    monitoring only; and it reaches AdminService and NotifyAdminService. The edge's Envoy
+    config has no route to it and its Service is no load balancer."""
+    _, docs = rendered
+    operators = ({"kubernetes.io/metadata.name": "ops", "atelier.dev/operator-access": "true"}, {})
+    debug = {"app.kubernetes.io/name": "debug"}
+    assert reachable(docs, operators, "console", DEFAULT_CONSOLE_PORT)
+    for source in (
+        None,
+        pod_of(docs, "edge"),
+        pod_of(docs, "creation-api"),
+        (HERE, debug),
+        (ELSEWHERE, debug),
+        (MONITORING, debug),
+    ):
+        assert not reachable(docs, source, "console", DEFAULT_CONSOLE_PORT), source
+    assert reachable(docs, (MONITORING, debug), "console", 9464)
+    assert not reachable(docs, operators, "console", 9464)
+    console = pod_of(docs, "console")
+    assert reachable(docs, console, "creation-api", DEFAULT_PORTS["creation"].internal_port)
+    assert reachable(docs, console, "notify", DEFAULT_PORTS["notify"].internal_port)
+    assert not reachable(docs, console, "creation-api", DEFAULT_PORTS["creation"].public_port)
+    assert named(docs, "Service", "console")["spec"]["type"] == "ClusterIP"
+    envoy = (ROOT / "deploy" / "envoy" / "envoy.yaml").read_text()
+    assert "console" not in envoy and str(DEFAULT_CONSOLE_PORT) not in envoy
+    edge = named(docs, "Deployment", "edge")["spec"]["template"]["spec"]
+    assert not [a for a in edge["initContainers"][0]["args"] if "console" in a]
 
 
 def test_remote_workers_reach_only_the_tls_listener_and_only_from_their_networks(

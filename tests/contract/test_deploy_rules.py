@@ -164,7 +164,7 @@ def test_deployments_without_an_autoscaler_are_refused(rendered: list[Manifest])
     problems = deploy_rules.every_deployment_autoscales(docs)
     assert sorted(problems) == sorted(
         f"Deployment/{name}: nothing scales it"
-        for name in ("creation-api", "media", "notify", "edge")
+        for name in ("creation-api", "media", "notify", "edge", "console")
     )
     # notify on CPU alone misses what its replicas are planned by: streams.
     docs = copy.deepcopy(rendered)
@@ -250,6 +250,7 @@ def test_a_deployment_nobody_scrapes_is_refused(rendered: list[Manifest]) -> Non
             ("media", "metrics", 9462),
             ("notify", "metrics", 9463),
             ("edge", "monitoring", 9902),
+            ("console", "metrics", 9464),
         )
     )
     # A ServiceMonitor on the wrong port name scrapes nothing; a port undeclared on the
@@ -275,7 +276,7 @@ def test_a_deployment_nobody_scrapes_is_refused(rendered: list[Manifest]) -> Non
                 "podMetricsEndpoints": [{"port": "monitoring" if name == "edge" else "metrics"}],
             },
         }
-        for name in ("creation-api", "creation-worker", "media", "notify", "edge")
+        for name in ("creation-api", "creation-worker", "media", "notify", "edge", "console")
     ]
     assert deploy_rules.every_deployment_is_scraped(docs) == []
 

@@ -45,7 +45,7 @@ from tests.support.pods import (
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERLAY = "dev"
-DEPLOYMENTS = ("creation-api", "creation-worker", "media", "notify", "edge")
+DEPLOYMENTS = ("creation-api", "creation-worker", "media", "notify", "console", "edge")
 EDGE_HTTPS = 8443
 # The dev overlay's ATELIER_MEDIA_PUBLIC_BASE_URL (deploy/k8s/overlays/dev/settings.env).
 SIGNED_URLS = "https://edge:8443"
@@ -62,6 +62,8 @@ class Cluster:
     jwt_secret: str
     ca: Path
     database_url: str
+    # An operator identity's credential (the console's sign-in) and the service ones.
+    credentials: dict[str, str]
 
     @property
     def edge_url(self) -> str:
@@ -103,6 +105,8 @@ def cluster(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     ca = TestAuthority(work)
     jwt_secret = secrets.token_hex(32)
     credentials = {"creation": secrets.token_hex(32), "notify": secrets.token_hex(32)}
+    # Made into identities with the role of their name: "operator" signs in to the console.
+    operator = {"operator": secrets.token_hex(32)}
     with pod_runner(docs, images, {}, work) as runner:
         forwarder = Forwarder(runner.gateway)
         try:
@@ -125,7 +129,7 @@ def cluster(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                     ("atelier-edge-tls", "ca.crt"): ca.ca_path.read_text(),
                 }
             )
-            _identities(docs, credentials)
+            _identities(docs, {**credentials, **operator})
             code, output = runner.run_to_completion("Job", "atelier-migrate")
             pods: dict[str, Pod] = {}
             ready: dict[str, float] = {}
@@ -136,7 +140,7 @@ def cluster(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                     ready[deployment] = pod.until_ready()
             yield Cluster(
                 runner, pods, code, output, build_seconds, ready, jwt_secret, ca.ca_path,
-                database_url,
+                database_url, {**credentials, **operator},
             )  # fmt: skip
         finally:
             forwarder.close()
@@ -275,6 +279,37 @@ def from_outside(cluster: Cluster, url: str) -> str:
     (the certificate names both)."""
     assert url.startswith(f"{SIGNED_URLS}/"), url
     return cluster.edge_url + url.removeprefix(SIGNED_URLS)
+
+
+def test_the_console_pod_serves_its_sign_in_page_and_refuses_without_identity(
+    cluster: Cluster,
+) -> None:
+    """The console's page from the image's copy of web/console; its API refuses a caller
+    without a credential or with a service's, and answers an operator through the
+    creation-api pod (AdminService) and the notify pod (NotifyAdminService)."""
+    console = f"http://{cluster.runner.address('console')}:8090"
+    with httpx.Client(timeout=15) as http:
+        page = http.get(f"{console}/")
+        assert page.status_code == 200, page.text[:500]
+        assert "Operator credential" in page.text
+        assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+        assert http.get(f"{console}/console/app.js").status_code == 200
+        nobody = http.post(f"{console}/api/ListAttentionJobs", json={})
+        assert nobody.status_code == 401, nobody.text
+        assert nobody.json()["details"][0]["reason"] == "MISSING_CREDENTIALS"
+        service = http.post(
+            f"{console}/api/ListFailedPushes",
+            headers={"authorization": f"Bearer {cluster.credentials['creation']}"},
+            json={},
+        )
+        assert service.status_code == 403, service.text
+        operator = {"authorization": f"Bearer {cluster.credentials['operator']}"}
+        caller = http.post(f"{console}/api/GetCaller", headers=operator, json={})
+        assert caller.status_code == 200, caller.text
+        assert caller.json()["identity"] == "operator"
+        pushes = http.post(f"{console}/api/ListFailedPushes", headers=operator, json={})
+        assert pushes.status_code == 200, pushes.text
+        assert pushes.json()["pushes"] == []
 
 
 def _photo() -> bytes:

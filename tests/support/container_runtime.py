@@ -19,8 +19,11 @@ BASE_IMAGE = os.environ.get("ATELIER_BASE_IMAGE", "atelier-base:bookworm")
 # `make test` sets it where it can run the runtime (root on Debian): there a missing
 # engine fails the pod tests instead of skipping them.
 REQUIRED = "ATELIER_REQUIRE_CONTAINER_RUNTIME"
-SERVICE_IMAGE = "atelier:pod-test"
-EDGE_IMAGE = "atelier-edge:pod-test"
+# The images' tag: another checkout's pod tests on the same engine may set their own, so
+# that two runs side by side never retag each other's images.
+POD_IMAGE_TAG = os.environ.get("ATELIER_POD_IMAGE_TAG", "pod-test")
+SERVICE_IMAGE = f"atelier:{POD_IMAGE_TAG}"
+EDGE_IMAGE = f"atelier-edge:{POD_IMAGE_TAG}"
 
 
 def docker_host() -> str | None:
