@@ -5,23 +5,32 @@ operator signs in, opens the attention queue, inspects the job (the stub's reque
 by the job id), adopts it with a reason, and sees it succeed — one submit in all, the
 decision recorded with the operator's identity. Refused: no credential, a user's token,
 a service of another role, the shared service credential; the public edge serves neither
-the console nor its API. Screenshots at 1280 px and 390 px are kept in the test's
-temporary folder (console-1280.png, console-390.png); no console errors."""
+the console nor its API. The failed pushes view (notify's NotifyAdminService) shows why
+APNs refused a push, the token only by its last characters; a redelivery without a
+reason is refused. Screenshots at 1280 px and 390 px are kept in the test's temporary
+folder (console-1280.png, console-390.png, console-pushes-1280.png, console-pushes-390.png);
+no console errors."""
 
 from __future__ import annotations
 
+import json
 import os
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright, expect
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from services.creation.providers.stub import read_ledger
 from services.dev.stack import Stack
+from services.kit.db import asyncpg_url
 from services.kit.settings import DEV_SERVICE_TOKEN
 from tests.acceptance.test_jobs_edge import User
+from tests.support.apns_peer import alert, insert_token
 from tests.support.crash_matrix import submit
 from tests.support.stacks import job_in, stack_of_its_own
 from tests.support.workers import WorkerProcess, exited, serving, start_worker
@@ -204,3 +213,107 @@ async def test_the_console_refuses_everyone_but_operators(
         answer = await http.post(f"{edge}{path}", headers=operator, json={})
         assert answer.status_code == 404, (path, answer.text)
     assert "atelier console" not in (await http.get(f"{edge}/")).text
+
+
+async def failed_pushes(api: Stack) -> list[str]:
+    """Two pushes the sender gave up on, as its outcomes leave them in notify's tables:
+    APNs refused one (BadCollapseId) and one token (BadDeviceToken). Their tokens."""
+    engine = create_async_engine(asyncpg_url(api.database_url))
+    tokens = []
+    try:
+        for status, reason in (("failed", "BadCollapseId"), ("dropped", "BadDeviceToken")):
+            token_id, token = await insert_token(engine, environment="production")
+            headers, payload = alert()
+            async with engine.begin() as connection:
+                # Written as the sender leaves them (never pending: no sender claims them).
+                push_id = await connection.scalar(
+                    text(
+                        "INSERT INTO notify.pushes (token_id, job_id, version, kind, priority,"
+                        " headers, payload, status, attempts, next_attempt_at, apns_id,"
+                        " last_http_status, last_reason, created_at) VALUES (:token_id,"
+                        " :job_id, 3, 'alert', 10, CAST(:headers AS jsonb),"
+                        " CAST(:payload AS jsonb), :status, 1, now(), :apns, 400, :reason,"
+                        " now()) RETURNING push_id"
+                    ),
+                    {
+                        "token_id": token_id,
+                        "job_id": uuid.uuid4(),
+                        "headers": json.dumps(headers),
+                        "payload": json.dumps(payload),
+                        "status": status,
+                        "apns": f"apns-{status}",
+                        "reason": reason,
+                    },
+                )
+                await connection.execute(
+                    text(
+                        "INSERT INTO notify.push_attempts (push_id, attempt, apns_id,"
+                        " http_status, reason, at) VALUES (:id, 1, :apns, 400, :reason, now())"
+                    ),
+                    {"id": push_id, "apns": f"apns-{status}", "reason": reason},
+                )
+            tokens.append(token)
+    finally:
+        await engine.dispose()
+    return tokens
+
+
+async def test_an_operator_sees_failed_pushes_in_the_console(
+    api: Stack, browser: Browser, http: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    tokens = await failed_pushes(api)
+    console = f"http://127.0.0.1:{api.ports.console}"
+    page = await browser.new_page(viewport={"width": 1280, "height": 900})
+    problems: list[str] = []
+    page.on("console", lambda m: _keep_errors(m, problems))
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    await page.goto(f"{console}/")
+    await expect(page.locator("body")).to_have_attribute("data-ready", "true")
+    await sign_in(page, api.credentials.operator)
+    await expect(page.locator("#who")).to_have_text("Signed in as dev-operator")
+
+    await page.get_by_role("tab", name="Failed pushes").click()
+    rows = page.locator("#failed-pushes tbody tr")
+    await expect(rows).to_have_count(2)
+    await expect(page.locator("#failed-pushes")).to_contain_text("400 BadCollapseId")
+    await expect(page.locator("#failed-pushes")).to_contain_text("400 BadDeviceToken")
+    await expect(page.locator("#failed-pushes")).to_contain_text("token refused")
+    for token in tokens:
+        await expect(page.locator("#failed-pushes")).to_contain_text(f"…{token[-6:]}")
+        assert token not in await page.content()
+    await page.screenshot(path=str(tmp_path / "console-pushes-1280.png"), full_page=True)
+    # A time filter after both: none listed.
+    await page.fill("#pushes-since", "2999-01-01T00:00")
+    await page.click("#pushes-form button[type=submit]")
+    await expect(page.locator("#pushes-empty")).to_be_visible()
+    await page.fill("#pushes-since", "")
+    await page.click("#pushes-form button[type=submit]")
+    await expect(rows).to_have_count(2)
+
+    await page.set_viewport_size({"width": 390, "height": 844})
+    width = await page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 390, width
+    await page.screenshot(path=str(tmp_path / "console-pushes-390.png"), full_page=True)
+    await page.close()
+    assert problems == []
+    for name in ("console-pushes-1280.png", "console-pushes-390.png"):
+        assert (tmp_path / name).stat().st_size > 10_000
+
+    # The same list through the console's API, and its refusals: no credential, a
+    # service of another role (notify's own policy answers); a redelivery needs a reason.
+    operator = {"authorization": f"Bearer {api.credentials.operator}"}
+    listed = await http.post(f"{console}/api/ListFailedPushes", headers=operator, json={})
+    assert listed.status_code == 200, listed.text
+    assert {p["reason"] for p in listed.json()["pushes"]} == {"BadCollapseId", "BadDeviceToken"}
+    assert (await http.post(f"{console}/api/ListFailedPushes", json={})).status_code == 401
+    backend = {"authorization": f"Bearer {api.credentials.backend}"}
+    refused = await http.post(f"{console}/api/ListFailedPushes", headers=backend, json={})
+    assert refused.status_code == 403, refused.text
+    unexplained = await http.post(
+        f"{console}/api/RedeliverWebhooks", headers=operator, json={"deliveryId": "1"}
+    )
+    assert unexplained.status_code == 400, unexplained.text
+    body = unexplained.json()
+    assert "INVALID_ADMIN_REQUEST" in [d.get("reason") for d in body["details"]]
+    violations = [v["field"] for d in body["details"] for v in d.get("fieldViolations", [])]
+    assert violations == ["reason"]

@@ -23,6 +23,7 @@ INTERNAL_SERVICES = (
     "atelier.media.v1.MediaInternalService",
     "atelier.notify.v1.NotifyIngestService",
     "atelier.notify.v1.NotifyFeedService",
+    "atelier.notify.v1.NotifyAdminService",
 )
 
 

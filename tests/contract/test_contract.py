@@ -30,6 +30,7 @@ INTERNAL = {
     "atelier.media.v1.MediaInternalService",
     "atelier.notify.v1.NotifyIngestService",
     "atelier.notify.v1.NotifyFeedService",
+    "atelier.notify.v1.NotifyAdminService",
 }
 
 

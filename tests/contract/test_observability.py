@@ -21,6 +21,7 @@ import yaml
 from prometheus_client import REGISTRY
 
 # Importing the services' assembly registers every metric they define.
+import services.console.app
 import services.creation.app
 import services.media.app
 import services.notify.app  # noqa: F401

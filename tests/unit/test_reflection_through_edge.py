@@ -34,6 +34,9 @@ def test_the_edge_services_are_the_ones_the_edge_transcodes() -> None:
         "atelier.notify.v1.NotifyFeedService",
         "atelier.notify.v1.NotifyFeedService.WatchAllJobs",
         "atelier.notify.v1.WatchAllJobsRequest",
+        "atelier.notify.v1.NotifyAdminService",
+        "atelier.notify.v1.NotifyAdminService.ListFailedPushes",
+        "atelier.notify.v1.FailedPush",
     ],
 )
 def test_internal_symbols_are_not_found(symbol: str) -> None:
