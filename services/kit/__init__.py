@@ -22,6 +22,7 @@ __all__ = [
     "issuers",
     "listen",
     "logging",
+    "metrics",
     "migrations",
     "outages",
     "outbound",
