@@ -1,7 +1,9 @@
 """The dev overlay's pods in a real container runtime (tests/support/pods.py): the images
 built from the repository on the offline base, the migration Job run to completion, every
 Deployment's pod ready under its own securityContext and limits, a job end to end through
-the edge pod, and each pod drained on SIGTERM within its grace period.
+the edge pod, each pod's metrics port scraped, a second replica of each gRPC role stopped
+under load through the edge with no request failed, and each pod drained on SIGTERM
+within its grace period.
 
 PostgreSQL and Redis are the test session's own servers, reached through a forwarder on
 the pods' network; Secrets are made here (never committed), as docs/operations.md says an
@@ -17,6 +19,7 @@ import json
 import secrets
 import shutil
 import ssl
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -380,6 +383,152 @@ def test_a_job_runs_end_to_end_through_the_edge_pod(cluster: Cluster) -> None:
         assert download.status_code == 200, download.text
         picture = Image.open(io.BytesIO(download.content))
         assert picture.size == (512, 512)
+
+
+# A second replica of each gRPC role behind the edge, steady load through it, one replica
+# stopped as the kubelet stops it: every call answered.
+DRAINED = {
+    # Deployment: (Envoy's cluster, a read the edge routes to it, its RPC)
+    "creation-api": ("creation", "/v1/jobs?pageSize=1", "ListJobs"),
+    "media": ("media", "/v1/assets/{asset_id}", "GetAsset"),
+    "notify": ("notify", "/v1/devices", "ListDevices"),
+}
+
+
+LOADERS, PER_LOADER_PER_SECOND = 3, 10
+
+
+def _edge_stat(cluster: Cluster, stat: str, envoy_cluster: str) -> int:
+    """One of the edge's per-cluster stats now (membership_healthy, upstream_rq_retry)."""
+    edge = cluster.pods["edge"]
+    answer = httpx.get(
+        f"http://{edge.ip}:{edge.port('monitoring')}/stats/prometheus?filter={stat}",
+        timeout=5,
+    )
+    wanted = f'envoy_cluster_{stat}{{envoy_cluster_name="{envoy_cluster}"}} '
+    for line in answer.text.splitlines():
+        if line.startswith(wanted):
+            return int(float(line.split()[-1]))
+    return 0
+
+
+def _healthy_members(cluster: Cluster, envoy_cluster: str) -> int:
+    """How many of the cluster's hosts the edge's health checks find healthy now."""
+    return _edge_stat(cluster, "membership_healthy", envoy_cluster)
+
+
+def _until_healthy_members(cluster: Cluster, envoy_cluster: str, count: int) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if _healthy_members(cluster, envoy_cluster) == count:
+            return
+        time.sleep(0.25)
+    raise AssertionError(
+        f"the edge sees {_healthy_members(cluster, envoy_cluster)} healthy {envoy_cluster} "
+        f"hosts, not {count}"
+    )
+
+
+def _served(pod: Pod, method: str) -> float:
+    """The pod's OK answers to ``method`` so far, from its own metrics port."""
+    answer = httpx.get(f"http://{pod.ip}:{pod.port('metrics')}/metrics", timeout=5)
+    return sum(
+        float(line.split()[-1])
+        for line in answer.text.splitlines()
+        if line.startswith("atelier_rpc_total{")
+        and f'/{method}"' in line  # the label is the full name, /package.Service/Method
+        and 'code="OK"' in line
+    )
+
+
+def _until_served(pod: Pod, method: str, answers: list[int | str], at_least: int = 20) -> None:
+    deadline = time.monotonic() + 30
+    while _served(pod, method) < at_least:
+        assert time.monotonic() < deadline, (
+            f"{pod.name} served {_served(pod, method)} {method} through the edge; "
+            f"the edge answered {len(answers)}, the last {answers[-5:]}"
+        )
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("deployment", list(DRAINED))
+def test_a_replica_stopped_under_load_refuses_no_request(cluster: Cluster, deployment: str) -> None:
+    """Two replicas behind the edge (its STRICT_DNS cluster over the headless Service's
+    name, health-checked): while requests flow through the edge, one replica gets what the
+    kubelet sends (preStop, SIGTERM, the grace period). The other keeps answering, the
+    stopped one answers what it took before it goes: no request fails, and the stopped
+    replica ends within its grace period."""
+    envoy_cluster, path, method = DRAINED[deployment]
+    user = f"acc-{uuid.uuid4().hex[:10]}"
+    token = issue_token(cluster.jwt_secret, "atelier", "atelier-app", user, 3600)
+    auth = {"authorization": f"Bearer {token}"}
+    context = ssl.create_default_context(cafile=cluster.ca)
+    url = cluster.edge_url
+    if "{asset_id}" in path:
+        with httpx.Client(verify=context, timeout=30) as http:
+            photo = _photo()
+            created = http.post(
+                f"{url}/v1/uploads",
+                headers=auth,
+                json={
+                    "purpose": "ASSET_PURPOSE_AI_INPUT",
+                    "contentType": "image/png",
+                    "sizeBytes": len(photo),
+                    "sha256": hashlib.sha256(photo).hexdigest(),
+                },
+            )
+            assert created.status_code == 200, created.text
+            path = path.format(asset_id=created.json()["asset"]["assetId"])
+    second = cluster.runner.start("Deployment", deployment, replica=1)
+    try:
+        second.until_ready()
+        _until_healthy_members(cluster, envoy_cluster, 2)
+        answers: list[int | str] = []
+        stop = threading.Event()
+
+        def load() -> None:
+            # Steady, below the edge's 50 requests a second per client address.
+            with httpx.Client(verify=context, timeout=10) as http:
+                while not stop.wait(1 / PER_LOADER_PER_SECOND):
+                    try:
+                        answers.append(http.get(f"{url}{path}", headers=auth).status_code)
+                    except httpx.HTTPError as error:
+                        answers.append(repr(error))
+
+        grace = float(second.spec["terminationGracePeriodSeconds"])
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            loads = [pool.submit(load) for _ in range(LOADERS)]
+            try:
+                # Load on both replicas before the stop: the one to stop has answered some.
+                _until_served(second, method, answers)
+                before = len(answers)
+                retried = _edge_stat(cluster, "upstream_rq_retry", envoy_cluster)
+                stopped = second.stop()
+                # The stopped replica is gone from the edge's healthy hosts; load goes on
+                # a little on the one left.
+                _until_healthy_members(cluster, envoy_cluster, 1)
+                after = len(answers)
+                time.sleep(1)
+                # The edge retries a read a replica refused: what the client saw would
+                # not show it, the edge's retries do.
+                retries = _edge_stat(cluster, "upstream_rq_retry", envoy_cluster) - retried
+            finally:
+                stop.set()
+            for done in loads:
+                done.result(timeout=30)
+        failed = [a for a in answers if a != 200]
+        assert before > 0 and len(answers) > after > before, (before, after, len(answers))
+        assert failed == [], f"{len(failed)} of {len(answers)} failed: {failed[:10]}"
+        assert retries == 0, f"the edge retried {retries} requests a replica refused"
+        assert stopped.exit_code == 0 and not stopped.killed, second.logs()[-3000:]
+        assert stopped.seconds < grace
+        print(
+            f"{deployment}: {len(answers)} requests through the edge, none failed, "
+            f"{after - before} while a replica drained in {stopped.seconds:.1f} s of {grace:.0f} s"
+        )
+    finally:
+        container_runtime.docker("rm", "-f", *second.containers, check=False)
+        cluster.runner.pods.remove(second)
 
 
 # Last in the module: they stop the pods (the services first, then the edge).

@@ -400,14 +400,18 @@ class PodRunner:
         self._shared_dirs.append(directory.parents[1])
         return [f"type=bind,source={directory}"]
 
-    def start(self, kind: str, name: str) -> Pod:
+    def start(self, kind: str, name: str, replica: int = 0) -> Pod:
         """Starts one replica of the workload: its init containers to completion, then its
-        main container (detached)."""
+        main container (detached). Replicas past the first are pods of their own
+        (``<name>-<replica>``, an address of their own) under the same Service names, so
+        the engine's DNS answers a Service's name with every replica, as a headless
+        Service's does."""
         spec = self.workload(kind, name)
         [doc] = [d for d in self.docs if d["kind"] == kind and d["metadata"]["name"] == name]
         labels = doc["spec"]["template"]["metadata"].get("labels", {})
-        ip = self.address(name)
-        pod = Pod(name, spec, ip)
+        pod_name = f"{name}-{replica}" if replica else name
+        ip = self.address(pod_name)
+        pod = Pod(pod_name, spec, ip)
         self.pods.append(pod)
         mounts: dict[str, list[str]] = {}
         user = spec.get("securityContext", {}).get("runAsUser", 0)
@@ -415,24 +419,24 @@ class PodRunner:
         containers = [*spec.get("initContainers", []), *spec["containers"]]
         for volume in spec.get("volumes", []):
             if "emptyDir" in volume:
-                mounts[volume["name"]] = self._empty_dir(name, volume, containers, user, group)
+                mounts[volume["name"]] = self._empty_dir(pod_name, volume, containers, user, group)
             elif "configMap" in volume or "secret" in volume:
-                mounts[volume["name"]] = [f"type=bind,source={self._files(name, volume)}"]
+                mounts[volume["name"]] = [f"type=bind,source={self._files(pod_name, volume)}"]
             else:
                 raise AssertionError(f"{name}: a volume this runner does not know: {volume}")
-        network = [f"--network={self.network}", f"--ip={ip}", f"--hostname={name}"]
+        network = [f"--network={self.network}", f"--ip={ip}", f"--hostname={pod_name}"]
         network += [f"--network-alias={alias}" for alias in self.aliases(labels)]
         for index, init in enumerate(spec.get("initContainers", [])):
             done = docker(
-                "run", f"--name={self.network}-{name}-init-{index}", *network,
-                *self._container_args(name, spec, init, mounts),
+                "run", f"--name={self.network}-{pod_name}-init-{index}", *network,
+                *self._container_args(pod_name, spec, init, mounts),
                 timeout=120, check=False,
             )  # fmt: skip
-            assert done.returncode == 0, f"{name} init {init['name']}: {done.stderr[-3000:]}"
+            assert done.returncode == 0, f"{pod_name} init {init['name']}: {done.stderr[-3000:]}"
         for main in spec["containers"]:
             started = docker(
-                "run", "--detach", f"--name={self.network}-{name}-{main['name']}", *network,
-                *self._container_args(name, spec, main, mounts),
+                "run", "--detach", f"--name={self.network}-{pod_name}-{main['name']}", *network,
+                *self._container_args(pod_name, spec, main, mounts),
             )  # fmt: skip
             pod.containers.append(started.stdout.strip())
         return pod
