@@ -179,9 +179,10 @@ async def delivery(
         await connection.execute(
             ENDPOINT, endpoint_id, receiver_url, ["job.queued"], new_secret(), 64
         )
-        # A realistic payload: a submitted job's.
+        # A realistic payload: a job's, kept by a row marked while the endpoint was on.
         payload = await connection.fetchval(
-            "SELECT payload::text FROM creation.outbox ORDER BY outbox_id DESC LIMIT 1"
+            "SELECT payload::text FROM creation.outbox WHERE payload IS NOT NULL"
+            " ORDER BY outbox_id DESC LIMIT 1"
         )
         settings = WebhookSettings(
             batch=200,

@@ -352,7 +352,10 @@ outbox = Table(
     Column("job_id", UUID(as_uuid=False), ForeignKey("jobs.job_id"), nullable=False),
     Column("user_id", Text, nullable=False),
     Column("version", BigInteger, nullable=False),
-    Column("payload", JSONB, nullable=False),
+    # The job's message as of this version (creation.job_message), only on a row marked
+    # for the webhooks' fan-out (migration 0030); NULL otherwise: the relay builds the
+    # message it delivers from the job's row (store/outbox.py).
+    Column("payload", JSONB),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("delivered_at", DateTime(timezone=True)),
     # The change's webhook event type and the job's model (migration 0029): what the

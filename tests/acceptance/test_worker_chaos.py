@@ -6,8 +6,9 @@ job; here three workers run many jobs at once and the signals fall wherever they
 (a fixed seed picks which and when, the machine's timing does the rest). However they
 fall, every job ends; the provider sees at most one submit per job, so an unknown
 outcome waits for an operator instead of running twice; nobody is charged twice and the
-balances add up; every output is attached to its job or deleted; every version reaches
-notify."""
+balances add up; every output is attached to its job or deleted; every outbox row is
+delivered and every job's final version reaches notify (the relay coalesces a job's
+superseded versions within a round; every consumer is version-gated)."""
 
 from __future__ import annotations
 
@@ -176,13 +177,21 @@ async def _until_zero(database: asyncpg.Connection, query: str, within: float) -
 
 
 async def _settled(database: asyncpg.Connection) -> None:
-    """Every job ended, every listed output purged, every version delivered to notify."""
+    """Every job ended, every listed output purged, every outbox row delivered, and
+    notify's projection holds every job at its final version."""
     await _until_zero(
         database, "SELECT count(*) FROM creation.jobs WHERE status IN ('queued', 'running')", 90
     )
     await _until_zero(database, "SELECT count(*) FROM creation.output_purges", 20)
     await _until_zero(
         database, "SELECT count(*) FROM creation.outbox WHERE delivered_at IS NULL", 20
+    )
+    await _until_zero(
+        database,
+        "SELECT count(*) FROM creation.jobs AS j"
+        " LEFT JOIN notify.job_states AS s ON s.job_id = j.job_id"
+        " WHERE s.version IS DISTINCT FROM j.version",
+        20,
     )
 
 

@@ -65,6 +65,13 @@ PAYLOAD_PLAN = """
     EXPLAIN (VERBOSE, COSTS OFF) SELECT creation.job_message(j) FROM creation.jobs AS j
 """
 PAYLOAD = "SELECT payload FROM creation.outbox ORDER BY outbox_id DESC LIMIT 1"
+# What the relay delivers for a row, from 0019 on: its payload, or (from 0030, which keeps
+# one only on a row marked for the webhooks) the job's message built from its row.
+DELIVERED = "coalesce(o.payload, creation.job_message(j))"
+MESSAGE = (
+    f"SELECT {DELIVERED} FROM creation.outbox AS o JOIN creation.jobs AS j USING (job_id)"
+    " ORDER BY o.outbox_id DESC LIMIT 1"
+)
 
 
 def explain(url: str, query: str) -> str:
@@ -96,7 +103,7 @@ def test_downgrading_0019_brings_back_0018s_job_state_payload(scratch_database: 
     assert "modelId" not in json.loads(str(fetch(scratch_database, PAYLOAD)))
     migrations.upgrade("creation", scratch_database)
     assert fetch(scratch_database, SUBMIT, "u-0019") == "ok"
-    assert json.loads(str(fetch(scratch_database, PAYLOAD)))["modelId"]
+    assert json.loads(str(fetch(scratch_database, MESSAGE)))["modelId"]
 
 
 def test_0020_writes_the_price_as_a_number_and_its_downgrade_as_0019_did(
@@ -105,12 +112,12 @@ def test_0020_writes_the_price_as_a_number_and_its_downgrade_as_0019_did(
     """int32 in the API: a JSON number from 0020 on, int64's string before."""
     migrations.upgrade("creation", scratch_database)
     assert fetch(scratch_database, SUBMIT, "u-0020") == "ok"
-    assert type(json.loads(str(fetch(scratch_database, PAYLOAD)))["pricePoints"]) is int
+    assert type(json.loads(str(fetch(scratch_database, MESSAGE)))["pricePoints"]) is int
     migrations.downgrade("creation", scratch_database, "0019")
     frozen = functions_of((FROZEN / "job_changes_0019.sql").read_text())
     assert fetch(scratch_database, FUNCTION_SOURCE, "job_message") == frozen["job_message"]
     assert fetch(scratch_database, SUBMIT, "u-0019") == "ok"
-    assert type(json.loads(str(fetch(scratch_database, PAYLOAD)))["pricePoints"]) is str
+    assert type(json.loads(str(fetch(scratch_database, MESSAGE)))["pricePoints"]) is str
 
 
 def test_downgrading_0018_takes_the_triggers_away_and_brings_back_0017s_submit(
@@ -160,12 +167,13 @@ def _failed_jobs(url: str) -> dict[str, str]:
 
 
 def _next_payload_error(url: str, job_id: str) -> object:
-    """The error of the outbox payload a new version of the job writes."""
+    """The error of the job's message the relay delivers for a new version."""
     bump = "UPDATE creation.jobs SET version = version + 1 WHERE job_id = $1"
     fetch(url, f"WITH bumped AS ({bump} RETURNING 1) SELECT count(*) FROM bumped", job_id)
     last = (
-        "SELECT payload -> 'error' FROM creation.outbox WHERE job_id = $1"
-        " ORDER BY version DESC LIMIT 1"
+        f"SELECT {DELIVERED} -> 'error' FROM creation.outbox AS o"
+        " JOIN creation.jobs AS j USING (job_id) WHERE job_id = $1"
+        " ORDER BY o.version DESC LIMIT 1"
     )
     text_ = fetch(url, last, job_id)
     return None if text_ is None else json.loads(text_)
@@ -248,8 +256,8 @@ SUBMIT_WITH_PARAMETERS = SUBMIT.replace("p_parameters => '{}'", "p_parameters =>
 JOB_OF = "SELECT job_id::text FROM creation.jobs WHERE user_id = $1"
 PARAMETERS_OF = "SELECT parameters::text FROM creation.jobs WHERE job_id = $1::uuid"
 LAST_PAYLOAD_OF = (
-    "SELECT payload::text FROM creation.outbox WHERE job_id = $1::uuid"
-    " ORDER BY version DESC LIMIT 1"
+    f"SELECT {DELIVERED}::text FROM creation.outbox AS o JOIN creation.jobs AS j"
+    " USING (job_id) WHERE job_id = $1::uuid ORDER BY o.version DESC LIMIT 1"
 )
 
 

@@ -130,6 +130,13 @@ def test_without_endpoints_a_job_change_writes_no_delivery(scratch_database: str
         assert await deliveries(connection, job_id) == []
         assert await deliveries(connection, other) == []
         assert await connection.fetchval("SELECT count(*) FROM creation.outbox") == 5
+        # Unmarked rows record what changed, not the job (migration 0030).
+        assert (
+            await connection.fetchval(
+                "SELECT count(*) FROM creation.outbox WHERE payload IS NOT NULL"
+            )
+            == 0
+        )
 
     play(scratch_database, scenario)
 
@@ -170,6 +177,16 @@ def test_a_matching_endpoint_gets_each_new_version_with_the_outbox_payload_off_t
             assert delivery["state"] == "pending" and delivery["user_id"] == "u-all"
             assert delivery["message_id"].startswith("msg_")
         assert len({d["message_id"] for d in found}) == len(found)
+        # Each event is the job as of its own change, not as it is now (deleted).
+        assert [
+            (json.loads(d["payload"])["version"], json.loads(d["payload"])["status"]) for d in found
+        ] == [
+            ("1", "JOB_STATUS_QUEUED"),
+            ("2", "JOB_STATUS_RUNNING"),
+            ("3", "JOB_STATUS_RUNNING"),
+            ("4", "JOB_STATUS_CANCELLED"),
+            ("5", "JOB_STATUS_CANCELLED"),
+        ]
         assert json.loads(found[-1]["payload"])["deleted"] is True
 
         # A change rolled back takes its mark with it: nothing to fan out.

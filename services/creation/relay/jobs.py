@@ -1,17 +1,18 @@
-"""An outbox payload (an atelier.creation.v1.Job in protobuf's JSON form, built by
-creation.job_message) read into the message the relay sends, without
-``json_format.ParseDict``.
+"""A job's message (an atelier.creation.v1.Job in protobuf's JSON form, built by
+creation.job_message: the relay's take statement builds it from the job's row, a marked
+outbox row and a webhook delivery carry it as of their version) read into the message
+the relay or the webhook deliverer sends, without ``json_format.ParseDict``.
 
 ParseDict walks the message's descriptor for every key and costs ~30 µs a row; the one
-writer (``creation.job_message`` in sql/job_changes.sql, called by the job triggers) only
-ever writes the canonical form below, which is read here directly in a few
-microseconds. Anything else (a key not listed, a value of another type or shape, a time
-with an offset) goes to ParseDict, so what a payload means never depends on which path
-read it; a test holds the two equal. Rows written before migration 0019 hold notify's
-former JobState, whose keys are all Job's (but error.code, which migration 0022 replaced
-by error.reason: ParseDict drops it): they read the same way (their int64 pricePoints,
-a string then, goes to ParseDict). Migration 0023 rewrote the generationParameters of
-rows written before it into the parameters map.
+writer (``creation.job_message`` in sql/job_changes.sql) only ever writes the canonical
+form below, which is read here directly in a few microseconds. Anything else (a key not
+listed, a value of another type or shape, a time with an offset) goes to ParseDict, so
+what a payload means never depends on which path read it; a test holds the two equal.
+Payloads written before migration 0019 hold notify's former JobState, whose keys are all
+Job's (but error.code, which migration 0022 replaced by error.reason: ParseDict drops
+it): they read the same way (their int64 pricePoints, a string then, goes to ParseDict).
+Migration 0023 rewrote the generationParameters of rows written before it into the
+parameters map.
 """
 
 from __future__ import annotations

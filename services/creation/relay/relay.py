@@ -5,9 +5,13 @@ take different rows and never wait on each other) and marks it delivered in the 
 statement, delivers it to notify's ``Deliver``, and commits only then: a row counts as
 delivered only once notify has committed it, and a relay that dies mid-batch leaves its
 rows for the next. Delivery is therefore at least once; notify's version gate makes
-duplicates harmless. The round runs on the pool's asyncpg connection directly (no
-SQLAlchemy per statement), and payloads are read without ``json_format.ParseDict``
-(``jobs.py``): the relay runs in every creation process, beside SubmitJob.
+duplicates harmless. A row records what changed (the job and its version), not the job:
+the take statement reads each job of the batch once and builds its message from the
+job's row as it stands (``store/outbox.py``), so a job's versions in one batch go out as
+one message, its newest state; the gate makes a superseded version's message redundant.
+The round runs on the pool's asyncpg connection directly (no SQLAlchemy per statement),
+and messages are read without ``json_format.ParseDict`` (``jobs.py``): the relay runs in
+every creation process, beside SubmitJob.
 
 A NOTIFY on ``creation_outbox`` (a trigger sends it at the commit of every outbox insert)
 wakes the relay; a poll is the fallback. While notify (or the database) is away the relay
@@ -91,8 +95,10 @@ class OutboxRelay:
         self._round_started = float("-inf")
         # Fault injection (tests): the previous batch, to be delivered once more, late.
         self._late: list[pb.OutboxMessage] = []
-        # For tests and metrics: rows this replica marked delivered, Deliver calls made.
+        # For tests and metrics: rows this replica marked delivered, the job messages it
+        # sent for them (fewer: a job's versions in one batch go as one), Deliver calls.
         self.delivered = 0
+        self.messages = 0
         self.calls = 0
         self._traced = False
 
@@ -158,10 +164,10 @@ class OutboxRelay:
             transaction = connection.transaction()
             await transaction.start()
             try:
-                rows = await outbox.take(
+                taken = await outbox.take(
                     connection, self._clock(), self._settings.batch, self._traced
                 )
-                messages = [m for m in map(_message, rows) if m is not None]
+                messages = [m for m in map(_message, taken) if m is not None]
                 if messages:
                     await self._send(messages)
             except DeliveryFailed as failed:
@@ -179,8 +185,10 @@ class OutboxRelay:
                 await transaction.commit()
         if refused is not None:
             raise refused
-        self.delivered += len(rows)
-        return len(rows)
+        rows = sum(job.rows for job in taken)
+        self.delivered += rows
+        self.messages += len(messages)
+        return rows
 
     async def _send(self, messages: list[pb.OutboxMessage]) -> None:
         if self._settings.fault != "duplicate_reversed":
@@ -275,13 +283,14 @@ class OutboxRelay:
             log_unavailable(self._log, outage.dependency, outage.kind, component=self.name)
 
 
-def _message(row: outbox.OutboxRow) -> pb.OutboxMessage | None:
-    """The row as notify takes it; None (logged) for a payload that is no Job: it
-    can never be delivered, so it is marked delivered rather than block the queue."""
-    message = pb.OutboxMessage(outbox_id=row.outbox_id, traceparent=row.trace_parent or "")
+def _message(job: outbox.OutboxJob) -> pb.OutboxMessage | None:
+    """The job's message as notify takes it; None (logged) for a message that is no
+    Job (a row written by hand that job_message cannot make one of): it can never be
+    delivered, so its rows are marked delivered rather than block the queue."""
+    message = pb.OutboxMessage(outbox_id=job.outbox_id, traceparent=job.trace_parent or "")
     try:
-        read_job(row.payload, message.job)
+        read_job(job.payload, message.job)
     except json_format.ParseError:
-        log.error("outbox_row_unreadable", outbox_id=row.outbox_id)
+        log.error("outbox_row_unreadable", outbox_id=job.outbox_id)
         return None
     return message

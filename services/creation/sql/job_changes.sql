@@ -9,19 +9,27 @@
 --     an operator asked to cancel (the event names who asked; so does the CANCELLED one);
 --   * the ledger entry the change calls for: a reservation for a new job, a capture at
 --     success, a release at failure or cancellation (once each: uq_points_ledger_job_id_kind);
---   * exactly one outbox row per new version, its payload built by creation.job_message,
---     with the change's webhook event type (a submit is job.queued, a new status
---     'job.' || status, a deletion job.deleted, any other new version job.progress) and
---     the job's model. While some webhook endpoint is enabled the row is marked
---     webhooks_pending and the deliverers are woken at commit; they fan it out to one
---     delivery per endpoint that wants it (creation.fan_out_webhooks, below), off the
---     job's path: a job change writes the same rows whatever the number of endpoints.
---     A system with no enabled endpoint pays one probe of an empty table per statement.
+--   * exactly one outbox row per new version, recording what changed, not a copy of it:
+--     the job and its new version, the change's webhook event type (a submit is
+--     job.queued, a new status 'job.' || status, a deletion job.deleted, any other new
+--     version job.progress) and the job's model. The relay builds the job's message when
+--     it delivers, from the job's row as it is then (creation.job_message, read in its
+--     take statement, relay/relay.py), once per job per round however many of the job's
+--     versions the round took: notify and every consumer behind it are version-gated, so
+--     the newest state stands for the versions it supersedes (migration 0030).
+--     While some webhook endpoint is enabled the row is marked webhooks_pending, carries
+--     the job's message as of this version in payload (each webhook event is the job as
+--     of its own change, issue 29: a later state must not stand in for it), and the
+--     deliverers are woken at commit; they fan it out to one delivery per endpoint that
+--     wants it (creation.fan_out_webhooks, below), off the job's path: a job change
+--     writes the same rows whatever the number of endpoints. An unmarked row's payload
+--     is NULL. A system with no enabled endpoint pays one probe of an empty table per
+--     statement and builds no message on the job's path.
 --
 -- A change written by hand in SQL that names no one (no change_* columns set, on a new
 -- row) is the database role's, as an operator's. A user's event names the service
 -- identity that acted for the user (change_via, atelier-on-behalf-of) in `via`; other
--- actors' events never do. Migration 0029 loads this file;
+-- actors' events never do. Migration 0030 loads this file;
 -- tests/migration checks the installed functions against it. To change it: copy this
 -- file to migrations/frozen/job_changes_<the revision that loads it now>.sql and point
 -- that revision at the copy, edit this file, and load it from a new revision.
@@ -38,8 +46,9 @@ $$;
 
 -- The job's atelier.creation.v1.Job in protobuf's JSON form, default values left out
 -- (readable in psql; relay/jobs.py reads it without ParseDict): the message GetJob
--- answers, without the output URLs (notify signs them as it sends). The one builder of an
--- outbox payload. A deleted job is a tombstone: nothing else of it is told.
+-- answers, without the output URLs (notify signs them as it sends). The one builder of a
+-- job's message: the relay's at delivery, a marked outbox row's payload (the webhooks').
+-- A deleted job is a tombstone: nothing else of it is told.
 CREATE OR REPLACE FUNCTION creation.job_message(r creation.jobs) RETURNS jsonb
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
   SELECT CASE WHEN r.deleted_at IS NOT NULL THEN jsonb_build_object(
@@ -121,8 +130,8 @@ BEGIN
   -- The outbox's statement trigger sends NOTIFY at commit.
   INSERT INTO creation.outbox (
     job_id, user_id, version, payload, created_at, event_type, model_id, webhooks_pending)
-  SELECT n.job_id, n.user_id, n.version, creation.job_message(n), n.updated_at,
-         'job.queued', n.model_id, hooked
+  SELECT n.job_id, n.user_id, n.version, CASE WHEN hooked THEN creation.job_message(n) END,
+         n.updated_at, 'job.queued', n.model_id, hooked
   FROM inserted_jobs AS n;
   IF hooked THEN
     PERFORM creation.wake_webhooks();
@@ -149,7 +158,8 @@ BEGIN
            CASE WHEN n.deleted_at IS NOT NULL AND o.deleted_at IS NULL THEN 'job.deleted'
                 WHEN n.status <> o.status THEN 'job.' || n.status
                 ELSE 'job.progress' END AS event_type,
-           creation.job_message(n) AS payload
+           -- Only for the webhooks (see the top): the relay builds its own at delivery.
+           CASE WHEN hooked THEN creation.job_message(n) END AS payload
     FROM updated_jobs AS n
     JOIN previous_jobs AS o ON o.job_id = n.job_id
     WHERE n.version <> o.version
@@ -213,7 +223,8 @@ $$;
 -- outbox row's payload. The endpoints are those enabled when the row is fanned out (a
 -- moment after the change's commit, while the deliverers run). Returns how many rows it
 -- took and how many deliveries it wrote; in the caller's transaction, so both commit
--- together or neither does.
+-- together or neither does. A marked row always carries its payload (the triggers build
+-- it whenever they mark), so every delivery is the job as of its own version.
 CREATE OR REPLACE FUNCTION creation.fan_out_webhooks(p_limit integer)
 RETURNS TABLE (taken integer, written integer)
 LANGUAGE sql AS $$

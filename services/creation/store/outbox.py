@@ -1,5 +1,6 @@
 """The outbox as the relay sees it: take a batch of undelivered rows (locked, skipping rows
-another relay holds) and mark them delivered in the same statement, prune old ones."""
+another relay holds), mark them delivered and read their jobs' messages in the same
+statement, prune old ones."""
 
 from __future__ import annotations
 
@@ -7,10 +8,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, select, text, update
+from sqlalchemy import bindparam, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.creation.tables import jobs, outbox
 from services.kit.db import DriverStatement
 
 # A statement trigger on the outbox (migration 0003) sends NOTIFY on this channel at the
@@ -19,11 +19,17 @@ OUTBOX_CHANNEL = "creation_outbox"
 
 
 @dataclass(frozen=True)
-class OutboxRow:
+class OutboxJob:
+    """One job of a taken batch: what the relay delivers for all its rows."""
+
+    # The newest of the job's rows in the batch (the message's outbox_id).
     outbox_id: int
-    # A Job in protobuf's JSON form (creation.job_message, sql/job_changes.sql).
+    # The job's message as its row stands when the batch is taken (creation.job_message,
+    # sql/job_changes.sql): its version is at least every taken row's.
     payload: dict[str, Any]
-    # The job's submit trace context (read only while tracing is on).
+    # How many of the batch's rows (the job's versions) it stands for.
+    rows: int = 1
+    # The job's submit trace context (only while tracing is on).
     trace_parent: str | None = None
 
 
@@ -31,54 +37,59 @@ class OutboxRow:
 # relay holds skipped (replicas share the queue without waiting on each other), marked
 # delivered as of ``now`` and locked until the caller's transaction ends. The caller
 # commits only once notify has the batch, and rolls back otherwise, so a row counts as
-# delivered only after notify committed it. The subquery rides ix_outbox_undelivered,
-# the update pk_outbox.
-_QUEUED = outbox.alias("queued")
-_DUE = (
-    select(_QUEUED.c.outbox_id)
-    .where(_QUEUED.c.delivered_at.is_(None))
-    .order_by(_QUEUED.c.outbox_id)
-    .limit(bindparam("limit"))
-    .with_for_update(skip_locked=True)
-    .subquery("due")
-)
+# delivered only after notify committed it. A row records what changed (job, version),
+# not a copy of the job: the same statement reads each taken job's row once, however
+# many of its versions the batch holds, and builds its message from it (inlined, one
+# call per job). Read in the statement's snapshot, in which every taken row's change is
+# committed, so the message's version is at least every taken row's: the newest state
+# stands for the superseded ones (notify's version gate would drop them anyway). The
+# outbox's foreign key keeps the job row while an outbox row names it (a deleted job is
+# a tombstone row, whose message says so). Only the outbox rows are locked, never the
+# jobs, which workers write meanwhile. ``due`` rides ix_outbox_undelivered, the update
+# pk_outbox, the job read pk_jobs.
 TAKE = DriverStatement.of(
-    update(outbox)
-    .where(outbox.c.outbox_id == _DUE.c.outbox_id)
-    .values(delivered_at=bindparam("now"))
-    .returning(outbox.c.outbox_id, outbox.c.payload)
+    text(
+        """
+        WITH due AS (
+            SELECT outbox_id FROM creation.outbox
+            WHERE delivered_at IS NULL
+            ORDER BY outbox_id
+            LIMIT :limit
+            FOR UPDATE SKIP LOCKED
+        ),
+        taken AS (
+            UPDATE creation.outbox AS o SET delivered_at = :now
+            FROM due WHERE o.outbox_id = due.outbox_id
+            RETURNING o.outbox_id, o.job_id
+        ),
+        latest AS (
+            SELECT job_id, max(outbox_id) AS outbox_id, count(*) AS rows
+            FROM taken GROUP BY job_id
+        )
+        SELECT l.outbox_id, l.rows, creation.job_message(j) AS payload, j.trace_parent
+        FROM latest AS l JOIN creation.jobs AS j ON j.job_id = l.job_id
+        """
+    ).bindparams(bindparam("limit"), bindparam("now"))
 )
 
 
-# The same with each row's job's trace context (the job by its primary key); only the
-# outbox rows are locked, never the jobs, which workers write meanwhile.
-TAKE_TRACED = DriverStatement.of(
-    update(outbox)
-    .where(outbox.c.outbox_id == _DUE.c.outbox_id)
-    .values(delivered_at=bindparam("now"))
-    .returning(
-        outbox.c.outbox_id,
-        outbox.c.payload,
-        select(jobs.c.trace_parent)
-        .where(jobs.c.job_id == outbox.c.job_id)
-        .scalar_subquery()
-        .label("trace_parent"),
-    )
-)
-
-
-async def take(connection: Any, now: datetime, limit: int, traced: bool = False) -> list[OutboxRow]:
+async def take(connection: Any, now: datetime, limit: int, traced: bool = False) -> list[OutboxJob]:
     """Up to ``limit`` undelivered rows, oldest first, marked delivered within the
     transaction open on ``connection`` (an asyncpg connection of the pool, see
-    ``kit.db.driver_connection``); ``traced``: with their jobs' trace contexts."""
-    statement = TAKE_TRACED if traced else TAKE
-    rows = await connection.fetch(statement.sql, *statement.args(now=now, limit=limit))
+    ``kit.db.driver_connection``), as one message per job, in the order of each job's
+    newest row; ``traced``: with their jobs' trace contexts."""
+    rows = await connection.fetch(TAKE.sql, *TAKE.args(now=now, limit=limit))
     return sorted(
         (
-            OutboxRow(row["outbox_id"], row["payload"], row["trace_parent"] if traced else None)
+            OutboxJob(
+                row["outbox_id"],
+                row["payload"],
+                row["rows"],
+                row["trace_parent"] if traced else None,
+            )
             for row in rows
         ),
-        key=lambda row: row.outbox_id,
+        key=lambda job: job.outbox_id,
     )
 
 

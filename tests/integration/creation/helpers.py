@@ -11,15 +11,22 @@ from datetime import UTC, datetime
 from typing import Any
 
 import grpc
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.app import build
 from services.creation.providers.base import Provider
 from services.creation.settings import CreationSettings
 from services.creation.store.jobs import SubmitLimits
+from services.creation.store.webhooks import new_secret
 from services.creation.submission import SubmitCommand, validate
-from services.creation.tables import job_events, outbox, points_ledger
+from services.creation.tables import (
+    WEBHOOK_EVENT_TYPES,
+    job_events,
+    outbox,
+    points_ledger,
+    webhook_endpoints,
+)
 from services.dev.processes import free_port
 from services.kit.auth import issue_token
 from services.kit.clock import SettableClock
@@ -148,3 +155,29 @@ def user_token(user_id: str, ttl_seconds: int = 600) -> tuple[tuple[str, str], .
 
 
 SERVICE = bearer(DEV_SERVICE_TOKEN)
+
+
+@asynccontextmanager
+async def payloads_kept(engine: AsyncEngine) -> AsyncIterator[None]:
+    """While inside, an endpoint that wants every event is enabled (never called: no
+    deliverer runs), so the job triggers mark each new version's outbox row for the
+    webhooks and keep the job's message as of that version in its payload (without one
+    a row records only what changed, sql/job_changes.sql)."""
+    endpoint_id = str(uuid.uuid4())
+    async with engine.begin() as connection:
+        await connection.execute(
+            insert(webhook_endpoints).values(
+                endpoint_id=endpoint_id,
+                url="https://hooks.invalid/every-version",
+                event_types=list(WEBHOOK_EVENT_TYPES),
+                secret=new_secret(),
+                created_by="op-test",
+            )
+        )
+    try:
+        yield
+    finally:
+        async with engine.begin() as connection:
+            await connection.execute(
+                delete(webhook_endpoints).where(webhook_endpoints.c.endpoint_id == endpoint_id)
+            )

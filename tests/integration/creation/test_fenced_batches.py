@@ -33,7 +33,14 @@ from services.creation.worker.fenced_writer import FencedWriter
 from services.kit.db import Database, driver_connection
 from services.kit.outages import classify
 from services.kit.settings import DatabaseSettings
-from tests.integration.creation.helpers import LIMITS, T0, command, new_user, side_rows
+from tests.integration.creation.helpers import (
+    LIMITS,
+    T0,
+    command,
+    new_user,
+    payloads_kept,
+    side_rows,
+)
 from tests.integration.creation.test_leases import ASSET, TTL, claimed, row
 from tests.support.fenced import fenced_write
 
@@ -124,6 +131,13 @@ async def wait_for_a_lock_wait(engine: AsyncEngine) -> None:
 async def test_every_outbox_payload_is_the_written_jobs_state_in_protobufs_json(
     engine: AsyncEngine,
 ) -> None:
+    # The payloads kept for the webhooks: what the relay builds at delivery from the
+    # job's row, built here at every version (one builder, creation.job_message).
+    async with payloads_kept(engine):
+        await _write_every_kind_of_version(engine)
+
+
+async def _write_every_kind_of_version(engine: AsyncEngine) -> None:
     a, b, c = await claimed(engine, 3)
     written: list[Job | None] = [a, b, c]
     # Whole seconds, milliseconds and microseconds: protobuf writes 0, 3 or 6 digits.

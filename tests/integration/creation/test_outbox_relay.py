@@ -1,10 +1,11 @@
 """The outbox relay against real PostgreSQL and a real notify server: it delivers every
-row and marks it delivered; a NOTIFY wakes it long before its poll; delivered twice and
-out of order (its fault injection) no version moves back; two replicas share the queue
-(SKIP LOCKED) and deliver each row once; while notify is down it retries, says so in one
-throttled line, and catches up by itself when notify returns; old delivered rows are
-pruned, and so are the remote workers' ended claims and answers (a replay first sent
-before the retention refused with a stable reason)."""
+row and marks it delivered, a job's versions taken in one batch as one message of its
+newest state; a NOTIFY wakes it long before its poll; delivered twice and out of order
+(its fault injection) no version moves back; two replicas share the queue (SKIP LOCKED)
+and deliver each row once; while notify is down it retries, says so in one throttled
+line, and catches up by itself when notify returns; old delivered rows are pruned, and
+so are the remote workers' ended claims and answers (a replay first sent before the
+retention refused with a stable reason)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from google.protobuf import json_format
-from sqlalchemy import func, insert, select, text
+from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from services.creation.convert import outbox_job
-from services.creation.domain import Job, Status, Step
+from services.creation.domain import Job
 from services.creation.media_client import MediaClient
 from services.creation.relay.notify_client import NotifyClient
 from services.creation.relay.pruning import Pruning, remote_prunings
@@ -33,6 +32,7 @@ from services.creation.remote.service import CallKey, LeaseClaim, RemoteJobs
 from services.creation.remote.settings import RemoteSettings
 from services.creation.settings import RelaySettings
 from services.creation.store import jobs as store
+from services.creation.tables import jobs as job_rows
 from services.creation.tables import outbox, remote_calls, remote_claims
 from services.dev.processes import free_port
 from services.kit.client_times import CLIENT_CLOCK_SKEW
@@ -97,40 +97,21 @@ async def relaying(
 
 
 async def jobs_with_versions(engine: AsyncEngine, jobs: int, versions: int) -> dict[str, int]:
-    """``jobs`` submitted jobs, each with outbox rows for versions 1..``versions`` (the
-    later ones as a worker's progress would write them); job id -> last version."""
-    made: dict[str, int] = {}
-    rows: list[dict[str, Any]] = []
-    for _ in range(jobs):
-        job = (await store.submit(engine, new_user(), command(), LIMITS, T0)).job
-        made[job.job_id] = versions
-        rows.extend(_row(later(job, v)) for v in range(2, versions + 1))
-    if rows:
+    """``jobs`` submitted jobs, each moved on to version ``versions`` by one change per
+    version (a new version by hand, as a worker's progress writes one: its own outbox
+    row); job id -> last version."""
+    made = [
+        (await store.submit(engine, new_user(), command(), LIMITS, T0)).job.job_id
+        for _ in range(jobs)
+    ]
+    for _ in range(2, versions + 1):
         async with engine.begin() as connection:
-            await connection.execute(insert(outbox), rows)
-    return made
-
-
-def later(job: Job, version: int) -> Job:
-    return dataclasses.replace(
-        job,
-        version=version,
-        status=Status.RUNNING,
-        step=Step.GENERATING,
-        attempt=1,
-        progress=min(99, version * 3),
-        updated_at=T0 + timedelta(seconds=version),
-    )
-
-
-def _row(job: Job) -> dict[str, Any]:
-    return {
-        "job_id": job.job_id,
-        "user_id": job.user_id,
-        "version": job.version,
-        "payload": json_format.MessageToDict(outbox_job(job)),
-        "created_at": job.updated_at,
-    }
+            await connection.execute(
+                update(job_rows)
+                .where(job_rows.c.job_id.in_(made))
+                .values(version=job_rows.c.version + 1)
+            )
+    return dict.fromkeys(made, versions)
 
 
 async def undelivered(engine: AsyncEngine) -> int:
@@ -361,27 +342,27 @@ async def test_remote_claims_and_answers_are_pruned_after_the_retention_unless_h
     await media.close()
 
 
-async def test_a_row_that_is_no_job_state_is_logged_and_does_not_block_the_queue(
+async def test_a_job_whose_message_is_no_job_is_logged_and_does_not_block_the_queue(
     engine: AsyncEngine,
     creation_url: str,
     notify: NotifyHarness,
     notify_db: AsyncEngine,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    expected = await jobs_with_versions(engine, jobs=2, versions=2)
-    job_id = next(iter(expected))
+    expected = await jobs_with_versions(engine, jobs=3, versions=2)
+    broken, *fine = expected
     async with engine.begin() as connection:
+        # Written by hand: a parameter value no ParameterValue reads (no version moves)...
         await connection.execute(
-            insert(outbox),
-            [
-                {
-                    "job_id": job_id,
-                    "user_id": "someone",
-                    "version": 99,
-                    "payload": {"jobId": job_id, "version": "ninety-nine"},
-                    "created_at": T0,
-                }
-            ],
+            update(job_rows)
+            .where(job_rows.c.job_id == broken)
+            .values(parameters={"seed": {"intValue": "forty-two"}})
+        )
+        # ...then a new version, whose row the relay takes with the job's other two.
+        await connection.execute(
+            update(job_rows)
+            .where(job_rows.c.job_id == broken)
+            .values(version=job_rows.c.version + 1)
         )
     async with relaying(engine, creation_url, notify.internal_address):
 
@@ -389,9 +370,27 @@ async def test_a_row_that_is_no_job_state_is_logged_and_does_not_block_the_queue
             return await undelivered(engine) == 0
 
         await eventually(done)
-    assert await projected(notify_db) == expected
+    assert await projected(notify_db) == {job_id: expected[job_id] for job_id in fine}
     unreadable = [r for r in caplog.records if r.getMessage() == "outbox_row_unreadable"]
     assert len(unreadable) == 1 and unreadable[0].levelno == logging.ERROR
+
+
+async def test_a_jobs_versions_in_one_batch_go_as_one_message_of_its_newest_state(
+    engine: AsyncEngine, creation_url: str, notify: NotifyHarness, notify_db: AsyncEngine
+) -> None:
+    expected = await jobs_with_versions(engine, jobs=4, versions=5)
+    one_batch = dataclasses.replace(FAST, batch=100)
+    async with relaying(engine, creation_url, notify.internal_address, one_batch) as relay:
+
+        async def done() -> bool:
+            return await undelivered(engine) == 0
+
+        await eventually(done)
+        await eventually(lambda: relay.delivered == 4 * 5)  # every row marked delivered...
+        assert relay.messages == 4  # ...as one message per job
+        assert relay.calls == 1
+    assert await projected(notify_db) == expected
+    assert notify.publisher.versions() == {job_id: [5] for job_id in expected}
 
 
 async def test_rows_written_soon_after_a_round_began_wait_and_go_together(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from google.protobuf import json_format
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.convert import outbox_job
@@ -11,17 +11,52 @@ from services.creation.store import jobs as store
 from services.creation.store.submit_statement import SUBMIT_CALL
 from services.creation.tables import outbox
 from services.kit.db import driver_connection
-from tests.integration.creation.helpers import LIMITS, T0, command, new_user
+from tests.integration.creation.helpers import LIMITS, T0, command, new_user, payloads_kept
 
 
-async def test_the_first_outbox_payload_is_the_jobs_own_state(engine: AsyncEngine) -> None:
+async def test_the_first_outbox_row_records_the_change_and_the_relay_builds_the_job(
+    engine: AsyncEngine,
+) -> None:
     job = (await store.submit(engine, new_user(), command(), LIMITS, T0)).job
     async with engine.connect() as connection:
         stored = (
-            await connection.execute(select(outbox.c.payload).where(outbox.c.job_id == job.job_id))
+            await connection.execute(
+                select(
+                    outbox.c.version,
+                    outbox.c.event_type,
+                    outbox.c.payload,
+                    outbox.c.webhooks_pending,
+                ).where(outbox.c.job_id == job.job_id)
+            )
+        ).one()
+        # What the relay's take statement builds from the job's row.
+        built = (
+            await connection.execute(
+                text("SELECT creation.job_message(j) FROM creation.jobs AS j WHERE job_id = :j"),
+                {"j": job.job_id},
+            )
         ).scalar_one()
-    assert stored == json_format.MessageToDict(outbox_job(job))
-    assert stored["status"] == "JOB_STATUS_QUEUED" and stored["version"] == "1"
+    # No endpoint enabled: the row names the change, and carries no copy of the job.
+    assert tuple(stored) == (1, "job.queued", None, False)
+    assert built == json_format.MessageToDict(outbox_job(job))
+    assert built["status"] == "JOB_STATUS_QUEUED" and built["version"] == "1"
+
+
+async def test_with_an_endpoint_the_first_outbox_row_keeps_the_jobs_own_state(
+    engine: AsyncEngine,
+) -> None:
+    async with payloads_kept(engine):
+        job = (await store.submit(engine, new_user(), command(), LIMITS, T0)).job
+    async with engine.connect() as connection:
+        stored = (
+            await connection.execute(
+                select(outbox.c.payload, outbox.c.webhooks_pending).where(
+                    outbox.c.job_id == job.job_id
+                )
+            )
+        ).one()
+    assert stored.webhooks_pending
+    assert stored.payload == json_format.MessageToDict(outbox_job(job))
 
 
 # PostgreSQL's first object id for user-made objects: every built-in type's oid is below it.

@@ -72,7 +72,7 @@ def upgrade() -> None:
         schema=SCHEMA,
         postgresql_where=sa.text("webhooks_pending"),
     )
-    _load(CREATION / "sql" / "job_changes.sql")
+    _load(FROZEN / "job_changes_0029.sql")
 
 
 def downgrade() -> None:
