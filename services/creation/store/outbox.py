@@ -39,35 +39,41 @@ class OutboxJob:
 # commits only once notify has the batch, and rolls back otherwise, so a row counts as
 # delivered only after notify committed it. A row records what changed (job, version),
 # not a copy of the job: the same statement reads each taken job's row once, however
-# many of its versions the batch holds, and builds its message from it (inlined, one
-# call per job). Read in the statement's snapshot, in which every taken row's change is
+# many of its versions the batch holds, and builds its message from it (inlined, once
+# per job). Read in the statement's snapshot, in which every taken row's change is
 # committed, so the message's version is at least every taken row's: the newest state
 # stands for the superseded ones (notify's version gate would drop them anyway). The
 # outbox's foreign key keeps the job row while an outbox row names it (a deleted job is
 # a tombstone row, whose message says so). Only the outbox rows are locked, never the
 # jobs, which workers write meanwhile. ``due`` rides ix_outbox_undelivered, the update
-# pk_outbox, the job read pk_jobs.
+# pk_outbox (or a scan of the pruned outbox while it is small), each job pk_jobs: the
+# OFFSET 0 keeps the planner from joining the whole jobs table by hash instead, which
+# it prefers while the table is small and a round takes a few rows.
 TAKE = DriverStatement.of(
     text(
         """
-        WITH due AS (
-            SELECT outbox_id FROM creation.outbox
-            WHERE delivered_at IS NULL
-            ORDER BY outbox_id
-            LIMIT :limit
-            FOR UPDATE SKIP LOCKED
-        ),
-        taken AS (
+        WITH taken AS (
             UPDATE creation.outbox AS o SET delivered_at = :now
-            FROM due WHERE o.outbox_id = due.outbox_id
+            FROM (
+                SELECT outbox_id FROM creation.outbox
+                WHERE delivered_at IS NULL
+                ORDER BY outbox_id
+                LIMIT :limit
+                FOR UPDATE SKIP LOCKED
+            ) AS due
+            WHERE o.outbox_id = due.outbox_id
             RETURNING o.outbox_id, o.job_id
-        ),
-        latest AS (
+        )
+        SELECT l.outbox_id, l.rows, m.payload, m.trace_parent
+        FROM (
             SELECT job_id, max(outbox_id) AS outbox_id, count(*) AS rows
             FROM taken GROUP BY job_id
-        )
-        SELECT l.outbox_id, l.rows, creation.job_message(j) AS payload, j.trace_parent
-        FROM latest AS l JOIN creation.jobs AS j ON j.job_id = l.job_id
+        ) AS l
+        CROSS JOIN LATERAL (
+            SELECT creation.job_message(j) AS payload, j.trace_parent
+            FROM creation.jobs AS j WHERE j.job_id = l.job_id
+            OFFSET 0
+        ) AS m
         """
     ).bindparams(bindparam("limit"), bindparam("now"))
 )

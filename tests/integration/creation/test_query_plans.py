@@ -198,7 +198,10 @@ async def test_the_relay_takes_its_batches_from_the_undelivered_index(
     # The relay sends this statement on the pool's asyncpg connection, as compiled here.
     arguments = outbox.TAKE.args(now=T0, limit=200)
     assert "SKIP LOCKED" in outbox.TAKE.sql
-    assert "ix_outbox_undelivered" in await generic_plan(engine, outbox.TAKE.sql, arguments)
+    plan = await generic_plan(engine, outbox.TAKE.sql, arguments)
+    assert "ix_outbox_undelivered" in plan
+    # Each taken job's row, whose message it builds, by its primary key.
+    assert "pk_jobs" in plan
 
 
 async def test_the_relay_prunes_through_the_delivered_index(
