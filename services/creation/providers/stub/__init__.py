@@ -5,4 +5,4 @@ from services.creation.providers.stub.journal import read_ledger
 from services.creation.providers.stub.provider import StubProvider
 
 # What other packages import from here (tests/unit/test_package_surfaces.py).
-__all__ = ["StubProvider", "crash_point", "read_ledger"]
+__all__ = ["StubProvider", "crash_point", "read_ledger", "styles"]
