@@ -130,12 +130,15 @@ async def test_a_job_submitted_through_the_edge_is_one_trace_across_the_services
     }
     await collector.wait_for(
         lambda: (
-            ingested() >= set(range(1, final + 1))
+            # The relay coalesces a job's versions taken in one batch (creation 0030):
+            # the last one always reaches notify, the others may be folded into it.
+            final in ingested()
             and media_calls | {("creation", "SubmitJob")} <= served()
             and any(s.name == "job attempt" for s in in_trace(collector, trace_id))
         ),
-        what="notify's span for each state, media's for each call, creation's attempt",
+        what="notify's span for the final state, media's for each call, creation's attempt",
     )
+    assert ingested() <= set(range(1, final + 1))
     spans = in_trace(collector, trace_id)
     (submit,) = [s for s in spans if s.name.endswith("/SubmitJob")]
     assert (submit.service, submit.kind, submit.parent_span_id) == ("creation", "server", span_id)
