@@ -2,22 +2,27 @@
 receiver, and the CPU a job's changes add when one endpoint is subscribed to every event,
 beside the same job path with none, in one run.
 
-    .venv/bin/python bench/webhooks.py [--deliveries 5000] [--jobs 500] [--rounds 10]
+    .venv/bin/python bench/webhooks.py [--deliveries 5000] [--jobs 100] [--rounds 40]
         [--database-url URL]
 
-Against a throwaway database (creation's schema):
+Against a throwaway database (creation's schema) on a PostgreSQL of the bench's own
+(embedded, services.dev.postgres.start_embedded; ``--database-url`` names another
+server instead, whose other writers then count in the WAL figures):
 
 - **job path**: ``--jobs`` jobs each go through five versions as the services write them
   (the submit function; running; two progress updates; cancelled), one statement each on
-  one connection, first with no endpoint, then with one endpoint subscribed to every event
-  (the job change triggers mark each change's outbox row; five deliveries per job),
-  ``--rounds`` times over, interleaved, each phase from an empty delivery table.
-  Printed: CPU milliseconds per job of PostgreSQL (the backends serving the database) and
-  of the writer (this process), medians, and what the endpoint adds: the median of each
-  round's difference (its two phases ran back to back, so the machine's drift cancels).
-  The deliverer does not run meanwhile: this is the cost on the job's own path. Then the
-  **fan-out** of the marked changes to their deliveries, as the deliverers' rounds run
-  it (creation.fan_out_webhooks in batches), off the job's path: CPU milliseconds per job.
+  one connection, with no endpoint enabled and with one endpoint subscribed to every
+  event (the job change triggers mark each change's outbox row; five deliveries per job),
+  ``--rounds`` rounds of both phases, their order alternating from round to round (none,
+  one; one, none; ...). Measured per phase: the CPU of the one backend serving the job's
+  statements (the scheduler's nanoseconds, /proc/<pid>/sched) and of the writer's thread,
+  so autovacuum, other backends and other sessions' processes never count; and the WAL
+  the statements wrote. Printed: medians per job, and what the endpoint adds: the mean of
+  the rounds' differences with its standard error, their median and spread. The deliverer
+  does not run meanwhile: this is the cost on the job's own path. After each phase with
+  the endpoint, the **fan-out** of its marked changes to their deliveries, as the
+  deliverers' rounds run it (creation.fan_out_webhooks in batches), off the job's path:
+  CPU milliseconds and WAL bytes per job.
 - **delivery**: ``--deliveries`` pending deliveries of realistic jobs to one endpoint
   (max_in_flight 64) on a local receiver (its own process, HTTP/1.1 keep-alive, answering
   204), delivered by one deliverer (creation's component, in this process, on uvloop):
@@ -37,14 +42,16 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import asyncpg  # type: ignore[import-untyped]
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.cpu import CpuMeter
+from bench.cpu import CpuMeter, cpu_seconds
 from bench.engine_drain import on_services_loop, quiet_logging
+from bench.scratch import scratch_folder
 from bench.submit_throughput import postgres_backends
 from services.creation.media_client import MediaClient
 from services.creation.webhooks.deliverer import FAN_OUT_BATCH, WebhookDeliverer
@@ -56,7 +63,6 @@ from services.kit.db import Database
 from services.kit.listen import asyncpg_dsn
 from services.kit.settings import DEV_SERVICE_TOKEN
 
-LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 EVERY_EVENT = [
     "job.queued",
     "job.running",
@@ -124,49 +130,72 @@ async def receive(port: int) -> None:
 # --- the bench ----------------------------------------------------------------------------
 
 
-async def job_path(dsn: str, database: str, jobs: int) -> dict[str, float]:
-    """CPU milliseconds per job of PostgreSQL and of this writer, over ``jobs`` jobs' five
-    versions."""
-    connection = await asyncpg.connect(dsn)
+def backend_seconds(pid: int) -> float:
+    """CPU time a PostgreSQL backend (one thread) has run, in seconds, from the scheduler's
+    own count (/proc/<pid>/sched, nanoseconds) where the kernel shows it, else its ticks
+    (/proc/<pid>/stat, 10 ms)."""
     try:
-        meter = CpuMeter(
-            {"postgres": lambda: postgres_backends(database), "writer": lambda: [os.getpid()]}
+        with open(f"/proc/{pid}/sched", encoding="ascii") as sched:
+            for line in sched:
+                if line.startswith("se.sum_exec_runtime"):
+                    return float(line.split(":")[1]) / 1000
+    except OSError:
+        pass
+    return cpu_seconds(pid)
+
+
+class Phase:
+    """One connection, and the CPU of the one backend serving it and of this thread: a
+    block of work measured on it excludes every other process (autovacuum, the neighbours'
+    backends, the bench's own bookkeeping)."""
+
+    def __init__(self, connection: asyncpg.Connection, backend: int) -> None:
+        self.connection = connection
+        self.backend = backend
+
+    async def measure(self, work: Callable[[], Awaitable[None]], count: int) -> dict[str, float]:
+        """CPU ms per item of the backend and of the writer (this thread), and WAL bytes
+        per item (the whole server's: a clean figure needs a server of the bench's own)."""
+        wal = await self.connection.fetchval("SELECT pg_current_wal_insert_lsn()")
+        backend, writer = backend_seconds(self.backend), time.thread_time()
+        await work()
+        writer, backend = time.thread_time() - writer, backend_seconds(self.backend) - backend
+        written = await self.connection.fetchval(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1)", wal
         )
-        user = f"bench-{uuid.uuid4().hex[:8]}"
-        wal = "SELECT pg_current_wal_insert_lsn()"
-        meter.start()
-        started_at = await connection.fetchval(wal)
+        return {
+            "postgres": backend * 1000 / count,
+            "writer": writer * 1000 / count,
+            "wal": float(written) / count,
+        }
+
+
+async def job_path(phase: Phase, jobs: int) -> dict[str, float]:
+    """CPU milliseconds per job of the backend and of this writer, and WAL bytes per job,
+    over ``jobs`` jobs' five versions."""
+    user = f"bench-{uuid.uuid4().hex[:8]}"
+
+    async def write() -> None:
         for _ in range(jobs):
             job_id = str(uuid.uuid4())
-            await connection.fetchval(SUBMIT, user, job_id)
+            await phase.connection.fetchval(SUBMIT, user, job_id)
             for change in CHANGES:
-                await connection.execute(change, job_id)
-        spent = meter.per_op(jobs)
-        # WAL is the cluster's: a clean figure needs a server of the bench's own.
-        written = await connection.fetchval(
-            "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1)", started_at
-        )
-        return {**spent, "wal": float(written) / jobs}
-    finally:
-        await connection.close()
+                await phase.connection.execute(change, job_id)
+
+    return await phase.measure(write, jobs)
 
 
-async def fan_out(dsn: str, database: str, jobs: int) -> dict[str, float]:
-    """CPU milliseconds per job of PostgreSQL and of this caller to fan the marked job
+async def fan_out(phase: Phase, jobs: int) -> dict[str, float]:
+    """CPU milliseconds per job of the backend and of this caller to fan the marked job
     changes out to their deliveries, as a deliverer's rounds do (batches of its size)."""
-    connection = await asyncpg.connect(dsn)
-    try:
-        meter = CpuMeter(
-            {"postgres": lambda: postgres_backends(database), "caller": lambda: [os.getpid()]}
-        )
-        meter.start()
-        while await connection.fetchval(
+
+    async def run() -> None:
+        while await phase.connection.fetchval(
             "SELECT taken FROM creation.fan_out_webhooks($1)", FAN_OUT_BATCH
         ):
             pass
-        return meter.per_op(jobs)
-    finally:
-        await connection.close()
+
+    return await phase.measure(run, jobs)
 
 
 async def delivery(
@@ -179,10 +208,10 @@ async def delivery(
         await connection.execute(
             ENDPOINT, endpoint_id, receiver_url, ["job.queued"], new_secret(), 64
         )
-        # A realistic payload: a job's, kept by a row marked while the endpoint was on.
+        # A realistic payload: the message of a job the job path wrote.
         payload = await connection.fetchval(
-            "SELECT payload::text FROM creation.outbox WHERE payload IS NOT NULL"
-            " ORDER BY outbox_id DESC LIMIT 1"
+            "SELECT creation.job_message(j)::text FROM creation.jobs AS j"
+            " ORDER BY created_at DESC LIMIT 1"
         )
         settings = WebhookSettings(
             batch=200,
@@ -214,14 +243,19 @@ async def delivery(
             payload,
             count,
         )
-        done = "SELECT count(*) FROM creation.webhook_deliveries WHERE state = 'succeeded'"
+        # The deliverer's own count of recorded outcomes (a query every few ms would load
+        # PostgreSQL and this process with the bench's own bookkeeping).
         deadline = time.monotonic() + 600
-        while await connection.fetchval(done) < count:
+        while deliverer.recorded < count:
             if time.monotonic() > deadline:
                 raise TimeoutError("the deliverer left deliveries pending")
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.005)
         wall = time.perf_counter() - started
         spent = meter.per_op(count)
+        done = "SELECT count(*) FROM creation.webhook_deliveries WHERE state = 'succeeded'"
+        succeeded = await connection.fetchval(done)
+        if succeeded != count:
+            raise RuntimeError(f"{succeeded} of {count} deliveries succeeded")
         await deliverer.stop(asyncio.get_running_loop().time() + 5)
         await running
         await media.close()
@@ -243,19 +277,31 @@ async def bench(
     receiver_url = f"http://127.0.0.1:{port}/hooks"
     connection = await asyncpg.connect(dsn)
     try:
+        phase = Phase(connection, await connection.fetchval("SELECT pg_backend_pid()"))
         figures: dict[str, list[dict[str, float]]] = {"none": [], "one": [], "fan-out": []}
-        await job_path(dsn, database, max(10, args.jobs // 10))  # warm up
-        for _ in range(args.rounds):
-            # Each phase starts from an empty delivery table (its growth is not the
-            # endpoint's cost; pruning keeps it bounded in production).
-            await connection.execute("DELETE FROM creation.webhook_endpoints")
-            await connection.execute("TRUNCATE creation.webhook_deliveries")
-            figures["none"].append(await job_path(dsn, database, args.jobs))
-            await connection.execute(
-                ENDPOINT, str(uuid.uuid4()), receiver_url, EVERY_EVENT, new_secret(), 8
-            )
-            figures["one"].append(await job_path(dsn, database, args.jobs))
-            figures["fan-out"].append(await fan_out(dsn, database, args.jobs))
+        await connection.execute("DELETE FROM creation.webhook_endpoints")
+        await connection.execute(
+            ENDPOINT, str(uuid.uuid4()), receiver_url, EVERY_EVENT, new_secret(), 8
+        )
+        toggle = (
+            "UPDATE creation.webhook_endpoints SET enabled = $1,"
+            " disabled_reason = CASE WHEN $1 THEN '' ELSE 'operator' END"
+        )
+        for enabled in (False, True):  # warm up both paths
+            await connection.execute(toggle, enabled)
+            await job_path(phase, max(10, args.jobs // 5))
+        await fan_out(phase, 1)
+        for number in range(args.rounds):
+            # The two phases alternate in order (none, one; one, none; ...), so a drift of
+            # the machine's speed within a round cancels over two.
+            for name in ("none", "one") if number % 2 == 0 else ("one", "none"):
+                await connection.execute(toggle, name == "one")
+                figures[name].append(await job_path(phase, args.jobs))
+                if name == "one":
+                    figures["fan-out"].append(await fan_out(phase, args.jobs))
+                    # The deliveries' growth is not the next phase's cost (pruning keeps
+                    # the table bounded in production).
+                    await connection.execute("TRUNCATE creation.webhook_deliveries")
     finally:
         await connection.close()
 
@@ -263,22 +309,26 @@ async def bench(
         return statistics.median(f[group] for f in figures[phase])
 
     # Each round's difference (its two phases ran back to back: the machine's drift
-    # cancels).
+    # cancels), and their mean with its standard error: the target is met when the mean
+    # is below it by more than two standard errors.
     added = [
         one["postgres"] + one["writer"] - none["postgres"] - none["writer"]
         for none, one in zip(figures["none"], figures["one"], strict=True)
     ]
+    mean = statistics.fmean(added)
+    error = statistics.stdev(added) / len(added) ** 0.5 if len(added) > 1 else float("nan")
     print(
-        f"job path (5 versions a job, {args.jobs} jobs a phase, {args.rounds} rounds):"
-        f" CPU ms per job, medians: no endpoint PostgreSQL {median('none', 'postgres'):.3f}"
+        f"job path (5 versions a job, {args.jobs} jobs a phase, {args.rounds} rounds, phases"
+        " alternating): CPU ms per job of the backend serving the job's statements and of the"
+        f" writer, medians: no endpoint PostgreSQL {median('none', 'postgres'):.3f}"
         f" + writer {median('none', 'writer'):.3f}; one endpoint on every event PostgreSQL"
         f" {median('one', 'postgres'):.3f} + writer {median('one', 'writer'):.3f};"
-        f" added per job {statistics.median(added):.3f} (target <= 0.3; each round's:"
-        f" {_listed(added)})",
+        f" added per job: mean {mean:.3f} ± {error:.3f} (standard error), median"
+        f" {statistics.median(added):.3f} (target <= 0.3; rounds {_spread(added)})",
         flush=True,
     )
     # Load-independent: what the job's statements write, in bytes of WAL (the whole
-    # server's: pass --database-url of a server of the bench's own for a clean figure).
+    # server's: pass --database-url of a shared server and neighbours' writes count).
     print(
         f"job path WAL bytes per job, medians: no endpoint {median('none', 'wal'):,.0f};"
         f" one endpoint on every event {median('one', 'wal'):,.0f}",
@@ -288,30 +338,55 @@ async def bench(
     print(
         f"fan-out (by the deliverers, 5 deliveries a job): CPU ms per job, medians:"
         f" PostgreSQL {median('fan-out', 'postgres'):.3f}"
-        f" + caller {median('fan-out', 'caller'):.3f}",
+        f" + caller {median('fan-out', 'writer'):.3f}; WAL bytes per job"
+        f" {median('fan-out', 'wal'):,.0f}",
         flush=True,
     )
     await delivery(dsn, url, database, receiver_pid, args.deliveries, receiver_url)
 
 
-def _listed(values: list[float]) -> str:
-    return " ".join(f"{v:.3f}" for v in values)
+def _spread(values: list[float]) -> str:
+    """The lowest, the quartiles and the highest."""
+    if len(values) < 4:
+        return " ".join(f"{v:.3f}" for v in values)
+    low, middle, high = statistics.quantiles(values, n=4)
+    return f"{min(values):.3f} / {low:.3f} / {middle:.3f} / {high:.3f} / {max(values):.3f}"
+
+
+def own_server() -> str:
+    """An embedded PostgreSQL of the bench's own (gone when the bench exits), its
+    checkpoints spaced past the run: a checkpoint in one phase would load that phase
+    alone with the full-page images of every page it touches first."""
+    admin_url = postgres.start_embedded(scratch_folder("atelier-bench-") / "pg")
+
+    async def configure() -> None:
+        connection = await asyncpg.connect(**postgres.connect_kwargs(admin_url))
+        try:
+            await connection.execute("ALTER SYSTEM SET checkpoint_timeout = '1h'")
+            await connection.execute("ALTER SYSTEM SET max_wal_size = '16GB'")
+            await connection.execute("SELECT pg_reload_conf()")
+        finally:
+            await connection.close()
+
+    asyncio.run(configure())
+    return admin_url
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("role", nargs="?", default="bench", choices=["bench", "receiver"])
-    parser.add_argument("--database-url", default=LOCAL_POSTGRES)
+    parser.add_argument("--database-url", help="a server's admin URL (default: one of its own)")
     parser.add_argument("--deliveries", type=int, default=5000)
-    parser.add_argument("--jobs", type=int, default=500)
-    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--jobs", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=40)
     args = parser.parse_args()
     if args.role == "receiver":
         on_services_loop(receive(0))
         return
     quiet_logging()
+    admin_url = args.database_url or own_server()
     database = f"bench_webhooks_{os.getpid()}"
-    url = postgres.ensure_database(args.database_url, database)
+    url = postgres.ensure_database(admin_url, database)
     receiver = subprocess.Popen(
         [sys.executable, "-m", "bench.webhooks", "receiver"],
         stdout=subprocess.PIPE,
@@ -326,7 +401,7 @@ def main() -> None:
     finally:
         receiver.terminate()
         receiver.wait(timeout=10)
-        postgres.drop_database(args.database_url, database)
+        postgres.drop_database(admin_url, database)
 
 
 if __name__ == "__main__":
