@@ -1,7 +1,8 @@
-"""The outbound client's kept-alive connections against a receiver PROCESS that is killed
-and started again on the same port: a connection the dead process held is stale, and the
-next POST must go out on a fresh connection and be answered by the new process, not be
-counted as a failed attempt (each failed attempt costs a webhook a scheduled retry)."""
+"""The outbound client's kept-alive connections against a receiver PROCESS: a host keeps
+as many as it had calls in flight at once; and when the receiver is killed and started
+again on the same port, a connection the dead process held is stale, and the next POST
+must go out on a fresh connection and be answered by the new process, not be counted as
+a failed attempt (each failed attempt costs a webhook a scheduled retry)."""
 
 from __future__ import annotations
 
@@ -115,5 +116,23 @@ async def test_a_receiver_that_closes_an_idle_connection_is_not_a_failed_attempt
         answer = await client.post(url, [], b"{}")
         assert answer.body == str(receivers[1].pid).encode()
         assert client.connections_opened == 2
+    finally:
+        await client.close()
+
+
+async def test_a_host_keeps_as_many_connections_as_it_had_calls_in_flight(
+    receivers: list[subprocess.Popen[str]],
+) -> None:
+    """Bursts wider than the policy's keep_alive (16) reuse the burst's connections: the
+    deliverer sends an endpoint up to its max_in_flight at once."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/hook"
+    client = _client()
+    try:
+        receivers.append(_start(port))
+        for _ in range(3):
+            answers = await asyncio.gather(*(client.post(url, [], b"{}") for _ in range(40)))
+            assert {answer.status for answer in answers} == {200}
+        assert client.connections_opened == 40
     finally:
         await client.close()
