@@ -1,7 +1,7 @@
 """A delivery's body: ``{"type", "timestamp", "data"}``, where data is the v1 Job as the
 edge prints GetJob's answer (camelCase names, enums by name, every field without
 presence printed, int64 as strings), its outputs with fresh signed URLs as GetJob gives
-them. Read from the delivery's payload (creation.job_message of that version)."""
+them. Read from the delivery's payload (creation.job_message, built at its fan-out)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from google.protobuf import json_format, timestamp_pb2
+from google.protobuf import timestamp_pb2
 
 from atelier.creation.v1 import job_pb2
 from services.creation.convert import fill_output_urls
 from services.creation.media_client import OutputUrls
 from services.creation.relay.jobs import read_job
+from services.creation.webhooks.printing import to_dict
 
 
 def job_of(payload: Any) -> job_pb2.Job:
@@ -29,7 +30,7 @@ def body(
 ) -> bytes:
     if urls:
         fill_output_urls(job, urls)
-    data = json_format.MessageToDict(job, always_print_fields_with_no_presence=True)
+    data = to_dict(job)
     stamp = timestamp_pb2.Timestamp()
     stamp.FromDatetime(occurred_at)
     document = {"type": event_type, "timestamp": stamp.ToJsonString(), "data": data}
