@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from google.protobuf import json_format
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 Printer = Callable[[Any], Any]
@@ -48,8 +48,8 @@ def to_dict(message: Message) -> dict[str, Any]:
     return printed
 
 
-def printer(descriptor: Descriptor) -> Printer:
-    """The printer of a message type (made once per type)."""
+def printer(descriptor: Any) -> Printer:
+    """The printer of a message type (its Descriptor; made once per type)."""
     made = _plans.get(descriptor.full_name)
     if made is None:
         made = _plans[descriptor.full_name] = _plan(descriptor) or _by_json_format
@@ -60,7 +60,7 @@ def _by_json_format(message: Message) -> Any:
     return json_format.MessageToDict(message, always_print_fields_with_no_presence=True)
 
 
-def _plan(descriptor: Descriptor) -> Printer | None:
+def _plan(descriptor: Any) -> Printer | None:
     """The message type's plan, or None when one of its fields is of a kind the plan
     does not cover."""
     if descriptor.full_name.startswith("google.protobuf."):
@@ -105,7 +105,7 @@ def _plan(descriptor: Descriptor) -> Printer | None:
     return print_message
 
 
-def _converter(field: FieldDescriptor) -> Printer | None:
+def _converter(field: Any) -> Printer | None:
     kind = field.type
     if kind in (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BOOL) or kind in _INTEGERS_32:
         return _same
@@ -128,18 +128,17 @@ def _timestamp(stamp: Any) -> str:
     return text
 
 
-def _is_repeated(field: FieldDescriptor) -> bool:
+def _is_repeated(field: Any) -> bool:
     return bool(field.is_repeated)
 
 
-def _is_map(field: FieldDescriptor) -> bool:
-    return (
+def _is_map(field: Any) -> bool:
+    return bool(
         _is_repeated(field)
         and field.message_type is not None
         and field.message_type.GetOptions().map_entry
     )
 
 
-def _value_of_map(field: FieldDescriptor) -> FieldDescriptor:
-    value: FieldDescriptor = field.message_type.fields_by_name["value"]
-    return value
+def _value_of_map(field: Any) -> Any:
+    return field.message_type.fields_by_name["value"]
