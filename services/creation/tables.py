@@ -352,9 +352,10 @@ outbox = Table(
     Column("job_id", UUID(as_uuid=False), ForeignKey("jobs.job_id"), nullable=False),
     Column("user_id", Text, nullable=False),
     Column("version", BigInteger, nullable=False),
-    # The job's message as of this version (creation.job_message), only on a row marked
-    # for the webhooks' fan-out (migration 0030); NULL otherwise: the relay builds the
-    # message it delivers from the job's row (store/outbox.py).
+    # NULL: the relay builds the message it delivers from the job's row (store/outbox.py),
+    # the webhooks' fan-out its deliveries' from the job's row too (migration 0031). Rows
+    # written before 0030, or marked for the webhooks before 0031, keep the job's message
+    # as of their version (creation.job_message).
     Column("payload", JSONB),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("delivered_at", DateTime(timezone=True)),

@@ -11,7 +11,7 @@ from typing import Any
 import asyncpg
 
 from services.kit import migrations
-from tests.migration.test_job_changes_file import FROZEN, FUNCTION_SOURCE, functions, functions_of
+from tests.migration.test_job_changes_file import FROZEN, FUNCTION_SOURCE, functions_of
 from tests.migration.test_webhook_deliveries import (
     FAN_OUT,
     PROGRESS,
@@ -53,11 +53,12 @@ def test_0030_keeps_a_payload_only_on_rows_marked_for_the_webhooks(scratch_datab
         assert (await rows(connection, job_id))[0][3]["version"] == "1"
 
     play(scratch_database, before)
-    migrations.upgrade("creation", scratch_database)
+    migrations.upgrade("creation", scratch_database, "0030")
+    installed = functions_of((FROZEN / "job_changes_0030.sql").read_text())
 
     async def after(connection: asyncpg.Connection) -> None:
         assert await connection.fetchval(NULLABLE) == "YES"
-        for name, source in functions().items():
+        for name, source in installed.items():
             assert await connection.fetchval(FUNCTION_SOURCE, name) == source, name
         # Written before: kept as it was.
         old = await connection.fetchval(
@@ -98,7 +99,7 @@ def test_0030_keeps_a_payload_only_on_rows_marked_for_the_webhooks(scratch_datab
 def test_downgrading_0030_gives_each_row_a_payload_and_brings_back_0029s_triggers(
     scratch_database: str,
 ) -> None:
-    migrations.upgrade("creation", scratch_database)
+    migrations.upgrade("creation", scratch_database, "0030")
 
     async def written(connection: asyncpg.Connection) -> None:
         job_id = await submit(connection, "u-0030")

@@ -1,9 +1,10 @@
-"""Migrations 0027 and 0029: while a webhook endpoint is enabled, the job change triggers
-(sql/job_changes.sql) mark each new version's outbox row with its event type and wake the
-deliverers at commit, and write no delivery themselves; creation.fan_out_webhooks, which
-the deliverers run, turns marked rows into one delivery per (endpoint, event) that wants
-it, with the outbox row's payload. 0029's downgrade fans out what is marked and brings
-back 0027's triggers; 0027's brings back 0025's and takes the tables away."""
+"""Migrations 0027, 0029 and 0031: while a webhook endpoint is enabled, the job change
+triggers (sql/job_changes.sql) mark each new version's outbox row with its event type and
+wake the deliverers at commit, and write no delivery themselves;
+creation.fan_out_webhooks, which the deliverers run, turns marked rows into one delivery
+per (endpoint, event) that wants it, with the job's message as the job stands then (0031;
+before, the outbox row's copy). 0029's downgrade fans out what is marked and brings back
+0027's triggers; 0027's brings back 0025's and takes the tables away."""
 
 from __future__ import annotations
 
@@ -141,7 +142,7 @@ def test_without_endpoints_a_job_change_writes_no_delivery(scratch_database: str
     play(scratch_database, scenario)
 
 
-def test_a_matching_endpoint_gets_each_new_version_with_the_outbox_payload_off_the_jobs_path(
+def test_a_matching_endpoint_gets_each_new_version_with_the_job_as_fanned_out_off_the_jobs_path(
     scratch_database: str,
 ) -> None:
     migrations.upgrade("creation", scratch_database)
@@ -152,13 +153,18 @@ def test_a_matching_endpoint_gets_each_new_version_with_the_outbox_payload_off_t
             ["job.queued", "job.running", "job.progress", "job.cancelled", "job.deleted"],
         )
         job_id = await submit(connection, "u-all")
-        for change in (START, BEAT, PROGRESS, CANCEL, DELETE):
-            await connection.execute(change, job_id)
-        # The job's own statements wrote no delivery: they marked their outbox rows.
+        # The job's own statements wrote no delivery and no copy of the job: they marked
+        # their outbox rows (migration 0031).
         assert await deliveries(connection, job_id) == []
-        assert await connection.fetchval(MARKED) == 5
-        # Fanned out in batches (two, then the rest): each row once.
-        assert tuple(await connection.fetchrow(FAN_OUT, 2)) == (2, 2)
+        assert await connection.fetchval(MARKED) == 1
+        assert tuple(await connection.fetchrow(FAN_OUT, 100)) == (1, 1)
+        for change in (START, BEAT, PROGRESS):
+            await connection.execute(change, job_id)
+        assert await connection.fetchval(MARKED) == 2
+        # Fanned out in batches (one, then the rest): each row once.
+        assert tuple(await connection.fetchrow(FAN_OUT, 1)) == (1, 1)
+        await connection.execute(CANCEL, job_id)
+        await connection.execute(DELETE, job_id)
         assert tuple(await connection.fetchrow(FAN_OUT, 100)) == (3, 3)
         assert tuple(await connection.fetchrow(FAN_OUT, 100)) == (0, 0)
         found = await deliveries(connection, job_id)
@@ -172,22 +178,26 @@ def test_a_matching_endpoint_gets_each_new_version_with_the_outbox_payload_off_t
         ]
         for delivery in found:
             assert delivery["endpoint_id"] == every
-            assert json.loads(delivery["payload"]) == json.loads(delivery["outbox_payload"])
+            assert delivery["outbox_payload"] is None
             assert delivery["same_time"]
             assert delivery["state"] == "pending" and delivery["user_id"] == "u-all"
             assert delivery["message_id"].startswith("msg_")
         assert len({d["message_id"] for d in found}) == len(found)
-        # Each event is the job as of its own change, not as it is now (deleted).
+        # Each event is the job as it stood when its change was fanned out: its own
+        # version, or a later one when the job had moved on meanwhile (job.running's is
+        # the job after its progress; the three fanned out after the deletion carry the
+        # deleted job's tombstone).
         assert [
             (json.loads(d["payload"])["version"], json.loads(d["payload"])["status"]) for d in found
         ] == [
             ("1", "JOB_STATUS_QUEUED"),
-            ("2", "JOB_STATUS_RUNNING"),
             ("3", "JOB_STATUS_RUNNING"),
-            ("4", "JOB_STATUS_CANCELLED"),
+            ("5", "JOB_STATUS_CANCELLED"),
+            ("5", "JOB_STATUS_CANCELLED"),
             ("5", "JOB_STATUS_CANCELLED"),
         ]
-        assert json.loads(found[-1]["payload"])["deleted"] is True
+        assert all(json.loads(d["payload"]).get("deleted") is True for d in found[2:])
+        assert json.loads(found[1]["payload"])["progressPercent"] == 10
 
         # A change rolled back takes its mark with it: nothing to fan out.
         transaction = connection.transaction()

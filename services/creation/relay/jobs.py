@@ -1,6 +1,6 @@
 """A job's message (an atelier.creation.v1.Job in protobuf's JSON form, built by
-creation.job_message: the relay's take statement builds it from the job's row, a marked
-outbox row and a webhook delivery carry it as of their version) read into the message
+creation.job_message: the relay's take statement and the webhook fan-out build it from
+the job's row, a webhook delivery keeps what its fan-out built) read into the message
 the relay or the webhook deliverer sends, without ``json_format.ParseDict``.
 
 ParseDict walks the message's descriptor for every key and costs ~30 µs a row; the one

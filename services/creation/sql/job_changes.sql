@@ -17,14 +17,14 @@
 --     take statement, relay/relay.py), once per job per round however many of the job's
 --     versions the round took: notify and every consumer behind it are version-gated, so
 --     the newest state stands for the versions it supersedes (migration 0030).
---     While some webhook endpoint is enabled the row is marked webhooks_pending, carries
---     the job's message as of this version in payload (each webhook event is the job as
---     of its own change, issue 29: a later state must not stand in for it), and the
+--     While some webhook endpoint is enabled the row is marked webhooks_pending and the
 --     deliverers are woken at commit; they fan it out to one delivery per endpoint that
---     wants it (creation.fan_out_webhooks, below), off the job's path: a job change
---     writes the same rows whatever the number of endpoints. An unmarked row's payload
---     is NULL. A system with no enabled endpoint pays one probe of an empty table per
---     statement and builds no message on the job's path.
+--     wants it (creation.fan_out_webhooks, below), off the job's path, each delivery
+--     carrying the job's message as the job stands at the fan-out (its version is the
+--     change's or a later one: docs/webhooks.md). A job change writes the same rows
+--     whatever the number of endpoints, and with or without one it builds no message: a
+--     system with no enabled endpoint pays one probe of an empty table per statement,
+--     one with an endpoint a partial-index entry and a NOTIFY (migration 0031).
 --
 -- A change written by hand in SQL that names no one (no change_* columns set, on a new
 -- row) is the database role's, as an operator's. A user's event names the service
@@ -47,7 +47,7 @@ $$;
 -- The job's atelier.creation.v1.Job in protobuf's JSON form, default values left out
 -- (readable in psql; relay/jobs.py reads it without ParseDict): the message GetJob
 -- answers, without the output URLs (notify signs them as it sends). The one builder of a
--- job's message: the relay's at delivery, a marked outbox row's payload (the webhooks').
+-- job's message: the relay's at delivery, the webhook fan-out's for its deliveries.
 -- A deleted job is a tombstone: nothing else of it is told.
 CREATE OR REPLACE FUNCTION creation.job_message(r creation.jobs) RETURNS jsonb
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
@@ -129,9 +129,8 @@ BEGIN
   ORDER BY n.user_id COLLATE "C", n.job_id;
   -- The outbox's statement trigger sends NOTIFY at commit.
   INSERT INTO creation.outbox (
-    job_id, user_id, version, payload, created_at, event_type, model_id, webhooks_pending)
-  SELECT n.job_id, n.user_id, n.version, CASE WHEN hooked THEN creation.job_message(n) END,
-         n.updated_at, 'job.queued', n.model_id, hooked
+    job_id, user_id, version, created_at, event_type, model_id, webhooks_pending)
+  SELECT n.job_id, n.user_id, n.version, n.updated_at, 'job.queued', n.model_id, hooked
   FROM inserted_jobs AS n;
   IF hooked THEN
     PERFORM creation.wake_webhooks();
@@ -157,9 +156,7 @@ BEGIN
            n.cancel_requester_kind, n.cancel_requester_id,
            CASE WHEN n.deleted_at IS NOT NULL AND o.deleted_at IS NULL THEN 'job.deleted'
                 WHEN n.status <> o.status THEN 'job.' || n.status
-                ELSE 'job.progress' END AS event_type,
-           -- Only for the webhooks (see the top): the relay builds its own at delivery.
-           CASE WHEN hooked THEN creation.job_message(n) END AS payload
+                ELSE 'job.progress' END AS event_type
     FROM updated_jobs AS n
     JOIN previous_jobs AS o ON o.job_id = n.job_id
     WHERE n.version <> o.version
@@ -190,9 +187,8 @@ BEGIN
   )
   -- The outbox's statement trigger sends NOTIFY at commit.
   INSERT INTO creation.outbox (
-    job_id, user_id, version, payload, created_at, event_type, model_id, webhooks_pending)
-  SELECT c.job_id, c.user_id, c.version, c.payload, c.updated_at, c.event_type, c.model_id,
-         hooked
+    job_id, user_id, version, created_at, event_type, model_id, webhooks_pending)
+  SELECT c.job_id, c.user_id, c.version, c.updated_at, c.event_type, c.model_id, hooked
   FROM changed AS c;
   -- FOUND: some version moved (a heartbeat wakes no one).
   IF hooked AND FOUND THEN
@@ -219,12 +215,15 @@ $$;
 -- writer: up to p_limit outbox rows marked webhooks_pending, oldest first, skipping rows
 -- another replica holds, are unmarked, and each gets one delivery per enabled endpoint
 -- that wants it: its event type among the endpoint's, the job's user and model within its
--- filters (empty: all), and, for a per-job endpoint, this job. The delivery carries the
--- outbox row's payload. The endpoints are those enabled when the row is fanned out (a
--- moment after the change's commit, while the deliverers run). Returns how many rows it
--- took and how many deliveries it wrote; in the caller's transaction, so both commit
--- together or neither does. A marked row always carries its payload (the triggers build
--- it whenever they mark), so every delivery is the job as of its own version.
+-- filters (empty: all), and, for a per-job endpoint, this job. The endpoints are those
+-- enabled when the row is fanned out (a moment after the change's commit, while the
+-- deliverers run). Each delivery carries the job's message built here from the job's row
+-- (read by its primary key, once per row an endpoint wants), as the job stands now: its
+-- version is the row's or a later one, since the row committed
+-- with the change it records (a job's row is never deleted: a deleted job is its
+-- tombstone). A row marked before migration 0031 carries its own copy, used as it is.
+-- Returns how many rows it took and how many deliveries it wrote; in the caller's
+-- transaction, so both commit together or neither does.
 CREATE OR REPLACE FUNCTION creation.fan_out_webhooks(p_limit integer)
 RETURNS TABLE (taken integer, written integer)
 LANGUAGE sql AS $$
@@ -239,18 +238,31 @@ LANGUAGE sql AS $$
     RETURNING o.job_id, o.user_id, o.model_id, o.version, o.event_type, o.payload,
               o.created_at
   ),
+  -- Each row with the endpoints that want it, and the job's message for it, built once
+  -- per row (MATERIALIZED), and only for a row some endpoint wants: its job's row read
+  -- by pk_jobs.
+  wanted AS MATERIALIZED (
+    SELECT t.job_id, t.user_id, t.version, t.event_type, t.created_at, e.endpoint_ids,
+           coalesce(t.payload, (SELECT creation.job_message(j) FROM creation.jobs AS j
+                                WHERE j.job_id = t.job_id)) AS payload
+    FROM took AS t
+    CROSS JOIN LATERAL (
+      SELECT array_agg(e.endpoint_id) AS endpoint_ids
+      FROM creation.webhook_endpoints AS e
+      WHERE e.enabled AND (e.job_id IS NULL OR e.job_id = t.job_id)
+        AND t.event_type = ANY (e.event_types)
+        AND (cardinality(e.user_ids) = 0 OR t.user_id = ANY (e.user_ids))
+        AND (cardinality(e.model_ids) = 0 OR t.model_id = ANY (e.model_ids))
+    ) AS e
+    WHERE e.endpoint_ids IS NOT NULL
+  ),
   wrote AS (
     INSERT INTO creation.webhook_deliveries (
       endpoint_id, job_id, user_id, job_version, event_type, payload, occurred_at,
       next_attempt_at)
-    SELECT e.endpoint_id, t.job_id, t.user_id, t.version, t.event_type, t.payload,
-           t.created_at, now()
-    FROM took AS t
-    JOIN creation.webhook_endpoints AS e
-      ON e.enabled AND (e.job_id IS NULL OR e.job_id = t.job_id)
-     AND t.event_type = ANY (e.event_types)
-     AND (cardinality(e.user_ids) = 0 OR t.user_id = ANY (e.user_ids))
-     AND (cardinality(e.model_ids) = 0 OR t.model_id = ANY (e.model_ids))
+    SELECT endpoint_id, w.job_id, w.user_id, w.version, w.event_type, w.payload,
+           w.created_at, now()
+    FROM wanted AS w CROSS JOIN unnest(w.endpoint_ids) AS endpoint_id
     RETURNING 1
   )
   SELECT (SELECT count(*) FROM took)::integer, (SELECT count(*) FROM wrote)::integer

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import grpc
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import delete, func, insert, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.creation.app import build
@@ -157,12 +157,48 @@ def user_token(user_id: str, ttl_seconds: int = 600) -> tuple[tuple[str, str], .
 SERVICE = bearer(DEV_SERVICE_TOKEN)
 
 
+# A test's instrument, never installed by a migration: each outbox row written meanwhile
+# keeps its job's message as of the row's version (the job change triggers insert the
+# row after the change's statement, so the job's row read then is that version's).
+_KEEP_PAYLOADS = (
+    """
+    CREATE FUNCTION creation.test_keep_payload() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+      NEW.payload := (SELECT creation.job_message(j) FROM creation.jobs AS j
+                      WHERE j.job_id = NEW.job_id);
+      RETURN NEW;
+    END
+    $$
+    """,
+    """
+    CREATE TRIGGER test_keep_payload BEFORE INSERT ON creation.outbox
+    FOR EACH ROW EXECUTE FUNCTION creation.test_keep_payload()
+    """,
+)
+
+
 @asynccontextmanager
 async def payloads_kept(engine: AsyncEngine) -> AsyncIterator[None]:
+    """While inside, each new outbox row keeps its job's message as of its version in its
+    payload, what creation.job_message builds for the relay or the webhook fan-out from
+    the job's row at that version (the job change triggers build none: a row records only
+    what changed, sql/job_changes.sql)."""
+    async with engine.begin() as connection:
+        for statement in _KEEP_PAYLOADS:
+            await connection.execute(text(statement))
+    try:
+        yield
+    finally:
+        async with engine.begin() as connection:
+            await connection.execute(text("DROP TRIGGER test_keep_payload ON creation.outbox"))
+            await connection.execute(text("DROP FUNCTION creation.test_keep_payload()"))
+
+
+@asynccontextmanager
+async def endpoint_enabled(engine: AsyncEngine) -> AsyncIterator[None]:
     """While inside, an endpoint that wants every event is enabled (never called: no
     deliverer runs), so the job triggers mark each new version's outbox row for the
-    webhooks and keep the job's message as of that version in its payload (without one
-    a row records only what changed, sql/job_changes.sql)."""
+    webhooks."""
     endpoint_id = str(uuid.uuid4())
     async with engine.begin() as connection:
         await connection.execute(

@@ -58,6 +58,9 @@ async def test_each_delivery_verifies_and_carries_the_job_as_get_job_prints_it(
     receiver.secrets.append(secret)
     async with delivering(clean, creation_url):
         (job_id,) = await submit(clean)
+        # Delivered before the job moves on: its data is the queued job (an event fanned
+        # out later carries the job as it is then, the next test).
+        await receiver.wait_until(lambda r: len(r.accepted()) == 1, 30)
         await change(clean, START, job_id)
         await receiver.wait_until(lambda r: len(r.accepted()) == 2, 30)
         delivered = await eventually(clean, "state = 'succeeded'", 2, 30)
@@ -75,6 +78,31 @@ async def test_each_delivery_verifies_and_carries_the_job_as_get_job_prints_it(
     assert {d["last_status_code"] for d in delivered} == {204}
     assert {d["message_id"] for d in delivered} == {r.webhook_id for r in receiver.accepted()}
     assert (await endpoint_row(clean, endpoint_id))["failing_since"] is None
+
+
+async def test_an_event_fanned_out_after_its_job_moved_on_carries_the_job_as_it_is_then(
+    clean: AsyncEngine, creation_url: str, receiver: WebhookReceiver
+) -> None:
+    """What docs/webhooks.md says: every change is an event of its own type, and its data
+    is the job when the event was fanned out, at the change's version or a later one."""
+    _, secret = await endpoint(clean, receiver.url, ["job.queued", "job.running", "job.progress"])
+    receiver.secrets.append(secret)
+    # Written while no deliverer runs: fanned out together, after the last change.
+    (job_id,) = await submit(clean)
+    await change(clean, START, job_id)
+    await change(clean, PROGRESS, job_id)
+    async with delivering(clean, creation_url):
+        await receiver.wait_until(lambda r: len(r.accepted()) == 3, 30)
+        delivered = await eventually(clean, "state = 'succeeded'", 3, 30)
+    assert receiver.unverified == []
+    assert sorted(d["job_version"] for d in delivered) == [1, 2, 3]
+    bodies = {r.body["type"]: r.body for r in receiver.accepted()}
+    assert set(bodies) == {"job.queued", "job.running", "job.progress"}
+    # Each the job at version 3, running, with its progress.
+    for sent in bodies.values():
+        assert sent["data"]["jobId"] == job_id and sent["data"]["version"] == "3"
+        assert sent["data"]["status"] == "JOB_STATUS_RUNNING"
+    assert bodies["job.progress"]["data"]["progressPercent"] > 0
 
 
 async def test_a_receiver_down_for_several_retries_then_up_gets_every_event(
@@ -276,11 +304,14 @@ async def test_a_retried_older_version_may_arrive_after_a_newer_one(
         (job_id,) = await submit(clean)
         await receiver.wait_until(lambda r: len(r.received) == 1, 30)
         await change(clean, START, job_id)
+        # Each change fanned out before the next (a later fan-out would carry the newer
+        # job: the test above).
+        await receiver.wait_until(lambda r: len(r.accepted()) == 1, 30)
         await change(clean, PROGRESS, job_id)
         await receiver.wait_until(lambda r: len(r.accepted()) == 3, 30)
     versions = [r.version for r in receiver.accepted()]
-    # Version 1, refused once, came last; 2 and 3 may be sent side by side, in either order.
-    assert versions[-1] == 1 and sorted(versions[:2]) == [2, 3]
+    # Version 1, refused once, came last, with the body it was refused with.
+    assert versions == [2, 3, 1]
     assert max(versions) == 3
 
 

@@ -56,7 +56,8 @@ def _load(path: Path) -> None:
 
 def upgrade() -> None:
     op.alter_column("outbox", "payload", nullable=True, schema=SCHEMA)
-    _load(CREATION / "sql" / "job_changes.sql")
+    # Frozen: the live sql/job_changes.sql has moved on (0031).
+    _load(FROZEN / "job_changes_0030.sql")
 
 
 def downgrade() -> None:
