@@ -2,27 +2,29 @@
 receiver, and the CPU a job's changes add when one endpoint is subscribed to every event,
 beside the same job path with none, in one run.
 
-    .venv/bin/python bench/webhooks.py [--deliveries 5000] [--jobs 100] [--rounds 40]
+    .venv/bin/python bench/webhooks.py [--deliveries 5000] [--jobs 250] [--rounds 4]
         [--database-url URL]
 
 Against a throwaway database (creation's schema) on a PostgreSQL of the bench's own
 (embedded, services.dev.postgres.start_embedded; ``--database-url`` names another
 server instead, whose other writers then count in the WAL figures):
 
-- **job path**: ``--jobs`` jobs each go through five versions as the services write them
-  (the submit function; running; two progress updates; cancelled), one statement each on
-  one connection, with no endpoint enabled and with one endpoint subscribed to every
-  event (the job change triggers mark each change's outbox row; five deliveries per job),
-  ``--rounds`` rounds of both phases, their order alternating from round to round (none,
-  one; one, none; ...). Measured per phase: the CPU of the one backend serving the job's
-  statements (the scheduler's nanoseconds, /proc/<pid>/sched) and of the writer's thread,
-  so autovacuum, other backends and other sessions' processes never count; and the WAL
-  the statements wrote. Printed: medians per job, and what the endpoint adds: the mean of
-  the rounds' differences with its standard error, their median and spread. The deliverer
-  does not run meanwhile: this is the cost on the job's own path. After each phase with
-  the endpoint, the **fan-out** of its marked changes to their deliveries, as the
-  deliverers' rounds run it (creation.fan_out_webhooks in batches), off the job's path:
-  CPU milliseconds and WAL bytes per job.
+- **job path**: jobs each go through five versions as the services write them (the
+  submit function; running; two progress updates; cancelled), one statement each on one
+  connection, in pairs: one job with no endpoint enabled and one with an endpoint
+  subscribed to every event (the job change triggers mark each change's outbox row; five
+  deliveries per job), the endpoint toggled between them and the pair's order
+  alternating; ``--rounds`` rounds of ``--jobs`` pairs. Measured per job: the CPU of the
+  one backend serving the job's statements (the scheduler's nanoseconds,
+  /proc/<pid>/sched) and of the writer's thread, so autovacuum, other backends and other
+  sessions' processes never count; and the WAL the statements wrote. The machine's
+  speed drifts by tens of percent within seconds when it is shared; both jobs of a pair
+  see the same. Printed: medians of the rounds per job, and what the endpoint adds: the
+  mean of the pairs' differences with its standard error, and the rounds' spread. The
+  deliverer does not run meanwhile: this is the cost on the job's own path. After each
+  round, the **fan-out** of its marked changes to their deliveries, as the deliverers'
+  rounds run it (creation.fan_out_webhooks in batches), off the job's path: CPU
+  milliseconds and WAL bytes per job.
 - **delivery**: ``--deliveries`` pending deliveries of realistic jobs to one endpoint
   (max_in_flight 64) on a local receiver (its own process, HTTP/1.1 keep-alive, answering
   204), delivered by one deliverer (creation's component, in this process, on uvloop):
@@ -256,6 +258,7 @@ async def delivery(
         succeeded = await connection.fetchval(done)
         if succeeded != count:
             raise RuntimeError(f"{succeeded} of {count} deliveries succeeded")
+        opened = getattr(deliverer._client, "connections_opened", 0)
         await deliverer.stop(asyncio.get_running_loop().time() + 5)
         await running
         await media.close()
@@ -263,7 +266,9 @@ async def delivery(
         print(
             f"delivery: {count} deliveries in {wall:.2f} s = {count / wall:,.0f}/s per process"
             f" (target >= 1,000; CPU-bound, one core: {1000 / spent['deliverer']:,.0f}/s);"
-            " CPU ms per delivery: " + ", ".join(f"{name} {ms:.3f}" for name, ms in spent.items()),
+            " CPU ms per delivery: "
+            + ", ".join(f"{name} {ms:.3f}" for name, ms in spent.items())
+            + f"; connections opened {opened}",
             flush=True,
         )
     finally:
@@ -279,6 +284,8 @@ async def bench(
     try:
         phase = Phase(connection, await connection.fetchval("SELECT pg_backend_pid()"))
         figures: dict[str, list[dict[str, float]]] = {"none": [], "one": [], "fan-out": []}
+        # Each pair's difference, one endpoint less none: CPU ms.
+        pairs: list[float] = []
         await connection.execute("DELETE FROM creation.webhook_endpoints")
         await connection.execute(
             ENDPOINT, str(uuid.uuid4()), receiver_url, EVERY_EVENT, new_secret(), 8
@@ -291,40 +298,51 @@ async def bench(
             await connection.execute(toggle, enabled)
             await job_path(phase, max(10, args.jobs // 5))
         await fan_out(phase, 1)
-        for number in range(args.rounds):
-            # The two phases alternate in order (none, one; one, none; ...), so a drift of
-            # the machine's speed within a round cancels over two.
-            for name in ("none", "one") if number % 2 == 0 else ("one", "none"):
-                await connection.execute(toggle, name == "one")
-                figures[name].append(await job_path(phase, args.jobs))
-                if name == "one":
-                    figures["fan-out"].append(await fan_out(phase, args.jobs))
-                    # The deliveries' growth is not the next phase's cost (pruning keeps
-                    # the table bounded in production).
-                    await connection.execute("TRUNCATE creation.webhook_deliveries")
+        for _ in range(args.rounds):
+            # Job by job, the endpoint enabled for one of each pair and not for the other,
+            # in alternating order (none, one; one, none; ...): the machine's speed, which
+            # drifts by tens of percent within seconds on a shared machine, is the same for
+            # both jobs of a pair, so each pair's difference is the endpoint's.
+            sums = {name: {"postgres": 0.0, "writer": 0.0, "wal": 0.0} for name in ("none", "one")}
+            for pair in range(args.jobs):
+                measured: dict[str, dict[str, float]] = {}
+                for name in ("none", "one") if pair % 2 == 0 else ("one", "none"):
+                    await connection.execute(toggle, name == "one")
+                    measured[name] = await job_path(phase, 1)
+                    for group, value in measured[name].items():
+                        sums[name][group] += value / args.jobs
+                pairs.append(
+                    sum(measured["one"][g] - measured["none"][g] for g in ("postgres", "writer"))
+                )
+            figures["none"].append(sums["none"])
+            figures["one"].append(sums["one"])
+            figures["fan-out"].append(await fan_out(phase, args.jobs))
+            # The deliveries' growth is not the next round's cost (pruning keeps the table
+            # bounded in production).
+            await connection.execute("TRUNCATE creation.webhook_deliveries")
     finally:
         await connection.close()
 
     def median(phase: str, group: str) -> float:
         return statistics.median(f[group] for f in figures[phase])
 
-    # Each round's difference (its two phases ran back to back: the machine's drift
-    # cancels), and their mean with its standard error: the target is met when the mean
-    # is below it by more than two standard errors.
+    # Each round's difference, and the mean of the pairs' with its standard error: the
+    # target is met when the mean is below it by more than two standard errors.
     added = [
         one["postgres"] + one["writer"] - none["postgres"] - none["writer"]
         for none, one in zip(figures["none"], figures["one"], strict=True)
     ]
-    mean = statistics.fmean(added)
-    error = statistics.stdev(added) / len(added) ** 0.5 if len(added) > 1 else float("nan")
+    mean = statistics.fmean(pairs)
+    error = statistics.stdev(pairs) / len(pairs) ** 0.5 if len(pairs) > 1 else float("nan")
     print(
-        f"job path (5 versions a job, {args.jobs} jobs a phase, {args.rounds} rounds, phases"
-        " alternating): CPU ms per job of the backend serving the job's statements and of the"
-        f" writer, medians: no endpoint PostgreSQL {median('none', 'postgres'):.3f}"
-        f" + writer {median('none', 'writer'):.3f}; one endpoint on every event PostgreSQL"
+        f"job path (5 versions a job, {args.rounds} rounds of {args.jobs} pairs of jobs, one"
+        " with no endpoint enabled and one with an endpoint on every event, in alternating"
+        " order): CPU ms per job of the backend serving the job's statements and of the"
+        f" writer, medians of rounds: no endpoint PostgreSQL {median('none', 'postgres'):.3f}"
+        f" + writer {median('none', 'writer'):.3f}; one endpoint PostgreSQL"
         f" {median('one', 'postgres'):.3f} + writer {median('one', 'writer'):.3f};"
-        f" added per job: mean {mean:.3f} ± {error:.3f} (standard error), median"
-        f" {statistics.median(added):.3f} (target <= 0.3; rounds {_spread(added)})",
+        f" added per job: mean {mean:.3f} ± {error:.3f} (standard error of {len(pairs)}"
+        f" pairs; target <= 0.3); rounds {_spread(added)}",
         flush=True,
     )
     # Load-independent: what the job's statements write, in bytes of WAL (the whole
@@ -377,8 +395,8 @@ def main() -> None:
     parser.add_argument("role", nargs="?", default="bench", choices=["bench", "receiver"])
     parser.add_argument("--database-url", help="a server's admin URL (default: one of its own)")
     parser.add_argument("--deliveries", type=int, default=5000)
-    parser.add_argument("--jobs", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--jobs", type=int, default=250)
+    parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
     if args.role == "receiver":
         on_services_loop(receive(0))
