@@ -4,10 +4,10 @@ with a field of a kind it does not cover to protobuf's printer)."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
-from google.protobuf import json_format
+from google.protobuf import json_format, timestamp_pb2
 
 from atelier.creation.v1 import error_reason_pb2, job_pb2, parameters_pb2
 from services.creation.webhooks import printing
@@ -82,3 +82,42 @@ def test_a_message_type_with_a_field_the_printer_does_not_cover_goes_to_protobuf
     value = parameters_pb2.ParameterValue(float_value=1e300)
     assert printing.printer(value.DESCRIPTOR) is printing._by_json_format
     assert printing.to_dict(value) == {"floatValue": 1e300}
+
+
+@pytest.mark.parametrize(
+    ("seconds", "nanos"),
+    [
+        (0, 0),
+        (1_764_745_965, 120_000_000),
+        (1_764_745_965, 120_005_000),
+        (1_764_745_965, 1),
+        (-1, 999_999_999),
+        (-62135596800, 0),
+        (253402300799, 999_000_000),
+    ],
+)
+def test_a_timestamp_prints_as_protobuf_prints_it(seconds: int, nanos: int) -> None:
+    stamp = timestamp_pb2.Timestamp(seconds=seconds, nanos=nanos)
+    assert printing.to_dict(job_pb2.Job(create_time=stamp))["createTime"] == (stamp.ToJsonString())
+
+
+@pytest.mark.parametrize(
+    "moment",
+    [
+        datetime(2026, 12, 3, 7, 12, 45, tzinfo=UTC),
+        datetime(2026, 12, 3, 7, 12, 45, 120000, tzinfo=UTC),
+        datetime(2026, 12, 3, 7, 12, 45, 120005, tzinfo=UTC),
+        datetime(2026, 12, 3, 8, 12, 45, 1, tzinfo=timezone(timedelta(hours=1))),
+        datetime(2026, 12, 3, 7, 12, 45, 500000),  # naive: UTC
+    ],
+)
+def test_a_moment_prints_as_the_timestamp_set_from_it(moment: datetime) -> None:
+    stamp = timestamp_pb2.Timestamp()
+    stamp.FromDatetime(moment)
+    assert printing.rfc3339(moment) == stamp.ToJsonString()
+
+
+def test_an_invalid_timestamp_is_refused_as_protobuf_refuses_it() -> None:
+    stamp = timestamp_pb2.Timestamp(seconds=253402300800)
+    with pytest.raises(ValueError, match="Timestamp is not valid"):
+        printing.to_dict(job_pb2.Job(update_time=stamp))

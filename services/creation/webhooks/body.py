@@ -10,13 +10,11 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from google.protobuf import timestamp_pb2
-
 from atelier.creation.v1 import job_pb2
 from services.creation.convert import fill_output_urls
 from services.creation.media_client import OutputUrls
 from services.creation.relay.jobs import read_job
-from services.creation.webhooks.printing import to_dict
+from services.creation.webhooks.printing import rfc3339, to_dict
 
 
 def job_of(payload: Any) -> job_pb2.Job:
@@ -31,7 +29,5 @@ def body(
     if urls:
         fill_output_urls(job, urls)
     data = to_dict(job)
-    stamp = timestamp_pb2.Timestamp()
-    stamp.FromDatetime(occurred_at)
-    document = {"type": event_type, "timestamp": stamp.ToJsonString(), "data": data}
+    document = {"type": event_type, "timestamp": rfc3339(occurred_at), "data": data}
     return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()

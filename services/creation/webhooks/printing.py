@@ -3,11 +3,12 @@ printed (``json_format.MessageToDict(message, always_print_fields_with_no_presen
 in a few microseconds: the webhook body's ``data`` (body.py).
 
 ``MessageToDict`` looks up how to print each field, by its descriptor, every time it
-prints one, and cost the deliverer ~30 % of its time per delivery (docs/benchmarks.md).
+prints one, and took 23 % of the deliverer's samples (docs/benchmarks.md).
 Here each message type's fields are read once into a plan of converters, and a message
 is printed by running its plan. The plan covers strings, 32-bit and 64-bit integers (the
 latter as decimal strings), booleans, enums (by name; an unknown number as the number),
-``Timestamp`` (RFC 3339), repeated fields, maps with string keys, and nested messages;
+``Timestamp`` (RFC 3339, formatted here as protobuf formats it), repeated fields, maps
+with string keys, and nested messages;
 a message type with a field of any other kind (floating point, bytes, another
 well-known type) is printed by ``MessageToDict`` itself, so what a value prints as never
 depends on which path printed it. A test holds the two equal.
@@ -16,6 +17,7 @@ depends on which path printed it. A test holds the two equal.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from google.protobuf import json_format
@@ -123,9 +125,36 @@ def _same(value: Any) -> Any:
     return value
 
 
+# Timestamp's valid range (years 1 to 9999), as protobuf checks it.
+_MIN_SECONDS, _MAX_SECONDS = -62135596800, 253402300799
+_EPOCH = datetime(1970, 1, 1)
+
+
 def _timestamp(stamp: Any) -> str:
-    text: str = stamp.ToJsonString()
-    return text
+    """``stamp.ToJsonString()``: RFC 3339 in UTC with 0, 3, 6 or 9 fractional digits."""
+    seconds, nanos = stamp.seconds, stamp.nanos
+    if not (_MIN_SECONDS <= seconds <= _MAX_SECONDS and 0 <= nanos < 1_000_000_000):
+        text: str = stamp.ToJsonString()  # raises as protobuf does
+        return text
+    return (_EPOCH + timedelta(seconds=seconds)).isoformat() + _fraction(nanos)
+
+
+def rfc3339(moment: datetime) -> str:
+    """What a Timestamp set from ``moment`` prints as (a naive datetime is UTC, as
+    ``Timestamp.FromDatetime`` takes it)."""
+    utc = moment if moment.tzinfo is None else moment.astimezone(UTC).replace(tzinfo=None)
+    micros = utc.microsecond
+    return utc.replace(microsecond=0).isoformat() + _fraction(micros * 1000)
+
+
+def _fraction(nanos: int) -> str:
+    if nanos == 0:
+        return "Z"
+    if nanos % 1_000_000 == 0:
+        return f".{nanos // 1_000_000:03d}Z"
+    if nanos % 1000 == 0:
+        return f".{nanos // 1000:06d}Z"
+    return f".{nanos:09d}Z"
 
 
 def _is_repeated(field: Any) -> bool:
