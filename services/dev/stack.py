@@ -145,6 +145,9 @@ class Stack:
     apns_env: dict[str, str] = field(default_factory=dict)
     # One credential per calling identity (creation, notify, an operator, an app backend).
     credentials: StackCredentials = field(default_factory=StackCredentials)
+    # The operator's console beside the services (`atelier dev` shows it); tests that
+    # never open it leave it out, one process fewer per stack.
+    console: bool = True
 
     def migrate(self) -> None:
         for name in SERVICES:
@@ -189,9 +192,10 @@ class Stack:
                     options=self.edge_options,
                 ),
             )
-            console = self._spawn_console()
-            self.children.append(console)
-            wait_until(console, accepting(self.ports.console), timeout)
+            if self.console:
+                console = self._spawn_console()
+                self.children.append(console)
+                wait_until(console, accepting(self.ports.console), timeout)
             envoy = spawn("envoy", edge.argv(config), {}, self.log_dir)
             self.children.append(envoy)
             wait_until(envoy, http_ok(f"http://127.0.0.1:{self.ports.envoy_admin}/ready"), timeout)

@@ -26,6 +26,7 @@ def stack(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         work_dir=work,
         log_dir=work / "logs",
         creation_role="api",
+        console=False,
     )
     running.start()
     yield running

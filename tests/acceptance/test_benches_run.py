@@ -30,17 +30,17 @@ BENCHES = {
     "outbox_relay": (["--rows", "20"], "burst of"),
     "engine_drain": (["--jobs", "300", "--processes", "1"], "ratio per job   1 proc"),
     "pickup_latency": (["--jobs", "20", "--rate", "40"], "worker  p50"),
-    "end_to_end": (["--jobs", "40"], "end to end:"),
+    "end_to_end": (["--jobs", "16"], "end to end:"),
     # Two in flight: eight 1 MB images decoding at once on a loaded machine outlast the
     # call deadline (this run checks the script, not the service's pace).
-    "media_job_path": (["--ops", "20", "--concurrency", "2"], "PutAsset"),
+    "media_job_path": (["--ops", "6", "--concurrency", "2"], "PutAsset"),
     "media_throughput": (["--rounds", "1", "--size-mb", "1"], "PutAsset"),
     "output_memory": (["--rounds", "1"], "20 MiB outputs"),
     "notify_streams": (["--streams", "1", "10", "--updates", "5", "--storm", "0"], "streams"),
     "push_planning": (["--jobs", "5", "--versions", "2"], "apply"),
     # The sender's warm-up takes the first batch: more pushes than one batch.
     "apns_push": (["--pushes", "600", "--batch", "100"], "sender (claim"),
-    "remote_worker": (["--jobs", "20", "--concurrency", "4"], "remote worker:"),
+    "remote_worker": (["--jobs", "8", "--concurrency", "4"], "remote worker:"),
     "queue_standing": (["--depths", "50", "--reads", "5"], "claim rate"),
     "jwks_flood": (["--calls", "50"], "JWKS fetches caused"),
     "wait_job": (

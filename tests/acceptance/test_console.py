@@ -52,7 +52,9 @@ ENGINE_ENV = {
 def api(postgres_admin_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """The stack with the API alone (the test starts its workers), the console beside it."""
     work = tmp_path_factory.mktemp("console")
-    with stack_of_its_own(postgres_admin_url, work, "api", {"ATELIER_ENV": "test"}) as stack:
+    with stack_of_its_own(
+        postgres_admin_url, work, "api", {"ATELIER_ENV": "test"}, console=True
+    ) as stack:
         yield stack
 
 

@@ -1,4 +1,4 @@
-"""Two worker processes on 1,000 queued jobs, as `atelier serve creation --role worker`
+"""Two worker processes on 400 queued jobs, as `atelier serve creation --role worker`
 runs them: every job runs exactly once — one claim, one lease, one submit to the
 provider, one output, its points captured once — whichever worker took it."""
 
@@ -31,7 +31,9 @@ from tests.support.workers import (
     start_worker,
 )
 
-USERS = 50
+# 400 jobs: every claim round still races the other process for the same rows, at a
+# fraction of the suite's time that 1,000 took (make test's budget, issue 31).
+USERS = 20
 PER_USER = 20  # 100 welcome points at a price of 5
 JOBS = USERS * PER_USER
 FLEET_ENV = {
@@ -51,7 +53,7 @@ async def db(api_of_its_own: Stack) -> AsyncIterator[AsyncEngine]:
     await engine.dispose()
 
 
-async def test_two_workers_run_each_of_a_thousand_jobs_exactly_once(
+async def test_two_workers_run_each_of_four_hundred_jobs_exactly_once(
     api_of_its_own: Stack, db: AsyncEngine, tmp_path: Path
 ) -> None:
     api = api_of_its_own

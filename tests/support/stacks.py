@@ -24,10 +24,12 @@ def stack_of_its_own(
     extra_env: dict[str, str],
     *,
     apns_peer: bool = False,
+    console: bool = False,
 ) -> Iterator[Stack]:
     """A whole stack on a database of its own: a job engine there must not take the jobs of
     the shared stack's tests. With ``apns_peer`` notify sends its pushes to the local APNs
-    peer (its log: logs/apns-peer.log)."""
+    peer (its log: logs/apns-peer.log); with ``console`` the operator's console runs beside
+    it."""
     name = f"atelier_own_{uuid.uuid4().hex[:10]}"
     url = postgres.ensure_database(admin_url, name)
     running = Stack(
@@ -38,6 +40,7 @@ def stack_of_its_own(
         creation_role=creation_role,
         extra_env=extra_env,
         apns_peer=apns_peer,
+        console=console,
     )
     running.migrate()
     running.start()
