@@ -126,12 +126,13 @@ MEASURED = {
         86.0, 85.8, 86.1, "MiB", "notify resident with no stream (benchmarks.md, notify)"
     ),
     "wal_bytes_per_job": Figure(
-        11_219,
-        11_005,
-        11_494,
+        7_895,
+        7_759,
+        8_370,
         "B",
         "creation's job statements, five versions a job, server of its own "
-        "(benchmarks.md 2026-12-03 13:16-13:24, webhooks off the job's path)",
+        "(benchmarks.md 2026-12-03 16:07-17:00, outbox rows without the job's copy, "
+        "creation 0030; an endpoint on every event adds 20-340 B since creation 0031)",
     ),
     "notifying_commits_ceiling": Figure(
         3_200,
@@ -190,11 +191,10 @@ ASSUMED = {
         "state ~1.2 KB, input and output assets ~0.8 KB; kept with no pruning",
     ),
     "outbox_bytes_per_job": _fixed(
-        6_000,
+        1_500,
         "B",
-        "estimated: five outbox rows and indexes, each keeping the whole Job as JSONB "
-        "(~1.2 KB) as it does while a webhook endpoint is enabled (without one a row is "
-        "~0.3 KB: what changed, creation 0030)",
+        "estimated: five outbox rows and their indexes, ~0.3 KB each: what changed, never "
+        "a copy of the job, webhook endpoints or not (creation 0031)",
     ),
     "outbox_retention_days": _fixed(1.0, "d", "ATELIER_RELAY_RETENTION default (1 day)"),
     "redis_subscription_bytes": _fixed(
