@@ -10,9 +10,11 @@ its job back rather than fail it)."""
 
 from __future__ import annotations
 
+import json
 import ssl
 
-import httpx
+import aiohttp
+from yarl import URL
 
 from services.creation.errors import MediaUnavailable
 from services.creation.media_client import AssetRefused, AssetUnreadable, OutputUpload
@@ -39,45 +41,63 @@ def _store_is_busy(status: int) -> bool:
 class ObjectTransfer:
     """One pooled HTTP client for every attempt of the process. It trusts the system's CAs,
     and ``ca_file``'s too when given (ATELIER_OBJECT_CA_FILE: URLs signed for an edge or a
-    store with a private CA)."""
+    store with a private CA).
+
+    aiohttp's client, not httpx's: httpx's pool looks at every pooled connection (a poll
+    of its socket each) for every request it places, which was half of a worker
+    process's CPU on the bench's job path with the pool as large as the concurrency
+    (docs/benchmarks.md, 2026-12-04). The session is opened on first use, inside the
+    event loop it belongs to."""
 
     def __init__(
         self, timeout_seconds: float = TRANSFER_TIMEOUT_SECONDS, ca_file: str = ""
     ) -> None:
-        tls = ssl.create_default_context()
+        self._tls = ssl.create_default_context()
         if ca_file:
-            tls.load_verify_locations(cafile=ca_file)
-        self._client = httpx.AsyncClient(
-            verify=tls,
-            timeout=httpx.Timeout(timeout_seconds, connect=CONNECT_TIMEOUT_SECONDS),
-            limits=httpx.Limits(max_connections=128, max_keepalive_connections=64),
-            # The URLs are media's or the object store's: no proxy sits between them.
-            trust_env=False,
+            self._tls.load_verify_locations(cafile=ca_file)
+        # No whole-transfer limit: a large object may take long while bytes keep coming;
+        # each connect and each read must answer in time.
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=CONNECT_TIMEOUT_SECONDS, sock_read=timeout_seconds
         )
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=128, ssl=self._tls),
+                timeout=self._timeout,
+                # The URLs are media's or the object store's: no proxy sits between them.
+                trust_env=False,
+            )
+        return self._session
 
     async def close(self) -> None:
-        await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     async def download(self, url: str, max_bytes: int, what: str) -> tuple[bytes, str]:
         """The object's bytes and content type, refused past ``max_bytes`` (before they
         are all read when the store says its length)."""
         try:
-            async with self._client.stream("GET", url) as response:
-                if _store_is_busy(response.status_code):
-                    raise _unavailable(response.status_code)
-                status = response.status_code
+            # encoded: the URL exactly as signed, never quoted again.
+            async with self._client().get(URL(url, encoded=True)) as response:
+                status = response.status
+                if _store_is_busy(status):
+                    raise _unavailable(status)
                 if status != 200:
                     raise AssetUnreadable(f"{what}: the object store answered {status}")
                 declared = response.headers.get("content-length")
                 if declared is not None and declared.isdigit() and int(declared) > max_bytes:
                     raise AssetUnreadable(f"{what} is larger than {byte_size(max_bytes)}")
                 data = bytearray()
-                async for chunk in response.aiter_bytes(READ_CHUNK_BYTES):
+                async for chunk in response.content.iter_chunked(READ_CHUNK_BYTES):
                     data += chunk
                     if len(data) > max_bytes:
                         raise AssetUnreadable(f"{what} is larger than {byte_size(max_bytes)}")
                 content_type = response.headers.get("content-type", "")
-        except httpx.TransportError:
+        except (aiohttp.ClientError, TimeoutError):
             raise _unavailable() from None
         return bytes(data), content_type.split(";")[0].strip().lower()
 
@@ -86,29 +106,34 @@ class ObjectTransfer:
         says the object is there already (an earlier PUT under the same reservation whose
         answer was lost, or a worker killed before its commit): the commit checks it."""
         try:
-            response = await self._client.request(
-                upload.method or "PUT", upload.url, headers=upload.headers, content=data
-            )
-        except httpx.TransportError:
+            async with self._client().request(
+                upload.method or "PUT",
+                URL(upload.url, encoded=True),
+                headers=upload.headers,
+                data=data,
+            ) as response:
+                status = response.status
+                if status in (200, 201, 204, 412):
+                    return
+                if _store_is_busy(status):
+                    raise _unavailable(status)
+                body = (await response.read())[:2000].decode("utf-8", "replace")
+                content_type = response.headers.get("content-type", "")
+        except (aiohttp.ClientError, TimeoutError):
             raise _unavailable() from None
-        status = response.status_code
-        if status in (200, 201, 204, 412):
-            return
-        if _store_is_busy(status):
-            raise _unavailable(status)
-        refusal = f"HTTP {status} {_reason(response)}".strip()
+        refusal = f"HTTP {status} {_reason(body, content_type)}".strip()
         raise AssetRefused(f"the object store refused the upload: {refusal}")
 
 
-def _reason(response: httpx.Response) -> str:
+def _reason(text: str, content_type: str) -> str:
     """media's listener answers a google.rpc.Status with an ErrorInfo reason; S3 an XML
     error with a Code. Either way a short word for the job's error message."""
-    text = response.text[:2000]
-    if response.headers.get("content-type", "").startswith("application/json"):
+    if content_type.startswith("application/json"):
         try:
-            error = response.json().get("error")
+            answer = json.loads(text)
         except ValueError:
-            error = None
+            answer = None
+        error = answer.get("error") if isinstance(answer, dict) else None
         if isinstance(error, str):
             return error
     start = text.find("<Code>")
