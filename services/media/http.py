@@ -23,7 +23,8 @@ import hashlib
 import re
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable
+from pathlib import Path
 from typing import Protocol
 
 from aiohttp import web
@@ -40,7 +41,7 @@ from services.media.http_answers import (
     failure_answer,
     internal_answer,
 )
-from services.media.storage.base import ObjectExists
+from services.media.storage.base import ObjectExists, WholeObject
 from services.media.storage.local import LocalStorage
 from services.media.storage.signing import OBJECTS_PATH, Verdict
 
@@ -56,6 +57,18 @@ _SECURITY_HEADERS = {"X-Content-Type-Options": "nosniff"}
 # What we sign: an expiry in epoch seconds, a size in bytes. Nothing longer is ours.
 _SIGNED_NUMBER = re.compile(r"[0-9]{1,15}")
 _SIGNED_SHA256 = re.compile(r"[0-9a-f]{64}")
+# A read that asks for part of an object, or for it only if changed, is the file
+# response's to answer (ranges, validators).
+_CONDITIONAL_HEADERS = (
+    "Range",
+    "If-Range",
+    "If-Match",
+    "If-None-Match",
+    "If-Modified-Since",
+    "If-Unmodified-Since",
+)
+# What _small_file answers for an object larger than it reads whole.
+_LARGE = b"(larger)"
 
 
 class AssetRows(Protocol):
@@ -190,7 +203,16 @@ class ObjectHttpServer:
                 413, Reason.TOO_LARGE, f"at most {byte_size(signed_size)} may be uploaded"
             )
         try:
-            await self._storage.put(key, _body(request, length, sha256), content_type)
+            if length <= READ_BYTES:
+                # A small object (a generated output, most often): read whole, then
+                # written, made durable and published in one trip to a thread, not one
+                # trip per step.
+                body: AsyncIterable[bytes] = WholeObject(
+                    await _whole_body(request, length, sha256), READ_BYTES
+                )
+            else:
+                body = _body(request, length, sha256)
+            await self._storage.put(key, body, content_type)
         except OtherBytes:
             raise Refused(
                 400, Reason.HASH_MISMATCH, "the bytes' SHA-256 differs from the declared sha256"
@@ -233,8 +255,6 @@ class ObjectHttpServer:
             if status is not Status.READY:
                 raise _gone(status)
         path = self._storage.path_of(key)
-        if not await asyncio.to_thread(path.is_file):
-            raise Refused(404, Reason.NO_SUCH_OBJECT, "no such object")
         # How long a browser may keep it: the storage's Cache-Control (an object never
         # changes under its key, so as long as its URL can work, and immutable).
         headers = {
@@ -242,6 +262,16 @@ class ObjectHttpServer:
             "Cache-Control": self._storage.cache_control,
             **_SECURITY_HEADERS,
         }
+        if not any(name in request.headers for name in _CONDITIONAL_HEADERS):
+            # A plain read of a small object (a job's input, a thumbnail): opened, read
+            # and closed in one trip to a thread; a larger one is served from its file.
+            small = await asyncio.to_thread(_small_file, path, READ_BYTES)
+            if small is None:
+                raise Refused(404, Reason.NO_SUCH_OBJECT, "no such object")
+            if small is not _LARGE:
+                return web.Response(body=small, headers=headers)
+        elif not await asyncio.to_thread(path.is_file):
+            raise Refused(404, Reason.NO_SUCH_OBJECT, "no such object")
         return web.FileResponse(path, headers=headers)
 
 
@@ -273,6 +303,28 @@ def _signed_sha256(request: web.BaseRequest) -> str | None:
     if not _SIGNED_SHA256.fullmatch(text):
         raise Refused(403, Reason.SIGNATURE_MISMATCH, "sha256 is not what was signed")
     return text
+
+
+def _small_file(path: Path, max_bytes: int) -> bytes | None:
+    """The whole object when it has at most ``max_bytes`` (None: no such object;
+    ``_LARGE``: larger). Blocking."""
+    try:
+        with path.open("rb") as file:
+            data = file.read(max_bytes + 1)
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+    return data if len(data) <= max_bytes else _LARGE
+
+
+async def _whole_body(request: web.BaseRequest, length: int, sha256: str | None) -> bytes:
+    """The body of ``length`` bytes, checked as _body checks it, in memory."""
+    try:
+        data = await request.content.readexactly(length)
+    except asyncio.IncompleteReadError:
+        raise IncompleteBody() from None
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise OtherBytes()
+    return data
 
 
 async def _body(request: web.BaseRequest, length: int, sha256: str | None) -> AsyncIterator[bytes]:
