@@ -24,6 +24,7 @@ from services.kit.auth import issue_token
 from services.kit.settings import DEV_JWT_SECRET, DEV_SERVICE_TOKEN
 from services.media.domain import Status
 from services.media.housekeeping import DEFAULT_ABANDONED_WRITE_AGE
+from services.media.http import READ_BYTES
 from services.media.settings import S3Settings
 from services.media.storage.local import INCOMING
 from services.media.storage.s3 import S3Storage
@@ -106,17 +107,21 @@ async def test_local_upload_url_of_an_upload_deleted_before_any_bytes(
 async def test_local_bytes_arriving_while_the_asset_is_deleted_do_not_stay(
     local_media: MediaHarness,
 ) -> None:
-    upload = await create_upload(local_media, ALICE, FIRST)
+    # Larger than the listener reads whole (a small body is buffered, then written in one
+    # step): these bytes stream to a .part file, the moment this test waits for. Both
+    # paths end in the same recheck of the asset after the write.
+    data = FIRST + bytes(READ_BYTES)
+    upload = await create_upload(local_media, ALICE, data)
     incoming = local_media.settings.local_dir / INCOMING
     release = asyncio.Event()
 
     async def slow_body() -> AsyncIterator[bytes]:
-        yield FIRST[:100]
+        yield data[:100]
         await release.wait()
-        yield FIRST[100:]
+        yield data[100:]
 
     async with httpx.AsyncClient() as client:
-        headers = {**dict(upload.upload_headers), "Content-Length": str(len(FIRST))}
+        headers = {**dict(upload.upload_headers), "Content-Length": str(len(data))}
         sending = asyncio.create_task(
             client.put(upload.upload_url, content=slow_body(), headers=headers)
         )
