@@ -10,6 +10,7 @@ its job back rather than fail it)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
 
@@ -24,6 +25,10 @@ from services.kit.sizes import byte_size
 # answering within the connect timeout is down.
 TRANSFER_TIMEOUT_SECONDS = 30.0
 CONNECT_TIMEOUT_SECONDS = 2.0
+# aiohttp has no timeout on writes: an upload to a store that takes the connection and
+# then reads nothing (frozen) would wait for ever. Each upload gets the read timeout plus
+# the time its bytes take at this slowest rate we wait for.
+SLOWEST_UPLOAD_BYTES_PER_SECOND = 1 << 20
 READ_CHUNK_BYTES = 256 * 1024
 # What the store said when it could not take or serve an object now.
 OBJECT_STORE_UNAVAILABLE = "OBJECT_STORE_UNAVAILABLE"
@@ -60,6 +65,7 @@ class ObjectTransfer:
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=CONNECT_TIMEOUT_SECONDS, sock_read=timeout_seconds
         )
+        self._timeout_seconds = timeout_seconds
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
@@ -105,13 +111,17 @@ class ObjectTransfer:
         """PUTs an output's bytes with exactly the headers the signed URL asks for. A 412
         says the object is there already (an earlier PUT under the same reservation whose
         answer was lost, or a worker killed before its commit): the commit checks it."""
+        deadline = self._timeout_seconds + len(data) / SLOWEST_UPLOAD_BYTES_PER_SECOND
         try:
-            async with self._client().request(
-                upload.method or "PUT",
-                URL(upload.url, encoded=True),
-                headers=upload.headers,
-                data=data,
-            ) as response:
+            async with (
+                asyncio.timeout(deadline),
+                self._client().request(
+                    upload.method or "PUT",
+                    URL(upload.url, encoded=True),
+                    headers=upload.headers,
+                    data=data,
+                ) as response,
+            ):
                 status = response.status
                 if status in (200, 201, 204, 412):
                     return
