@@ -57,29 +57,36 @@ class Owner:
         self.job_id = ""
 
     async def prepare(self, http: httpx.AsyncClient, stack: Stack) -> None:
-        device = await http.post(
-            "/v1/devices",
-            headers=self.headers,
-            json={
-                "deviceToken": self.device_token,
-                "environment": "APNS_ENVIRONMENT_PRODUCTION",
-                "bundleId": "dev.atelier.app",
-                "locale": "en",
-            },
+        # Registrations are upserts: sent again on a 503 with Retry-After, as a client
+        # would (a clean run on a loaded machine met DATABASE_UNAVAILABLE here).
+        device = await as_a_client_would(
+            lambda: http.post(
+                "/v1/devices",
+                headers=self.headers,
+                json={
+                    "deviceToken": self.device_token,
+                    "environment": "APNS_ENVIRONMENT_PRODUCTION",
+                    "bundleId": "dev.atelier.app",
+                    "locale": "en",
+                },
+            )
         )
         assert device.status_code == 200, device.text
         asset = await put_input(stack, self.user.user_id)
         submitted = await http.post("/v1/jobs", headers=self.headers, json=job_body(asset))
         assert submitted.status_code == 200, submitted.text
         self.job_id = submitted.json()["job"]["jobId"]
-        registered = await http.post(
-            f"/v1/jobs/{self.job_id}/liveActivities",
-            headers=self.headers,
-            json={
-                "deviceId": device.json()["device"]["deviceId"],
-                "pushToken": self.activity_token,
-                "activityId": "activity-1",
-            },
+        device_id = device.json()["device"]["deviceId"]
+        registered = await as_a_client_would(
+            lambda: http.post(
+                f"/v1/jobs/{self.job_id}/liveActivities",
+                headers=self.headers,
+                json={
+                    "deviceId": device_id,
+                    "pushToken": self.activity_token,
+                    "activityId": "activity-1",
+                },
+            )
         )
         assert registered.status_code == 200, registered.text
 
