@@ -102,6 +102,9 @@ async def test_an_accepted_push_is_sent_once_with_its_derived_apns_id(
     assert [(a["attempt"], a["http_status"], a["apns_id"]) for a in attempts] == [
         (1, 200, apns_id_for(push_id))
     ]
+    # Sent as of the claim that took it, before its request (not when its outcome was
+    # recorded): an activity's next update is throttled from here.
+    assert row["sent_at"] <= attempts[0]["at"]
     assert await sender.send_due() == 0
 
 

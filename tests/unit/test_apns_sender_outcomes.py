@@ -53,6 +53,7 @@ def claimed(
         token="ab" * 32,
         environment="production",
         token_status=registration,
+        claimed_at=NOW,
     )
 
 
@@ -142,6 +143,9 @@ async def test_each_answer_becomes_its_outcome() -> None:
 
     by_id = {o.push_id: o for o in store.outcomes}
     assert (by_id[1].status, by_id[1].sent) == ("sent", True)
+    # Sent as of its claim, not of when the answer was recorded.
+    assert by_id[1].sent_at == NOW
+    assert all(o.sent_at is None for o in store.outcomes if o.push_id != 1)
     assert (by_id[2].status, by_id[2].reason) == ("dropped", "Unregistered")
     assert (by_id[3].status, by_id[3].reason) == ("dropped", "BadDeviceToken")
     assert by_id[4].status == "pending"

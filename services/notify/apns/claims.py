@@ -21,6 +21,10 @@ class ClaimedPush:
     token: str
     environment: str
     token_status: str
+    # When this claim took it (the database's clock). A push that goes is recorded as sent
+    # at this time: the planner's throttle counts an activity's next update from it, and
+    # a push planned while this one is in flight is planned after its claim.
+    claimed_at: datetime
 
 
 @dataclass(frozen=True)
@@ -45,3 +49,5 @@ class Outcome:
     reason: str | None
     next_attempt_at: datetime | None = None
     sent: bool = False
+    # The claim's time, for a push that went (see ClaimedPush.claimed_at).
+    sent_at: datetime | None = None

@@ -318,6 +318,7 @@ class Sender:
             answer.status if answer is not None else None,
             reason,
             sent=sent,
+            sent_at=push.claimed_at if sent else None,
         )
 
     async def _act_on_token(self, push: ClaimedPush, result: _Sent) -> None:

@@ -230,7 +230,8 @@ def _plan_update(
             result.dropped.append(last.push_id)
             send_at = last.next_attempt_at
         elif last.status == "pending":
-            # The sender is sending it right now.
+            # The sender is sending it right now: it will be recorded as sent at its
+            # claim, which was before now.
             send_at = now + rules.update_interval
         else:
             # A sent push's next_attempt_at is where the sender's claim leased it to (tens

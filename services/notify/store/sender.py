@@ -33,7 +33,7 @@ FROM due, notify.push_tokens AS t
 WHERE p.push_id = due.push_id AND t.token_id = p.token_id
 RETURNING p.push_id, p.attempts, p.kind, p.created_at, p.expires_at,
     p.headers::text AS headers, p.payload::text AS payload, t.token_id, t.token,
-    t.environment, t.status AS token_status
+    t.environment, t.status AS token_status, now() AS claimed_at
 """
 
 # Records a batch's outcomes and HTTP exchanges in one statement. A row is only written
@@ -43,14 +43,14 @@ RECORD = """
 WITH outcome AS (
     SELECT * FROM unnest(
         $1::bigint[], $2::int[], $3::text[], $4::text[], $5::int[], $6::text[],
-        $7::timestamptz[], $8::boolean[]
-    ) AS o(push_id, attempt, status, apns_id, http_status, reason, next_attempt_at, sent)
+        $7::timestamptz[], $8::timestamptz[]
+    ) AS o(push_id, attempt, status, apns_id, http_status, reason, next_attempt_at, sent_at)
 ), updated AS (
     UPDATE notify.pushes AS p
     SET status = o.status, apns_id = coalesce(o.apns_id, p.apns_id),
         last_http_status = o.http_status, last_reason = o.reason,
         next_attempt_at = coalesce(o.next_attempt_at, p.next_attempt_at),
-        sent_at = CASE WHEN o.sent THEN now() ELSE p.sent_at END
+        sent_at = coalesce(o.sent_at, p.sent_at)
     FROM outcome AS o
     WHERE p.push_id = o.push_id AND p.attempts = o.attempt AND p.status = 'pending'
     RETURNING p.push_id
@@ -111,7 +111,8 @@ class PushStore:
                 [o.http_status or None for o in outcomes],
                 [o.reason for o in outcomes],
                 [o.next_attempt_at for o in outcomes],
-                [o.sent for o in outcomes],
+                # A push that went is sent as of its claim (NULL: it did not go).
+                [o.sent_at if o.sent else None for o in outcomes],
                 [e.push_id for e in exchanges],
                 [e.attempt for e in exchanges],
                 [e.apns_id for e in exchanges],
@@ -153,4 +154,5 @@ def _claimed(row: Any) -> ClaimedPush:
         token=row["token"],
         environment=row["environment"],
         token_status=row["token_status"],
+        claimed_at=row["claimed_at"],
     )
