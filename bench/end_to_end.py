@@ -89,6 +89,7 @@ def start_worker(stack: Stack, index: int) -> Child:
         "ATELIER_WORKER_CLAIM_BATCH": "64",
         "ATELIER_WORKER_PROVIDER_POLL": "0.01",
         "ATELIER_DB_POOL_SIZE": "10",
+        **stack.direct_objects_env(),
     }
     argv = [sys.executable, "-m", "services.creation", "--role", "worker"]
     return spawn(f"creation-worker-{index}", argv, env, stack.work_dir / "logs")

@@ -55,8 +55,18 @@ class ObjectTransfer:
     event loop it belongs to."""
 
     def __init__(
-        self, timeout_seconds: float = TRANSFER_TIMEOUT_SECONDS, ca_file: str = ""
+        self,
+        timeout_seconds: float = TRANSFER_TIMEOUT_SECONDS,
+        ca_file: str = "",
+        direct: tuple[str, str] | None = None,
     ) -> None:
+        """``direct``: (a public base URL, a direct one): a URL under the first goes to
+        the same path and query under the second (ATELIER_OBJECT_*_BASE_URL: the local
+        backend's URLs name the edge, but this process can reach media's object listener
+        itself, without a proxy's hop and CPU on each GET and PUT)."""
+        self._direct = (
+            None if direct is None else (direct[0].rstrip("/") + "/", direct[1].rstrip("/") + "/")
+        )
         self._tls = ssl.create_default_context()
         if ca_file:
             self._tls.load_verify_locations(cafile=ca_file)
@@ -78,6 +88,13 @@ class ObjectTransfer:
             )
         return self._session
 
+    def _url(self, url: str) -> URL:
+        """The URL exactly as signed (encoded: never quoted again), on the direct origin
+        when it is under the public base."""
+        if self._direct is not None and url.startswith(self._direct[0]):
+            url = self._direct[1] + url[len(self._direct[0]) :]
+        return URL(url, encoded=True)
+
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
@@ -87,8 +104,7 @@ class ObjectTransfer:
         """The object's bytes and content type, refused past ``max_bytes`` (before they
         are all read when the store says its length)."""
         try:
-            # encoded: the URL exactly as signed, never quoted again.
-            async with self._client().get(URL(url, encoded=True)) as response:
+            async with self._client().get(self._url(url)) as response:
                 status = response.status
                 if _store_is_busy(status):
                     raise _unavailable(status)
@@ -117,7 +133,7 @@ class ObjectTransfer:
                 asyncio.timeout(deadline),
                 self._client().request(
                     upload.method or "PUT",
-                    URL(upload.url, encoded=True),
+                    self._url(upload.url),
                     headers=upload.headers,
                     data=data,
                 ) as response,

@@ -94,6 +94,13 @@ class WorkerSettings:
     # A PEM CA file trusted beside the system's for the signed object URLs (an edge or
     # object store with a private CA, as the dev overlay's self-signed edge); "" none.
     object_ca_file: str = ""
+    # The local backend's signed URLs name the edge (what remote workers and clients
+    # reach); this process's own transfers may go straight to media's object listener
+    # instead: a URL under ``object_public_base_url`` is sent to the same path and query
+    # under ``object_direct_base_url`` (the signature covers neither host nor port).
+    # "" both: every URL as signed.
+    object_public_base_url: str = ""
+    object_direct_base_url: str = ""
 
     @classmethod
     def read(cls, reader: EnvReader) -> WorkerSettings:
@@ -103,6 +110,22 @@ class WorkerSettings:
             "OBJECT_CA_FILE",
             f"names no file ({object_ca_file})",
         )
+        public_base = reader.string("OBJECT_PUBLIC_BASE_URL", "").rstrip("/")
+        direct_base = reader.string("OBJECT_DIRECT_BASE_URL", "").rstrip("/")
+        reader.require(
+            bool(public_base) == bool(direct_base),
+            "OBJECT_DIRECT_BASE_URL",
+            "goes with ATELIER_OBJECT_PUBLIC_BASE_URL: set both or neither",
+        )
+        for name, value in (
+            ("OBJECT_PUBLIC_BASE_URL", public_base),
+            ("OBJECT_DIRECT_BASE_URL", direct_base),
+        ):
+            reader.require(
+                not value or value.startswith(("http://", "https://")),
+                name,
+                f"is not an http(s) URL ({value})",
+            )
         return cls(
             # Attempts one process runs at once.
             concurrency=reader.integer("WORKER_CONCURRENCY", 8, minimum=1, maximum=256),
@@ -123,6 +146,8 @@ class WorkerSettings:
                 "WORKER_MAX_INPUT_BYTES", 20 * 1024 * 1024, minimum=1024, maximum=512 * 1024 * 1024
             ),
             object_ca_file=object_ca_file,
+            object_public_base_url=public_base,
+            object_direct_base_url=direct_base,
         )
 
 

@@ -163,12 +163,25 @@ class Stack:
             "ATELIER_MEDIA_LOCAL_DIR": str(self.work_dir / "media"),
             "ATELIER_STUB_STATE_DIR": str(self.work_dir / "stub"),
             "ATELIER_MEDIA_PUBLIC_BASE_URL": f"http://127.0.0.1:{self.ports.envoy}",
+            **self.direct_objects_env(),
             "ATELIER_HEARTBEAT": "1",
             # Webhooks to a receiver on this machine (plain http, loopback): dev only.
             "ATELIER_WEBHOOK_ALLOW_HTTP": "true",
             "ATELIER_WEBHOOK_ALLOWED_NETWORKS": "127.0.0.0/8,::1/128",
         }
         return {name: value for name, value in defaults.items() if name not in os.environ}
+
+    def direct_objects_env(self) -> dict[str, str]:
+        """A worker process of this stack sends its own GETs and PUTs of the local
+        backend's signed URLs to media's object listener, not through the edge (the URLs
+        handed out still name the edge, for remote workers and clients)."""
+        public = os.environ.get(
+            "ATELIER_MEDIA_PUBLIC_BASE_URL", f"http://127.0.0.1:{self.ports.envoy}"
+        )
+        return {
+            "ATELIER_OBJECT_PUBLIC_BASE_URL": public,
+            "ATELIER_OBJECT_DIRECT_BASE_URL": f"http://127.0.0.1:{self.ports.media_http}",
+        }
 
     def start(self, timeout: float = 60.0) -> None:
         """Starts every service and the edge; returns once each service's public and

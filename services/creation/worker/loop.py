@@ -26,7 +26,7 @@ from services.creation.media_client import MediaClient
 from services.creation.object_transfer import ObjectTransfer
 from services.creation.providers.base import Provider
 from services.creation.providers.limits import ProviderLimits
-from services.creation.settings import CreationSettings
+from services.creation.settings import CreationSettings, WorkerSettings
 from services.creation.store import leases
 from services.creation.store.leases import QUEUED_CHANNEL
 from services.creation.worker.attempt import Attempt
@@ -44,6 +44,12 @@ log = get_logger(__name__)
 CLAIM_RETRY_SECONDS = 1.0
 # The part of the drain window kept for handing jobs back after attempts stop polling.
 HAND_BACK_MARGIN_SECONDS = 1.0
+
+
+def _direct_objects(settings: WorkerSettings) -> tuple[str, str] | None:
+    if not settings.object_direct_base_url:
+        return None
+    return settings.object_public_base_url, settings.object_direct_base_url
 
 
 def new_worker_id() -> str:
@@ -93,7 +99,9 @@ class Worker:
             writer=FencedWriter(engine, clock),
             on_point=on_point,
             limits=ProviderLimits(settings.providers.limits),
-            transfer=ObjectTransfer(ca_file=settings.worker.object_ca_file),
+            transfer=ObjectTransfer(
+                ca_file=settings.worker.object_ca_file, direct=_direct_objects(settings.worker)
+            ),
         )
         self._attempts: set[asyncio.Task[str]] = set()
         self._slot_freed = asyncio.Event()
