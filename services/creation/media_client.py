@@ -12,6 +12,7 @@ import grpc
 from google.rpc import error_details_pb2, status_pb2
 
 from atelier.media.v1 import asset_pb2, media_internal_service_pb2, media_internal_service_pb2_grpc
+from services.creation.coalesce import Coalescer
 from services.creation.errors import InputUrlRefused, MediaUnavailable
 from services.kit.grpc_client import InternalClient, RemoteFailure
 from services.kit.logging import get_logger
@@ -155,6 +156,11 @@ class MediaClient:
         self._stub_instance: (
             media_internal_service_pb2_grpc.MediaInternalServiceAsyncStub | None
         ) = None
+        # The inputs' URLs the attempts of a claimed batch ask for together: one
+        # GetAssetUrls for them, not a GetAssetUrl each (docs/benchmarks.md, 2026-12-04).
+        self._inputs: Coalescer[str, DownloadUrl] = Coalescer(
+            self._readable_urls, self._readable_url, MAX_URL_BATCH, shared=(MediaUnavailable,)
+        )
 
     @property
     def _stub(self) -> media_internal_service_pb2_grpc.MediaInternalServiceAsyncStub:
@@ -204,7 +210,29 @@ class MediaClient:
     async def readable_url(self, asset_id: str) -> DownloadUrl:
         """A signed download URL of a ready asset a worker must read: AssetUnreadable when
         media says it cannot be read (missing, deleted, not ready), MediaUnavailable when
-        media does not answer."""
+        media does not answer. Concurrent callers share one GetAssetUrls; an asset it
+        leaves out (not ready, deleted, missing) is asked for alone, for media's word on
+        why."""
+        return await self._inputs.get(asset_id)
+
+    async def _readable_urls(self, asset_ids: Sequence[str]) -> dict[str, DownloadUrl]:
+        """The ready ones among ``asset_ids`` (at most MAX_URL_BATCH), signed."""
+        try:
+            reply = await self._stub.GetAssetUrls(
+                media_internal_service_pb2.GetAssetUrlsRequest(asset_ids=list(asset_ids)),
+                **self._client.call_options(),
+            )
+        except grpc.aio.AioRpcError as error:
+            if error.code() in _UNREADABLE:
+                raise _unreadable(",".join(asset_ids), error) from None
+            raise _unavailable("GetAssetUrls", RemoteFailure.of(error)) from None
+        return {
+            signed.asset_id: DownloadUrl(signed.url, from_timestamp(signed.url_expire_time))
+            for signed in reply.assets
+            if signed.url
+        }
+
+    async def _readable_url(self, asset_id: str) -> DownloadUrl:
         try:
             reply = await self._stub.GetAssetUrl(
                 media_internal_service_pb2.GetAssetUrlRequest(asset_id=asset_id),
