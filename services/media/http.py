@@ -189,12 +189,9 @@ class ObjectHttpServer:
         sha256 = _signed_sha256(request)
         content_type = request.headers.get("Content-Type", "")
         self._check(request, "PUT", key, content_type, signed_size, sha256)
-        if self._rows is not None:
-            status = await self._rows.status_by_key(key)
-            if status is Status.READY:
-                raise Refused(412, Reason.OBJECT_EXISTS, "the object was already uploaded")
-            if status is not Status.UPLOADING:
-                raise _gone(status)
+        # The asset's state is read once, after the write (_kept_if_wanted): an object
+        # never replaces another (a ready asset's PUT meets ObjectExists), and bytes its
+        # asset no longer wants are removed there, before any answer.
         length = request.content_length
         if length is None:
             raise Refused(411, Reason.LENGTH_REQUIRED, "send Content-Length")
@@ -223,24 +220,24 @@ class ObjectHttpServer:
             raise Refused(
                 400, Reason.INCOMPLETE_BODY, "fewer bytes arrived than Content-Length"
             ) from None
-        await self._unless_deleted_meanwhile(key)
+        await self._kept_if_wanted(key)
         OBJECTS_UPLOADED.inc()
         log.debug("object_uploaded", size_bytes=length)
         return web.Response(status=200)
 
-    async def _unless_deleted_meanwhile(self, key: str) -> None:
-        """An asset deleted while its bytes arrived must not get them back: the deletion
-        removed the object before ours appeared, so ours goes too."""
+    async def _kept_if_wanted(self, key: str) -> None:
+        """The object stays only while its asset is uploading (or was completed since):
+        an asset deleted before or while its bytes arrived must not get them back (its
+        deletion removed the object before ours appeared), so ours goes, and so it does
+        when the asset's state cannot be read now (503: the client sends it again)."""
         if self._rows is None:
             return
         try:
             status = await self._rows.status_by_key(key)
         except MediaError:
-            # The upload itself worked; if the asset was deleted, housekeeping, which
-            # watches deleted assets' keys, removes the object.
-            log.warning("object_upload_recheck_failed")
-            return
-        if status is Status.DELETED:
+            await self._storage.delete(key)
+            raise
+        if status is not Status.UPLOADING and status is not Status.READY:
             await self._storage.delete(key)
             log.info("object_upload_discarded")
             raise _gone(status)
