@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -95,6 +96,8 @@ _READY = {
 Clock = Callable[[], datetime]
 # GetAssetUrls signs at most this many assets per call.
 MAX_URL_BATCH = 100
+# Reservations this replica remembers for their commit (see Assets.reserve_output).
+REMEMBERED_RESERVATIONS = 4096
 # An object up to this size stays in memory on its way through (a generated image, a
 # photo); past it, it goes to a temporary file, so a put's memory stays bounded.
 SPOOL_MEMORY_BYTES = 1024 * 1024
@@ -185,6 +188,12 @@ class Assets:
         self._limits = limits
         self._clock = clock
         self._on_output_ready = on_output_ready
+        # The rows reserve_output wrote or found, by asset id, until their commit asks:
+        # what the commit checks of a row (owner, key, declared size, type and hash, its
+        # object's key, its expiry) never changes once written, and what can (its status,
+        # its rejections) the commit's conditional update checks anyway, so the commit
+        # reads the row only when this replica did not reserve it or the update missed.
+        self._reserved: OrderedDict[uuid.UUID, Asset] = OrderedDict()
 
     def _new_asset(
         self,
@@ -401,6 +410,7 @@ class Assets:
         request = await self._storage.presign_put(
             asset.object_key, content_type, size_bytes, expires_at, sha256=sha256
         )
+        self._remember(asset)
         _RESERVED[Purpose.AI_OUTPUT].inc()
         log.debug("output_upload_reserved", asset_id=str(asset.asset_id), size_bytes=size_bytes)
         return Reservation(asset, request, expires_at)
@@ -410,7 +420,23 @@ class Assets:
     ) -> Asset:
         """Checks a reserved output's upload and marks it ready; a ready one is answered
         as it is, so a caller that crashed half-way may simply ask again."""
-        asset = await self._store.get_owned(asset_id, owner_user_id)
+        remembered = self._reserved.pop(asset_id, None)
+        if remembered is not None and remembered.owner_user_id == owner_user_id:
+            try:
+                return await self._complete_output(remembered, idempotency_key)
+            except UploadChanged:
+                pass  # the row moved on since the reservation: judged again as it is now
+        return await self._complete_output(
+            await self._store.get_owned(asset_id, owner_user_id), idempotency_key
+        )
+
+    def _remember(self, asset: Asset) -> None:
+        self._reserved[asset.asset_id] = asset
+        self._reserved.move_to_end(asset.asset_id)
+        while len(self._reserved) > REMEMBERED_RESERVATIONS:
+            self._reserved.popitem(last=False)  # abandoned ones go first
+
+    async def _complete_output(self, asset: Asset | None, idempotency_key: str) -> Asset:
         if (
             asset is None
             or asset.purpose != Purpose.AI_OUTPUT
@@ -424,7 +450,7 @@ class Assets:
             return await self._complete(asset, asset.declared_size_bytes)
         except (UploadAlreadyCompleted, UploadChanged):
             # A racing twin completed it first.
-            current = await self.info(asset_id)
+            current = await self.info(asset.asset_id)
             if current.status == Status.READY:
                 return current
             raise

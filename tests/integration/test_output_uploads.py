@@ -150,6 +150,39 @@ async def test_an_upload_killed_before_its_commit_is_committed_by_the_resumed_at
     assert await statuses(media, owner) == ["ready"]
 
 
+async def test_a_commit_judges_the_row_as_it_is_now_not_as_it_was_reserved(
+    media: MediaHarness, client: MediaClient, transfer: ObjectTransfer
+) -> None:
+    """media remembers what it reserved for the commit, but the row decides: a rejection
+    recorded meanwhile (another replica's check) still lets this upload be committed, and
+    a deletion meanwhile refuses the commit."""
+    owner = str(uuid.uuid4())
+    data = image_bytes("PNG", 30, 20)
+    key = f"creation:job:{uuid.uuid4()}:attempt:1:output:0"
+    upload = await client.reserve_output(
+        owner, "image/png", len(data), hashlib.sha256(data).hexdigest(), key
+    )
+    async with media.engine.begin() as connection:
+        await connection.exec_driver_sql(
+            "UPDATE media.assets SET rejected_uploads = rejected_uploads + 1"
+            " WHERE owner_user_id = $1",
+            (owner,),
+        )
+    await transfer.upload(upload, data)
+    assert await client.complete_output(owner, upload.asset_id, key) == upload.asset_id
+    assert await statuses(media, owner) == ["ready"]
+
+    other_key = f"creation:job:{uuid.uuid4()}:attempt:1:output:0"
+    second = await client.reserve_output(
+        owner, "image/png", len(data), hashlib.sha256(data).hexdigest(), other_key
+    )
+    await transfer.upload(second, data)
+    assert await client.delete_keyed_assets(owner, [other_key]) == 1
+    with pytest.raises(AssetRefused, match="ASSET_DELETED"):
+        await client.complete_output(owner, second.asset_id, other_key)
+    assert sorted(await statuses(media, owner)) == ["deleted", "ready"]
+
+
 @pytest.mark.parametrize(
     ("name", "data", "content_type", "sent"),
     [
