@@ -62,6 +62,14 @@ class BackfillRound:
     taken: int = 0
 
 
+@dataclass(frozen=True)
+class _Stored:
+    """A thumbnail stored under its derived key, not yet recorded."""
+
+    wanted: ThumbnailWanted
+    content_type: str
+
+
 class ThumbnailBackfill:
     def __init__(
         self,
@@ -81,25 +89,39 @@ class ThumbnailBackfill:
         self._stale_after = stale_after
 
     async def run(self, now: datetime) -> BackfillRound:
-        """One round: up to ``batch`` outputs, claimed a few at a time."""
+        """One round: up to ``batch`` outputs, claimed a few at a time; the thumbnails of
+        a claimed chunk are recorded together, in one statement."""
         outcomes: list[str] = []
         taken = 0
         while taken < self._batch:
             limit = min(CLAIM_CHUNK, self._batch - taken)
             claimed = await self._store.claim_thumbnail_backlog(now, now - self._stale_after, limit)
             taken += len(claimed)
+            stored: list[_Stored] = []
             for index, wanted in enumerate(claimed):
                 try:
                     outcome = await self._backfill(wanted)
                 except (DatabaseFailed, StorageUnavailable):
-                    await self._release(claimed[index:], now)
+                    # What was stored is recorded if it can be; the rest goes back.
+                    with contextlib.suppress(DatabaseFailed):
+                        outcomes += await self._record(stored)
+                        stored = []
+                    await self._release([s.wanted for s in stored] + claimed[index:], now)
                     raise
                 except Exception:
                     # A bug, not the object: left claimed, taken again once stale.
                     log.exception("thumbnail_backfill_failed", asset_id=str(wanted.asset_id))
                     outcome = "error"
-                BACKFILLED.labels(outcome).inc()
-                outcomes.append(outcome)
+                if isinstance(outcome, _Stored):
+                    stored.append(outcome)
+                else:
+                    BACKFILLED.labels(outcome).inc()
+                    outcomes.append(outcome)
+            try:
+                outcomes += await self._record(stored)
+            except DatabaseFailed:
+                await self._release([s.wanted for s in stored], now)
+                raise
             if len(claimed) < limit:
                 break
         done = BackfillRound(
@@ -111,6 +133,23 @@ class ThumbnailBackfill:
             log.info("thumbnails_backfilled", made=done.made, failed=done.failed)
         return done
 
+    async def _record(self, stored: list[_Stored]) -> list[str]:
+        """Records stored thumbnails; one of an asset deleted meanwhile is removed (its
+        purge may be over already). The outcomes."""
+        recorded = await self._store.record_thumbnails(
+            [(s.wanted.asset_id, s.content_type) for s in stored]
+        )
+        outcomes = []
+        for done in stored:
+            if done.wanted.asset_id in recorded:
+                outcome = "made"
+            else:
+                await self._storage.delete(thumbnail_key(done.wanted.object_key))
+                outcome = "asset_gone"
+            BACKFILLED.labels(outcome).inc()
+            outcomes.append(outcome)
+        return outcomes
+
     @property
     def batch(self) -> int:
         return self._batch
@@ -120,8 +159,9 @@ class ThumbnailBackfill:
         with contextlib.suppress(DatabaseFailed):
             await self._store.release_thumbnail_claims([w.asset_id for w in claimed], now)
 
-    async def _backfill(self, wanted: ThumbnailWanted) -> str:
-        """Makes, stores and records one thumbnail; returns the outcome."""
+    async def _backfill(self, wanted: ThumbnailWanted) -> _Stored | str:
+        """Makes and stores one thumbnail (recorded by the caller), or records why none
+        can be made and returns that outcome."""
         thumbnail = await self._make(wanted)
         if isinstance(thumbnail, str):
             await self._store.mark_thumbnail_failed(wanted.asset_id, thumbnail)
@@ -135,11 +175,7 @@ class ThumbnailBackfill:
             await self._storage.put(
                 key, WholeObject(thumbnail.data, self._chunk_bytes), thumbnail.content_type
             )
-        if not await self._store.record_thumbnail(wanted.asset_id, thumbnail.content_type):
-            # Deleted meanwhile: its purge may be over already, so the thumbnail goes here.
-            await self._storage.delete(key)
-            return "asset_gone"
-        return "made"
+        return _Stored(wanted, thumbnail.content_type)
 
     async def _make(self, wanted: ThumbnailWanted) -> Thumbnail | str:
         """The thumbnail of the asset's object, or why none can be made."""

@@ -232,6 +232,39 @@ async def test_two_replicas_at_once_never_make_the_same_thumbnail_twice(
         assert await backfill_columns(media, asset_id) == ("image/webp", None)
 
 
+class DeletingStorage(CountingStorage):
+    """Deletes one asset just as its thumbnail is stored (a DeleteAsset racing the
+    backfill, after the claim and before the chunk's thumbnails are recorded)."""
+
+    def __init__(self, inner: ObjectStorage, media: MediaHarness, asset_id: str) -> None:
+        super().__init__(inner)
+        self._media = media
+        self._asset_id = uuid.UUID(asset_id)
+
+    async def put(self, key: str, chunks: AsyncIterable[bytes], content_type: str) -> None:
+        await super().put(key, chunks, content_type)
+        deleted = await self._media.store.get(self._asset_id)
+        if deleted is not None and thumbnail_key(deleted.object_key) == key:
+            await self._media.store.mark_deleted(self._asset_id, self._media.clock.now)
+
+
+async def test_a_thumbnail_of_an_asset_deleted_meanwhile_is_removed_and_the_others_recorded(
+    any_media: MediaHarness,
+) -> None:
+    media = any_media
+    outputs = [await old_output(media, noisy_png(90 + i, 70)) for i in range(3)]
+    gone, gone_key = outputs[1]
+    storage = DeletingStorage(media.storage, media, gone)
+    done = await housekeeper(media, storage, batch=10).backfill_thumbnails(media.clock.now)
+    assert (done.made, done.failed) == (2, 0)
+    assert storage.puts == {thumbnail_key(key): 1 for _, key in outputs}
+    assert await media.storage.stat(thumbnail_key(gone_key)) is None
+    for asset_id, key in outputs:
+        if asset_id != gone:
+            assert await backfill_columns(media, asset_id) == ("image/webp", None)
+            assert await media.storage.stat(thumbnail_key(key)) is not None
+
+
 async def test_a_round_takes_at_most_its_batch(any_media: MediaHarness) -> None:
     media = any_media
     outputs = [await old_output(media, noisy_png(100, 80 + i)) for i in range(12)]

@@ -16,7 +16,21 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
-from sqlalchemy import Row, bindparam, func, insert, literal_column, or_, select, update
+from sqlalchemy import (
+    ARRAY,
+    UUID,
+    Row,
+    Text,
+    bindparam,
+    cast,
+    func,
+    insert,
+    literal_column,
+    null,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
@@ -129,6 +143,27 @@ MARK_READY = DriverStatement.of(
         thumbnail_content_type=bindparam("thumbnail_content_type"),
     )
     .returning(*assets.c)
+)
+# Thumbnails the backfill stored, recorded together (rides pk_assets): the pairs come as
+# two arrays of the same length.
+_MADE = (
+    func.unnest(
+        cast(bindparam("asset_ids"), ARRAY(UUID(as_uuid=True))),
+        cast(bindparam("content_types"), ARRAY(Text)),
+    )
+    .table_valued("asset_id", "content_type")
+    .render_derived(name="made")
+)
+RECORD_THUMBNAILS = DriverStatement.of(
+    update(assets)
+    .where(
+        _c.asset_id == _MADE.c.asset_id,
+        _c.status == literal_column(f"'{Status.READY.value}'"),
+        _c.thumbnail_content_type.is_(None),
+        _c.thumbnail_failure.is_(None),
+    )
+    .values(thumbnail_content_type=_MADE.c.content_type, thumbnail_claimed_at=null())
+    .returning(_c.asset_id)
 )
 # What signing download URLs needs of many ready assets, in one statement (rides pk_assets).
 READY_FOR_URLS = DriverStatement.of(
@@ -563,22 +598,18 @@ class AssetStore:
         )
 
     @_database
-    async def record_thumbnail(self, asset_id: uuid.UUID, content_type: str) -> bool:
-        """The backfill stored the thumbnail: records it, unless the asset is no longer a
-        ready output without one (deleted meanwhile). True when recorded (pk_assets)."""
-        statement = (
-            update(assets)
-            .where(
-                _c.asset_id == asset_id,
-                _c.status == Status.READY.value,
-                _c.thumbnail_content_type.is_(None),
-                _c.thumbnail_failure.is_(None),
-            )
-            .values(thumbnail_content_type=content_type, thumbnail_claimed_at=None)
-            .returning(_c.asset_id)
+    async def record_thumbnails(self, made: Sequence[tuple[uuid.UUID, str]]) -> set[uuid.UUID]:
+        """The backfill stored these thumbnails (asset id, content type): records each
+        whose asset is still a ready output without one (not deleted meanwhile), in one
+        autocommit statement. The ids recorded (pk_assets)."""
+        if not made:
+            return set()
+        rows = await self._write(
+            RECORD_THUMBNAILS,
+            asset_ids=[asset_id for asset_id, _ in made],
+            content_types=[content_type for _, content_type in made],
         )
-        async with self._engine.begin() as connection:
-            return (await connection.execute(statement)).first() is not None
+        return {row[0] for row in rows}
 
     @_database
     async def mark_thumbnail_failed(self, asset_id: uuid.UUID, failure: str) -> None:
