@@ -22,6 +22,7 @@ from services.creation.waits import DEFAULT_WAIT_SECONDS, MAX_WAIT_SECONDS, pref
 from services.creation.webhook_rules import JobWebhookRule
 from services.kit import deadlines
 from services.kit.auth import current_principal
+from services.kit.call_metadata import call_metadata
 from services.kit.errors import FieldViolation, invalid_argument
 from services.kit.idempotency import header_key
 from services.kit.ids import canonical_uuid
@@ -47,7 +48,7 @@ WAIT_ANSWER_SECONDS = 0.5
 def _prefer_values(context: Context) -> list[str]:
     return [
         value.decode() if isinstance(value, bytes) else value
-        for name, value in context.invocation_metadata() or ()
+        for name, value in call_metadata(context)
         if name == "prefer"
     ]
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from grpc import aio
 
+from services.kit.call_metadata import call_metadata
 from services.kit.errors import FieldViolation
 
 HEADER = "idempotency-key"
@@ -39,7 +40,7 @@ def choose_key(
 
 def header_key(context: aio.ServicerContext[Any, Any]) -> str | None:
     """The Idempotency-Key header's value, when the call carries one."""
-    for name, value in context.invocation_metadata() or ():
+    for name, value in call_metadata(context):
         if name == HEADER:
             return value.decode() if isinstance(value, bytes) else value
     return None

@@ -27,6 +27,7 @@ from services.kit.auth import (
     reset_principal,
     set_principal,
 )
+from services.kit.call_metadata import forget, remember
 from services.kit.deadlines import CallDeadline, budget_seconds
 from services.kit.errors import ApiError, DomainError, Reason, internal, unimplemented
 from services.kit.logging import get_logger
@@ -277,6 +278,7 @@ class ServerStack:
                         except KeysPending as again:
                             raise again.otherwise from None
                     token = set_principal(principal)
+                    read = remember(metadata)
                     try:
                         if call_deadline is None:
                             await call()
@@ -285,6 +287,7 @@ class ServerStack:
                             async with CallDeadline(budget):
                                 await call()
                     finally:
+                        forget(read)
                         reset_principal(token)
                 code = context.code() or grpc.StatusCode.OK
             except aio.AbortError:
