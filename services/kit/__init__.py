@@ -4,6 +4,7 @@
 __all__ = [
     "addresses",
     "auth",
+    "call_metadata",
     "client_times",
     "clock",
     "components",
