@@ -625,7 +625,8 @@ Index(
     webhook_deliveries.c.delivery_id,
 )
 # The deliverer's claim, endpoint by endpoint (migration 0028): an endpoint's due rows,
-# and the rows it has in flight (claimed, not yet answered).
+# and the rows it has in flight (claimed, not yet answered: claimed_until in the future,
+# an index condition since 0032, so the count reads those entries alone).
 Index(
     "ix_webhook_deliveries_endpoint_due",
     webhook_deliveries.c.endpoint_id,
@@ -635,5 +636,6 @@ Index(
 Index(
     "ix_webhook_deliveries_in_flight",
     webhook_deliveries.c.endpoint_id,
+    webhook_deliveries.c.claimed_until,
     postgresql_where=webhook_deliveries.c.claimed_until.is_not(None),
 )

@@ -12,67 +12,6 @@ from typing import Any
 
 WEBHOOKS_CHANNEL = "creation_webhooks"
 
-# Each enabled endpoint with due deliveries, locked for the claim (a replica claiming for
-# it now is skipped, so max_in_flight holds across replicas), with the room it has left;
-# then its oldest due deliveries up to that room, skipping rows another replica holds.
-# A claim that lapsed (its deliverer died) is due again. The endpoints with pending rows
-# are found by skipping through ix_webhook_deliveries_endpoint_due, one descent per
-# endpoint (not a scan of every pending row: a dead endpoint's backlog costs one step),
-# and each is asked for a due row by the same index; each endpoint takes at most its own
-# room, so one endpoint's backlog never fills a batch.
-_CLAIM = """
-WITH RECURSIVE pending AS (
-  (SELECT d.endpoint_id FROM creation.webhook_deliveries AS d
-   WHERE d.state = 'pending' ORDER BY d.endpoint_id LIMIT 1)
-  UNION ALL
-  SELECT (SELECT d.endpoint_id FROM creation.webhook_deliveries AS d
-          WHERE d.state = 'pending' AND d.endpoint_id > p.endpoint_id
-          ORDER BY d.endpoint_id LIMIT 1)
-  FROM pending AS p WHERE p.endpoint_id IS NOT NULL
-),
-room AS (
-  SELECT e.endpoint_id,
-         e.max_in_flight - (
-           SELECT count(*) FROM creation.webhook_deliveries AS f
-           WHERE f.endpoint_id = e.endpoint_id AND f.claimed_until > now()
-         ) AS room
-  FROM pending AS p
-  JOIN creation.webhook_endpoints AS e ON e.endpoint_id = p.endpoint_id
-  WHERE e.endpoint_id = ANY ($3::uuid[]) AND e.enabled AND EXISTS (
-    SELECT FROM creation.webhook_deliveries AS d
-    WHERE d.endpoint_id = e.endpoint_id AND d.state = 'pending' AND d.next_attempt_at <= now()
-  )
-  FOR UPDATE OF e SKIP LOCKED
-),
-picked AS (
-  SELECT p.delivery_id
-  FROM room AS r
-  CROSS JOIN LATERAL (
-    SELECT d.delivery_id FROM creation.webhook_deliveries AS d
-    WHERE d.endpoint_id = r.endpoint_id AND d.state = 'pending'
-      AND d.next_attempt_at <= now()
-      AND (d.claimed_until IS NULL OR d.claimed_until <= now())
-    -- By ix_webhook_deliveries_endpoint_due (the endpoint named, so its order).
-    ORDER BY d.endpoint_id, d.next_attempt_at
-    LIMIT greatest(r.room, 0)
-    FOR UPDATE OF d SKIP LOCKED
-  ) AS p
-  LIMIT $2
-)
-UPDATE creation.webhook_deliveries AS d
-SET claimed_until = now() + make_interval(secs => $1)
-FROM picked, creation.webhook_endpoints AS e
-LEFT JOIN creation.webhook_signing_keys AS k ON k.owner = e.signing_owner
-WHERE d.delivery_id = picked.delivery_id AND e.endpoint_id = d.endpoint_id
-RETURNING d.delivery_id, d.claimed_until, d.message_id, d.endpoint_id::text, d.event_type,
-          d.payload::text, d.occurred_at, d.attempts, d.job_version,
-          e.url, coalesce(e.secret, k.secret) AS secret,
-          CASE WHEN coalesce(e.previous_secret_expires_at, k.previous_secret_expires_at)
-                    > now()
-               THEN coalesce(e.previous_secret, k.previous_secret) END AS previous_secret,
-          e.failing_since IS NOT NULL AS failing
-"""
-
 # Each attempt's outcome, fenced by the claim it was made under (a lapsed claim that
 # another deliverer took over records nothing).
 _RECORD = """
@@ -166,37 +105,19 @@ async def fan_out(connection: Any, limit: int) -> int:
     return int(taken)
 
 
-# The endpoints a claim is for, locked first in a statement of their own: the claim's
-# statement then counts what is in flight from a snapshot taken after the locks, so it
-# sees every claim another replica committed before releasing one (counted in the same
-# statement as the lock, a replica could miss the claims of the one it waited behind
-# and take the endpoint's room twice).
-_LOCK_ENDPOINTS = """
-WITH RECURSIVE pending AS (
-  (SELECT d.endpoint_id FROM creation.webhook_deliveries AS d
-   WHERE d.state = 'pending' ORDER BY d.endpoint_id LIMIT 1)
-  UNION ALL
-  SELECT (SELECT d.endpoint_id FROM creation.webhook_deliveries AS d
-          WHERE d.state = 'pending' AND d.endpoint_id > p.endpoint_id
-          ORDER BY d.endpoint_id LIMIT 1)
-  FROM pending AS p WHERE p.endpoint_id IS NOT NULL
-)
-SELECT e.endpoint_id FROM pending AS p
-JOIN creation.webhook_endpoints AS e ON e.endpoint_id = p.endpoint_id
-WHERE e.enabled AND EXISTS (
-  SELECT FROM creation.webhook_deliveries AS d
-  WHERE d.endpoint_id = e.endpoint_id AND d.state = 'pending' AND d.next_attempt_at <= now()
-)
-FOR UPDATE OF e SKIP LOCKED
-"""
-
-
-async def claim(connection: Any, limit: int, claim_seconds: float) -> list[Claimed]:
-    async with connection.transaction():
-        locked = [row[0] for row in await connection.fetch(_LOCK_ENDPOINTS)]
-        if not locked:
-            return []
-        rows = await connection.fetch(_CLAIM, claim_seconds, limit, locked)
+async def claim(connection: Any, limit: int, claim_seconds: float, parts: int = 1) -> list[Claimed]:
+    """Claims up to ``limit`` due deliveries, each endpoint's up to its room (max_in_flight
+    less what is in flight on any replica) and at most ceil(max_in_flight / ``parts``) of
+    it (creation.claim_webhooks, migration 0032: each enabled endpoint with due deliveries
+    locked with SKIP LOCKED, so a replica claiming for it now is skipped and the limit
+    holds across replicas; then its oldest due deliveries, skipping rows another replica
+    holds; a lapsed claim is due again). One statement in its own transaction."""
+    rows = await connection.fetch(
+        "SELECT * FROM creation.claim_webhooks($1::integer, $2::float8, $3::integer)",
+        limit,
+        claim_seconds,
+        parts,
+    )
     return [Claimed(*row) for row in rows]
 
 
