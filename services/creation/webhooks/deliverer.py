@@ -1,18 +1,21 @@
 """The webhook deliverer, a component every creation process runs (any number of
 replicas share the work).
 
-It claims due deliveries (store/webhook_deliveries.py: ``FOR UPDATE SKIP LOCKED``,
-endpoint by endpoint, each up to its ``max_in_flight`` less what is already in flight
-anywhere), builds each body (body.py: one call to media signs the outputs of a whole
-claim), signs it (signing.py) and POSTs it behind the SSRF guard (kit/outbound.py), each
-attempt its own task: a slow endpoint holds only its own slots. Outcomes are recorded in
-batches, fenced by the claim; a deliverer that dies leaves its claims to lapse, and the
-next one sends those deliveries again (at least once: the same webhook-id). Each round
-first fans the job changes marked since the last one out to their deliveries
-(``creation.fan_out_webhooks``: the job's own statements write no delivery). A NOTIFY on
-``creation_webhooks`` (sent at the commit of a marked job change and of new deliveries)
-wakes it, a poll is the fallback, and a recorded batch wakes it too (its endpoints have
-room again).
+It claims due deliveries (store/webhook_deliveries.py, creation.claim_webhooks: ``FOR
+UPDATE SKIP LOCKED``, endpoint by endpoint, each up to its ``max_in_flight`` less what is
+already in flight anywhere, half of an endpoint's slots a claim), builds each body
+(body.py: one call to media signs the outputs of a whole claim), signs it (signing.py)
+and POSTs it behind the SSRF guard (kit/outbound.py), each attempt its own task: a slow
+endpoint holds only its own slots. Outcomes are recorded as they come (those that arrive
+while a statement runs go in the next), fenced by the claim; a deliverer that dies leaves
+its claims to lapse, and the next one sends those deliveries again (at least once: the
+same webhook-id). A round woken by a NOTIFY on ``creation_webhooks`` (sent at the commit
+of a marked job change and of new deliveries), by the poll (the fallback) or by a
+reconnect first fans the job changes marked since out to their deliveries
+(``creation.fan_out_webhooks``: the job's own statements write no delivery); a recorded
+batch wakes it too (its endpoints have room again), and a claim that took something is
+followed by another at once (the endpoints' other halves): while one half's answers are
+recorded and its slots claimed again, the other half is on the wire.
 
 Secrets are never logged; of an answer, only its status and an excerpt of at most 256
 characters are kept.
@@ -58,12 +61,14 @@ log = get_logger(__name__)
 
 EXCERPT = 256
 PRUNE_PERIOD = 300.0
-# How long the recorder waits for more outcomes before writing a short batch.
-GATHER_SECONDS = 0.01
 PRUNE_BATCH = 1000
 # Outbox rows fanned out to deliveries per statement, and statements per claim round.
 FAN_OUT_BATCH = 500
 FAN_OUT_BATCHES = 8
+# A claim takes at most this share of an endpoint's slots (ceil(max_in_flight / parts)): its
+# next part is claimed and sent while the last one's answers are being recorded, so the
+# slots stay busy instead of all waiting for one cycle of record and claim.
+CLAIM_PARTS = 2
 
 # The outcomes of an attempt, and why the deliverer disables an endpoint (metric labels).
 OUTCOMES = ("succeeded", "retried", "failed")
@@ -118,7 +123,13 @@ class WebhookDeliverer:
         self._settings = settings
         self._client = client or outbound_client(settings)
         self._rng = rng or random.Random()  # noqa: S311 (spreads retries; nothing secret)
-        self.listener = Listener(database_url, WEBHOOKS_CHANNEL)
+        self.listener = Listener(database_url, WEBHOOKS_CHANNEL, on_notify=self._heard)
+        # A round fans out when a job change may have been marked since the last fan-out
+        # (a notification, a reconnect or the poll), or when that one left rows marked; a
+        # round started only because recorded outcomes freed slots does not, so a stream
+        # of deliveries pays no fan-out statement per claim. At least once a poll period.
+        self._fan_out_wanted = True
+        self._next_fan_out = 0.0
         self._stopping = asyncio.Event()
         self._room = asyncio.Event()
         self._results: list[Attempted] = []
@@ -160,6 +171,9 @@ class WebhookDeliverer:
             await self._client.close()
             log.info("webhooks_stopped", attempted=self.attempted)
 
+    def _heard(self, payload: str) -> None:
+        self._fan_out_wanted = True
+
     async def stop(self, deadline: float) -> None:
         self._deadline = deadline
         self._stopping.set()
@@ -167,8 +181,9 @@ class WebhookDeliverer:
     # --- claiming -----------------------------------------------------------------------
 
     async def _claim_round(self) -> bool | None:
-        """Claims what there is room for and starts its attempts: True when the claim came
-        back full (claim again at once), False when not, None after a failure."""
+        """Claims what there is room for and starts its attempts: True when the claim took
+        something (claim again at once: an endpoint gives a claim only a part of its room),
+        False when not, None after a failure."""
         free = self._settings.concurrency - len(self._in_flight)
         if free <= 0:
             return False
@@ -177,11 +192,19 @@ class WebhookDeliverer:
             async with driver_connection(self._engine) as connection:
                 # Job changes since the last round become deliveries first (a bounded number
                 # of batches a round: a large backlog does not keep the claim waiting).
-                for _ in range(FAN_OUT_BATCHES):
-                    if await store.fan_out(connection, FAN_OUT_BATCH) < FAN_OUT_BATCH:
-                        break
-                claimed = await store.claim(connection, limit, self._settings.claim_seconds)
+                if self._fan_out_wanted or time.monotonic() >= self._next_fan_out:
+                    self._fan_out_wanted = False
+                    self._next_fan_out = time.monotonic() + self._settings.poll_seconds
+                    for _ in range(FAN_OUT_BATCHES):
+                        if await store.fan_out(connection, FAN_OUT_BATCH) < FAN_OUT_BATCH:
+                            break
+                    else:
+                        self._fan_out_wanted = True  # more is marked than a round takes
+                claimed = await store.claim(
+                    connection, limit, self._settings.claim_seconds, CLAIM_PARTS
+                )
         except Exception as error:
+            self._fan_out_wanted = True  # the failed round's fan-out may not have run
             outage = classify(error)
             if outage is None:
                 raise
@@ -192,7 +215,7 @@ class WebhookDeliverer:
             self._failures = 0
         if claimed:
             await self._start(claimed)
-        return len(claimed) == limit
+        return bool(claimed)
 
     async def _start(self, claimed: list[Claimed]) -> None:
         jobs: list[job_pb2.Job | None] = []
@@ -228,6 +251,8 @@ class WebhookDeliverer:
             for wait in waits:
                 wait.cancel()
             await asyncio.gather(*waits, return_exceptions=True)
+        if waits[0].done() and not waits[0].cancelled():
+            self._fan_out_wanted = True  # woken by the listener or the poll
         self._room.clear()
 
     async def _pause(self, seconds: float) -> None:
@@ -359,9 +384,10 @@ class WebhookDeliverer:
     async def _flush_loop(self) -> None:
         while True:
             await self._results_ready.wait()
-            if len(self._results) < self._settings.batch:
-                # A moment for more outcomes to join: one statement records them all.
-                await asyncio.sleep(GATHER_SECONDS)
+            # No wait for more outcomes: an outcome's slot is not free again (for the
+            # endpoint's next delivery) until it is recorded. Outcomes arriving while a
+            # statement runs join the next one, so the batches grow with the rate.
+            await asyncio.sleep(0)  # the attempts already answered append theirs first
             self._results_ready.clear()
             if not await self._flush():
                 await asyncio.sleep(self._retry_delay())
