@@ -76,6 +76,8 @@ class Claimed:
     previous_secret: str | None
     # The endpoint was in a failing run when claimed.
     failing: bool
+    # The endpoint had room past the part this claim took of it: claim again.
+    more: bool = False
 
 
 @dataclass(frozen=True)

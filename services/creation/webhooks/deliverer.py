@@ -13,9 +13,9 @@ same webhook-id). A round woken by a NOTIFY on ``creation_webhooks`` (sent at th
 of a marked job change and of new deliveries), by the poll (the fallback) or by a
 reconnect first fans the job changes marked since out to their deliveries
 (``creation.fan_out_webhooks``: the job's own statements write no delivery); a recorded
-batch wakes it too (its endpoints have room again), and a claim that took something is
-followed by another at once (the endpoints' other halves): while one half's answers are
-recorded and its slots claimed again, the other half is on the wire.
+batch wakes it too (its endpoints have room again), and a claim that left an endpoint
+room past its half is followed by another at once: while one half's answers are recorded
+and its slots claimed again, the other half is on the wire.
 
 Secrets are never logged; of an answer, only its status and an excerpt of at most 256
 characters are kept.
@@ -181,9 +181,9 @@ class WebhookDeliverer:
     # --- claiming -----------------------------------------------------------------------
 
     async def _claim_round(self) -> bool | None:
-        """Claims what there is room for and starts its attempts: True when the claim took
-        something (claim again at once: an endpoint gives a claim only a part of its room),
-        False when not, None after a failure."""
+        """Claims what there is room for and starts its attempts: True when there is more
+        to claim at once (the claim came back full, or an endpoint had room past the part
+        it gave this claim), False when not, None after a failure."""
         free = self._settings.concurrency - len(self._in_flight)
         if free <= 0:
             return False
@@ -215,7 +215,7 @@ class WebhookDeliverer:
             self._failures = 0
         if claimed:
             await self._start(claimed)
-        return bool(claimed)
+        return len(claimed) == limit or any(row.more for row in claimed)
 
     async def _start(self, claimed: list[Claimed]) -> None:
         jobs: list[job_pb2.Job | None] = []

@@ -45,9 +45,9 @@ def succeeded(claimed: list[Claimed]) -> list[Attempted]:
 async def test_a_claim_takes_a_part_of_an_endpoints_slots_and_answered_ones_come_back(
     clean: AsyncEngine,
 ) -> None:
-    """max_in_flight 5 in two parts: claims of 3, then the 2 left, then none (all five in
-    flight); once the first three are recorded, the next claim takes three again (its
-    part, the room being 3), and then nothing."""
+    """max_in_flight 5 in two parts: claims of 3 (room left past it: claim again), then the
+    2 left, then none (all five in flight); once the first three are recorded, the next
+    claim takes three again (its part, the room being 3), and then nothing."""
     endpoint_id, _ = await endpoint(
         clean, "http://127.0.0.1:9/hooks", ["job.queued"], max_in_flight=5
     )
@@ -62,6 +62,12 @@ async def test_a_claim_takes_a_part_of_an_endpoints_slots_and_answered_ones_come
         fourth = await webhook_deliveries.claim(connection, 100, 30, 2)
         fifth = await webhook_deliveries.claim(connection, 100, 30, 2)
     assert [len(fourth), len(fifth)] == [3, 0]
+    # Whether the endpoint had room past the part taken (the deliverer claims again).
+    assert [{row.more for row in claim} for claim in (first, second, fourth)] == [
+        {True},
+        {False},
+        {False},
+    ]
     assert {row.endpoint_id for row in first + second + fourth} == {endpoint_id}
     taken = {row.delivery_id for row in first + second + fourth}
     assert len(taken) == 8

@@ -33,7 +33,8 @@ CREATE FUNCTION creation.claim_webhooks(
 ) RETURNS TABLE (
   delivery_id bigint, claimed_until timestamptz, message_id text, endpoint_id text,
   event_type text, payload text, occurred_at timestamptz, attempts integer,
-  job_version bigint, url text, secret text, previous_secret text, failing boolean
+  job_version bigint, url text, secret text, previous_secret text, failing boolean,
+  more boolean
 )
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
@@ -65,25 +66,27 @@ BEGIN
     RETURN;
   END IF;
   RETURN QUERY
-  WITH room AS (
-    SELECT e.endpoint_id,
-           least(
-             e.max_in_flight - (
-               -- At most max_in_flight (room 0 either way): an index scan, which also
-               -- marks the entries of answered claims dead for the next one to skip.
-               SELECT count(*) FROM (
-                 SELECT FROM creation.webhook_deliveries AS f
-                 WHERE f.endpoint_id = e.endpoint_id AND f.claimed_until > now()
-                 LIMIT e.max_in_flight
-               ) AS f
-             ),
-             ceil(e.max_in_flight::numeric / greatest(p_parts, 1))::integer
-           ) AS room
+  WITH free AS (
+    SELECT e.endpoint_id, e.max_in_flight - (
+             -- At most max_in_flight (room 0 either way): an index scan, which also
+             -- marks the entries of answered claims dead for the next one to skip.
+             SELECT count(*) FROM (
+               SELECT FROM creation.webhook_deliveries AS f
+               WHERE f.endpoint_id = e.endpoint_id AND f.claimed_until > now()
+               LIMIT e.max_in_flight
+             ) AS f
+           ) AS free,
+           ceil(e.max_in_flight::numeric / greatest(p_parts, 1))::integer AS part
     FROM creation.webhook_endpoints AS e
     WHERE e.endpoint_id = ANY (v_locked)
   ),
+  room AS (
+    -- more: the endpoint has room past this claim's part (the deliverer claims again).
+    SELECT f.endpoint_id, least(f.free, f.part) AS room, f.free > f.part AS more
+    FROM free AS f
+  ),
   picked AS (
-    SELECT p.delivery_id
+    SELECT p.delivery_id, r.more
     FROM room AS r
     CROSS JOIN LATERAL (
       SELECT d.delivery_id FROM creation.webhook_deliveries AS d
@@ -108,7 +111,7 @@ BEGIN
             CASE WHEN coalesce(e.previous_secret_expires_at, k.previous_secret_expires_at)
                       > now()
                  THEN coalesce(e.previous_secret, k.previous_secret) END,
-            e.failing_since IS NOT NULL;
+            e.failing_since IS NOT NULL, picked.more;
 END
 $$
 """
