@@ -123,7 +123,9 @@ async def test_a_job_submitted_through_the_edge_is_one_trace_across_the_services
         ("media", method)
         for method in (
             "GetAssetInfo",
-            "GetAssetUrl",
+            # The input's URL: the lookups of a claimed batch's attempts go as one call,
+            # traced under the batch's first attempt (this job's, alone in its batch).
+            "GetAssetUrls",
             "ReserveOutputUpload",
             "CompleteOutputUpload",
         )

@@ -136,8 +136,9 @@ async def test_a_job_is_one_trace_from_the_callers_submit_to_notify(
     assert (trace_id(attempt), parent_id(attempt)) == (CALLER_TRACE, span_id(submit))
     assert (attempt.attributes or {})["atelier.attempt_outcome"] == "succeeded"
     # Its input read by a signed URL, its output reserved and committed: the bytes go by
-    # HTTP, beside the trace.
-    for method in ("GetAssetUrl", "ReserveOutputUpload", "CompleteOutputUpload"):
+    # HTTP, beside the trace. The input's URL comes from the batched lookup of a claimed
+    # batch's attempts (GetAssetUrls), traced under the batch's first attempt: this one.
+    for method in ("GetAssetUrls", "ReserveOutputUpload", "CompleteOutputUpload"):
         (call,) = [
             s
             for s in kind(spans, f"atelier.media.v1.MediaInternalService/{method}", SpanKind.CLIENT)
