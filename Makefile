@@ -66,11 +66,23 @@ typecheck: $(STAMP)
 # (module-scoped stacks stay shared within it; every worker has its own session database).
 # Most tests wait on the processes they start, so more workers than cores pays.
 # `PYTEST_WORKERS=0 make pytest` runs it in one process.
-PYTEST_WORKERS ?= 3
+#
+# It runs against a PostgreSQL server of its own (scripts/suite_postgres.py: the machine's
+# PostgreSQL binaries, a free loopback port, room for 300 connections), started here and
+# stopped after: the machine's server allows 100, which 4 workers reach. Where no binaries
+# are installed, or ATELIER_TEST_POSTGRES_URL names a server, the suite uses that choice.
+PYTEST_WORKERS ?= 4
+TEST_POSTGRES_DIR ?= /tmp/atelier-test-postgres-$(shell echo '$(CURDIR)' | cksum | cut -d' ' -f1)
 pytest: $(STAMP) chromium promtool node-deps container-runtime
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		export ATELIER_REQUIRE_CONTAINER_RUNTIME=1; fi; \
-	ATELIER_DOCKER_DIR=$(CONTAINER_RUNTIME_DIR) $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
+	if [ -z "$$ATELIER_TEST_POSTGRES_URL" ]; then \
+		url=$$($(BIN)/python -m scripts.suite_postgres start $(TEST_POSTGRES_DIR)) || exit 1; \
+		if [ -n "$$url" ]; then echo "the suite's own PostgreSQL: $$url"; \
+			export ATELIER_TEST_POSTGRES_URL=$$url; fi; \
+	fi; \
+	ATELIER_DOCKER_DIR=$(CONTAINER_RUNTIME_DIR) $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile; \
+	status=$$?; $(BIN)/python -m scripts.suite_postgres stop $(TEST_POSTGRES_DIR); exit $$status
 
 # The pod tests (tests/deploy/) run the image and the manifests' pods in a real container
 # runtime: Debian's docker.io, its daemon on a private socket, a base image made offline

@@ -24,8 +24,9 @@ from services.kit.db import asyncpg_url
 pytest_plugins = ["tests.support.s3"]
 
 # Every service process the suite starts pools at most this many connections (a test may
-# set its own): three workers' stacks, replicas and worker fleets share one server, whose
-# max_connections is 100 by default, and were seen to reach 90 with pools of 20.
+# set its own): the workers' stacks, replicas and worker fleets share one server. `make
+# test` gives them one of its own with room for 300 (scripts/suite_postgres.py); a default
+# server has 100, which three workers were seen to reach 90 of with pools of 20.
 os.environ.setdefault("ATELIER_DB_POOL_SIZE", "10")
 
 LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
