@@ -320,7 +320,9 @@ job_events = Table(
     "job_events",
     metadata,
     Column("event_id", BigInteger, primary_key=True, autoincrement=True),
-    Column("job_id", UUID(as_uuid=False), ForeignKey("jobs.job_id"), nullable=False),
+    # The job it names: no foreign key (its writers are the job's own statement's
+    # triggers, and a job's row is never deleted: migration 0034).
+    Column("job_id", UUID(as_uuid=False), nullable=False),
     Column("version", BigInteger, nullable=False),
     Column("from_status", Text),
     Column("to_status", Text, nullable=False),
@@ -349,7 +351,9 @@ outbox = Table(
     "outbox",
     metadata,
     Column("outbox_id", BigInteger, primary_key=True, autoincrement=True),
-    Column("job_id", UUID(as_uuid=False), ForeignKey("jobs.job_id"), nullable=False),
+    # The job it names: no foreign key (its writers are the job's own statement's
+    # triggers, and a job's row is never deleted: migration 0034).
+    Column("job_id", UUID(as_uuid=False), nullable=False),
     Column("user_id", Text, nullable=False),
     Column("version", BigInteger, nullable=False),
     # NULL: the relay builds the message it delivers from the job's row (store/outbox.py),
@@ -388,7 +392,9 @@ points_ledger = Table(
     metadata,
     Column("entry_id", BigInteger, primary_key=True, autoincrement=True),
     Column("user_id", Text, nullable=False),
-    Column("job_id", UUID(as_uuid=False), ForeignKey("jobs.job_id")),
+    # The job it names: no foreign key (its writers are the job's own statement's
+    # triggers, and a job's row is never deleted: migration 0034).
+    Column("job_id", UUID(as_uuid=False)),
     Column("kind", Text, nullable=False),
     Column("amount", BigInteger, nullable=False),
     # Idempotency key of a grant.

@@ -29,7 +29,7 @@
 -- A change written by hand in SQL that names no one (no change_* columns set, on a new
 -- row) is the database role's, as an operator's. A user's event names the service
 -- identity that acted for the user (change_via, atelier-on-behalf-of) in `via`; other
--- actors' events never do. Migration 0030 loads this file;
+-- actors' events never do. Migration 0034 loads this file;
 -- tests/migration checks the installed functions against it. To change it: copy this
 -- file to migrations/frozen/job_changes_<the revision that loads it now>.sql and point
 -- that revision at the copy, edit this file, and load it from a new revision.
@@ -145,8 +145,19 @@ $$;
 CREATE OR REPLACE FUNCTION creation.write_job_updates() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
-  hooked boolean := EXISTS (SELECT FROM creation.webhook_endpoints WHERE enabled);
+  hooked boolean;
 BEGIN
+  -- A statement that moved no version (a heartbeat, a lease renewal, a fenced write
+  -- whose fence no longer held) leaves here: the statements below would each fire their
+  -- table's statement triggers over no row (the ledger totals' upsert, the outbox's
+  -- NOTIFY, which wakes every relay for nothing) (migration 0034).
+  IF NOT EXISTS (
+    SELECT FROM updated_jobs AS n JOIN previous_jobs AS o ON o.job_id = n.job_id
+    WHERE n.version <> o.version
+  ) THEN
+    RETURN NULL;
+  END IF;
+  hooked := EXISTS (SELECT FROM creation.webhook_endpoints WHERE enabled);
   WITH changed AS MATERIALIZED (
     SELECT n.job_id, n.user_id, n.model_id, n.version, n.status, n.price_points, n.updated_at,
            n.change_actor_kind, n.change_actor_id, n.change_reason, n.change_via,
@@ -190,8 +201,7 @@ BEGIN
     job_id, user_id, version, created_at, event_type, model_id, webhooks_pending)
   SELECT c.job_id, c.user_id, c.version, c.updated_at, c.event_type, c.model_id, hooked
   FROM changed AS c;
-  -- FOUND: some version moved (a heartbeat wakes no one).
-  IF hooked AND FOUND THEN
+  IF hooked THEN
     PERFORM creation.wake_webhooks();
   END IF;
   RETURN NULL;

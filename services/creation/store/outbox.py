@@ -43,7 +43,7 @@ class OutboxJob:
 # per job). Read in the statement's snapshot, in which every taken row's change is
 # committed, so the message's version is at least every taken row's: the newest state
 # stands for the superseded ones (notify's version gate would drop them anyway). The
-# outbox's foreign key keeps the job row while an outbox row names it (a deleted job is
+# outbox row names a job whose row is never deleted (migration 0034; a deleted job is
 # a tombstone row, whose message says so). Only the outbox rows are locked, never the
 # jobs, which workers write meanwhile. ``due`` rides ix_outbox_undelivered, the update
 # pk_outbox (or a scan of the pruned outbox while it is small), each job pk_jobs: the

@@ -53,7 +53,8 @@ def _load(path: Path) -> None:
 
 
 def upgrade() -> None:
-    _load(CREATION / "sql" / "job_changes.sql")
+    # Frozen: the live sql/job_changes.sql has moved on (0034).
+    _load(FROZEN / "job_changes_0031.sql")
 
 
 def downgrade() -> None:
