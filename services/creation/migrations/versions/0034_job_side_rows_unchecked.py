@@ -35,6 +35,11 @@ Also:
   no ledger effect runs its ledger insert over no row): 2.98 firings a job, 1.7 of them
   empty.
 
+* creation.fan_out_webhooks is PL/pgSQL with a generic plan kept per session
+  (sql/job_changes.sql): as a SQL function its statement, which inlines the job's message,
+  was planned at every call (pg_stat_statements: 135 plans in 155 calls, 1.45 ms of
+  planning a job summed, on PostgreSQL 18 as on 15), every deliverer's poll and wake-up.
+
 Revision ID: 0034
 Revises: 0033
 Create Date: 2026-12-06
