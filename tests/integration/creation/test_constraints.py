@@ -229,3 +229,15 @@ async def test_illegal_side_rows_are_rejected(engine: AsyncEngine, statement: st
     with pytest.raises(sqlalchemy.exc.IntegrityError):
         async with engine.begin() as connection:
             await connection.execute(text(statement), {"user": job.user_id, "job": job.job_id})
+
+
+async def test_a_job_row_is_never_deleted(engine: AsyncEngine) -> None:
+    """Its events, ledger entries and outbox rows name it without a foreign key (their
+    writers are its own statements' triggers, migration 0034): a DELETE is refused, as the
+    foreign keys refused it for every job with a side row, which is every job."""
+    job = (await store.submit(engine, new_user(), command(), LIMITS, T0)).job
+    with pytest.raises(sqlalchemy.exc.IntegrityError, match="never deleted"):
+        async with engine.begin() as connection:
+            await connection.execute(
+                text("DELETE FROM creation.jobs WHERE job_id = :job"), {"job": job.job_id}
+            )

@@ -4,6 +4,7 @@ a cancel request is an event naming who asked, and so is the CANCELLED that ends
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,7 +16,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.creation.store import admin, leases
 from services.creation.store import jobs as store
 from services.creation.store.fenced import FencedWrite
+from services.creation.store.outbox import OUTBOX_CHANNEL
 from services.creation.tables import job_events
+from services.kit.db import driver_connection
 from tests.integration.creation.helpers import T0, side_rows
 from tests.integration.creation.test_leases import TTL, claimed
 from tests.support.fenced import fenced_write
@@ -130,6 +133,46 @@ async def test_any_versioned_update_writes_its_side_rows_and_a_heartbeat_none(
     assert after["ledger"] == [("reserve", job.price_points), ("release", job.price_points)]
     *_, last = await events(engine, job.job_id)
     assert (last["actor_kind"], last["actor_id"], last["reason"]) == ("operator", "psql", "by hand")
+
+
+async def test_a_heartbeat_wakes_no_relay(engine: AsyncEngine) -> None:
+    """A statement that moves no version leaves the update trigger before its inserts, so
+    no side table's statement trigger fires over no row: no NOTIFY on the outbox's channel
+    (before migration 0034 every heartbeat woke every relay for an empty round). A
+    versioned change on the same job is heard, so the listener does hear."""
+    (job,) = await claimed(engine, 1)
+    heard: list[str] = []
+
+    def hear(*args: Any) -> None:
+        heard.append(args[2])  # (connection, pid, channel, payload)
+
+    async with driver_connection(engine) as listener:
+        await listener.add_listener(OUTBOX_CHANNEL, hear)
+        try:
+            await leases.heartbeat(
+                engine, job.job_id, job.lease_epoch, TTL, T0 + timedelta(seconds=1)
+            )
+            # A round trip after the beat's commit: a notification it sent is read first.
+            await listener.execute("SELECT 1")
+            await asyncio.sleep(0.2)
+            await listener.execute("SELECT 1")
+            assert heard == []
+            async with engine.begin() as connection:
+                await connection.execute(
+                    text(
+                        "UPDATE creation.jobs SET progress = 5, version = version + 1"
+                        " WHERE job_id = :id"
+                    ),
+                    {"id": job.job_id},
+                )
+            for _ in range(50):
+                await listener.execute("SELECT 1")
+                if heard:
+                    break
+                await asyncio.sleep(0.05)
+            assert heard == [OUTBOX_CHANNEL]
+        finally:
+            await listener.remove_listener(OUTBOX_CHANNEL, hear)
 
 
 @pytest.mark.parametrize(
