@@ -1,16 +1,18 @@
-"""Lookups asked for in one turn of the event loop, answered by one batched call.
+"""Calls asked for in one turn of the event loop, answered by one batched call.
 
 The worker starts a claimed batch's attempts together, so their calls for the same kind
-of answer (an input's signed URL) arrive within one loop turn: one call for all of them
-costs media one request's overhead, not one per job. A key the batch leaves out (the
-batch call answers only what it can) or a batch call that fails in a way the single
-call words better is asked for alone, so each caller still gets its own answer or error.
+of answer (an input's signed URL, an output's reservation or commit) arrive within one
+loop turn: one call for all of them costs media one request's overhead, not one per job.
+The batch call answers each key with its value or its own error. A key it leaves out, or
+a batch call that fails in a way the single call words better (an older media that has
+no batched call, say), is asked for alone, so each caller still gets its own answer or
+error.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Generic, TypeVar
 
 K = TypeVar("K")
@@ -24,7 +26,7 @@ Shared = tuple[type[BaseException], ...]
 class Coalescer(Generic[K, V]):
     def __init__(
         self,
-        many: Callable[[Sequence[K]], Awaitable[dict[K, V]]],
+        many: Callable[[Sequence[K]], Awaitable[Mapping[K, V | Exception]]],
         one: Callable[[K], Awaitable[V]],
         max_batch: int,
         shared: Shared = (),
@@ -64,17 +66,30 @@ class Coalescer(Generic[K, V]):
             for futures in waiting.values():
                 _fail(futures, error)
             return
+        except asyncio.CancelledError:
+            # This task's own cancellation (the loop closing): no caller waits forever.
+            for futures in waiting.values():
+                _cancel(futures)
+            raise
         except Exception:
             found = {}
         alone = [key for key in keys if key not in found]
         for key in keys:
-            if key in found:
-                _resolve(waiting[key], found[key])
+            if key not in found:
+                continue
+            answer = found[key]
+            if isinstance(answer, Exception):
+                _fail(waiting[key], answer)
+            else:
+                _resolve(waiting[key], answer)
         await asyncio.gather(*(self._answer_alone(key, waiting[key]) for key in alone))
 
     async def _answer_alone(self, key: K, futures: list[asyncio.Future[V]]) -> None:
         try:
             value = await self._one(key)
+        except asyncio.CancelledError:
+            _cancel(futures)
+            raise
         except Exception as error:
             _fail(futures, error)
             return
@@ -91,3 +106,8 @@ def _fail(futures: list[asyncio.Future[V]], error: BaseException) -> None:
     for future in futures:
         if not future.done():
             future.set_exception(error)
+
+
+def _cancel(futures: list[asyncio.Future[V]]) -> None:
+    for future in futures:
+        future.cancel()

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
@@ -21,6 +21,10 @@ from services.kit.sizes import byte_size
 from services.kit.timestamps import field_time, from_timestamp
 
 log = get_logger(__name__)
+
+Key = TypeVar("Key")
+Value = TypeVar("Value")
+Reply = TypeVar("Reply")
 
 # Well inside a client's own deadline: a frozen media costs a submit this long, not more.
 CALL_TIMEOUT_SECONDS = 2.0
@@ -65,6 +69,8 @@ class OutputUrls:
 
 # GetAssetUrls takes at most this many ids per call.
 MAX_URL_BATCH = 100
+# ReserveOutputUploads and CompleteOutputUploads take at most this many items per call.
+MAX_OUTPUT_BATCH = 100
 
 
 # Reads, and deletes that may be repeated: a retry after UNAVAILABLE can do no harm.
@@ -79,6 +85,8 @@ _IDEMPOTENT = (
     # Keyed by the caller: a repeat answers the same asset.
     "ReserveOutputUpload",
     "CompleteOutputUpload",
+    "ReserveOutputUploads",
+    "CompleteOutputUploads",
 )
 # Moving an image's bytes takes longer than a metadata call.
 TRANSFER_TIMEOUT_SECONDS = 30.0
@@ -117,6 +125,30 @@ class OutputUpload:
     method: str
     headers: dict[str, str]
     expires_at: datetime | None
+
+
+@dataclass(frozen=True)
+class OutputDeclaration:
+    """What an output's reservation declares: the same declaration under the same key is
+    the same reservation, so concurrent callers of one share its answer."""
+
+    owner_user_id: str
+    content_type: str
+    size_bytes: int
+    sha256: str
+    idempotency_key: str
+
+
+@dataclass(frozen=True)
+class OutputCommit:
+    owner_user_id: str
+    asset_id: str
+    idempotency_key: str
+
+
+class _AskAlone(Exception):
+    """A batched call media did not take as a whole (an older media without it, a batch
+    it refused): each item is asked for by its single call."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +192,14 @@ class MediaClient:
         # GetAssetUrls for them, not a GetAssetUrl each (docs/benchmarks.md, 2026-12-04).
         self._inputs: Coalescer[str, DownloadUrl] = Coalescer(
             self._readable_urls, self._readable_url, MAX_URL_BATCH, shared=(MediaUnavailable,)
+        )
+        # The outputs the attempts of a batch land together: one ReserveOutputUploads and
+        # one CompleteOutputUploads for them, each item answered on its own.
+        self._reservations: Coalescer[OutputDeclaration, OutputUpload] = Coalescer(
+            self._reserve_many, self._reserve_one, MAX_OUTPUT_BATCH, shared=(MediaUnavailable,)
+        )
+        self._commits: Coalescer[OutputCommit, str] = Coalescer(
+            self._complete_many, self._complete_one, MAX_OUTPUT_BATCH, shared=(MediaUnavailable,)
         )
 
     @property
@@ -328,43 +368,67 @@ class MediaClient:
     ) -> OutputUpload:
         """A presigned upload of an output the caller will complete with
         :meth:`complete_output`; the same key and declaration answer the same asset. A
-        declaration media refuses (or a key that holds another) is AssetRefused."""
-        try:
-            reply = await self._stub.ReserveOutputUpload(
-                media_internal_service_pb2.ReserveOutputUploadRequest(
-                    owner_user_id=owner_user_id,
-                    content_type=content_type,
-                    size_bytes=size_bytes,
-                    sha256=sha256,
-                    idempotency_key=idempotency_key,
-                ),
-                **self._client.call_options(),
-            )
-        except grpc.aio.AioRpcError as error:
-            raise _refused_or_unavailable("ReserveOutputUpload", error) from None
-        expires_at = field_time(reply, "expire_time")
-        return OutputUpload(
-            reply.asset.asset_id,
-            reply.upload_url,
-            reply.upload_method,
-            dict(reply.upload_headers),
-            expires_at,
+        declaration media refuses (or a key that holds another) is AssetRefused.
+        Concurrent callers share one ReserveOutputUploads."""
+        return await self._reservations.get(
+            OutputDeclaration(owner_user_id, content_type, size_bytes, sha256, idempotency_key)
         )
 
     async def complete_output(self, owner_user_id: str, asset_id: str, idempotency_key: str) -> str:
         """Checks an uploaded output and makes it READY (its id); repeating it is safe. An
         upload that does not match its declaration, or an asset not reserved for this
-        owner and key, is AssetRefused."""
+        owner and key, is AssetRefused. Concurrent callers share one
+        CompleteOutputUploads."""
+        return await self._commits.get(OutputCommit(owner_user_id, asset_id, idempotency_key))
+
+    async def _reserve_many(
+        self, declarations: Sequence[OutputDeclaration]
+    ) -> dict[OutputDeclaration, OutputUpload | Exception]:
+        request = media_internal_service_pb2.ReserveOutputUploadsRequest(
+            requests=[_reserve_request(declaration) for declaration in declarations]
+        )
+        reply = await _batch_call(
+            "ReserveOutputUploads",
+            self._stub.ReserveOutputUploads(request, **self._client.call_options()),
+        )
+        return _item_answers(
+            "ReserveOutputUploads",
+            declarations,
+            [
+                _output_upload(r.reservation) if r.HasField("reservation") else r.error
+                for r in reply.results
+            ],
+        )
+
+    async def _reserve_one(self, declaration: OutputDeclaration) -> OutputUpload:
+        try:
+            reply = await self._stub.ReserveOutputUpload(
+                _reserve_request(declaration), **self._client.call_options()
+            )
+        except grpc.aio.AioRpcError as error:
+            raise _refused_or_unavailable("ReserveOutputUpload", error) from None
+        return _output_upload(reply)
+
+    async def _complete_many(
+        self, commits: Sequence[OutputCommit]
+    ) -> dict[OutputCommit, str | Exception]:
+        request = media_internal_service_pb2.CompleteOutputUploadsRequest(
+            requests=[_complete_request(commit) for commit in commits]
+        )
+        options = {**self._client.call_options(), "timeout": TRANSFER_TIMEOUT_SECONDS}
+        reply = await _batch_call(
+            "CompleteOutputUploads", self._stub.CompleteOutputUploads(request, **options)
+        )
+        return _item_answers(
+            "CompleteOutputUploads",
+            commits,
+            [str(r.asset.asset_id) if r.HasField("asset") else r.error for r in reply.results],
+        )
+
+    async def _complete_one(self, commit: OutputCommit) -> str:
         options = {**self._client.call_options(), "timeout": TRANSFER_TIMEOUT_SECONDS}
         try:
-            reply = await self._stub.CompleteOutputUpload(
-                media_internal_service_pb2.CompleteOutputUploadRequest(
-                    asset_id=asset_id,
-                    owner_user_id=owner_user_id,
-                    idempotency_key=idempotency_key,
-                ),
-                **options,
-            )
+            reply = await self._stub.CompleteOutputUpload(_complete_request(commit), **options)
         except grpc.aio.AioRpcError as error:
             raise _refused_or_unavailable("CompleteOutputUpload", error) from None
         return str(reply.asset.asset_id)
@@ -514,6 +578,85 @@ def _error_metadata(error: grpc.aio.AioRpcError) -> dict[str, str]:
     return {}
 
 
+def _reserve_request(
+    declaration: OutputDeclaration,
+) -> media_internal_service_pb2.ReserveOutputUploadRequest:
+    return media_internal_service_pb2.ReserveOutputUploadRequest(
+        owner_user_id=declaration.owner_user_id,
+        content_type=declaration.content_type,
+        size_bytes=declaration.size_bytes,
+        sha256=declaration.sha256,
+        idempotency_key=declaration.idempotency_key,
+    )
+
+
+def _complete_request(
+    commit: OutputCommit,
+) -> media_internal_service_pb2.CompleteOutputUploadRequest:
+    return media_internal_service_pb2.CompleteOutputUploadRequest(
+        asset_id=commit.asset_id,
+        owner_user_id=commit.owner_user_id,
+        idempotency_key=commit.idempotency_key,
+    )
+
+
+def _output_upload(reply: media_internal_service_pb2.ReserveOutputUploadResponse) -> OutputUpload:
+    return OutputUpload(
+        reply.asset.asset_id,
+        reply.upload_url,
+        reply.upload_method,
+        dict(reply.upload_headers),
+        field_time(reply, "expire_time"),
+    )
+
+
+# What a batched call's own failure means: media refused the batch as a whole, or has no
+# such call (an older replica mid-rollout), so each item is asked for alone.
+_ASK_ALONE = _REFUSALS | {grpc.StatusCode.UNIMPLEMENTED}
+
+
+def _batch_failure(call: str, error: grpc.aio.AioRpcError) -> Exception:
+    """A batched call that failed as a whole: media unavailable reaches every caller of
+    the batch; a refusal of the batch sends each item to its single call."""
+    failure = RemoteFailure.of(error)
+    if failure.code in _ASK_ALONE:
+        return _AskAlone(f"{call}: {failure.code.name} {failure.reason}")
+    return _unavailable(call, failure)
+
+
+async def _batch_call(call: str, answer: Awaitable[Reply]) -> Reply:
+    """A batched call's reply; its own failure as _batch_failure says, a CancelledError
+    as _cancelled_call does."""
+    try:
+        return await answer
+    except grpc.aio.AioRpcError as error:
+        raise _batch_failure(call, error) from None
+    except asyncio.CancelledError:
+        raise _cancelled_call() from None
+
+
+def _item_answers(
+    call: str, keys: Sequence[Key], results: Sequence[Value | status_pb2.Status]
+) -> dict[Key, Value | Exception]:
+    """Each key's answer in a batched reply (results in the order of the keys): its value,
+    or its own status mapped as the single call's failure would be."""
+    answers: dict[Key, Value | Exception] = {}
+    for key, result in zip(keys, results, strict=False):
+        if isinstance(result, status_pb2.Status):
+            answers[key] = _item_refused_or_unavailable(call, RemoteFailure.of_status(result))
+        else:
+            answers[key] = result
+    return answers
+
+
+def _cancelled_call() -> BaseException:
+    """A CancelledError in a batch's own call: the batch's task was cancelled (the loop is
+    closing), or grpc.aio raised it because the server died mid-call (media went away)."""
+    if _cancelled_by_caller():
+        return asyncio.CancelledError()
+    return MediaUnavailable(cause="CALL_CANCELLED")
+
+
 def _cancelled_by_caller() -> bool:
     """Whether the running task has a cancellation pending (a drain, a lost lease, a
     timeout around the call), as opposed to a CancelledError gRPC raised on its own."""
@@ -526,7 +669,11 @@ def _refused_or_unavailable(call: str, error: grpc.aio.AioRpcError) -> Exception
     what gRPC reports when a media replica dies mid-call (sometimes INTERNAL or UNKNOWN
     rather than UNAVAILABLE), is media being unavailable: the attempt is handed back and
     polls again, where a failed attempt would submit to the provider a second time."""
-    failure = RemoteFailure.of(error)
+    return _item_refused_or_unavailable(call, RemoteFailure.of(error))
+
+
+def _item_refused_or_unavailable(call: str, failure: RemoteFailure) -> Exception:
+    """As _refused_or_unavailable, for one call's answer or one item's in a batch."""
     if failure.code in _REFUSALS:
         return AssetRefused(f"{failure.code.name} {failure.reason}")
     return _unavailable(call, failure)

@@ -4,6 +4,7 @@
 __all__ = [
     "addresses",
     "auth",
+    "batches",
     "call_metadata",
     "client_times",
     "clock",

@@ -85,8 +85,6 @@ class RemoteFailure:
 
     @classmethod
     def of(cls, error: grpc.aio.AioRpcError) -> RemoteFailure:
-        reason = ""
-        retry_after: float | None = None
         trailers: Any = error.trailing_metadata() or ()
         for key, value in trailers:
             if key != STATUS_DETAILS_KEY or not isinstance(value, bytes):
@@ -96,15 +94,32 @@ class RemoteFailure:
                 status.ParseFromString(value)
             except Exception:  # a peer's malformed details must not turn into our bug
                 break
-            for detail in status.details:
-                info = error_details_pb2.ErrorInfo()
-                retry = error_details_pb2.RetryInfo()
-                if detail.Unpack(info):
-                    reason = info.reason
-                elif detail.Unpack(retry):
-                    delay = retry.retry_delay
-                    retry_after = delay.seconds + delay.nanos / 1e9
-        return cls(error.code(), reason or error.code().name, retry_after)
+            return cls._with_details(error.code(), status)
+        return cls(error.code(), error.code().name, None)
+
+    @classmethod
+    def of_status(cls, status: status_pb2.Status) -> RemoteFailure:
+        """An item's failure in a batched answer (a google.rpc.Status of its own)."""
+        code = _CODES.get(status.code, grpc.StatusCode.UNKNOWN)
+        return cls._with_details(code, status)
+
+    @classmethod
+    def _with_details(cls, code: grpc.StatusCode, status: status_pb2.Status) -> RemoteFailure:
+        reason = ""
+        retry_after: float | None = None
+        for detail in status.details:
+            info = error_details_pb2.ErrorInfo()
+            retry = error_details_pb2.RetryInfo()
+            if detail.Unpack(info):
+                reason = info.reason
+            elif detail.Unpack(retry):
+                delay = retry.retry_delay
+                retry_after = delay.seconds + delay.nanos / 1e9
+        return cls(code, reason or code.name, retry_after)
+
+
+# A status's number, as gRPC's own code.
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class InternalClient:

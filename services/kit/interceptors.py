@@ -296,14 +296,8 @@ class ServerStack:
             except asyncio.CancelledError:
                 code = grpc.StatusCode.CANCELLED
                 raise
-            except ApiError as error:
-                failure = error
-            except DomainError as domain_failure:
-                failure = _api_form(domain_failure, method, self._throttle)
-            except NotImplementedError:
-                failure = unimplemented()
             except Exception as error:
-                failure = self._unexpected(error, method)
+                failure = api_error_of(error, method, self._throttle)
             finally:
                 # Counted and logged before the status goes out: a client that has its
                 # answer can read the metric.
@@ -329,17 +323,6 @@ class ServerStack:
         if self._tracer is not None and not public:
             return wrap_handler(handler, _traced(around, self._tracer, method))
         return wrap_handler(handler, around)
-
-    def _unexpected(self, error: Exception, method: str) -> ApiError:
-        outage = classify(error)
-        if outage is None:
-            log.exception("rpc_failed", method=method)
-            return internal()
-        error_name = type(error).__name__
-        log_unavailable(
-            self._throttle, outage.dependency, outage.kind, method=method, error=error_name
-        )
-        return outage.api_error()
 
 
 # Server-side codes that mean the server failed (OpenTelemetry's RPC conventions); the
@@ -445,6 +428,26 @@ def _header(metadata: Sequence[tuple[str, str | bytes]], name: str) -> str | Non
         if key == name and isinstance(value, str):
             return value
     return None
+
+
+def api_error_of(error: Exception, method: str, throttle: Throttle) -> ApiError:
+    """What a client sees for an exception a handler raised: an ApiError as it is, a
+    domain failure in its API form, a dependency that did not answer as UNAVAILABLE, any
+    other failure as INTERNAL (logged with its stack here, never shown). The one mapping
+    for a call's status and for each item of a batched call (services.kit.batches)."""
+    if isinstance(error, ApiError):
+        return error
+    if isinstance(error, DomainError):
+        return _api_form(error, method, throttle)
+    if isinstance(error, NotImplementedError):
+        return unimplemented()
+    outage = classify(error)
+    if outage is None:
+        log.exception("rpc_failed", method=method)
+        return internal()
+    error_name = type(error).__name__
+    log_unavailable(throttle, outage.dependency, outage.kind, method=method, error=error_name)
+    return outage.api_error()
 
 
 def _api_form(failure: DomainError, method: str, throttle: Throttle) -> ApiError:

@@ -22,6 +22,8 @@ class Reason:
     INVALID_SHA256 = "INVALID_SHA256"
     INVALID_OWNER = "INVALID_OWNER"
     INVALID_PUT_STREAM = "INVALID_PUT_STREAM"
+    # A batched call holds no item, or more than it takes.
+    INVALID_BATCH = "INVALID_BATCH"
     # The bytes are not what they should be (INVALID_ARGUMENT); the object is removed.
     SIZE_MISMATCH = "SIZE_MISMATCH"
     HASH_MISMATCH = "HASH_MISMATCH"

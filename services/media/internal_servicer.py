@@ -6,16 +6,21 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
+from google.rpc import status_pb2
 from grpc import aio
 
+from atelier.media.v1 import asset_pb2, media_internal_service_pb2_grpc
 from atelier.media.v1 import media_internal_service_pb2 as pb
-from atelier.media.v1 import media_internal_service_pb2_grpc
+from services.kit.batches import answer_each, batch_size
 from services.kit.timestamps import set_timestamp
 from services.media import fields
 from services.media.assets import MAX_URL_BATCH, Assets
 from services.media.convert import asset_message, asset_urls_message
-from services.media.errors import ImportRefused
+from services.media.errors import ImportRefused, Reason
 from services.media.imports import Importer
+
+# ReserveOutputUploads and CompleteOutputUploads take at most this many items a call.
+MAX_OUTPUT_BATCH = 100
 
 
 class MediaInternalServicer(media_internal_service_pb2_grpc.MediaInternalServiceServicer):
@@ -82,6 +87,46 @@ class MediaInternalServicer(media_internal_service_pb2_grpc.MediaInternalService
     async def ReserveOutputUpload(
         self, request: pb.ReserveOutputUploadRequest, context: aio.ServicerContext[Any, Any]
     ) -> pb.ReserveOutputUploadResponse:
+        return await self._reserve_output(request)
+
+    async def ReserveOutputUploads(
+        self, request: pb.ReserveOutputUploadsRequest, context: aio.ServicerContext[Any, Any]
+    ) -> pb.ReserveOutputUploadsResponse:
+        batch_size(len(request.requests), "requests", MAX_OUTPUT_BATCH, Reason.INVALID_BATCH)
+        answers = await answer_each(request.requests, self._reserve_output, "ReserveOutputUploads")
+        return pb.ReserveOutputUploadsResponse(
+            results=[
+                pb.ReserveOutputUploadResult(error=answer)
+                if isinstance(answer, status_pb2.Status)
+                else pb.ReserveOutputUploadResult(reservation=answer)
+                for answer in answers
+            ]
+        )
+
+    async def CompleteOutputUpload(
+        self, request: pb.CompleteOutputUploadRequest, context: aio.ServicerContext[Any, Any]
+    ) -> pb.CompleteOutputUploadResponse:
+        return pb.CompleteOutputUploadResponse(asset=await self._complete_output(request))
+
+    async def CompleteOutputUploads(
+        self, request: pb.CompleteOutputUploadsRequest, context: aio.ServicerContext[Any, Any]
+    ) -> pb.CompleteOutputUploadsResponse:
+        batch_size(len(request.requests), "requests", MAX_OUTPUT_BATCH, Reason.INVALID_BATCH)
+        answers = await answer_each(
+            request.requests, self._complete_output, "CompleteOutputUploads"
+        )
+        return pb.CompleteOutputUploadsResponse(
+            results=[
+                pb.CompleteOutputUploadResult(error=answer)
+                if isinstance(answer, status_pb2.Status)
+                else pb.CompleteOutputUploadResult(asset=answer)
+                for answer in answers
+            ]
+        )
+
+    async def _reserve_output(
+        self, request: pb.ReserveOutputUploadRequest
+    ) -> pb.ReserveOutputUploadResponse:
         owner = fields.owner_user_id(request.owner_user_id, "owner_user_id")
         content_type = fields.content_type(request.content_type, "content_type")
         size_bytes = fields.size_bytes(request.size_bytes, self._max_upload_bytes)
@@ -96,14 +141,11 @@ class MediaInternalServicer(media_internal_service_pb2_grpc.MediaInternalService
             set_timestamp(reply.expire_time, reserved.expires_at)
         return reply
 
-    async def CompleteOutputUpload(
-        self, request: pb.CompleteOutputUploadRequest, context: aio.ServicerContext[Any, Any]
-    ) -> pb.CompleteOutputUploadResponse:
+    async def _complete_output(self, request: pb.CompleteOutputUploadRequest) -> asset_pb2.Asset:
         asset_id = fields.asset_id(request.asset_id)
         owner = fields.owner_user_id(request.owner_user_id, "owner_user_id")
         key = fields.required_idempotency_key(request.idempotency_key, "idempotency_key")
-        asset = await self._assets.complete_output(owner, asset_id, key)
-        return pb.CompleteOutputUploadResponse(asset=asset_message(asset))
+        return asset_message(await self._assets.complete_output(owner, asset_id, key))
 
     async def ImportAsset(
         self, request: pb.ImportAssetRequest, context: aio.ServicerContext[Any, Any]

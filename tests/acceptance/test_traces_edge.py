@@ -123,11 +123,12 @@ async def test_a_job_submitted_through_the_edge_is_one_trace_across_the_services
         ("media", method)
         for method in (
             "GetAssetInfo",
-            # The input's URL: the lookups of a claimed batch's attempts go as one call,
-            # traced under the batch's first attempt (this job's, alone in its batch).
+            # The input's URL, the output's reservation and commit: the calls of a
+            # claimed batch's attempts go as one call each, traced under the batch's
+            # first attempt to ask (this job's, alone in its batch).
             "GetAssetUrls",
-            "ReserveOutputUpload",
-            "CompleteOutputUpload",
+            "ReserveOutputUploads",
+            "CompleteOutputUploads",
         )
     }
     await collector.wait_for(

@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
+from google.rpc import error_details_pb2, status_pb2
 from prometheus_client import REGISTRY
 from sqlalchemy import text
 
@@ -624,3 +625,166 @@ async def test_an_output_upload_that_is_not_what_was_declared_is_refused(
         pb.GetAssetInfoRequest(asset_id=reserved.asset.asset_id), metadata=SERVICE
     )
     assert info.asset.status == asset_pb2.ASSET_STATUS_UPLOADING
+
+
+# -- the batched reservations and commits: each item answered on its own ---------------
+
+
+def item_failure(status: object) -> tuple[int, str, list[str]]:
+    """An item's google.rpc.Status: its code, ErrorInfo reason and violated fields."""
+    assert isinstance(status, status_pb2.Status)
+    reason, fields = "", []
+    for detail in status.details:
+        info, bad = error_details_pb2.ErrorInfo(), error_details_pb2.BadRequest()
+        if detail.Unpack(info):
+            reason = info.reason
+        elif detail.Unpack(bad):
+            fields = [violation.field for violation in bad.field_violations]
+    return status.code, reason, fields
+
+
+def declaration(
+    owner: str, data: bytes, key: str, **changes: object
+) -> pb.ReserveOutputUploadRequest:
+    request = pb.ReserveOutputUploadRequest(
+        owner_user_id=owner,
+        content_type="image/png",
+        size_bytes=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        idempotency_key=key,
+    )
+    for name, value in changes.items():
+        setattr(request, name, value)
+    return request
+
+
+async def test_batched_reservations_and_commits_answer_each_item_on_its_own(
+    media: MediaHarness,
+) -> None:
+    owner, first, second = str(uuid.uuid4()), noisy_png(64, 48), noisy_png(32, 32)
+    async with media.internal_channel() as channel:
+        stub = Stub(channel)
+        held = await reserve_output(stub, owner, first, key="held")
+        reply = await stub.ReserveOutputUploads(
+            pb.ReserveOutputUploadsRequest(
+                requests=[
+                    declaration(owner, first, "one"),
+                    declaration(owner, second, "two"),
+                    declaration(owner, second, "gif", content_type="image/gif"),
+                    # The key already holds another declaration.
+                    declaration(owner, second, "held"),
+                    declaration("", second, "nobody"),
+                ]
+            ),
+            metadata=SERVICE,
+        )
+        one, two, gif, reused, nobody = reply.results
+        assert one.reservation.asset.status == asset_pb2.ASSET_STATUS_UPLOADING
+        assert one.reservation.upload_url and one.reservation.upload_method == "PUT"
+        assert two.reservation.asset.asset_id not in ("", one.reservation.asset.asset_id)
+        invalid = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert item_failure(gif.error) == (invalid, "CONTENT_TYPE_NOT_ALLOWED", ["content_type"])
+        assert item_failure(reused.error)[:2] == (
+            grpc.StatusCode.ALREADY_EXISTS.value[0],
+            "IDEMPOTENCY_KEY_REUSED",
+        )
+        assert item_failure(nobody.error) == (invalid, "INVALID_OWNER", ["owner_user_id"])
+        # The refused items stored nothing; the one before them is untouched.
+        assert await owned_rows(media, owner) == 3
+        info = await stub.GetAssetInfo(
+            pb.GetAssetInfoRequest(asset_id=held.asset.asset_id), metadata=SERVICE
+        )
+        assert info.asset.status == asset_pb2.ASSET_STATUS_UPLOADING
+
+        await put_upload(one.reservation, first)
+        done = await stub.CompleteOutputUploads(
+            pb.CompleteOutputUploadsRequest(
+                requests=[
+                    pb.CompleteOutputUploadRequest(
+                        asset_id=one.reservation.asset.asset_id,
+                        owner_user_id=owner,
+                        idempotency_key="one",
+                    ),
+                    # Reserved, never uploaded.
+                    pb.CompleteOutputUploadRequest(
+                        asset_id=two.reservation.asset.asset_id,
+                        owner_user_id=owner,
+                        idempotency_key="two",
+                    ),
+                    # Another owner's asset is not found.
+                    pb.CompleteOutputUploadRequest(
+                        asset_id=one.reservation.asset.asset_id,
+                        owner_user_id="mallory",
+                        idempotency_key="one",
+                    ),
+                    pb.CompleteOutputUploadRequest(
+                        asset_id="not-a-uuid", owner_user_id=owner, idempotency_key="one"
+                    ),
+                ]
+            ),
+            metadata=SERVICE,
+        )
+        ready, missing, foreign, malformed = done.results
+        assert ready.asset.status == asset_pb2.ASSET_STATUS_READY
+        assert (ready.asset.width, ready.asset.height) == (64, 48)
+        assert item_failure(missing.error)[:2] == (
+            grpc.StatusCode.FAILED_PRECONDITION.value[0],
+            "OBJECT_MISSING",
+        )
+        assert item_failure(foreign.error)[:2] == (
+            grpc.StatusCode.NOT_FOUND.value[0],
+            "ASSET_NOT_FOUND",
+        )
+        assert item_failure(malformed.error)[:2] == (invalid, "INVALID_ASSET_ID")
+        # What was refused is as it was: the unuploaded output still waits for its bytes.
+        info = await stub.GetAssetInfo(
+            pb.GetAssetInfoRequest(asset_id=two.reservation.asset.asset_id), metadata=SERVICE
+        )
+        assert info.asset.status == asset_pb2.ASSET_STATUS_UPLOADING
+
+
+@pytest.mark.parametrize("count", [0, 101])
+async def test_a_batch_holds_1_to_100_items(
+    local_media: MediaHarness, stub: Stub, count: int
+) -> None:
+    owner, png = str(uuid.uuid4()), noisy_png(8, 8)
+    reserve = stub.ReserveOutputUploads(
+        pb.ReserveOutputUploadsRequest(
+            requests=[declaration(owner, png, f"k{i}") for i in range(count)]
+        ),
+        metadata=SERVICE,
+    )
+    assert await failure(reserve) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_BATCH")
+    complete = stub.CompleteOutputUploads(
+        pb.CompleteOutputUploadsRequest(
+            requests=[
+                pb.CompleteOutputUploadRequest(
+                    asset_id=str(uuid.uuid4()), owner_user_id=owner, idempotency_key=f"k{i}"
+                )
+                for i in range(count)
+            ]
+        ),
+        metadata=SERVICE,
+    )
+    assert await failure(complete) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_BATCH")
+    assert await owned_rows(local_media, owner) == 0
+
+
+async def test_the_batched_calls_need_the_service_credential(stub: Stub) -> None:
+    user = issue_token(DEV_JWT_SECRET, "atelier", "atelier-app", "alice", 600)
+    reserve = pb.ReserveOutputUploadsRequest(requests=[declaration("alice", noisy_png(8, 8), "k")])
+    complete = pb.CompleteOutputUploadsRequest(
+        requests=[
+            pb.CompleteOutputUploadRequest(
+                asset_id=str(uuid.uuid4()), owner_user_id="alice", idempotency_key="k"
+            )
+        ]
+    )
+    for call in (
+        stub.ReserveOutputUploads(reserve, metadata=bearer(user)),
+        stub.CompleteOutputUploads(complete, metadata=bearer(user)),
+    ):
+        assert await failure(call) == (
+            grpc.StatusCode.UNAUTHENTICATED,
+            "SERVICE_CREDENTIAL_INVALID",
+        )

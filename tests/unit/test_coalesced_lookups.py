@@ -1,7 +1,8 @@
 """The worker's batched lookups (services/creation/coalesce.py): callers of one loop turn
-share one batch call, a key the batch leaves out is asked for alone (its own answer or
-error), a shared failure reaches every caller, and a cancelled caller does not cancel
-the others' answer."""
+share one batch call, an item's own error in the batch reaches its callers alone, a key
+the batch leaves out is asked for alone (its own answer or error), a shared failure
+reaches every caller, a cancelled caller does not cancel the others' answer, and a
+batch whose own task is cancelled leaves no caller waiting."""
 
 import asyncio
 from collections.abc import Sequence
@@ -22,12 +23,16 @@ class Lookups:
         self.batches: list[list[str]] = []
         self.alone: list[str] = []
 
-    async def many(self, keys: Sequence[str]) -> dict[str, int]:
+        self.refused: dict[str, Exception] = {}
+
+    async def many(self, keys: Sequence[str]) -> dict[str, int | Exception]:
         self.batches.append(list(keys))
         await asyncio.sleep(0)
         if self.fail_batch is not None:
             raise self.fail_batch
-        return {key: self.known[key] for key in keys if key in self.known}
+        found: dict[str, int | Exception] = {k: self.known[k] for k in keys if k in self.known}
+        found.update({k: self.refused[k] for k in keys if k in self.refused})
+        return found
 
     async def one(self, key: str) -> int:
         self.alone.append(key)
@@ -92,3 +97,40 @@ async def test_a_cancelled_caller_leaves_the_others_their_answer() -> None:
     assert await second == 1
     with pytest.raises(asyncio.CancelledError):
         await first
+
+
+async def test_an_items_own_error_reaches_its_callers_only() -> None:
+    lookups = Lookups({"a": 1, "c": 3})
+    lookups.refused["b"] = ValueError("b is refused")
+    coalescer = Coalescer(lookups.many, lookups.one, max_batch=100)
+    answers = await asyncio.gather(
+        coalescer.get("a"),
+        coalescer.get("b"),
+        coalescer.get("b"),
+        coalescer.get("c"),
+        return_exceptions=True,
+    )
+    assert answers[0] == 1 and answers[3] == 3
+    assert all(isinstance(a, ValueError) and str(a) == "b is refused" for a in answers[1:3])
+    # The batch's word on an item is final: it is not asked for again alone.
+    assert lookups.batches == [["a", "b", "c"]] and lookups.alone == []
+
+
+async def test_a_batch_whose_own_task_is_cancelled_leaves_no_caller_waiting() -> None:
+    started = asyncio.Event()
+
+    async def many(keys: Sequence[str]) -> dict[str, int | Exception]:
+        started.set()
+        await asyncio.Event().wait()  # never answers
+        raise AssertionError("unreachable")
+
+    async def one(key: str) -> int:
+        raise AssertionError("a cancelled batch asks nothing alone")
+
+    coalescer = Coalescer(many, one, max_batch=100)
+    caller = asyncio.ensure_future(coalescer.get("a"))
+    await started.wait()
+    (batch,) = coalescer._tasks  # the batch's own call, as a closing loop cancels it
+    batch.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(caller, 5)

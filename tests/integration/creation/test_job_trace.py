@@ -137,8 +137,10 @@ async def test_a_job_is_one_trace_from_the_callers_submit_to_notify(
     assert (attempt.attributes or {})["atelier.attempt_outcome"] == "succeeded"
     # Its input read by a signed URL, its output reserved and committed: the bytes go by
     # HTTP, beside the trace. The input's URL comes from the batched lookup of a claimed
-    # batch's attempts (GetAssetUrls), traced under the batch's first attempt: this one.
-    for method in ("GetAssetUrls", "ReserveOutputUpload", "CompleteOutputUpload"):
+    # batch's attempts (GetAssetUrls), as are its outputs' reservations and commits
+    # (ReserveOutputUploads, CompleteOutputUploads), each traced under the batch's first
+    # attempt to ask: this one.
+    for method in ("GetAssetUrls", "ReserveOutputUploads", "CompleteOutputUploads"):
         (call,) = [
             s
             for s in kind(spans, f"atelier.media.v1.MediaInternalService/{method}", SpanKind.CLIENT)

@@ -26,9 +26,10 @@ from atelier.media.v1 import asset_pb2 as atelier_dot_media_dot_v1_dot_asset__pb
 from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
 from google.api import resource_pb2 as google_dot_api_dot_resource__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
+from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-atelier/media/v1/media_internal_service.proto\x12\x10\x61telier.media.v1\x1a\x1c\x61telier/media/v1/asset.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9f\x01\n\x0ePutAssetHeader\x12\x1b\n\rowner_user_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x35\n\x07purpose\x18\x02 \x01(\x0e\x32\x1e.atelier.media.v1.AssetPurposeB\x04\xe2\x41\x01\x02\x12\x1a\n\x0c\x63ontent_type\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1d\n\x0fidempotency_key\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"^\n\x0fPutAssetRequest\x12\x32\n\x06header\x18\x01 \x01(\x0b\x32 .atelier.media.v1.PutAssetHeaderH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\":\n\x10PutAssetResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\"F\n\x10ReadAssetRequest\x12\x32\n\x08\x61sset_id\x18\x01 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\"V\n\x11ReadAssetResponse\x12(\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.AssetH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"H\n\x12GetAssetUrlRequest\x12\x32\n\x08\x61sset_id\x18\x01 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\"\xda\x01\n\x13GetAssetUrlResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\x12\x14\n\x0c\x64ownload_url\x18\x02 \x01(\t\x12/\n\x0b\x65xpire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rthumbnail_url\x18\x04 \x01(\t\x12=\n\x19thumbnail_url_expire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\".\n\x13GetAssetUrlsRequest\x12\x17\n\tasset_ids\x18\x01 \x03(\tB\x04\xe2\x41\x01\x02\"\xb3\x02\n\tAssetUrls\x12\x10\n\x08\x61sset_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x33\n\x0furl_expire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rthumbnail_url\x18\x04 \x01(\t\x12=\n\x19thumbnail_url_expire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05width\x18\x06 \x01(\x05\x12\x0e\n\x06height\x18\x07 \x01(\x05\x12\x14\n\x0c\x63ontent_type\x18\x08 \x01(\t\x12\x12\n\nsize_bytes\x18\t \x01(\x03\x12\x33\n\x0fwindow_end_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"C\n\x14GetAssetUrlsResponse\x12+\n\x06\x61ssets\x18\x01 \x03(\x0b\x32\x1b.atelier.media.v1.AssetUrls\"I\n\x13GetAssetInfoRequest\x12\x32\n\x08\x61sset_id\x18\x01 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\">\n\x14GetAssetInfoResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\"c\n\x12ImportAssetRequest\x12\x1b\n\rowner_user_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x11\n\x03url\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1d\n\x0fidempotency_key\x18\x03 \x01(\tB\x04\xe2\x41\x01\x01\"=\n\x13ImportAssetResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\"H\n\x12\x44\x65leteAssetRequest\x12\x32\n\x08\x61sset_id\x18\x01 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\"=\n\x13\x44\x65leteAssetResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\"W\n\x18\x44\x65leteKeyedAssetsRequest\x12\x1b\n\rowner_user_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1e\n\x10idempotency_keys\x18\x02 \x03(\tB\x04\xe2\x41\x01\x02\"D\n\x19\x44\x65leteKeyedAssetsResponse\x12\'\n\x06\x61ssets\x18\x01 \x03(\x0b\x32\x17.atelier.media.v1.Asset\"\xa4\x01\n\x1aReserveOutputUploadRequest\x12\x1b\n\rowner_user_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1a\n\x0c\x63ontent_type\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x18\n\nsize_bytes\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x02\x12\x14\n\x06sha256\x18\x04 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1d\n\x0fidempotency_key\x18\x05 \x01(\tB\x04\xe2\x41\x01\x02\"\xb1\x02\n\x1bReserveOutputUploadResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\x12\x12\n\nupload_url\x18\x02 \x01(\t\x12\x15\n\rupload_method\x18\x03 \x01(\t\x12X\n\x0eupload_headers\x18\x04 \x03(\x0b\x32@.atelier.media.v1.ReserveOutputUploadResponse.UploadHeadersEntry\x12/\n\x0b\x65xpire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a\x34\n\x12UploadHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x8d\x01\n\x1b\x43ompleteOutputUploadRequest\x12\x32\n\x08\x61sset_id\x18\x01 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\x12\x1b\n\rowner_user_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1d\n\x0fidempotency_key\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\"F\n\x1c\x43ompleteOutputUploadResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset2\xee\x07\n\x14MediaInternalService\x12S\n\x08PutAsset\x12!.atelier.media.v1.PutAssetRequest\x1a\".atelier.media.v1.PutAssetResponse(\x01\x12V\n\tReadAsset\x12\".atelier.media.v1.ReadAssetRequest\x1a#.atelier.media.v1.ReadAssetResponse0\x01\x12Z\n\x0bGetAssetUrl\x12$.atelier.media.v1.GetAssetUrlRequest\x1a%.atelier.media.v1.GetAssetUrlResponse\x12]\n\x0cGetAssetUrls\x12%.atelier.media.v1.GetAssetUrlsRequest\x1a&.atelier.media.v1.GetAssetUrlsResponse\x12]\n\x0cGetAssetInfo\x12%.atelier.media.v1.GetAssetInfoRequest\x1a&.atelier.media.v1.GetAssetInfoResponse\x12r\n\x13ReserveOutputUpload\x12,.atelier.media.v1.ReserveOutputUploadRequest\x1a-.atelier.media.v1.ReserveOutputUploadResponse\x12u\n\x14\x43ompleteOutputUpload\x12-.atelier.media.v1.CompleteOutputUploadRequest\x1a..atelier.media.v1.CompleteOutputUploadResponse\x12Z\n\x0bImportAsset\x12$.atelier.media.v1.ImportAssetRequest\x1a%.atelier.media.v1.ImportAssetResponse\x12Z\n\x0b\x44\x65leteAsset\x12$.atelier.media.v1.DeleteAssetRequest\x1a%.atelier.media.v1.DeleteAssetResponse\x12l\n\x11\x44\x65leteKeyedAssets\x12*.atelier.media.v1.DeleteKeyedAssetsRequest\x1a+.atelier.media.v1.DeleteKeyedAssetsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-atelier/media/v1/media_internal_service.proto\x12\x10\x61telier.media.v1\x1a\x1c\x61telier/media/v1/asset.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17google/rpc/status.proto\"\x9f\x01\n\x0ePutAssetHeader\x12\x1b\n\rowner_user_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x35\n\x07purpose\x18\x02 \x01(\x0e\x32\x1e.atelier.media.v1.AssetPurposeB\x04\xe2\x41\x01\x02\x12\x1a\n\x0c\x63ontent_type\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1d\n\x0fidempotency_key\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"^\n\x0fPutAssetRequest\x12\x32\n\x06header\x18\x01 \x01(\x0b\x32 .atelier.media.v1.PutAssetHeaderH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\":\n\x10PutAssetResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\"F\n\x10ReadAssetRequest\x12\x32\n\x08\x61sset_id\x18\x01 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\"V\n\x11ReadAssetResponse\x12(\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.AssetH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"H\n\x12GetAssetUrlRequest\x12\x32\n\x08\x61sset_id\x18\x01 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\"\xda\x01\n\x13GetAssetUrlResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\x12\x14\n\x0c\x64ownload_url\x18\x02 \x01(\t\x12/\n\x0b\x65xpire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rthumbnail_url\x18\x04 \x01(\t\x12=\n\x19thumbnail_url_expire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\".\n\x13GetAssetUrlsRequest\x12\x17\n\tasset_ids\x18\x01 \x03(\tB\x04\xe2\x41\x01\x02\"\xb3\x02\n\tAssetUrls\x12\x10\n\x08\x61sset_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x33\n\x0furl_expire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rthumbnail_url\x18\x04 \x01(\t\x12=\n\x19thumbnail_url_expire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05width\x18\x06 \x01(\x05\x12\x0e\n\x06height\x18\x07 \x01(\x05\x12\x14\n\x0c\x63ontent_type\x18\x08 \x01(\t\x12\x12\n\nsize_bytes\x18\t \x01(\x03\x12\x33\n\x0fwindow_end_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"C\n\x14GetAssetUrlsResponse\x12+\n\x06\x61ssets\x18\x01 \x03(\x0b\x32\x1b.atelier.media.v1.AssetUrls\"I\n\x13GetAssetInfoRequest\x12\x32\n\x08\x61sset_id\x18\x01 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\">\n\x14GetAssetInfoResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\"c\n\x12ImportAssetRequest\x12\x1b\n\rowner_user_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x11\n\x03url\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1d\n\x0fidempotency_key\x18\x03 \x01(\tB\x04\xe2\x41\x01\x01\"=\n\x13ImportAssetResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\"H\n\x12\x44\x65leteAssetRequest\x12\x32\n\x08\x61sset_id\x18\x01 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\"=\n\x13\x44\x65leteAssetResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\"W\n\x18\x44\x65leteKeyedAssetsRequest\x12\x1b\n\rowner_user_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1e\n\x10idempotency_keys\x18\x02 \x03(\tB\x04\xe2\x41\x01\x02\"D\n\x19\x44\x65leteKeyedAssetsResponse\x12\'\n\x06\x61ssets\x18\x01 \x03(\x0b\x32\x17.atelier.media.v1.Asset\"\xa4\x01\n\x1aReserveOutputUploadRequest\x12\x1b\n\rowner_user_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1a\n\x0c\x63ontent_type\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x18\n\nsize_bytes\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x02\x12\x14\n\x06sha256\x18\x04 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1d\n\x0fidempotency_key\x18\x05 \x01(\tB\x04\xe2\x41\x01\x02\"\xb1\x02\n\x1bReserveOutputUploadResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\x12\x12\n\nupload_url\x18\x02 \x01(\t\x12\x15\n\rupload_method\x18\x03 \x01(\t\x12X\n\x0eupload_headers\x18\x04 \x03(\x0b\x32@.atelier.media.v1.ReserveOutputUploadResponse.UploadHeadersEntry\x12/\n\x0b\x65xpire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a\x34\n\x12UploadHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x8d\x01\n\x1b\x43ompleteOutputUploadRequest\x12\x32\n\x08\x61sset_id\x18\x01 \x01(\tB \xe2\x41\x01\x02\xfa\x41\x19\n\x17media.atelier.dev/Asset\x12\x1b\n\rowner_user_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1d\n\x0fidempotency_key\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\"F\n\x1c\x43ompleteOutputUploadResponse\x12&\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.Asset\"c\n\x1bReserveOutputUploadsRequest\x12\x44\n\x08requests\x18\x01 \x03(\x0b\x32,.atelier.media.v1.ReserveOutputUploadRequestB\x04\xe2\x41\x01\x02\"\x90\x01\n\x19ReserveOutputUploadResult\x12\x44\n\x0breservation\x18\x01 \x01(\x0b\x32-.atelier.media.v1.ReserveOutputUploadResponseH\x00\x12#\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x42\x08\n\x06result\"\\\n\x1cReserveOutputUploadsResponse\x12<\n\x07results\x18\x01 \x03(\x0b\x32+.atelier.media.v1.ReserveOutputUploadResult\"e\n\x1c\x43ompleteOutputUploadsRequest\x12\x45\n\x08requests\x18\x01 \x03(\x0b\x32-.atelier.media.v1.CompleteOutputUploadRequestB\x04\xe2\x41\x01\x02\"u\n\x1a\x43ompleteOutputUploadResult\x12(\n\x05\x61sset\x18\x01 \x01(\x0b\x32\x17.atelier.media.v1.AssetH\x00\x12#\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x42\x08\n\x06result\"^\n\x1d\x43ompleteOutputUploadsResponse\x12=\n\x07results\x18\x01 \x03(\x0b\x32,.atelier.media.v1.CompleteOutputUploadResult2\xdf\t\n\x14MediaInternalService\x12S\n\x08PutAsset\x12!.atelier.media.v1.PutAssetRequest\x1a\".atelier.media.v1.PutAssetResponse(\x01\x12V\n\tReadAsset\x12\".atelier.media.v1.ReadAssetRequest\x1a#.atelier.media.v1.ReadAssetResponse0\x01\x12Z\n\x0bGetAssetUrl\x12$.atelier.media.v1.GetAssetUrlRequest\x1a%.atelier.media.v1.GetAssetUrlResponse\x12]\n\x0cGetAssetUrls\x12%.atelier.media.v1.GetAssetUrlsRequest\x1a&.atelier.media.v1.GetAssetUrlsResponse\x12]\n\x0cGetAssetInfo\x12%.atelier.media.v1.GetAssetInfoRequest\x1a&.atelier.media.v1.GetAssetInfoResponse\x12r\n\x13ReserveOutputUpload\x12,.atelier.media.v1.ReserveOutputUploadRequest\x1a-.atelier.media.v1.ReserveOutputUploadResponse\x12u\n\x14\x43ompleteOutputUpload\x12-.atelier.media.v1.CompleteOutputUploadRequest\x1a..atelier.media.v1.CompleteOutputUploadResponse\x12u\n\x14ReserveOutputUploads\x12-.atelier.media.v1.ReserveOutputUploadsRequest\x1a..atelier.media.v1.ReserveOutputUploadsResponse\x12x\n\x15\x43ompleteOutputUploads\x12..atelier.media.v1.CompleteOutputUploadsRequest\x1a/.atelier.media.v1.CompleteOutputUploadsResponse\x12Z\n\x0bImportAsset\x12$.atelier.media.v1.ImportAssetRequest\x1a%.atelier.media.v1.ImportAssetResponse\x12Z\n\x0b\x44\x65leteAsset\x12$.atelier.media.v1.DeleteAssetRequest\x1a%.atelier.media.v1.DeleteAssetResponse\x12l\n\x11\x44\x65leteKeyedAssets\x12*.atelier.media.v1.DeleteKeyedAssetsRequest\x1a+.atelier.media.v1.DeleteKeyedAssetsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -81,52 +82,68 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_COMPLETEOUTPUTUPLOADREQUEST'].fields_by_name['owner_user_id']._serialized_options = b'\342A\001\002'
   _globals['_COMPLETEOUTPUTUPLOADREQUEST'].fields_by_name['idempotency_key']._loaded_options = None
   _globals['_COMPLETEOUTPUTUPLOADREQUEST'].fields_by_name['idempotency_key']._serialized_options = b'\342A\001\002'
-  _globals['_PUTASSETHEADER']._serialized_start=191
-  _globals['_PUTASSETHEADER']._serialized_end=350
-  _globals['_PUTASSETREQUEST']._serialized_start=352
-  _globals['_PUTASSETREQUEST']._serialized_end=446
-  _globals['_PUTASSETRESPONSE']._serialized_start=448
-  _globals['_PUTASSETRESPONSE']._serialized_end=506
-  _globals['_READASSETREQUEST']._serialized_start=508
-  _globals['_READASSETREQUEST']._serialized_end=578
-  _globals['_READASSETRESPONSE']._serialized_start=580
-  _globals['_READASSETRESPONSE']._serialized_end=666
-  _globals['_GETASSETURLREQUEST']._serialized_start=668
-  _globals['_GETASSETURLREQUEST']._serialized_end=740
-  _globals['_GETASSETURLRESPONSE']._serialized_start=743
-  _globals['_GETASSETURLRESPONSE']._serialized_end=961
-  _globals['_GETASSETURLSREQUEST']._serialized_start=963
-  _globals['_GETASSETURLSREQUEST']._serialized_end=1009
-  _globals['_ASSETURLS']._serialized_start=1012
-  _globals['_ASSETURLS']._serialized_end=1319
-  _globals['_GETASSETURLSRESPONSE']._serialized_start=1321
-  _globals['_GETASSETURLSRESPONSE']._serialized_end=1388
-  _globals['_GETASSETINFOREQUEST']._serialized_start=1390
-  _globals['_GETASSETINFOREQUEST']._serialized_end=1463
-  _globals['_GETASSETINFORESPONSE']._serialized_start=1465
-  _globals['_GETASSETINFORESPONSE']._serialized_end=1527
-  _globals['_IMPORTASSETREQUEST']._serialized_start=1529
-  _globals['_IMPORTASSETREQUEST']._serialized_end=1628
-  _globals['_IMPORTASSETRESPONSE']._serialized_start=1630
-  _globals['_IMPORTASSETRESPONSE']._serialized_end=1691
-  _globals['_DELETEASSETREQUEST']._serialized_start=1693
-  _globals['_DELETEASSETREQUEST']._serialized_end=1765
-  _globals['_DELETEASSETRESPONSE']._serialized_start=1767
-  _globals['_DELETEASSETRESPONSE']._serialized_end=1828
-  _globals['_DELETEKEYEDASSETSREQUEST']._serialized_start=1830
-  _globals['_DELETEKEYEDASSETSREQUEST']._serialized_end=1917
-  _globals['_DELETEKEYEDASSETSRESPONSE']._serialized_start=1919
-  _globals['_DELETEKEYEDASSETSRESPONSE']._serialized_end=1987
-  _globals['_RESERVEOUTPUTUPLOADREQUEST']._serialized_start=1990
-  _globals['_RESERVEOUTPUTUPLOADREQUEST']._serialized_end=2154
-  _globals['_RESERVEOUTPUTUPLOADRESPONSE']._serialized_start=2157
-  _globals['_RESERVEOUTPUTUPLOADRESPONSE']._serialized_end=2462
-  _globals['_RESERVEOUTPUTUPLOADRESPONSE_UPLOADHEADERSENTRY']._serialized_start=2410
-  _globals['_RESERVEOUTPUTUPLOADRESPONSE_UPLOADHEADERSENTRY']._serialized_end=2462
-  _globals['_COMPLETEOUTPUTUPLOADREQUEST']._serialized_start=2465
-  _globals['_COMPLETEOUTPUTUPLOADREQUEST']._serialized_end=2606
-  _globals['_COMPLETEOUTPUTUPLOADRESPONSE']._serialized_start=2608
-  _globals['_COMPLETEOUTPUTUPLOADRESPONSE']._serialized_end=2678
-  _globals['_MEDIAINTERNALSERVICE']._serialized_start=2681
-  _globals['_MEDIAINTERNALSERVICE']._serialized_end=3687
+  _globals['_RESERVEOUTPUTUPLOADSREQUEST'].fields_by_name['requests']._loaded_options = None
+  _globals['_RESERVEOUTPUTUPLOADSREQUEST'].fields_by_name['requests']._serialized_options = b'\342A\001\002'
+  _globals['_COMPLETEOUTPUTUPLOADSREQUEST'].fields_by_name['requests']._loaded_options = None
+  _globals['_COMPLETEOUTPUTUPLOADSREQUEST'].fields_by_name['requests']._serialized_options = b'\342A\001\002'
+  _globals['_PUTASSETHEADER']._serialized_start=216
+  _globals['_PUTASSETHEADER']._serialized_end=375
+  _globals['_PUTASSETREQUEST']._serialized_start=377
+  _globals['_PUTASSETREQUEST']._serialized_end=471
+  _globals['_PUTASSETRESPONSE']._serialized_start=473
+  _globals['_PUTASSETRESPONSE']._serialized_end=531
+  _globals['_READASSETREQUEST']._serialized_start=533
+  _globals['_READASSETREQUEST']._serialized_end=603
+  _globals['_READASSETRESPONSE']._serialized_start=605
+  _globals['_READASSETRESPONSE']._serialized_end=691
+  _globals['_GETASSETURLREQUEST']._serialized_start=693
+  _globals['_GETASSETURLREQUEST']._serialized_end=765
+  _globals['_GETASSETURLRESPONSE']._serialized_start=768
+  _globals['_GETASSETURLRESPONSE']._serialized_end=986
+  _globals['_GETASSETURLSREQUEST']._serialized_start=988
+  _globals['_GETASSETURLSREQUEST']._serialized_end=1034
+  _globals['_ASSETURLS']._serialized_start=1037
+  _globals['_ASSETURLS']._serialized_end=1344
+  _globals['_GETASSETURLSRESPONSE']._serialized_start=1346
+  _globals['_GETASSETURLSRESPONSE']._serialized_end=1413
+  _globals['_GETASSETINFOREQUEST']._serialized_start=1415
+  _globals['_GETASSETINFOREQUEST']._serialized_end=1488
+  _globals['_GETASSETINFORESPONSE']._serialized_start=1490
+  _globals['_GETASSETINFORESPONSE']._serialized_end=1552
+  _globals['_IMPORTASSETREQUEST']._serialized_start=1554
+  _globals['_IMPORTASSETREQUEST']._serialized_end=1653
+  _globals['_IMPORTASSETRESPONSE']._serialized_start=1655
+  _globals['_IMPORTASSETRESPONSE']._serialized_end=1716
+  _globals['_DELETEASSETREQUEST']._serialized_start=1718
+  _globals['_DELETEASSETREQUEST']._serialized_end=1790
+  _globals['_DELETEASSETRESPONSE']._serialized_start=1792
+  _globals['_DELETEASSETRESPONSE']._serialized_end=1853
+  _globals['_DELETEKEYEDASSETSREQUEST']._serialized_start=1855
+  _globals['_DELETEKEYEDASSETSREQUEST']._serialized_end=1942
+  _globals['_DELETEKEYEDASSETSRESPONSE']._serialized_start=1944
+  _globals['_DELETEKEYEDASSETSRESPONSE']._serialized_end=2012
+  _globals['_RESERVEOUTPUTUPLOADREQUEST']._serialized_start=2015
+  _globals['_RESERVEOUTPUTUPLOADREQUEST']._serialized_end=2179
+  _globals['_RESERVEOUTPUTUPLOADRESPONSE']._serialized_start=2182
+  _globals['_RESERVEOUTPUTUPLOADRESPONSE']._serialized_end=2487
+  _globals['_RESERVEOUTPUTUPLOADRESPONSE_UPLOADHEADERSENTRY']._serialized_start=2435
+  _globals['_RESERVEOUTPUTUPLOADRESPONSE_UPLOADHEADERSENTRY']._serialized_end=2487
+  _globals['_COMPLETEOUTPUTUPLOADREQUEST']._serialized_start=2490
+  _globals['_COMPLETEOUTPUTUPLOADREQUEST']._serialized_end=2631
+  _globals['_COMPLETEOUTPUTUPLOADRESPONSE']._serialized_start=2633
+  _globals['_COMPLETEOUTPUTUPLOADRESPONSE']._serialized_end=2703
+  _globals['_RESERVEOUTPUTUPLOADSREQUEST']._serialized_start=2705
+  _globals['_RESERVEOUTPUTUPLOADSREQUEST']._serialized_end=2804
+  _globals['_RESERVEOUTPUTUPLOADRESULT']._serialized_start=2807
+  _globals['_RESERVEOUTPUTUPLOADRESULT']._serialized_end=2951
+  _globals['_RESERVEOUTPUTUPLOADSRESPONSE']._serialized_start=2953
+  _globals['_RESERVEOUTPUTUPLOADSRESPONSE']._serialized_end=3045
+  _globals['_COMPLETEOUTPUTUPLOADSREQUEST']._serialized_start=3047
+  _globals['_COMPLETEOUTPUTUPLOADSREQUEST']._serialized_end=3148
+  _globals['_COMPLETEOUTPUTUPLOADRESULT']._serialized_start=3150
+  _globals['_COMPLETEOUTPUTUPLOADRESULT']._serialized_end=3267
+  _globals['_COMPLETEOUTPUTUPLOADSRESPONSE']._serialized_start=3269
+  _globals['_COMPLETEOUTPUTUPLOADSRESPONSE']._serialized_end=3363
+  _globals['_MEDIAINTERNALSERVICE']._serialized_start=3366
+  _globals['_MEDIAINTERNALSERVICE']._serialized_end=4613
 # @@protoc_insertion_point(module_scope)

@@ -9,6 +9,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.rpc import status_pb2 as _status_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -705,3 +706,165 @@ class CompleteOutputUploadResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CompleteOutputUploadResponse: _TypeAlias = CompleteOutputUploadResponse  # noqa: Y015
+
+@_typing.final
+class ReserveOutputUploadsRequest(_message.Message):
+    """Request for ReserveOutputUploads."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReserveOutputUploadRequest]:
+        """The reservations, each as ReserveOutputUpload takes it (1 to 100)."""
+
+    def __init__(
+        self,
+        *,
+        requests: _abc.Iterable[Global___ReserveOutputUploadRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["requests", b"requests"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReserveOutputUploadsRequest: _TypeAlias = ReserveOutputUploadsRequest  # noqa: Y015
+
+@_typing.final
+class ReserveOutputUploadResult(_message.Message):
+    """One reservation's answer in ReserveOutputUploadsResponse."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESERVATION_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def reservation(self) -> Global___ReserveOutputUploadResponse:
+        """The reservation."""
+
+    @_builtins.property
+    def error(self) -> _status_pb2.Status:
+        """Its refusal or failure, with ErrorInfo (and RetryInfo when it is worth retrying),
+        as ReserveOutputUpload's status.
+        """
+
+    def __init__(
+        self,
+        *,
+        reservation: Global___ReserveOutputUploadResponse | None = ...,
+        error: _status_pb2.Status | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "reservation", b"reservation", "result", b"result"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "reservation", b"reservation", "result", b"result"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["reservation", "error"]  # noqa: Y015
+    _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
+
+Global___ReserveOutputUploadResult: _TypeAlias = ReserveOutputUploadResult  # noqa: Y015
+
+@_typing.final
+class ReserveOutputUploadsResponse(_message.Message):
+    """Response for ReserveOutputUploads."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReserveOutputUploadResult]:
+        """One per request, in the order of the requests."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___ReserveOutputUploadResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReserveOutputUploadsResponse: _TypeAlias = ReserveOutputUploadsResponse  # noqa: Y015
+
+@_typing.final
+class CompleteOutputUploadsRequest(_message.Message):
+    """Request for CompleteOutputUploads."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___CompleteOutputUploadRequest]:
+        """The completions, each as CompleteOutputUpload takes it (1 to 100)."""
+
+    def __init__(
+        self,
+        *,
+        requests: _abc.Iterable[Global___CompleteOutputUploadRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["requests", b"requests"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompleteOutputUploadsRequest: _TypeAlias = CompleteOutputUploadsRequest  # noqa: Y015
+
+@_typing.final
+class CompleteOutputUploadResult(_message.Message):
+    """One completion's answer in CompleteOutputUploadsResponse."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ASSET_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def asset(self) -> _asset_pb2.Asset:
+        """The asset, READY."""
+
+    @_builtins.property
+    def error(self) -> _status_pb2.Status:
+        """Its refusal or failure, as CompleteOutputUpload's status."""
+
+    def __init__(
+        self,
+        *,
+        asset: _asset_pb2.Asset | None = ...,
+        error: _status_pb2.Status | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["asset", b"asset", "error", b"error", "result", b"result"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["asset", b"asset", "error", b"error", "result", b"result"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["asset", "error"]  # noqa: Y015
+    _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
+
+Global___CompleteOutputUploadResult: _TypeAlias = CompleteOutputUploadResult  # noqa: Y015
+
+@_typing.final
+class CompleteOutputUploadsResponse(_message.Message):
+    """Response for CompleteOutputUploads."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___CompleteOutputUploadResult]:
+        """One per request, in the order of the requests."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___CompleteOutputUploadResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompleteOutputUploadsResponse: _TypeAlias = CompleteOutputUploadsResponse  # noqa: Y015

@@ -71,6 +71,16 @@ class MediaInternalServiceStub:
                 request_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.CompleteOutputUploadRequest.SerializeToString,
                 response_deserializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.CompleteOutputUploadResponse.FromString,
                 _registered_method=True)
+        self.ReserveOutputUploads = channel.unary_unary(
+                '/atelier.media.v1.MediaInternalService/ReserveOutputUploads',
+                request_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.ReserveOutputUploadsRequest.SerializeToString,
+                response_deserializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.ReserveOutputUploadsResponse.FromString,
+                _registered_method=True)
+        self.CompleteOutputUploads = channel.unary_unary(
+                '/atelier.media.v1.MediaInternalService/CompleteOutputUploads',
+                request_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.CompleteOutputUploadsRequest.SerializeToString,
+                response_deserializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.CompleteOutputUploadsResponse.FromString,
+                _registered_method=True)
         self.ImportAsset = channel.unary_unary(
                 '/atelier.media.v1.MediaInternalService/ImportAsset',
                 request_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.ImportAssetRequest.SerializeToString,
@@ -156,6 +166,25 @@ class MediaInternalServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReserveOutputUploads(self, request, context):
+        """ReserveOutputUpload for many outputs in one call (a worker's claimed batch finishes
+        its jobs together): at most 100 reservations, each judged and answered on its own,
+        in the order asked, with its reservation or the status ReserveOutputUpload would
+        have answered (a refusal of one never fails the others). The call itself fails only
+        when it cannot be read (more than 100, none) or the caller is not allowed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CompleteOutputUploads(self, request, context):
+        """CompleteOutputUpload for many uploads in one call, as ReserveOutputUploads: at most
+        100, each answered in order with its READY asset or its own status.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ImportAsset(self, request, context):
         """Fetches an https URL server-side and stores what it answers as the owner's READY
         AI_INPUT asset, with the checks of an upload (size, type, pixels; a bomb is refused
@@ -223,6 +252,16 @@ def add_MediaInternalServiceServicer_to_server(servicer, server):
                     servicer.CompleteOutputUpload,
                     request_deserializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.CompleteOutputUploadRequest.FromString,
                     response_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.CompleteOutputUploadResponse.SerializeToString,
+            ),
+            'ReserveOutputUploads': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReserveOutputUploads,
+                    request_deserializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.ReserveOutputUploadsRequest.FromString,
+                    response_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.ReserveOutputUploadsResponse.SerializeToString,
+            ),
+            'CompleteOutputUploads': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompleteOutputUploads,
+                    request_deserializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.CompleteOutputUploadsRequest.FromString,
+                    response_serializer=atelier_dot_media_dot_v1_dot_media__internal__service__pb2.CompleteOutputUploadsResponse.SerializeToString,
             ),
             'ImportAsset': grpc.unary_unary_rpc_method_handler(
                     servicer.ImportAsset,
@@ -431,6 +470,60 @@ class MediaInternalService:
             '/atelier.media.v1.MediaInternalService/CompleteOutputUpload',
             atelier_dot_media_dot_v1_dot_media__internal__service__pb2.CompleteOutputUploadRequest.SerializeToString,
             atelier_dot_media_dot_v1_dot_media__internal__service__pb2.CompleteOutputUploadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReserveOutputUploads(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atelier.media.v1.MediaInternalService/ReserveOutputUploads',
+            atelier_dot_media_dot_v1_dot_media__internal__service__pb2.ReserveOutputUploadsRequest.SerializeToString,
+            atelier_dot_media_dot_v1_dot_media__internal__service__pb2.ReserveOutputUploadsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompleteOutputUploads(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atelier.media.v1.MediaInternalService/CompleteOutputUploads',
+            atelier_dot_media_dot_v1_dot_media__internal__service__pb2.CompleteOutputUploadsRequest.SerializeToString,
+            atelier_dot_media_dot_v1_dot_media__internal__service__pb2.CompleteOutputUploadsResponse.FromString,
             options,
             channel_credentials,
             insecure,

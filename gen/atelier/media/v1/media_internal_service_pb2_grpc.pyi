@@ -68,6 +68,17 @@ class MediaInternalServiceStub:
     makes its thumbnail in the background afterwards. Idempotent: a READY asset is
     answered as it is.
     """
+    ReserveOutputUploads: _grpc.UnaryUnaryMultiCallable[_media_internal_service_pb2.ReserveOutputUploadsRequest, _media_internal_service_pb2.ReserveOutputUploadsResponse]
+    """ReserveOutputUpload for many outputs in one call (a worker's claimed batch finishes
+    its jobs together): at most 100 reservations, each judged and answered on its own,
+    in the order asked, with its reservation or the status ReserveOutputUpload would
+    have answered (a refusal of one never fails the others). The call itself fails only
+    when it cannot be read (more than 100, none) or the caller is not allowed.
+    """
+    CompleteOutputUploads: _grpc.UnaryUnaryMultiCallable[_media_internal_service_pb2.CompleteOutputUploadsRequest, _media_internal_service_pb2.CompleteOutputUploadsResponse]
+    """CompleteOutputUpload for many uploads in one call, as ReserveOutputUploads: at most
+    100, each answered in order with its READY asset or its own status.
+    """
     ImportAsset: _grpc.UnaryUnaryMultiCallable[_media_internal_service_pb2.ImportAssetRequest, _media_internal_service_pb2.ImportAssetResponse]
     """Fetches an https URL server-side and stores what it answers as the owner's READY
     AI_INPUT asset, with the checks of an upload (size, type, pixels; a bomb is refused
@@ -125,6 +136,17 @@ class MediaInternalServiceAsyncStub(MediaInternalServiceStub):
     from its header: a bomb is refused before any decode) and marks it READY; media
     makes its thumbnail in the background afterwards. Idempotent: a READY asset is
     answered as it is.
+    """
+    ReserveOutputUploads: _aio.UnaryUnaryMultiCallable[_media_internal_service_pb2.ReserveOutputUploadsRequest, _media_internal_service_pb2.ReserveOutputUploadsResponse]  # type: ignore[assignment]
+    """ReserveOutputUpload for many outputs in one call (a worker's claimed batch finishes
+    its jobs together): at most 100 reservations, each judged and answered on its own,
+    in the order asked, with its reservation or the status ReserveOutputUpload would
+    have answered (a refusal of one never fails the others). The call itself fails only
+    when it cannot be read (more than 100, none) or the caller is not allowed.
+    """
+    CompleteOutputUploads: _aio.UnaryUnaryMultiCallable[_media_internal_service_pb2.CompleteOutputUploadsRequest, _media_internal_service_pb2.CompleteOutputUploadsResponse]  # type: ignore[assignment]
+    """CompleteOutputUpload for many uploads in one call, as ReserveOutputUploads: at most
+    100, each answered in order with its READY asset or its own status.
     """
     ImportAsset: _aio.UnaryUnaryMultiCallable[_media_internal_service_pb2.ImportAssetRequest, _media_internal_service_pb2.ImportAssetResponse]  # type: ignore[assignment]
     """Fetches an https URL server-side and stores what it answers as the owner's READY
@@ -222,6 +244,29 @@ class MediaInternalServiceServicer(metaclass=_abc_1.ABCMeta):
         from its header: a bomb is refused before any decode) and marks it READY; media
         makes its thumbnail in the background afterwards. Idempotent: a READY asset is
         answered as it is.
+        """
+
+    @_abc_1.abstractmethod
+    def ReserveOutputUploads(
+        self,
+        request: _media_internal_service_pb2.ReserveOutputUploadsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_media_internal_service_pb2.ReserveOutputUploadsResponse, _abc.Awaitable[_media_internal_service_pb2.ReserveOutputUploadsResponse]]:
+        """ReserveOutputUpload for many outputs in one call (a worker's claimed batch finishes
+        its jobs together): at most 100 reservations, each judged and answered on its own,
+        in the order asked, with its reservation or the status ReserveOutputUpload would
+        have answered (a refusal of one never fails the others). The call itself fails only
+        when it cannot be read (more than 100, none) or the caller is not allowed.
+        """
+
+    @_abc_1.abstractmethod
+    def CompleteOutputUploads(
+        self,
+        request: _media_internal_service_pb2.CompleteOutputUploadsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_media_internal_service_pb2.CompleteOutputUploadsResponse, _abc.Awaitable[_media_internal_service_pb2.CompleteOutputUploadsResponse]]:
+        """CompleteOutputUpload for many uploads in one call, as ReserveOutputUploads: at most
+        100, each answered in order with its READY asset or its own status.
         """
 
     @_abc_1.abstractmethod
