@@ -32,6 +32,7 @@ import io
 import statistics
 import sys
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -109,6 +110,19 @@ async def echo_anchor(address: str, calls: int) -> float:
         return calls / (time.perf_counter() - began)
 
 
+def media_calls(metrics_port: int) -> dict[str, float]:
+    """media's internal RPCs answered so far, by method (its Prometheus counter)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    calls: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("atelier_rpc_total{") and "MediaInternalService" in line:
+            labels, _, value = line.rpartition(" ")
+            method = labels.split('method="', 1)[1].split('"', 1)[0]
+            calls[method] = calls.get(method, 0.0) + float(value)
+    return calls
+
+
 def stub_render_ms(size: int) -> float:
     """CPU of the stub's own render of one bench job (the provider's work), median of 20."""
     buffer = io.BytesIO()
@@ -174,6 +188,7 @@ async def bench(stack: Stack, workers: list[Child], jobs: int, size: int) -> Non
             )
         ]
         before = {name: cpu_seconds(pid) for name, pid in processes.items()}
+        calls_before = media_calls(stack.ports.metrics["media"])
         database_before = {pid: cpu_seconds(pid) for pid in backends}
         began = time.perf_counter()
         await asyncio.gather(*(client(i, jobs // CLIENTS) for i in range(CLIENTS)))
@@ -186,6 +201,7 @@ async def bench(stack: Stack, workers: list[Child], jobs: int, size: int) -> Non
             await asyncio.sleep(0.05)
             pending = await watcher.fetchval(WITHOUT_THUMBNAIL)
         thumbnails_after = time.perf_counter() - began - elapsed
+        calls_after = media_calls(stack.ports.metrics["media"])
         total = jobs // CLIENTS * CLIENTS
         succeeded = await watcher.fetchval(
             "SELECT count(*) FROM creation.jobs WHERE status = 'succeeded'"
@@ -212,6 +228,12 @@ async def bench(stack: Stack, workers: list[Child], jobs: int, size: int) -> Non
         print(f"  not succeeded: {row[3]} {row[0]} {row[1] or ''} {row[2] or ''}".rstrip())
     print(f"submits answered UNAVAILABLE and tried again: {retried}")
     print(f"thumbnails all made {thumbnails_after:.1f} s after the last job succeeded")
+    per_job = {
+        method: (count - calls_before.get(method, 0.0)) / total
+        for method, count in sorted(calls_after.items())
+        if count > calls_before.get(method, 0.0)
+    }
+    print("media calls per job: " + ", ".join(f"{m} {n:.3f}" for m, n in per_job.items()))
     summed = database
     for name, pid in processes.items():
         spent = cpu_seconds(pid) - before[name]
