@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import io
 import os
 import random
@@ -41,6 +42,7 @@ from bench.cpu import CpuMeter
 from bench.media_throughput import LOCAL_POSTGRES, big_jpeg, start_moto
 from bench.scratch import scratch_folder
 from services.creation.media_client import MediaClient
+from services.creation.object_transfer import ObjectTransfer
 from services.dev import postgres
 from services.dev.processes import free_port, grpc_serving, spawn, wait_until
 from services.kit import migrations
@@ -181,6 +183,19 @@ async def run_sample(
         read = await worker.read_asset(stored[index % len(stored)], 16 * MIB)
         assert len(read.data) == len(sample.data)
 
+    transfer = ObjectTransfer()
+    digest = hashlib.sha256(sample.data).hexdigest()
+
+    async def worker_land(index: int) -> None:
+        # A worker's output as it lands today: reserved, PUT to the signed URL, committed
+        # (concurrent lanes share the client's batched calls where it has them).
+        key = f"bench:{run}:land:{sample.name}:{uuid.uuid4().hex}"  # never a replay
+        upload = await worker.reserve_output(
+            "bench-user", sample.content_type, len(sample.data), digest, key
+        )
+        await transfer.upload(upload, sample.data)
+        await worker.complete_output("bench-user", upload.asset_id, key)
+
     phases: list[tuple[str, Op, Op]] = [
         (f"PutAsset keyed {sample.name}", put, echo_same),
         (f"PutAsset {sample.name}", put_plain, echo_same),
@@ -191,6 +206,7 @@ async def run_sample(
         # The same calls through creation's media client, as a worker makes them.
         phases.append((f"worker put_asset {sample.name}", worker_put, echo_same))
         phases.append((f"worker read_asset {sample.name}", worker_read, echo_same))
+        phases.append((f"worker lands output {sample.name}", worker_land, echo_same))
     if args.only and "PutAsset" not in args.only:
         await run_ops(20, 1, put_plain)  # something to read
     for name, once, anchor in phases:
