@@ -242,6 +242,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     letters, digits and . _ : @ | + -), or was sent more than once. Send it once, with
     the user's id.
     """
+    ERROR_REASON_INVALID_BATCH: _ErrorReason.ValueType  # 62
+    """INVALID_ARGUMENT, internal ReserveOutputUploads and CompleteOutputUploads: the call
+    holds no item or more than 100 (field `requests`). Send 1 to 100 items a call.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Every google.rpc.ErrorInfo.reason that media (MediaService, MediaInternalService, and the signed object URLs of its local storage) can return, so clients can generate
@@ -482,5 +486,9 @@ ERROR_REASON_ON_BEHALF_OF_INVALID: ErrorReason.ValueType  # 59
 """INVALID_ARGUMENT: the atelier-on-behalf-of header does not name one user id (1-128
 letters, digits and . _ : @ | + -), or was sent more than once. Send it once, with
 the user's id.
+"""
+ERROR_REASON_INVALID_BATCH: ErrorReason.ValueType  # 62
+"""INVALID_ARGUMENT, internal ReserveOutputUploads and CompleteOutputUploads: the call
+holds no item or more than 100 (field `requests`). Send 1 to 100 items a call.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
