@@ -30,6 +30,8 @@ from services.media.storage.signing import UrlSigner
 
 INCOMING = ".incoming"
 PART_SUFFIX = ".part"
+# A read of at most this many bytes is done on the event loop itself (see _at_once).
+SMALL_READ_BYTES = 256 * 1024
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -40,6 +42,18 @@ async def _io(function: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -
     read-only, an I/O error) is StorageUnavailable, said the same way as S3 being down."""
     try:
         return await asyncio.to_thread(function, *args, **kwargs)
+    except OSError as error:
+        raise StorageUnavailable() from error
+
+
+def _at_once(function: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    """Runs a small file operation (a stat, or a read of at most SMALL_READ_BYTES, from
+    the page cache as a rule) on the event loop: it takes microseconds, less than the
+    trip to a thread and back it would otherwise cost (a futex hand-off each way and the
+    GIL passed twice). Failures are said as _io says them. Writes never come here: they
+    wait on the disk (fsync)."""
+    try:
+        return function(*args, **kwargs)
     except OSError as error:
         raise StorageUnavailable() from error
 
@@ -85,9 +99,13 @@ class LocalStorage:
 
     async def stream(self, key: str, chunk_bytes: int) -> AsyncIterator[bytes]:
         path = self.path_of(key)
-        # Opening and the first read share one trip to a thread; a small object is whole
-        # after it (its file already closed).
-        opened = await _io(_open_and_read, path, chunk_bytes)
+        # Opening and the first read share one step: on the loop when that read is small
+        # (a small object is then whole, its file already closed), else one trip to a
+        # thread.
+        if chunk_bytes <= SMALL_READ_BYTES:
+            opened = _at_once(_open_and_read, path, chunk_bytes)
+        else:
+            opened = await _io(_open_and_read, path, chunk_bytes)
         if opened is None:
             raise ObjectNotFound(key)
         file, chunk = opened
@@ -102,11 +120,15 @@ class LocalStorage:
                 await _io(file.close)
 
     async def stat(self, key: str) -> ObjectStat | None:
-        size = await _io(_size_if_present, self.path_of(key))
+        size = _at_once(_size_if_present, self.path_of(key))
         return None if size is None else ObjectStat(size_bytes=size, content_type=None)
 
     async def read_head(self, key: str, max_bytes: int) -> bytes:
-        head = await _io(_read_head, self.path_of(key), max_bytes)
+        path = self.path_of(key)
+        if max_bytes <= SMALL_READ_BYTES:
+            head = _at_once(_read_head, path, max_bytes)
+        else:
+            head = await _io(_read_head, path, max_bytes)
         if head is None:
             raise ObjectNotFound(key)
         return head
