@@ -21,6 +21,7 @@ from services.media.http import ObjectHttpServer
 from services.media.images import ImageInspector
 from services.media.imports import AddressPolicy, FetchLimits, Importer, UrlFetcher, import_tls
 from services.media.internal_servicer import MediaInternalServicer
+from services.media.key_statuses import KeyStatuses
 from services.media.servicer import MediaServicer
 from services.media.settings import MediaSettings
 from services.media.storage import DownloadWindows, ObjectStorage
@@ -109,7 +110,9 @@ def build(
     if settings.thumbnail_backfill_batch > 0:  # 0: thumbnails are off
         components.append(TaskComponent("thumbnails", thumbnails.make_thumbnails))
     if isinstance(storage, LocalStorage):
-        objects = ObjectHttpServer(storage, settings.common.host, settings.http_port, rows=store)
+        objects = ObjectHttpServer(
+            storage, settings.common.host, settings.http_port, rows=KeyStatuses(store)
+        )
         components.append(TaskComponent("object_http", objects.serve_objects))
     return ServiceApp(
         name="media",

@@ -71,6 +71,12 @@ OWNED_ASSET = DriverStatement.of(
 STATUS_BY_KEY = DriverStatement.of(
     select(_c.status).where(_c.object_key == bindparam("object_key"))
 )
+# The same for many keys in one statement (rides uq_assets_object_key).
+STATUSES_BY_KEY = DriverStatement.of(
+    select(_c.object_key, _c.status).where(
+        _c.object_key == func.any(cast(bindparam("object_keys"), ARRAY(Text)))
+    )
+)
 # The asset an owner's idempotency key made (rides uq_assets_owner_idempotency_key).
 ASSET_BY_IDEMPOTENCY_KEY = DriverStatement.of(
     select(assets).where(
@@ -488,6 +494,13 @@ class AssetStore:
         (rides uq_assets_object_key)."""
         rows = await driver_fetch(self._engine, STATUS_BY_KEY, object_key=object_key)
         return Status(rows[0]["status"]) if rows else None
+
+    @_database
+    async def statuses_by_key(self, object_keys: Sequence[str]) -> dict[str, Status]:
+        """The statuses of the assets these object keys belong to, by key; a key no asset
+        has is absent (rides uq_assets_object_key)."""
+        rows = await driver_fetch(self._engine, STATUSES_BY_KEY, object_keys=list(object_keys))
+        return {row["object_key"]: Status(row["status"]) for row in rows}
 
     @asynccontextmanager
     async def _locking(self) -> AsyncIterator[AsyncConnection]:
