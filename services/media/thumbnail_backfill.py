@@ -40,7 +40,7 @@ OBJECT_MISSING = "object_missing"
 NOT_DECODABLE = "not_decodable"
 
 # Claimed at once: a few images' work, far inside the stale age.
-CLAIM_CHUNK = 8
+CLAIM_CHUNK = 32
 DEFAULT_STALE_AFTER = timedelta(minutes=10)
 # Objects up to this size are read into memory; larger ones into a temporary file.
 _SPOOL_MEMORY_BYTES = 1024 * 1024
