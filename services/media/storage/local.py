@@ -70,21 +70,29 @@ class LocalStorage:
         self.signer = signer
         self.cache_control = cache_control
         (root / INCOMING).mkdir(parents=True, exist_ok=True)
+        # The file operations take text paths: pathlib's joins and parses cost more than
+        # the operations themselves on a job's path.
+        self._root = str(root)
+        self._incoming = os.path.join(self._root, INCOMING)
 
     def path_of(self, key: str) -> Path:
+        return Path(self.file_of(key))
+
+    def file_of(self, key: str) -> str:
+        """The object's file, as a text path."""
         # Keys are ours, but a path is only ever built from one that has our shape.
         if not KEY_PATTERN.fullmatch(key):
             raise ValueError("not an object key")
-        return self.root / key
+        return f"{self._root}/{key}"
 
     async def put(self, key: str, chunks: AsyncIterable[bytes], content_type: str) -> None:
-        final = self.path_of(key)
-        temporary = self.root / INCOMING / f"{uuid.uuid4()}{PART_SUFFIX}"
+        final = self.file_of(key)
+        temporary = f"{self._incoming}/{uuid.uuid4()}{PART_SUFFIX}"
         if isinstance(chunks, WholeObject):
             # All in memory: written, made durable and published in one trip to a thread.
             await _io(_write_whole, temporary, final, chunks.data)
             return
-        file = await _io(temporary.open, "xb")
+        file = await _io(open, temporary, "xb")
         try:
             try:
                 # The chunks' own failures (a client that went away) pass unchanged.
@@ -95,10 +103,10 @@ class LocalStorage:
                 await _io(file.close)
             await _io(_publish, temporary, final)
         finally:
-            await _io(temporary.unlink, missing_ok=True)
+            await _io(_unlink_if_present, temporary)
 
     async def stream(self, key: str, chunk_bytes: int) -> AsyncIterator[bytes]:
-        path = self.path_of(key)
+        path = self.file_of(key)
         # Opening and the first read share one step: on the loop when that read is small
         # (a small object is then whole, its file already closed), else one trip to a
         # thread.
@@ -120,11 +128,11 @@ class LocalStorage:
                 await _io(file.close)
 
     async def stat(self, key: str) -> ObjectStat | None:
-        size = _at_once(_size_if_present, self.path_of(key))
+        size = _at_once(_size_if_present, self.file_of(key))
         return None if size is None else ObjectStat(size_bytes=size, content_type=None)
 
     async def read_head(self, key: str, max_bytes: int) -> bytes:
-        path = self.path_of(key)
+        path = self.file_of(key)
         if max_bytes <= SMALL_READ_BYTES:
             head = _at_once(_read_head, path, max_bytes)
         else:
@@ -134,13 +142,13 @@ class LocalStorage:
         return head
 
     async def delete(self, key: str) -> None:
-        await _io(self.path_of(key).unlink, missing_ok=True)
+        await _io(_unlink_if_present, self.file_of(key))
 
     async def remove_abandoned_writes(self, older_than: datetime, limit: int) -> int:
         """Removes up to ``limit`` unfinished writes (``.incoming/*.part``, left by a crash)
         untouched since ``older_than``; a write in progress keeps its file fresh. Returns
         how many were removed."""
-        return await _io(_remove_stale_parts, self.root / INCOMING, older_than.timestamp(), limit)
+        return await _io(_remove_stale_parts, self._incoming, older_than.timestamp(), limit)
 
     async def presign_put(
         self,
@@ -150,7 +158,7 @@ class LocalStorage:
         expires_at: datetime,
         sha256: str | None = None,
     ) -> SignedRequest:
-        self.path_of(key)
+        self.file_of(key)
         url = self.signer.put_url(
             key, content_type, size_bytes, int(expires_at.timestamp()), sha256=sha256
         )
@@ -165,7 +173,7 @@ class LocalStorage:
     ) -> SignedRequest:
         """The signature covers the key, type and expiry only: the same ones always give
         the same URL, whenever it was signed (``signed_at`` changes nothing here)."""
-        self.path_of(key)
+        self.file_of(key)
         url = self.signer.get_url(key, content_type, int(expires_at.timestamp()))
         return SignedRequest("GET", url)
 
@@ -173,22 +181,27 @@ class LocalStorage:
         return None
 
 
-def _write_whole(temporary: Path, final: Path, data: bytes) -> None:
+def _write_whole(temporary: str, final: str, data: bytes) -> None:
     """The steps of a streamed put, for bytes already in memory."""
     try:
-        with temporary.open("xb") as file:
+        with open(temporary, "xb") as file:
             file.write(data)
             _flush_to_disk(file)
         _publish(temporary, final)
     finally:
-        temporary.unlink(missing_ok=True)
+        _unlink_if_present(temporary)
 
 
-def _open_and_read(path: Path, chunk_bytes: int) -> tuple[BinaryIO | None, bytes] | None:
+def _unlink_if_present(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def _open_and_read(path: str, chunk_bytes: int) -> tuple[BinaryIO | None, bytes] | None:
     """None for a missing object; else its first chunk, and the file to read on from
     (None when the first chunk was the whole object: the file is closed)."""
     try:
-        file = path.open("rb")
+        file = open(path, "rb")  # noqa: SIM115 - closed here or by the caller
     except FileNotFoundError:
         return None
     try:
@@ -202,22 +215,22 @@ def _open_and_read(path: Path, chunk_bytes: int) -> tuple[BinaryIO | None, bytes
     return file, chunk
 
 
-def _read_head(path: Path, max_bytes: int) -> bytes | None:
+def _read_head(path: str, max_bytes: int) -> bytes | None:
     try:
-        with path.open("rb") as file:
+        with open(path, "rb") as file:
             return file.read(max_bytes)
     except FileNotFoundError:
         return None
 
 
-def _size_if_present(path: Path) -> int | None:
+def _size_if_present(path: str) -> int | None:
     try:
-        return path.stat().st_size
+        return os.stat(path).st_size
     except FileNotFoundError:
         return None
 
 
-def _remove_stale_parts(incoming: Path, cutoff: float, limit: int) -> int:
+def _remove_stale_parts(incoming: str, cutoff: float, limit: int) -> int:
     removed = 0
     with os.scandir(incoming) as entries:
         for entry in entries:
@@ -240,20 +253,21 @@ def _flush_to_disk(file: BinaryIO) -> None:
     os.fsync(file.fileno())
 
 
-def _publish(temporary: Path, final: Path) -> None:
+def _publish(temporary: str, final: str) -> None:
     """Links the finished file under its key; fails if the key is taken (no overwrite)."""
+    folder = os.path.dirname(final)
     try:
         try:
             os.link(temporary, final)
         except FileNotFoundError:
             # The key's directory (a month's) is made by its first object.
-            final.parent.mkdir(parents=True, exist_ok=True)
+            os.makedirs(folder, exist_ok=True)
             os.link(temporary, final)
     except FileExistsError:
-        raise ObjectExists(final.name) from None
+        raise ObjectExists(os.path.basename(final)) from None
     with contextlib.suppress(OSError):
         # The new directory entry survives a crash too.
-        directory = os.open(final.parent, os.O_RDONLY)
+        directory = os.open(folder, os.O_RDONLY)
         try:
             os.fsync(directory)
         finally:
