@@ -8,9 +8,14 @@ starts media as its own process (local storage, or S3 on an in-process moto serv
 operation (from /proc, see bench/cpu.py) beside a bare grpc.aio echo server's per call
 with the same payload (bench/anchors.py), measured in the same run, and the CPU the
 calling process (this bench) spent per call. The "worker" rows make the calls through
-creation's media client, as a worker does:
+creation's media client, as a worker does. The "output path" row (local storage) is a
+job's media traffic on the in-process worker's path today: the input's GET from its
+signed URL, ReserveOutputUpload, the PUT to the signed URL, CompleteOutputUpload, and the
+thumbnail media makes afterwards (its CPU counted: the row waits for it;
+``ATELIER_MEDIA_THUMBNAIL_BACKFILL_BATCH=0`` leaves thumbnails out):
 
     .venv/bin/python -m bench.media_job_path [--ops 2000] [--storage local|s3]
+        [--only "output path"] [--concurrency 8]
 
 Images: the end-to-end bench's photo (a 64x64 PNG), a small photo-like JPEG (~20 KB)
 and a ~1 MB JPEG.
@@ -32,13 +37,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import asyncpg  # type: ignore[import-untyped]
 import grpc
+import httpx
 from PIL import Image
 
 from atelier.media.v1 import asset_pb2, media_internal_service_pb2_grpc
 from atelier.media.v1 import media_internal_service_pb2 as pb
 from bench.anchors import echo_call, echo_server
 from bench.cpu import CpuMeter
+from bench.end_to_end import WITHOUT_THUMBNAIL
 from bench.media_throughput import LOCAL_POSTGRES, big_jpeg, start_moto
 from bench.scratch import scratch_folder
 from services.creation.media_client import MediaClient
@@ -46,6 +54,7 @@ from services.creation.object_transfer import ObjectTransfer
 from services.dev import postgres
 from services.dev.processes import free_port, grpc_serving, spawn, wait_until
 from services.kit import migrations
+from services.kit.listen import asyncpg_dsn
 from services.kit.settings import DEV_SERVICE_TOKEN
 
 MIB = 1024 * 1024
@@ -196,6 +205,44 @@ async def run_sample(
         await transfer.upload(upload, sample.data)
         await worker.complete_output("bench-user", upload.asset_id, key)
 
+    http = httpx.AsyncClient(timeout=30)
+    input_url = ""
+
+    async def output_path(index: int) -> None:
+        """A job's media traffic on the in-process worker's path: the input's GET from
+        its signed URL, the output reserved, PUT to its signed URL and committed (media
+        makes its thumbnail afterwards, counted: see the phase loop)."""
+        nonlocal input_url
+        if not input_url:  # the input: an image an earlier phase stored
+            signed = await media.GetAssetUrl(
+                pb.GetAssetUrlRequest(asset_id=stored[0]), metadata=AUTH
+            )
+            input_url = signed.download_url
+        got = await http.get(input_url)
+        assert got.status_code == 200, got.status_code
+        key = f"bench:{run}:output:{sample.name}:{uuid.uuid4().hex}"
+        reserved = await media.ReserveOutputUpload(
+            pb.ReserveOutputUploadRequest(
+                owner_user_id="bench-user",
+                content_type=sample.content_type,
+                size_bytes=len(sample.data),
+                sha256=digest,
+                idempotency_key=key,
+            ),
+            metadata=AUTH,
+        )
+        sent = await http.put(
+            reserved.upload_url, content=sample.data, headers=dict(reserved.upload_headers)
+        )
+        assert sent.status_code == 200, sent.status_code
+        done = await media.CompleteOutputUpload(
+            pb.CompleteOutputUploadRequest(
+                asset_id=reserved.asset.asset_id, owner_user_id="bench-user", idempotency_key=key
+            ),
+            metadata=AUTH,
+        )
+        assert done.asset.status == asset_pb2.ASSET_STATUS_READY
+
     phases: list[tuple[str, Op, Op]] = [
         (f"PutAsset keyed {sample.name}", put, echo_same),
         (f"PutAsset {sample.name}", put_plain, echo_same),
@@ -207,6 +254,9 @@ async def run_sample(
         phases.append((f"worker put_asset {sample.name}", worker_put, echo_same))
         phases.append((f"worker read_asset {sample.name}", worker_read, echo_same))
         phases.append((f"worker lands output {sample.name}", worker_land, echo_same))
+
+        if args.storage == "local":
+            phases.append((f"output path {sample.name}", output_path, echo_same))
     if args.only and "PutAsset" not in args.only:
         await run_ops(20, 1, put_plain)  # something to read
     for name, once, anchor in phases:
@@ -217,6 +267,9 @@ async def run_sample(
         client_before = time.process_time()
         wall = await run_ops(ops, args.concurrency, once)
         client = (time.process_time() - client_before) * 1000 / ops
+        if once is output_path and os.environ.get("ATELIER_MEDIA_THUMBNAIL_BACKFILL_BATCH") != "0":
+            # media makes an output's thumbnail after its commit: counted too.
+            await _thumbnails_made(args.database_url)
         spent = media_meter.per_op(ops)["media"]
         echo_meter.start()
         await run_ops(ops, args.concurrency, anchor)
@@ -228,6 +281,17 @@ async def run_sample(
             f" {ops / wall:7.0f} {client:10.3f}",
             flush=True,
         )
+    await http.aclose()
+
+
+async def _thumbnails_made(database_url: str) -> None:
+    """Returns once media has made every output's thumbnail (in the background)."""
+    connection = await asyncpg.connect(asyncpg_dsn(database_url))
+    try:
+        while await connection.fetchval(WITHOUT_THUMBNAIL):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+    finally:
+        await connection.close()
 
 
 def main() -> int:
@@ -245,6 +309,7 @@ def main() -> int:
     database = f"atelier_bench_{uuid.uuid4().hex[:8]}"
     database_url = postgres.ensure_database(admin_url, database)
     migrations.upgrade("media", database_url)
+    args.database_url = database_url
 
     moto = None
     env = {
