@@ -6,8 +6,8 @@ The queue is the assets table itself: ready outputs with neither a thumbnail nor
 recorded failure, claimed a few at a time with ``SKIP LOCKED`` (thumbnail_backfill.py),
 so any number of media replicas share the work and one that dies mid-round leaves its
 claims to go stale and be taken again. An output committed on this replica wakes the
-maker at once; outputs committed elsewhere are found by the next poll, ``idle_seconds``
-later at most.
+maker, which lets the outputs committed in the next GATHER_SECONDS join the same round;
+outputs committed elsewhere are found by the next poll, ``idle_seconds`` later at most.
 """
 
 from __future__ import annotations
@@ -24,6 +24,10 @@ log = get_logger(__name__)
 
 # What a failure of our own costs before the next round: not a busy loop.
 PAUSE_AFTER_FAILURE_SECONDS = 1.0
+# After a wake-up, how long outputs committed meanwhile are let in before the round
+# claims: a round costs a claim and a record statement whether it takes one output or
+# twenty, and commits arrive one by one.
+GATHER_SECONDS = 0.05
 
 
 class ThumbnailQueue:
@@ -60,3 +64,4 @@ class ThumbnailQueue:
                 continue  # a full round: more may be waiting
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._idle_seconds)
+                await asyncio.sleep(GATHER_SECONDS)
