@@ -171,8 +171,10 @@ async def test_killing_one_replica_of_each_kind_under_load_loses_nothing(
         for watcher in cut:
             watcher.resume_gate = gate
         unfinished = load.unfinished()
-        for kind, index in victims.items():
-            fleet.kill(kind, index)
+        # The worker first, so it dies holding what it was seen generating: killed last,
+        # it could finish those jobs in between, or hand them back when media died first.
+        for kind in sorted(victims, key=lambda kind: kind != "creation-worker"):
+            fleet.kill(kind, victims[kind])
         killed_at = time.monotonic()
         # Dead, it writes nothing more: what its leases still hold is what it died with.
         dropped = await held_by(db, worker, step=None) or {}
