@@ -341,6 +341,11 @@ class FencedPort:
         job = await self._until_taken(write)
         if job is None:
             raise LeaseLost()
+        if job.status.terminal:
+            # This write ended the job: a beat that no longer finds the lease held must
+            # not cancel what the attempt still does (a cancelled job's outputs' purge).
+            self._lease.ended = True
+            return job
         if self._lease.lost and job.status is Status.RUNNING:
             # A beat found the lease gone while this write was on its way: the write was
             # in time, but the job is another worker's now.

@@ -53,6 +53,10 @@ class Lease:
         if job.cancel_requested:
             self.cancel_requested.set()
         self.lost = False
+        # The attempt's own write ended the job (cancelled, failed, succeeded): the lease
+        # is gone from the database by the attempt's doing, not taken over, and what the
+        # attempt still does for it (its outputs' purge) must not be cancelled.
+        self.ended = False
         self.task: asyncio.Task[Any] | None = None
         self._progress: int | None = None  # the newest not yet written
         self._writing = 0
@@ -181,6 +185,9 @@ class LeaseKeeper:
             if self._leases.get(lease.job_id) is not lease:
                 continue  # the attempt ended while the beat was on its way
             if lease.job_id not in result.held:
+                if lease.ended:
+                    self.release(lease)
+                    continue
                 log.warning("lease_lost", job_id=lease.job_id, lease_epoch=lease.lease_epoch)
                 _TAKEN_OVER.inc()
                 self.release(lease)
